@@ -1,0 +1,1 @@
+"""mlafuzz.harness."""
