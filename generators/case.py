@@ -1,0 +1,52 @@
+"""The materialized case: tensors built from (spec, seed) on one device."""
+
+from __future__ import annotations
+
+import hashlib
+import types
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from mlafuzz.generators.spec import spec_to_json
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """Everything one call of an op needs, plus where it came from.
+
+    ``tensors`` are the op's tensor arguments by their SPEC names; ``params`` its
+    scalar arguments. Both are read-only views: the harness clones before each
+    call, so a mutating implementation cannot poison the oracle's inputs.
+    """
+
+    op: str
+    spec: Any
+    seed: int
+    device: str
+    tensors: Mapping[str, torch.Tensor | None]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tensors", types.MappingProxyType(dict(self.tensors)))
+        object.__setattr__(self, "params", types.MappingProxyType(dict(self.params)))
+
+    @property
+    def case_id(self) -> str:
+        digest = hashlib.sha256(spec_to_json(self.spec).encode()).hexdigest()[:10]
+        return f"{self.op}-{self.seed}-{digest}"
+
+    def cloned_tensors(self) -> dict[str, torch.Tensor | None]:
+        """Fresh copies that keep each tensor's strides (non-contiguous inputs stay so)."""
+        return {k: _clone_keep_strides(v) for k, v in self.tensors.items()}
+
+
+def _clone_keep_strides(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if t.is_contiguous():
+        return t.clone()
+    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out

@@ -1,0 +1,218 @@
+"""The ``mlafuzz`` command line.
+
+Exit codes: 0 nothing found, 1 findings, 2 a usage or environment error (one
+line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A user mistake: reported as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage dump
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def _shard(text: str):
+    from mlafuzz.harness.fuzz import Shard
+
+    k, sep, n = text.partition("/")
+    try:
+        return Shard(index=int(k), count=int(n))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}") from None
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("mlafuzz: --device cuda but no CUDA device is available here (use --device cpu)")
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+DEFAULT_IMPLS: dict[str, dict[str, str]] = {
+    "cpu": {"convert": "triton", "gather": "torch", "writer": "torch", "step": "ours"},
+    "cuda": {"convert": "triton", "gather": "cuda", "writer": "cuda", "step": "ours"},
+}
+
+
+def _select_impls(args: argparse.Namespace, ops: list[str]) -> dict:
+    from mlafuzz.kernels.registry import ImplError, parse_impl_arg, resolve
+
+    chosen: dict[str, str] = {}
+    for text in args.impl or ():
+        op, ref = parse_impl_arg(text)
+        chosen[op] = ref
+    entries = {}
+    for op in ops:
+        ref = chosen.get(op, DEFAULT_IMPLS[args.device].get(op))
+        if ref is None:
+            raise ImplError(f"no default implementation of op {op!r} on {args.device}; pass --impl {op}=...")
+        entry = resolve(op, ref)
+        entry.load(args.device)  # surface import/build errors now, as one line
+        entries[op] = entry
+    return entries
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from mlafuzz.generators.draw import KNOB_PRESETS
+    from mlafuzz.generators.spec import spec_from_json
+    from mlafuzz.harness.compare import Policy
+    from mlafuzz.harness.fuzz import FuzzConfig, fuzz
+    from mlafuzz.harness.ops import fuzzable_ops
+
+    args.device = args.device or default_device()
+    _check_device(args.device)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
+    fixed_spec = None
+    if args.spec:
+        path = Path(args.spec)
+        if not path.is_file():
+            raise UsageError(f"mlafuzz: --spec {args.spec!r}: no such file")
+        fixed_spec = spec_from_json(path.read_text())
+        ops = [fixed_spec.op]
+    elif args.op:
+        ops = list(dict.fromkeys(args.op))
+    elif args.impl:
+        ops = list(dict.fromkeys(t.partition("=")[0] for t in args.impl))
+    else:
+        ops = fuzzable_ops()
+    unknown = [op for op in ops if op not in fuzzable_ops()]
+    if unknown:
+        raise UsageError(f"mlafuzz: op {unknown[0]!r} cannot be fuzzed (fuzzable: {', '.join(fuzzable_ops())})")
+    cases, budget = args.cases, args.budget
+    if cases is None and budget is None:
+        budget = 60.0
+    config = FuzzConfig(ops=tuple(ops), impls=_select_impls(args, ops), device=args.device, cases=cases,
+                        budget=budget, seed=args.seed, out_dir=Path(args.out), knobs=KNOB_PRESETS[args.size],
+                        policy=Policy(ulp=args.ulp), fixed_spec=fixed_spec, shard=args.shard, quiet=args.quiet)
+    impl_text = ", ".join(f"{op}={e.name}" for op, e in config.impls.items())
+    if not args.quiet:
+        print(f"mlafuzz: fuzzing {impl_text} on {args.device}, seed {args.seed},"
+              f" {'%d cases' % cases if cases is not None else ''}"
+              f"{' / ' if cases is not None and budget is not None else ''}"
+              f"{'%.0f s budget' % budget if budget is not None else ''}; findings -> {config.out_dir}/findings.jsonl",
+              file=sys.stderr)
+
+    def show(finding) -> None:
+        if not args.quiet:
+            print(f"  {finding.kind.value} {finding.op}={finding.impl} {finding.case_id}: {finding.message}",
+                  file=sys.stderr)
+
+    summary = fuzz(config, on_finding=show)
+    print(summary.line())
+    if summary.findings:
+        return EXIT_FINDINGS
+    return 130 if summary.interrupted else EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from mlafuzz.harness.ops import fuzzable_ops
+    from mlafuzz.kernels.registry import OPS, REGISTRY, _ensure_builtins
+    from mlafuzz.kernels.vllm_loader import CANDIDATES as VLLM_CANDIDATES
+
+    _ensure_builtins()
+    fuzzable = set(fuzzable_ops())
+    for op in OPS:
+        print(f"{op}{'' if op in fuzzable else '  (not fuzzable yet)'}")
+        for e in REGISTRY.entries(op=op):
+            tag = f" [mutant, expects {e.expected_kind}]" if e.is_mutant else ""
+            print(f"  {e.name:<28} devices={','.join(sorted(e.devices)):<9} {e.description}{tag}")
+        if op in VLLM_CANDIDATES:
+            print(f"  {'vllm':<28} devices=cuda      vLLM's own, from an installed vllm")
+    print("external: --impl OP=package.module:attr or --impl OP=path/to/file.py:attr")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="mlafuzz", description="Differential fuzzer for sparse-MLA fp8_ds_mla KV-cache kernels: random "
+                "decode/prefill batches through the implementation under test and exact PyTorch oracles.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    f = sub.add_parser("fuzz", help="fuzz implementations against the oracles",
+                       description="Fuzz implementations against the oracles. Exit 0: nothing found; 1: findings "
+                       "(appended to OUT/findings.jsonl as they happen); 2: usage or environment error.")
+    f.add_argument("--op", action="append", choices=("convert", "gather", "writer", "step"),
+                   help="op to fuzz (repeatable); default: every op with an --impl, else all fuzzable ops")
+    f.add_argument("--impl", action="append", metavar="OP=REF",
+                   help="implementation per op: a registered name (see `mlafuzz list`), vllm, module:attr or "
+                        "path/to/file.py:attr (repeatable); default: ours for the device")
+    f.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
+    f.add_argument("--cases", type=_nonneg_int, help="number of cases to run (this shard)")
+    f.add_argument("--budget", type=_positive_float, metavar="SECONDS",
+                   help="wall-clock budget; default 60 s when --cases is not given either")
+    f.add_argument("--seed", type=_nonneg_int, default=0, help="run seed: same seed, same cases (default 0)")
+    f.add_argument("--out", default="mlafuzz-out", metavar="DIR", help="run directory (default ./mlafuzz-out)")
+    f.add_argument("--spec", metavar="FILE", help="run this spec (JSON, as in a repro bundle) with varying seeds")
+    f.add_argument("--size", choices=("small", "large"), default="small",
+                   help="case size knobs: small (CPU, interpreter) or large (realistic GPU sizes)")
+    f.add_argument("--ulp", type=_nonneg_int, default=0, help="bf16 ulp budget (default 0: bit-exact)")
+    f.add_argument("--shard", type=_shard, default=None, metavar="K/N", help="run only shard K of N (0-based)")
+    f.add_argument("--quiet", action="store_true", help="only the closing summary line")
+    f.set_defaults(func=cmd_fuzz)
+
+    ls = sub.add_parser("list", help="show ops and registered implementations")
+    ls.set_defaults(func=cmd_list)
+    return p
+
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from mlafuzz.generators.spec import SpecError
+    from mlafuzz.harness.fuzz import Shard
+    from mlafuzz.kernels.registry import ImplError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "shard", False) is None:
+            args.shard = Shard()
+        return args.func(args)
+    except UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    except (ImplError, SpecError) as exc:
+        print(f"mlafuzz: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Op definitions: how each op's case is drawn, called, and checked against its oracle.
+
+One ``OpDef`` per op in the ``OP_DEFS`` registry; the runner and the fuzz loop
+never branch on the op's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.draw import SPEC_DRAWERS
+
+Outputs = dict[str, "torch.Tensor | None"]
+
+# dst rows the harness allocates are pre-filled with this bf16 pattern (a NaN
+# with a payload no dequant produces), so an unwritten row cannot pass as a value.
+DST_SENTINEL_BITS = 0x7FA5
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpDef:
+    name: str
+    invoke: Callable[[Callable, Case, Mapping[str, Any]], Outputs]  # (fn, case, cloned tensors) -> outputs
+    oracle: Callable[[Case], Outputs]  # vectorized, for the hot path
+    oracle_slow: Callable[[Case], Outputs]  # loop version, for minimized cases
+    needs: Callable[[Case], frozenset[str]] = lambda case: frozenset()  # capabilities a case needs
+
+
+# --- convert ---------------------------------------------------------------
+
+def _convert_invoke(fn: Callable, case: Case, t: Mapping[str, Any]) -> Outputs:
+    p = case.params
+    res = fn(t["req_id"], t["block_table"], t["token_indices"], BLOCK_SIZE=p["BLOCK_SIZE"],
+             NUM_TOPK_TOKENS=p["NUM_TOPK_TOKENS"], BLOCK_N=p["BLOCK_N"],
+             HAS_PREFILL_WORKSPACE=p["HAS_PREFILL_WORKSPACE"],
+             prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
+             prefill_workspace_starts=t["prefill_workspace_starts"],
+             return_valid_counts=p["return_valid_counts"])
+    if p["return_valid_counts"]:
+        if not (isinstance(res, tuple) and len(res) == 2):
+            raise TypeError(f"return_valid_counts=True must return (out, valid_counts), got {type(res).__name__}")
+        return {"out": res[0], "valid_counts": res[1]}
+    return {"out": res}
+
+
+def _convert_oracle(loop: bool) -> Callable[[Case], Outputs]:
+    def run(case: Case) -> Outputs:
+        from mlafuzz.oracles import convert as oc
+
+        fn = oc.convert_loop if loop else oc.convert
+        t, p = case.tensors, case.params
+        out, counts = fn(req_id=t["req_id"], block_table=t["block_table"], token_indices=t["token_indices"],
+                         block_size=p["BLOCK_SIZE"], has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
+                         prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
+                         prefill_workspace_starts=t["prefill_workspace_starts"])
+        return {"out": out, "valid_counts": counts} if p["return_valid_counts"] else {"out": out}
+    return run
+
+
+# --- gather ----------------------------------------------------------------
+
+def new_dst(case: Case) -> torch.Tensor:
+    total = case.params["total"]
+    dst = torch.empty((total, 576), dtype=torch.int16, device=case.device)
+    dst.fill_(DST_SENTINEL_BITS)
+    return dst.view(torch.bfloat16)
+
+
+def _gather_invoke(fn: Callable, case: Case, t: Mapping[str, Any]) -> Outputs:
+    dst = t.get("dst")
+    if dst is None:
+        dst = new_dst(case)
+    fn(t["src_cache"], dst, t["block_table"], t["workspace_starts"], case.params["batch_size"], t["seq_starts"])
+    return {"dst": dst}
+
+
+def _gather_oracle(loop: bool) -> Callable[[Case], Outputs]:
+    def run(case: Case) -> Outputs:
+        from mlafuzz.oracles import gather as og
+
+        fn = og.gather_loop if loop else og.gather
+        t = case.tensors
+        dst = fn(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
+                 batch_size=case.params["batch_size"], seq_starts=t["seq_starts"], total=case.params["total"])
+        return {"dst": dst}
+    return run
+
+
+def _gather_needs(case: Case) -> frozenset[str]:
+    starts = case.tensors["seq_starts"]
+    return frozenset({"seq_starts"}) if starts is not None and bool((starts != 0).any()) else frozenset()
+
+
+OP_DEFS: dict[str, OpDef] = {
+    "convert": OpDef(name="convert", invoke=_convert_invoke, oracle=_convert_oracle(False),
+                     oracle_slow=_convert_oracle(True)),
+    "gather": OpDef(name="gather", invoke=_gather_invoke, oracle=_gather_oracle(False),
+                    oracle_slow=_gather_oracle(True), needs=_gather_needs),
+}
+
+
+def fuzzable_ops() -> list[str]:
+    """Ops the fuzz loop can draw cases for."""
+    return [op for op in OP_DEFS if op in SPEC_DRAWERS]
