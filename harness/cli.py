@@ -97,6 +97,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from mlafuzz.harness.compare import Policy
     from mlafuzz.harness.fuzz import FuzzConfig, fuzz
     from mlafuzz.harness.ops import fuzzable_ops
+    from mlafuzz.kernels.registry import parse_impl_arg
 
     args.device = args.device or default_device()
     _check_device(args.device)
@@ -112,7 +113,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     elif args.op:
         ops = list(dict.fromkeys(args.op))
     elif args.impl:
-        ops = list(dict.fromkeys(t.partition("=")[0] for t in args.impl))
+        ops = list(dict.fromkeys(parse_impl_arg(t)[0] for t in args.impl))
     else:
         ops = fuzzable_ops()
     unknown = [op for op in ops if op not in fuzzable_ops()]

@@ -60,6 +60,7 @@ class FuzzConfig:
     fixed_spec: Any | None = None  # run this spec with varying seeds instead of drawing
     shard: Shard = Shard()
     quiet: bool = False
+    rerun_every: int = 4  # every Nth case runs twice, compared bit for bit (NONDETERMINISM)
 
     def __post_init__(self) -> None:
         if self.cases is None and self.budget is None:
@@ -137,7 +138,8 @@ def fuzz(config: FuzzConfig, *, on_finding: Callable[[Finding], None] | None = N
                 spec = config.fixed_spec if config.fixed_spec is not None else draw_spec(
                     op, seed=seed, knobs=config.knobs)
                 case = materialize(spec, seed, config.device)
-                result = run_case(case=case, entry=config.impls[op], policy=config.policy)
+                result = run_case(case=case, entry=config.impls[op], policy=config.policy,
+                                  rerun=i % config.rerun_every == 0)
                 if result.skipped:
                     summary.skipped += 1
                     continue

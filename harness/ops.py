@@ -13,13 +13,9 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import SPEC_DRAWERS
+from mlafuzz.harness.guards import Guarded, guarded_empty
 
 Outputs = dict[str, "torch.Tensor | None"]
-
-# dst rows the harness allocates are pre-filled with this bf16 pattern (a NaN
-# with a payload no dequant produces), so an unwritten row cannot pass as a value.
-DST_SENTINEL_BITS = 0x7FA5
-
 
 @dataclass(frozen=True, kw_only=True)
 class OpDef:
@@ -28,6 +24,8 @@ class OpDef:
     oracle: Callable[[Case], Outputs]  # vectorized, for the hot path
     oracle_slow: Callable[[Case], Outputs]  # loop version, for minimized cases
     needs: Callable[[Case], frozenset[str]] = lambda case: frozenset()  # capabilities a case needs
+    # Outputs the harness allocates, inside guard zones, filled with a byte pattern.
+    guarded: Callable[[Case, int], dict[str, Guarded]] | None = None
 
 
 # --- convert ---------------------------------------------------------------
@@ -63,17 +61,13 @@ def _convert_oracle(loop: bool) -> Callable[[Case], Outputs]:
 
 # --- gather ----------------------------------------------------------------
 
-def new_dst(case: Case) -> torch.Tensor:
-    total = case.params["total"]
-    dst = torch.empty((total, 576), dtype=torch.int16, device=case.device)
-    dst.fill_(DST_SENTINEL_BITS)
-    return dst.view(torch.bfloat16)
+def _gather_guarded(case: Case, fill: int) -> dict[str, Guarded]:
+    return {"dst": guarded_empty(shape=(case.params["total"], 576), dtype=torch.bfloat16, device=case.device,
+                                 fill=fill)}
 
 
 def _gather_invoke(fn: Callable, case: Case, t: Mapping[str, Any]) -> Outputs:
-    dst = t.get("dst")
-    if dst is None:
-        dst = new_dst(case)
+    dst = t["dst"]
     fn(t["src_cache"], dst, t["block_table"], t["workspace_starts"], case.params["batch_size"], t["seq_starts"])
     return {"dst": dst}
 
@@ -99,7 +93,7 @@ OP_DEFS: dict[str, OpDef] = {
     "convert": OpDef(name="convert", invoke=_convert_invoke, oracle=_convert_oracle(False),
                      oracle_slow=_convert_oracle(True)),
     "gather": OpDef(name="gather", invoke=_gather_invoke, oracle=_gather_oracle(False),
-                    oracle_slow=_gather_oracle(True), needs=_gather_needs),
+                    oracle_slow=_gather_oracle(True), needs=_gather_needs, guarded=_gather_guarded),
 }
 
 

@@ -1,11 +1,16 @@
-"""Run one case through one implementation and its oracle, inside guards."""
+"""Run one case through one implementation and its oracle, inside guards.
+
+A case runs once, or twice when its outputs are guarded (the two-pattern write
+map needs both runs) or a re-run is sampled: the second run doubles as the
+nondeterminism check, compared bit for bit with the first.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -13,7 +18,8 @@ from mlafuzz.generators.case import Case
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.compare import Context, Policy, compare
 from mlafuzz.harness.findings import Finding, Kind
-from mlafuzz.harness.ops import OP_DEFS
+from mlafuzz.harness.guards import PATTERNS, Guarded, oob_findings, write_map_findings
+from mlafuzz.harness.ops import OP_DEFS, OpDef
 from mlafuzz.kernels.registry import ImplEntry
 
 
@@ -25,32 +31,106 @@ class CaseResult:
     seconds: float = 0.0
 
 
-def _sync(device: str) -> None:
+@dataclass(frozen=True, kw_only=True)
+class Call:
+    """One call of the implementation: what it returned, what it was given, or how it failed."""
+
+    outputs: Mapping[str, Any] | None
+    inputs: Mapping[str, Any]
+    guards: Mapping[str, Guarded]
+    error: BaseException | None
+
+
+def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
-def _input_mutations(case: Case, inputs: dict, ctx: Context) -> list[Finding]:
+def call_impl(*, opdef: OpDef, fn: Callable, case: Case, fill: int) -> Call:
+    inputs = case.cloned_tensors()
+    guards = opdef.guarded(case, fill) if opdef.guarded else {}
+    args = {**inputs, **{k: g.view for k, g in guards.items()}}
+    try:
+        outputs = opdef.invoke(fn, case, args)
+        sync(case.device)
+    except Exception as exc:  # a refusal or a failure: the caller decides which it is
+        return Call(outputs=None, inputs=inputs, guards=guards, error=exc)
+    return Call(outputs=outputs, inputs=inputs, guards=guards, error=None)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).contiguous().view(torch.uint8) if t.is_floating_point() else t.reshape(-1)
+
+
+def input_mutations(case: Case, inputs: Mapping[str, Any], ctx: Context) -> list[Finding]:
     out = []
     for name, before in case.tensors.items():
         after = inputs.get(name)
         if before is None or after is None:
             continue
-        if not torch.equal(before.reshape(-1).view(torch.uint8) if before.dtype.is_floating_point else before,
-                           after.reshape(-1).view(torch.uint8) if after.dtype.is_floating_point else after):
+        if not torch.equal(_bits(before), _bits(after)):
+            changed = int((_bits(before) != _bits(after)).sum())
             out.append(Finding(kind=Kind.INPUT_MUTATION, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
-                               tensor=name, cause=f"{name}:mutated",
-                               message=f"input {name} changed during the call"))
+                               tensor=name, cause=f"{name}:mutated", count=changed, total=_bits(before).numel(),
+                               message=f"input {name} changed during the call ({changed} elements)"))
     return out
 
 
-def run_case(*, case: Case, entry: ImplEntry, policy: Policy = Policy(),
-             fn: Callable | None = None) -> CaseResult:
+def _rerun_differs(first: Call, second: Call, ctx: Context) -> list[Finding]:
+    """Nondeterminism of outputs the impl allocated (guarded ones use the write map)."""
+    out = []
+    for name, a in (first.outputs or {}).items():
+        b = (second.outputs or {}).get(name)
+        if name in first.guards or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            continue
+        if a.shape == b.shape and a.dtype == b.dtype and not torch.equal(_bits(a), _bits(b)):
+            n = int((_bits(a) != _bits(b)).sum())
+            out.append(Finding(kind=Kind.NONDETERMINISM, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
+                               tensor=name, cause=f"{name}:rerun", count=n, total=_bits(a).numel(),
+                               message=f"{name}: a second run of the same case differs in {n} elements"))
+    return out
+
+
+def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, rerun: bool,
+               oracle: Callable[[Case], Mapping[str, Any]] | None = None) -> list[Finding]:
+    opdef = OP_DEFS[case.op]
+    ctx = Context(op=case.op, impl=entry.name, case_id=case.case_id)
+    first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0])
+    findings: list[Finding] = []
+    if first.error is not None:
+        findings.append(Finding(kind=Kind.EXCEPTION, op=case.op, impl=entry.name, case_id=case.case_id,
+                                cause=type(first.error).__name__,
+                                message=f"raised on a valid input: {first_line(first.error)}"))
+        return findings + input_mutations(case, first.inputs, ctx)
+    expected = (oracle or opdef.oracle)(case)
+    findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
+    for name, g in first.guards.items():
+        findings += oob_findings(name=name, g=g, op=case.op, impl=entry.name, case_id=case.case_id)
+    findings += input_mutations(case, first.inputs, ctx)
+    if first.guards or rerun:
+        second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1])
+        if second.error is not None:
+            findings.append(Finding(kind=Kind.NONDETERMINISM, op=case.op, impl=entry.name, case_id=case.case_id,
+                                    cause="rerun_raised",
+                                    message=f"a second run of the same case raised: {first_line(second.error)}"))
+        else:
+            for name, g in second.guards.items():
+                findings += [f for f in oob_findings(name=name, g=g, op=case.op, impl=entry.name,
+                                                     case_id=case.case_id)
+                             if not any(f.dedup_key == h.dedup_key for h in findings)]
+                findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=case.op,
+                                               impl=entry.name, case_id=case.case_id)
+            findings += _rerun_differs(first, second, ctx)
+    return findings
+
+
+def run_case(*, case: Case, entry: ImplEntry, policy: Policy = Policy(), fn: Callable | None = None,
+             rerun: bool = False, slow_oracle: bool = False) -> CaseResult:
     """Findings of one implementation on one case (empty tuple: it agreed with the oracle)."""
     start = time.perf_counter()
     opdef = OP_DEFS[case.op]
@@ -58,20 +138,8 @@ def run_case(*, case: Case, entry: ImplEntry, policy: Policy = Policy(),
     if missing:
         return CaseResult(case_id=case.case_id, skipped=f"impl lacks capability: {', '.join(sorted(missing))}")
     fn = fn if fn is not None else entry.load(case.device)
-    ctx = Context(op=case.op, impl=entry.name, case_id=case.case_id)
-    inputs = case.cloned_tensors()
-    findings: list[Finding] = []
-    try:
-        actual = opdef.invoke(fn, case, inputs)
-        _sync(case.device)
-    except Exception as exc:  # the impl refused or failed on a valid case: a finding, not a harness crash
-        findings.append(Finding(kind=Kind.EXCEPTION, op=case.op, impl=entry.name, case_id=case.case_id,
-                                cause=type(exc).__name__,
-                                message=f"raised on a valid input: {_first_line(exc)}"))
-    else:
-        expected = opdef.oracle(case)
-        findings.extend(compare(expected=expected, actual=actual, policy=policy, ctx=ctx))
-    findings.extend(_input_mutations(case, inputs, ctx))
+    findings = check_call(case=case, entry=entry, fn=fn, policy=policy, rerun=rerun,
+                          oracle=opdef.oracle_slow if slow_oracle else None)
     spec = spec_to_dict(case.spec)
     findings = [dataclasses.replace(f, seed=case.seed, spec=spec) for f in findings]
     return CaseResult(case_id=case.case_id, findings=tuple(findings), seconds=time.perf_counter() - start)
