@@ -8,6 +8,7 @@ split the case space into disjoint, deterministic slices.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import json
 import sys
@@ -18,7 +19,9 @@ from typing import Any, Callable, Mapping
 
 from mlafuzz.generators.draw import Knobs, draw_spec
 from mlafuzz.generators.materialize import materialize
+from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.compare import Policy
+from mlafuzz.harness.contracts import check_contract, classes_for
 from mlafuzz.harness.findings import Finding, Severity
 from mlafuzz.harness.runner import CaseResult, run_case
 from mlafuzz.kernels.registry import ImplEntry
@@ -61,6 +64,7 @@ class FuzzConfig:
     shard: Shard = Shard()
     quiet: bool = False
     rerun_every: int = 4  # every Nth case runs twice, compared bit for bit (NONDETERMINISM)
+    contract_every: int = 3  # every Nth case also runs one error-input class (ACCEPTED_INVALID_INPUT)
 
     def __post_init__(self) -> None:
         if self.cases is None and self.budget is None:
@@ -138,8 +142,15 @@ def fuzz(config: FuzzConfig, *, on_finding: Callable[[Finding], None] | None = N
                 spec = config.fixed_spec if config.fixed_spec is not None else draw_spec(
                     op, seed=seed, knobs=config.knobs)
                 case = materialize(spec, seed, config.device)
-                result = run_case(case=case, entry=config.impls[op], policy=config.policy,
+                entry = config.impls[op]
+                result = run_case(case=case, entry=entry, policy=config.policy,
                                   rerun=i % config.rerun_every == 0)
+                classes = classes_for(op)
+                if not result.skipped and classes and i % config.contract_every == 1:
+                    klass = classes[(i // config.contract_every) % len(classes)]
+                    extra = check_contract(case=case, entry=entry, fn=entry.load(config.device), klass=klass)
+                    result = dataclasses.replace(result, findings=result.findings + tuple(
+                        dataclasses.replace(f, seed=seed, spec=spec_to_dict(spec)) for f in extra))
                 if result.skipped:
                     summary.skipped += 1
                     continue

@@ -62,7 +62,10 @@ def _convert_oracle(loop: bool) -> Callable[[Case], Outputs]:
 # --- gather ----------------------------------------------------------------
 
 def _gather_guarded(case: Case, fill: int) -> dict[str, Guarded]:
-    return {"dst": guarded_empty(shape=(case.params["total"], 576), dtype=torch.bfloat16, device=case.device,
+    # dst_* params exist only in error-input cases (a wrong dtype or width).
+    p = case.params
+    dtype = getattr(torch, p.get("dst_dtype", "bfloat16"))
+    return {"dst": guarded_empty(shape=(p["total"], p.get("dst_cols", 576)), dtype=dtype, device=case.device,
                                  fill=fill)}
 
 
