@@ -34,12 +34,17 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        digest = hashlib.sha256(spec_to_json(self.spec).encode()).hexdigest()[:10]
-        return f"{self.op}-{self.seed}-{digest}"
+        return case_id_for(op=self.op, seed=self.seed, spec_json=spec_to_json(self.spec))
 
     def cloned_tensors(self) -> dict[str, torch.Tensor | None]:
         """Fresh copies that keep each tensor's strides (non-contiguous inputs stay so)."""
         return {k: _clone_keep_strides(v) for k, v in self.tensors.items()}
+
+
+def case_id_for(*, op: str, seed: int, spec_json: str) -> str:
+    """A short stable id: op, seed and a digest of the spec."""
+    digest = hashlib.sha256(spec_json.encode()).hexdigest()[:10]
+    return f"{op}-{seed}-{digest}"
 
 
 def _clone_keep_strides(t: torch.Tensor | None) -> torch.Tensor | None:

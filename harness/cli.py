@@ -73,22 +73,37 @@ DEFAULT_IMPLS: dict[str, dict[str, str]] = {
 }
 
 
-def _select_impls(args: argparse.Namespace, ops: list[str]) -> dict:
+def _select_impls(args: argparse.Namespace, ops: list[str]) -> dict[str, str]:
+    """op -> --impl reference, each resolved and loaded once here so mistakes surface as one line."""
     from mlafuzz.kernels.registry import ImplError, parse_impl_arg, resolve
 
     chosen: dict[str, str] = {}
     for text in args.impl or ():
         op, ref = parse_impl_arg(text)
         chosen[op] = ref
-    entries = {}
+    refs = {}
     for op in ops:
         ref = chosen.get(op, DEFAULT_IMPLS[args.device].get(op))
         if ref is None:
             raise ImplError(f"no default implementation of op {op!r} on {args.device}; pass --impl {op}=...")
         entry = resolve(op, ref)
-        entry.load(args.device)  # surface import/build errors now, as one line
-        entries[op] = entry
-    return entries
+        try:
+            entry.load(args.device)
+        except ImplError:
+            raise
+        except Exception as exc:  # e.g. the CUDA extension failed to build: one line, exit 2
+            raise ImplError(f"--impl {op}={ref}: cannot load on {args.device}: {type(exc).__name__}: "
+                            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+        refs[op] = ref
+    return refs
+
+
+def _executor(args: argparse.Namespace):
+    from mlafuzz.harness.workers import InProcess, WorkerPool, device_slots
+
+    if args.in_process:
+        return InProcess()
+    return WorkerPool(devices=device_slots(device=args.device, workers=args.workers), timeout=args.timeout)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
@@ -97,6 +112,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from mlafuzz.harness.compare import Policy
     from mlafuzz.harness.fuzz import FuzzConfig, fuzz
     from mlafuzz.harness.ops import fuzzable_ops
+    from mlafuzz.harness.progress import Progress
     from mlafuzz.kernels.registry import parse_impl_arg
 
     args.device = args.device or default_device()
@@ -122,27 +138,48 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     cases, budget = args.cases, args.budget
     if cases is None and budget is None:
         budget = 60.0
+    rejects = {}
+    for text in args.contract or ():
+        op, _, classes = text.partition("=")
+        rejects[op] = tuple(c for c in classes.split(",") if c)
     config = FuzzConfig(ops=tuple(ops), impls=_select_impls(args, ops), device=args.device, cases=cases,
                         budget=budget, seed=args.seed, out_dir=Path(args.out), knobs=KNOB_PRESETS[args.size],
-                        policy=Policy(ulp=args.ulp), fixed_spec=fixed_spec, shard=args.shard, quiet=args.quiet)
-    impl_text = ", ".join(f"{op}={e.name}" for op, e in config.impls.items())
+                        policy=Policy(ulp=args.ulp), fixed_spec=fixed_spec, shard=args.shard,
+                        shrink_budget=args.shrink_budget, rejects=rejects)
+    impl_text = ", ".join(f"{op}={ref}" for op, ref in config.impls.items())
     if not args.quiet:
-        print(f"mlafuzz: fuzzing {impl_text} on {args.device}, seed {args.seed},"
-              f" {'%d cases' % cases if cases is not None else ''}"
-              f"{' / ' if cases is not None and budget is not None else ''}"
-              f"{'%.0f s budget' % budget if budget is not None else ''}; findings -> {config.out_dir}/findings.jsonl",
-              file=sys.stderr)
+        limit = " / ".join(x for x in (f"{cases} cases" if cases is not None else "",
+                                        f"{budget:.0f} s budget" if budget is not None else "") if x)
+        print(f"mlafuzz: fuzzing {impl_text} on {args.device}, seed {args.seed}, {limit};"
+              f" findings -> {config.out_dir}/findings.jsonl", file=sys.stderr)
+    seen: set = set()
 
     def show(finding) -> None:
-        if not args.quiet:
+        if not args.quiet and finding.dedup_key not in seen:  # one line per new bucket
+            seen.add(finding.dedup_key)
             print(f"  {finding.kind.value} {finding.op}={finding.impl} {finding.case_id}: {finding.message}",
                   file=sys.stderr)
 
-    summary = fuzz(config, on_finding=show)
+    executor = _executor(args)
+    progress = Progress(budget=budget, quiet=args.quiet)
+    try:
+        summary = fuzz(config, executor=executor, on_finding=show, on_progress=progress)
+    finally:
+        progress.close()
+        executor.close()
+    for bundle in summary.bundles:
+        size = ", ".join(f"{k} {v}" for k, v in bundle["size"].items())
+        print(f"  repro ({size}): {bundle['replay']}")
     print(summary.line())
     if summary.findings:
         return EXIT_FINDINGS
     return 130 if summary.interrupted else EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from mlafuzz.harness.replay import replay
+
+    return replay(bundle_path=Path(args.bundle), impl=args.impl, device=args.device, quiet=args.quiet)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -187,8 +224,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="case size knobs: small (CPU, interpreter) or large (realistic GPU sizes)")
     f.add_argument("--ulp", type=_nonneg_int, default=0, help="bf16 ulp budget (default 0: bit-exact)")
     f.add_argument("--shard", type=_shard, default=None, metavar="K/N", help="run only shard K of N (0-based)")
-    f.add_argument("--quiet", action="store_true", help="only the closing summary line")
+    f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
+    f.add_argument("--workers", type=_nonneg_int, default=None,
+                   help="worker processes (default: one per GPU with --device cuda, 1 on cpu)")
+    f.add_argument("--in-process", action="store_true",
+                   help="run cases in this process: faster start, but a crashing impl takes the run down")
+    f.add_argument("--timeout", type=_positive_float, default=120.0, metavar="SECONDS",
+                   help="per-case limit before a worker is killed and the case reported as TIMEOUT (default 120)")
+    f.add_argument("--shrink-budget", type=float, default=20.0, metavar="SECONDS",
+                   help="time to minimize each new finding bucket before writing its repro bundle "
+                        "(default 20; 0 disables shrinking and bundles)")
+    f.add_argument("--contract", action="append", metavar="OP=CLASS,...",
+                   help="hold an external impl to this (weaker) contract instead of SPEC's must-reject list")
     f.set_defaults(func=cmd_fuzz)
+
+    r = sub.add_parser("replay", help="replay a repro bundle",
+                       description="Replay a repro bundle. Exit 1 while its finding reproduces, 0 once fixed, "
+                                   "2 for a malformed or tampered bundle.")
+    r.add_argument("bundle", help="bundle directory (OUT/bundles/...)")
+    r.add_argument("--impl", metavar="OP=REF", help="replay against another implementation (e.g. the fix)")
+    r.add_argument("--device", choices=("cpu", "cuda"), help="default: the bundle's device if available, else cpu")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=cmd_replay)
 
     ls = sub.add_parser("list", help="show ops and registered implementations")
     ls.set_defaults(func=cmd_list)
@@ -200,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mlafuzz.generators.spec import SpecError
     from mlafuzz.harness.fuzz import Shard
     from mlafuzz.kernels.registry import ImplError
+    from mlafuzz.reports.bundle import BundleError
 
     parser = build_parser()
     try:
@@ -210,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    except (ImplError, SpecError) as exc:
+    except (ImplError, SpecError, BundleError) as exc:
         print(f"mlafuzz: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

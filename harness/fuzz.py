@@ -1,8 +1,10 @@
-"""The in-process fuzz loop: draw, materialize, run, compare, record.
+"""The fuzz driver: draw tasks, run them on an executor, record, shrink, bundle.
 
 Case i of a run is a pure function of (seed, i): its op, its spec and its
 tensors. That makes a run reproducible from its seed and lets ``--shard K/N``
-split the case space into disjoint, deterministic slices.
+split the case space into disjoint, deterministic slices. Findings are
+appended to findings.jsonl as they arrive; new buckets are shrunk and written
+as repro bundles after the main loop.
 """
 
 from __future__ import annotations
@@ -11,20 +13,19 @@ import collections
 import dataclasses
 import hashlib
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from mlafuzz.generators.draw import Knobs, draw_spec
-from mlafuzz.generators.materialize import materialize
-from mlafuzz.generators.spec import spec_to_dict
+from mlafuzz.generators.features import features
+from mlafuzz.generators.spec import spec_from_dict, spec_to_dict
 from mlafuzz.harness.compare import Policy
-from mlafuzz.harness.contracts import check_contract, classes_for
-from mlafuzz.harness.findings import Finding, Severity
-from mlafuzz.harness.runner import CaseResult, run_case
-from mlafuzz.kernels.registry import ImplEntry
+from mlafuzz.harness.contracts import classes_for
+from mlafuzz.harness.findings import Finding, Kind, Severity
+from mlafuzz.harness.tasks import Task, TaskResult
+from mlafuzz.harness.workers import Executor
 from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlSink
 
 MAX_LINES_PER_BUCKET = 50  # a broken impl fails every case; keep the file readable
@@ -52,7 +53,7 @@ class Shard:
 @dataclass(frozen=True, kw_only=True)
 class FuzzConfig:
     ops: tuple[str, ...]
-    impls: Mapping[str, ImplEntry]
+    impls: Mapping[str, str]  # op -> --impl reference (resolved again inside workers)
     device: str = "cpu"
     cases: int | None = None  # per run (this shard), None = until the budget
     budget: float | None = None  # seconds
@@ -62,9 +63,10 @@ class FuzzConfig:
     policy: Policy = Policy()
     fixed_spec: Any | None = None  # run this spec with varying seeds instead of drawing
     shard: Shard = Shard()
-    quiet: bool = False
     rerun_every: int = 4  # every Nth case runs twice, compared bit for bit (NONDETERMINISM)
     contract_every: int = 3  # every Nth case also runs one error-input class (ACCEPTED_INVALID_INPUT)
+    shrink_budget: float = 0.0  # seconds per new bucket; 0: no shrinking and no bundles
+    rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # weaker contracts per op
 
     def __post_init__(self) -> None:
         if self.cases is None and self.budget is None:
@@ -73,6 +75,17 @@ class FuzzConfig:
         if missing:
             raise ValueError(f"FuzzConfig: ops={missing!r} have no implementation selected")
 
+    def task(self, i: int) -> Task:
+        op = self.ops[i % len(self.ops)]
+        seed = case_seed(self.seed, op, i)
+        spec = self.fixed_spec if self.fixed_spec is not None else draw_spec(op, seed=seed, knobs=self.knobs)
+        classes = classes_for(op)
+        contract = (classes[(i // self.contract_every) % len(classes)].name
+                    if classes and i % self.contract_every == 1 else None)
+        return Task(index=i, op=op, seed=seed, spec=spec_to_dict(spec), impl_ref=self.impls[op], device=self.device,
+                    ulp=self.policy.ulp, rerun=i % self.rerun_every == 0, contract=contract,
+                    rejects=self.rejects.get(op))
+
 
 @dataclass(kw_only=True)
 class FuzzSummary:
@@ -80,9 +93,11 @@ class FuzzSummary:
     skipped: int = 0
     per_op: collections.Counter = field(default_factory=collections.Counter)
     by_kind: collections.Counter = field(default_factory=collections.Counter)
+    coverage: collections.Counter = field(default_factory=collections.Counter)
     findings: int = 0  # error-severity findings
     infos: int = 0
-    buckets: set = field(default_factory=set)
+    buckets: dict = field(default_factory=dict)  # dedup key -> (task, first finding)
+    bundles: list = field(default_factory=list)
     seconds: float = 0.0
     interrupted: bool = False
 
@@ -99,73 +114,126 @@ class FuzzSummary:
 
     def to_json(self) -> dict[str, Any]:
         return {"cases": self.cases, "skipped": self.skipped, "per_op": dict(self.per_op),
-                "by_kind": dict(self.by_kind), "findings": self.findings, "infos": self.infos,
-                "buckets": len(self.buckets), "seconds": round(self.seconds, 3),
-                "cases_per_second": round(self.rate, 3), "interrupted": self.interrupted}
+                "by_kind": dict(self.by_kind), "coverage": dict(self.coverage), "findings": self.findings,
+                "infos": self.infos, "buckets": len(self.buckets), "bundles": self.bundles,
+                "seconds": round(self.seconds, 3), "cases_per_second": round(self.rate, 3),
+                "interrupted": self.interrupted}
 
 
-def _record(summary: FuzzSummary, sink: JsonlSink, result: CaseResult, per_bucket: collections.Counter) -> None:
-    for f in result.findings:
-        if f.severity is Severity.ERROR:
-            summary.findings += 1
-            summary.by_kind[f.kind.value] += 1
-            summary.buckets.add(f.dedup_key)
-        else:
-            summary.infos += 1
-        per_bucket[f.dedup_key] += 1
-        if per_bucket[f.dedup_key] <= MAX_LINES_PER_BUCKET:
-            sink.write(f.to_json())
+class Recorder:
+    """Counts results and appends findings to findings.jsonl as they arrive."""
+
+    def __init__(self, sink: JsonlSink, summary: FuzzSummary, on_finding: Callable[[Finding], None] | None) -> None:
+        self.sink, self.summary, self.on_finding = sink, summary, on_finding
+        self.per_bucket: collections.Counter = collections.Counter()
+
+    def record(self, task: Task, result: TaskResult) -> None:
+        s = self.summary
+        if result.skipped:
+            s.skipped += 1
+            return
+        s.cases += 1
+        s.per_op[task.op] += 1
+        s.coverage.update(features(spec_from_dict(task.spec)))
+        for f in result.findings:
+            if f.severity is Severity.ERROR:
+                s.findings += 1
+                s.by_kind[f.kind.value] += 1
+                s.buckets.setdefault(f.dedup_key, (task, f))
+            else:
+                s.infos += 1
+            self.per_bucket[f.dedup_key] += 1
+            if self.per_bucket[f.dedup_key] <= MAX_LINES_PER_BUCKET:
+                self.sink.write(f.to_json())
+            if self.on_finding:
+                self.on_finding(f)
 
 
-def fuzz(config: FuzzConfig, *, on_finding: Callable[[Finding], None] | None = None,
-         log: Callable[[str], None] | None = None) -> FuzzSummary:
-    """Run the loop until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl."""
-    log = log or (lambda msg: None if config.quiet else print(msg, file=sys.stderr, flush=True))
+def evaluate_sync(executor: Executor, task: Task) -> TaskResult:
+    """Run one task to completion on an otherwise idle executor."""
+    while not executor.free_slots():
+        executor.wait(0.05)
+    executor.submit(task)
+    while True:
+        for done_task, result in executor.wait(0.05):
+            if done_task.index == task.index and done_task.spec == task.spec:
+                return result
+
+
+def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Finding], None] | None = None,
+         on_progress: Callable[[FuzzSummary, float], None] | None = None) -> FuzzSummary:
+    """Run until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl."""
     config.out_dir.mkdir(parents=True, exist_ok=True)
     summary = FuzzSummary()
-    per_bucket: collections.Counter = collections.Counter()
-    start = last_log = time.monotonic()
-    index = 0
+    start = time.monotonic()
+    index = submitted = 0
     with JsonlSink(config.out_dir / FINDINGS_FILE) as sink:
+        recorder = Recorder(sink, summary, on_finding)
         try:
             while True:
                 elapsed = time.monotonic() - start
-                if config.cases is not None and summary.cases + summary.skipped >= config.cases:
+                budget_left = config.budget is None or elapsed < config.budget
+                while (budget_left and (config.cases is None or submitted < config.cases)
+                       and executor.free_slots()):
+                    while not config.shard.owns(index):
+                        index += 1
+                    executor.submit(config.task(index))
+                    index += 1
+                    submitted += 1
+                more = budget_left and (config.cases is None or submitted < config.cases)
+                if not more and not executor.in_flight():
                     break
-                if config.budget is not None and elapsed >= config.budget:
-                    break
-                i, index = index, index + 1
-                if not config.shard.owns(i):
-                    continue
-                op = config.ops[i % len(config.ops)]
-                seed = case_seed(config.seed, op, i)
-                spec = config.fixed_spec if config.fixed_spec is not None else draw_spec(
-                    op, seed=seed, knobs=config.knobs)
-                case = materialize(spec, seed, config.device)
-                entry = config.impls[op]
-                result = run_case(case=case, entry=entry, policy=config.policy,
-                                  rerun=i % config.rerun_every == 0)
-                classes = classes_for(op)
-                if not result.skipped and classes and i % config.contract_every == 1:
-                    klass = classes[(i // config.contract_every) % len(classes)]
-                    extra = check_contract(case=case, entry=entry, fn=entry.load(config.device), klass=klass)
-                    result = dataclasses.replace(result, findings=result.findings + tuple(
-                        dataclasses.replace(f, seed=seed, spec=spec_to_dict(spec)) for f in extra))
-                if result.skipped:
-                    summary.skipped += 1
-                    continue
-                summary.cases += 1
-                summary.per_op[op] += 1
-                _record(summary, sink, result, per_bucket)
-                for f in result.findings:
-                    if on_finding:
-                        on_finding(f)
-                if time.monotonic() - last_log > 5.0:
-                    last_log = time.monotonic()
-                    summary.seconds = last_log - start
-                    log(f"  ... {summary.line()}")
+                for task, result in executor.wait(0.1):
+                    recorder.record(task, result)
+                if on_progress:
+                    summary.seconds = time.monotonic() - start
+                    on_progress(summary, summary.seconds)
         except KeyboardInterrupt:
             summary.interrupted = True
-    summary.seconds = time.monotonic() - start
-    (config.out_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+        summary.seconds = time.monotonic() - start
+        _write_summary(config, summary)
+        if config.shrink_budget > 0 and not summary.interrupted:
+            try:
+                _shrink_and_bundle(config, summary, executor)
+            except KeyboardInterrupt:
+                summary.interrupted = True
+            _write_summary(config, summary)
     return summary
+
+
+def _write_summary(config: FuzzConfig, summary: FuzzSummary) -> None:
+    path = config.out_dir / "summary.json"
+    tmp = path.with_name("summary.json.tmp")
+    tmp.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _shrink_and_bundle(config: FuzzConfig, summary: FuzzSummary, executor: Executor) -> None:
+    from mlafuzz.generators.materialize import materialize
+    from mlafuzz.harness.shrink import shrink, size_of
+    from mlafuzz.reports.bundle import replay_command, slug, write_bundle
+
+    for key, (task, finding) in list(summary.buckets.items()):
+        if finding.cause == "harness_error":
+            continue
+        result = shrink(task=task, finding=finding, evaluate=lambda t: evaluate_sync(executor, t),
+                        budget=config.shrink_budget)
+        small = result.task
+        spec = spec_from_dict(small.spec)
+        # The loop oracle confirms the minimized case (the vectorized one found it).
+        verified = None
+        if finding.kind not in (Kind.CRASH, Kind.TIMEOUT):
+            check = evaluate_sync(executor, dataclasses.replace(small, slow_oracle=True, index=-1))
+            verified = any(f.kind == finding.kind and f.cause == finding.cause for f in check.findings)
+        case = materialize(spec, small.seed, "cpu")
+        name = "-".join(key)
+        path = config.out_dir / "bundles" / slug(name)
+        final = dataclasses.replace(result.finding, repro=replay_command(path))
+        write_bundle(root=config.out_dir / "bundles", name=name, op=small.op, spec=small.spec, seed=small.seed,
+                     impl=small.impl_ref, device=config.device, ulp=small.ulp, rerun=small.rerun,
+                     contract=small.contract, finding=final, inputs=dict(case.tensors),
+                     extra={"shrink": {"attempts": result.attempts, "accepted": result.accepted,
+                                       "seconds": round(result.seconds, 2), "size": size_of(spec),
+                                       "loop_oracle_agrees": verified}})
+        summary.bundles.append({"bucket": list(key), "path": str(path), "replay": final.repro,
+                                "size": size_of(spec), "shrink_seconds": round(result.seconds, 2)})

@@ -1,0 +1,170 @@
+"""The expected-failures ledger: known finding buckets that do not fail a run.
+
+A ledger is a file in the user's repository, TOML (``[[expected]]`` tables) or
+JSON (``{"expected": [...]}`` or a bare list). Each entry names one finding
+bucket -- ``kind``, ``op``, ``impl`` and ``cause`` (``"*"`` matches any cause)
+-- and must cite why it is waived: ``issue`` or ``link``. Every mistake in the
+file is one ``LedgerError`` line naming the file and the entry.
+
+    [[expected]]
+    kind = "VALUE_MISMATCH"
+    op = "gather"
+    impl = "vllm"
+    cause = "*"
+    issue = "https://github.com/vllm-project/vllm/pull/48642"
+    note = "pre-#48642 gather reads every request from position 0"
+
+Entries that matched nothing are *stale*: reported so they can be removed
+once the bug is fixed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from mlafuzz.harness.findings import Finding, Kind
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: JSON ledgers only
+    tomllib = None  # type: ignore[assignment]
+
+WILDCARD = "*"
+_REQUIRED = ("kind", "op", "impl", "cause")
+_REFS = ("issue", "link")
+_KNOWN = frozenset(_REQUIRED + _REFS + ("note",))
+
+
+class LedgerError(ValueError):
+    """A malformed ledger; the message is one line naming the file and the entry."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerEntry:
+    kind: str
+    op: str
+    impl: str
+    cause: str
+    issue: str  # the issue or link that justifies the waiver
+    note: str = ""
+    index: int = 0  # position in the file, for messages
+
+    def matches(self, finding: Finding) -> bool:
+        kind, op, impl, cause = finding.dedup_key
+        return (self.kind, self.op, self.impl) == (kind, op, impl) and self.cause in (WILDCARD, cause)
+
+    def label(self) -> str:
+        return f"expected[{self.index}] {self.kind} {self.op}={self.impl} cause={self.cause}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "kind": self.kind, "op": self.op, "impl": self.impl, "cause": self.cause,
+                "issue": self.issue, "note": self.note}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ledger:
+    path: Path
+    entries: tuple[LedgerEntry, ...]
+
+    def match(self, finding: Finding) -> LedgerEntry | None:
+        """The entry that waives ``finding``: an exact cause wins over a ``*`` one."""
+        hits = [e for e in self.entries if e.matches(finding)]
+        hits.sort(key=lambda e: e.cause == WILDCARD)
+        return hits[0] if hits else None
+
+    def split(self, findings: Iterable[Finding]) -> tuple[list[Finding], list[Finding]]:
+        """(unexpected, expected): the findings no entry waives, and those one does."""
+        unexpected: list[Finding] = []
+        expected: list[Finding] = []
+        for f in findings:
+            (expected if self.match(f) is not None else unexpected).append(f)
+        return unexpected, expected
+
+    def stale(self, findings: Iterable[Finding], *, ran: Iterable[tuple[str, str]] | None = None
+              ) -> list[LedgerEntry]:
+        """Entries that matched none of ``findings``.
+
+        ``ran``, the (op, impl) pairs that were actually fuzzed, limits the
+        answer to entries that had a chance to match: an entry for an impl not
+        run this time is not stale.
+        """
+        matched = {id(e) for f in findings for e in self.entries if e.matches(f)}
+        pairs = None if ran is None else set(ran)
+        return [e for e in self.entries
+                if id(e) not in matched and (pairs is None or (e.op, e.impl) in pairs)]
+
+
+def format_stale(entries: Iterable[LedgerEntry]) -> list[str]:
+    """One line per stale entry, for stderr or a terminal summary."""
+    return [f"mlafuzz: stale ledger entry {e.label()} ({e.issue}) matched no finding; remove it if fixed"
+            for e in entries]
+
+
+# --- loading ----------------------------------------------------------------
+
+def _parse(path: Path, text: str) -> Any:
+    as_json = path.suffix.lower() == ".json" or (path.suffix.lower() != ".toml" and text.lstrip()[:1] in "[{")
+    if not as_json and tomllib is None:
+        raise LedgerError(f"ledger={path}: TOML ledgers need Python >= 3.11 (tomllib); use a .json ledger")
+    try:
+        return json.loads(text) if as_json else tomllib.loads(text)
+    except (json.JSONDecodeError, *((tomllib.TOMLDecodeError,) if tomllib else ())) as exc:
+        detail = " ".join(str(exc).split())
+        raise LedgerError(f"ledger={path}: not valid {'JSON' if as_json else 'TOML'}: {detail}") from None
+
+
+def _entry(path: Path, index: int, raw: Any) -> LedgerEntry:
+    where = f"ledger={path}: expected[{index}]"
+    if not isinstance(raw, dict):
+        raise LedgerError(f"{where} must be a table/object, got {type(raw).__name__}")
+    shown = " ".join(f"{k}={raw[k]!r}" for k in _REQUIRED if k in raw)
+    where = f"{where} ({shown})" if shown else where
+    unknown = sorted(set(raw) - _KNOWN)
+    if unknown:
+        raise LedgerError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_KNOWN))})")
+    for key in _REQUIRED:
+        if key not in raw:
+            raise LedgerError(f"{where}: {key}= is required ({key}='*' is allowed for cause only)"
+                              if key == "cause" else f"{where}: {key}= is required")
+    for key in _KNOWN & set(raw):
+        if not isinstance(raw[key], str) or (key != "note" and not raw[key].strip()):
+            raise LedgerError(f"{where}: {key}={raw[key]!r} must be a non-empty string")
+    refs = [raw[k].strip() for k in _REFS if k in raw]
+    if not refs:
+        raise LedgerError(f"{where}: issue= (or link=) is required: every expected failure cites an issue or link")
+    if raw["kind"] not in Kind.__members__:
+        raise LedgerError(f"{where}: kind={raw['kind']!r} is not a finding kind (one of {', '.join(Kind.__members__)})")
+    for key in ("kind", "op", "impl"):
+        if raw[key] == WILDCARD:
+            raise LedgerError(f"{where}: {key}='*' is not allowed (only cause may be '*')")
+    return LedgerEntry(kind=raw["kind"], op=raw["op"], impl=raw["impl"], cause=raw["cause"], issue=refs[0],
+                       note=raw.get("note", ""), index=index)
+
+
+def load_ledger(path: Path | str) -> Ledger:
+    """Read and validate a ledger; every problem is a one-line LedgerError."""
+    path = Path(path)
+    if not path.is_file():
+        raise LedgerError(f"ledger={path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LedgerError(f"ledger={path}: cannot read: {exc}") from None
+    data = _parse(path, text)
+    raw_entries = data.get("expected", None) if isinstance(data, dict) else data
+    if isinstance(data, dict) and set(data) - {"expected"}:
+        raise LedgerError(f"ledger={path}: unknown top-level key {sorted(set(data) - {'expected'})[0]!r}"
+                          " (the file holds one 'expected' array of entries)")
+    if not isinstance(raw_entries, list):
+        raise LedgerError(f"ledger={path}: expected a top-level 'expected' array of entries")
+    entries = tuple(_entry(path, i, raw) for i, raw in enumerate(raw_entries))
+    seen: dict[tuple[str, str, str, str], int] = {}
+    for e in entries:
+        key = (e.kind, e.op, e.impl, e.cause)
+        if key in seen:
+            raise LedgerError(f"ledger={path}: {e.label()} duplicates expected[{seen[key]}]")
+        seen[key] = e.index
+    return Ledger(path=path, entries=entries)

@@ -1,0 +1,206 @@
+"""Executors: run tasks in-process, or in spawned worker processes that may die.
+
+Workers are started with the ``spawn`` method (never fork after CUDA is
+initialised), one per device slot. A worker that dies (illegal address, abort,
+segfault) yields a CRASH finding for the task it held; one that exceeds the
+task timeout is killed and yields TIMEOUT. Either way it is replaced and the run
+goes on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Protocol
+
+from mlafuzz.harness.findings import Finding, Kind
+from mlafuzz.harness.tasks import Task, TaskResult, execute
+
+
+class Executor(Protocol):
+    def free_slots(self) -> int: ...
+    def in_flight(self) -> int: ...
+    def submit(self, task: Task) -> None: ...
+    def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]: ...
+    def close(self) -> None: ...
+
+
+class InProcess:
+    """Runs each task on submit, in this process: fastest, no protection from crashes."""
+
+    def __init__(self) -> None:
+        self._done: list[tuple[Task, TaskResult]] = []
+
+    def free_slots(self) -> int:
+        return 0 if self._done else 1
+
+    def in_flight(self) -> int:
+        return len(self._done)
+
+    def submit(self, task: Task) -> None:
+        self._done.append((task, execute(task)))
+
+    def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]:
+        done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        pass
+
+
+def _worker_main(conn: Connection, device: str) -> None:
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    conn.send(("ready", None))
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        conn.send(("result", execute(task).to_wire()))
+
+
+def _death_message(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "worker died"
+    if exitcode < 0:
+        try:
+            return f"worker killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"worker killed by signal {-exitcode}"
+    return f"worker exited with status {exitcode}"
+
+
+@dataclass
+class _Worker:
+    device: str
+    process: mp.process.BaseProcess
+    conn: Connection
+    ready: bool = False
+    task: Task | None = None
+    started: float = 0.0
+
+
+class WorkerPool:
+    """One spawned worker per device slot; crash- and hang-proof."""
+
+    def __init__(self, *, devices: list[str], timeout: float) -> None:
+        if not devices:
+            raise ValueError("WorkerPool: devices=[] must name at least one device")
+        self._ctx = mp.get_context("spawn")
+        self._timeout = timeout
+        self._workers = [self._start(d) for d in devices]
+
+    def _start(self, device: str) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_worker_main, args=(child, device), daemon=True, name=f"mlafuzz-{device}")
+        proc.start()
+        child.close()
+        return _Worker(device=device, process=proc, conn=parent)
+
+    def free_slots(self) -> int:
+        return sum(1 for w in self._workers if w.ready and w.task is None)
+
+    def in_flight(self) -> int:
+        return sum(1 for w in self._workers if w.task is not None)
+
+    def submit(self, task: Task) -> None:
+        worker = next(w for w in self._workers if w.ready and w.task is None)
+        task = _on_device(task, worker.device)
+        worker.task, worker.started = task, time.monotonic()
+        worker.conn.send(task)
+
+    def _replace(self, worker: _Worker) -> None:
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(timeout=5)
+        worker.conn.close()
+        self._workers[self._workers.index(worker)] = self._start(worker.device)
+
+    def _lost(self, worker: _Worker, kind: Kind, message: str) -> tuple[Task, TaskResult]:
+        task = worker.task
+        assert task is not None
+        finding = Finding(kind=kind, op=task.op, impl=task.impl_ref, case_id=task.case_id, seed=task.seed,
+                          spec=task.spec, cause=kind.value.lower(), message=message,
+                          extra={"device": worker.device})
+        self._replace(worker)
+        return task, TaskResult(findings=(finding,), seconds=time.monotonic() - worker.started)
+
+    def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]:
+        out: list[tuple[Task, TaskResult]] = []
+        watch = {w.conn: w for w in self._workers}
+        watch.update({w.process.sentinel: w for w in self._workers})
+        ready = wait(list(watch), timeout=timeout)
+        now = time.monotonic()
+        seen: set[int] = set()
+        for handle in ready:
+            worker = watch[handle]
+            if id(worker) in seen:
+                continue
+            seen.add(id(worker))
+            got_message = False
+            try:
+                while worker.conn.poll():
+                    tag, payload = worker.conn.recv()
+                    got_message = True
+                    if tag == "ready":
+                        worker.ready = True
+                    elif tag == "result" and worker.task is not None:
+                        out.append((worker.task, TaskResult.from_wire(payload)))
+                        worker.task = None
+            except (EOFError, OSError):
+                pass
+            if not worker.process.is_alive() and not got_message:
+                if worker.task is not None:
+                    worker.process.join(timeout=1)
+                    out.append(self._lost(worker, Kind.CRASH, f"{_death_message(worker.process.exitcode)} "
+                                                              f"while running this case on {worker.device}"))
+                else:
+                    self._replace(worker)  # died while idle or starting: just bring up another
+        for worker in list(self._workers):
+            if worker.task is not None and now - worker.started > self._timeout:
+                out.append(self._lost(worker, Kind.TIMEOUT,
+                                      f"no result after {self._timeout:.0f} s on {worker.device}; worker killed"))
+        return out
+
+    def close(self) -> None:
+        for w in self._workers:
+            try:
+                if w.task is None:
+                    w.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        deadline = time.monotonic() + 3
+        for w in self._workers:
+            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(timeout=2)
+
+
+def _on_device(task: Task, device: str) -> Task:
+    import dataclasses
+
+    return dataclasses.replace(task, device=device)
+
+
+def device_slots(*, device: str, workers: int | None) -> list[str]:
+    """Device strings for the workers: one per GPU by default, or ``workers`` CPU processes."""
+    if device == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        n = workers or count
+        return [f"cuda:{i % count}" for i in range(n)]
+    return ["cpu"] * (workers or 1)

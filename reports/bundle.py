@@ -1,0 +1,141 @@
+"""Repro bundles: one folder per finding bucket, replayable on any machine that can run the impl.
+
+Layout: ``case.json`` (schema version, op, spec, seed, impl, policy, device),
+``inputs.pt`` (the case's tensors on the CPU, read back with
+``weights_only=True``), ``finding.json``, ``env.json`` and ``replay.txt`` (the
+one-line command). Files are written to a temporary name and renamed, so a
+bundle is whole or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlafuzz.harness.findings import Finding
+
+BUNDLE_SCHEMA = 1
+
+
+class BundleError(ValueError):
+    """A bundle that is missing, malformed or tampered with (one line for the user)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bundle:
+    path: Path
+    op: str
+    spec: dict[str, Any]
+    seed: int
+    impl: str
+    device: str
+    ulp: int
+    rerun: bool
+    contract: str | None
+    finding: Finding
+    inputs: dict[str, torch.Tensor]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def env_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                            "torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    try:
+        from importlib.metadata import version
+
+        info["mlafuzz"] = version("mlafuzz")
+    except Exception:
+        info["mlafuzz"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update(gpu=props.name, sm=f"{props.major}.{props.minor}", gpu_count=torch.cuda.device_count())
+    return info
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:80] or "finding"
+
+
+def replay_command(path: Path) -> str:
+    return f"mlafuzz replay {shlex.quote(str(path))}"
+
+
+def write_bundle(*, root: Path, name: str, op: str, spec: dict[str, Any], seed: int, impl: str, device: str,
+                 ulp: int, rerun: bool, contract: str | None, finding: Finding,
+                 inputs: dict[str, torch.Tensor | None], extra: dict[str, Any] | None = None) -> Path:
+    path = root / slug(name)
+    path.mkdir(parents=True, exist_ok=True)
+    case = {"schema_version": BUNDLE_SCHEMA, "op": op, "spec": spec, "seed": seed, "impl": impl, "device": device,
+            "policy": {"ulp": ulp}, "rerun": rerun, "contract": contract, **(extra or {})}
+    tensors = {k: v.detach().cpu() for k, v in inputs.items() if v is not None}
+    tmp = path / "inputs.pt.tmp"
+    torch.save(tensors, tmp)
+    os.replace(tmp, path / "inputs.pt")
+    _atomic_write(path / "case.json", (json.dumps(case, indent=2, sort_keys=True) + "\n").encode())
+    _atomic_write(path / "finding.json", (json.dumps(finding.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    _atomic_write(path / "env.json", (json.dumps(env_info(), indent=2, sort_keys=True) + "\n").encode())
+    _atomic_write(path / "replay.txt", (replay_command(path) + "\n").encode())
+    return path
+
+
+def _field(case: dict[str, Any], name: str, tp: type) -> Any:
+    if name not in case:
+        raise BundleError(f"case.json: missing field {name!r}")
+    value = case[name]
+    if not isinstance(value, tp) or (isinstance(value, bool) and tp is not bool):
+        raise BundleError(f"case.json: {name}={value!r} must be of type {tp.__name__}")
+    return value
+
+
+def read_bundle(path: Path) -> Bundle:
+    path = Path(path)
+    if not path.is_dir():
+        raise BundleError(f"bundle {str(path)!r} is not a directory")
+    for name in ("case.json", "inputs.pt", "finding.json"):
+        if not (path / name).is_file():
+            raise BundleError(f"bundle {str(path)!r} has no {name}")
+    try:
+        case = json.loads((path / "case.json").read_text())
+        finding_data = json.loads((path / "finding.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"bundle {str(path)!r}: malformed JSON: {exc}") from None
+    if not isinstance(case, dict):
+        raise BundleError("case.json: must hold a JSON object")
+    version = case.get("schema_version")
+    if version != BUNDLE_SCHEMA:
+        raise BundleError(f"case.json: schema_version={version!r} is not supported (this mlafuzz reads {BUNDLE_SCHEMA})")
+    try:
+        finding = Finding.from_json(finding_data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"finding.json: malformed finding: {exc}") from None
+    try:
+        inputs = torch.load(path / "inputs.pt", map_location="cpu", weights_only=True)
+    except Exception as exc:  # weights_only refuses pickled code: a tampered or foreign file
+        raise BundleError(f"inputs.pt: refused to load ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+                          ) from None
+    if not isinstance(inputs, dict) or not all(isinstance(v, torch.Tensor) for v in inputs.values()):
+        raise BundleError("inputs.pt: must hold a dict of tensors")
+    policy = case.get("policy") or {}
+    return Bundle(path=path, op=_field(case, "op", str), spec=_field(case, "spec", dict),
+                  seed=_field(case, "seed", int), impl=_field(case, "impl", str), device=_field(case, "device", str),
+                  ulp=int(policy.get("ulp", 0)), rerun=bool(case.get("rerun", False)),
+                  contract=case.get("contract"), finding=finding, inputs=inputs)
