@@ -1,0 +1,341 @@
+"""Oracle for the fp8_ds_mla token record: dequant and writer (SPEC.md section 2).
+
+Record layout (656 bytes): bytes 0..511 are 512 e4m3fn codes in four tiles of
+128, bytes 512..527 four little-endian float32 scales (one per tile), bytes
+528..655 the 64 RoPE values as raw bf16 bit patterns.
+
+Two versions of everything: `*_loop` walks elements in Python and does all
+rounding with the integer-exact helpers of `fpbits` (obviously correct, slow,
+for tiny cases); the unsuffixed version is vectorized torch that runs on the
+device of its inputs and does its roundings by integer bit manipulation, so
+that it does not depend on how a given torch build converts to bf16 / fp8 on
+a given device. The property tests hold the two bit for bit.
+
+Readings chosen where SPEC is silent:
+
+- Output NaNs are the canonical bf16 quiet NaN 0x7FC0, whatever the input
+  payload or sign (SPEC compares NaN by position only).
+- Writer NaN input -> code 0x7F for either sign: what CUDA's
+  `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)` returns (its software
+  path canonicalises the NaN to +NaN first; the sm_89+ cvt instruction gives
+  the canonical 0x7F too).
+- Writer inf input: amax = inf, scale = inf / 448 = inf (stored as is), the
+  inf element gives inf/inf = NaN -> 0x7F, finite elements of that tile give
+  x/inf = +-0 -> 0x00 / 0x80. Plain IEEE, as the CUDA kernel does.
+- Writer all-NaN tile: vLLM's fmaxf reduction yields amax = NaN there, and
+  `fmaxf(NaN / 448, FLT_MIN)` = FLT_MIN; we compute amax over the non-NaN
+  elements with 0 as the identity, which gives the same scale FLT_MIN.
+- Writer fp16 k_pe: the 16-bit patterns are copied raw, not converted: vLLM's
+  kernel moves k_pe as opaque 32-bit words into the 16-bit rope slots, so an
+  fp16 k_pe lands as fp16 bits that the dequant then reads as bf16. SPEC's
+  "copied (as bf16 bits)" is read as "copied bit for bit".
+- Writer duplicate slots (a race in a real kernel): the later token wins.
+- Writer token count: T = len(slot_mapping), as vLLM's launcher does; kv_c and
+  k_pe may have more rows (CUDA-graph padding), the extra rows are ignored.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+from torch import Tensor
+
+from mlafuzz.oracles.fpbits import (
+    E4M3_NAN_CODE,
+    FLT_MIN,
+    FP8_MAX,
+    bf16_rne_bits,
+    e4m3fn_satfinite_code,
+    f32_bits,
+    f32_div,
+    f32_mul,
+    fp8_e4m3fn_to_f32_bits,
+)
+
+__all__ = [
+    "RECORD_BYTES",
+    "NOPE_DIM",
+    "ROPE_DIM",
+    "TILE",
+    "ROW_DIM",
+    "FP8_MAX",
+    "FLT_MIN",
+    "E4M3_NAN_CODE",
+    "fp8_e4m3fn_to_f32_bits",
+    "bf16_rne_bits",
+    "as_record_bytes",
+    "dequant_records_loop",
+    "dequant_records",
+    "encode_rows_loop",
+    "encode_rows",
+    "write_records_loop",
+    "write_records",
+]
+
+RECORD_BYTES = 656
+NOPE_DIM = 512
+ROPE_DIM = 64
+TILE = 128
+ROW_DIM = NOPE_DIM + ROPE_DIM  # 576
+N_TILES = NOPE_DIM // TILE  # 4
+SCALE_OFF = NOPE_DIM  # 512
+ROPE_OFF = NOPE_DIM + 4 * N_TILES  # 528
+
+_BF16_NAN = 0x7FC0
+
+
+def as_record_bytes(t: Tensor) -> Tensor:
+    """View a uint8 or float8_e4m3fn tensor as uint8 (same bytes, no copy)."""
+    if t.dtype == torch.uint8:
+        return t
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8)
+    raise TypeError(f"records.dtype={t.dtype}: expected uint8 or float8_e4m3fn")
+
+
+def _check_last_dim(t: Tensor, size: int, name: str) -> None:
+    if t.dim() < 1 or t.shape[-1] != size:
+        raise ValueError(f"{name}.shape={tuple(t.shape)}: last dim must be {size}")
+
+
+def _bits16_to_bf16(bits: Tensor) -> Tensor:
+    """int64 tensor of 16-bit patterns (0..0xFFFF) -> bfloat16 tensor."""
+    signed = torch.where(bits >= 0x8000, bits - 0x10000, bits)
+    return signed.to(torch.int16).view(torch.bfloat16)
+
+
+# ----------------------------------------------------------------- dequant
+
+
+def dequant_records_loop(records: Tensor) -> Tensor:
+    """Dequantize records [..., 656] -> bf16 [..., 576], element by element.
+
+    SPEC section 2 "Dequantized row", literally: for e < 512,
+    row[e] = bf16_rne(f32(fp8(code[e])) * scale[e // 128]) with the float32
+    product rounded first and then rounded again to bf16 (two roundings),
+    subnormals kept; row[512 + j] = rope[j] bit for bit. Scales are read with
+    struct as little-endian float32. Returns a CPU tensor.
+    """
+    rec = as_record_bytes(records)
+    _check_last_dim(rec, RECORD_BYTES, "records")
+    lead = tuple(rec.shape[:-1])
+    flat = rec.reshape(-1, RECORD_BYTES).cpu().tolist()
+    out_bits: list[list[int]] = []
+    for b in flat:
+        scales = struct.unpack("<4f", bytes(b[SCALE_OFF:ROPE_OFF]))
+        row = []
+        for e in range(NOPE_DIM):
+            value = fp8_e4m3fn_to_f32_bits(b[e])
+            row.append(bf16_rne_bits(f32_mul(value, scales[e // TILE])))
+        for j in range(ROPE_DIM):
+            row.append(b[ROPE_OFF + 2 * j] | (b[ROPE_OFF + 2 * j + 1] << 8))
+        out_bits.append(row)
+    bits = torch.tensor(out_bits, dtype=torch.int64).reshape(*lead, ROW_DIM)
+    return _bits16_to_bf16(bits)
+
+
+def _f32_to_bf16_bits(x: Tensor) -> Tensor:
+    """float32 -> bf16 bit patterns (int64, 0..0xFFFF), round to nearest even.
+
+    The classic bit trick: add 0x7FFF plus the lowest kept bit, then drop 16
+    bits; it is exact RNE for normals, subnormals (the carry walks into the
+    exponent as it should) and overflow to inf. Done in int64 so no sign or
+    overflow trouble; NaN is special-cased to 0x7FC0 because the trick could
+    turn a low-payload NaN into inf.
+    """
+    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return torch.where(is_nan, torch.full_like(rounded, _BF16_NAN), rounded & 0xFFFF)
+
+
+def dequant_records(records: Tensor) -> Tensor:
+    """Vectorized dequant of records [..., 656] -> bf16 [..., 576] on the
+    records' device; bit-identical to `dequant_records_loop` (SPEC section 2).
+
+    fp8 -> f32 is torch's exact e4m3fn decode; the product is one IEEE f32
+    tensor multiply (no fused op, no scalar-reciprocal path: both operands
+    are tensors); bf16 rounding is `_f32_to_bf16_bits`. Subnormals are kept
+    on CPU as long as `torch.set_flush_denormal(True)` has not been called,
+    and always on CUDA (torch is built without fast-math).
+    """
+    rec = as_record_bytes(records)
+    _check_last_dim(rec, RECORD_BYTES, "records")
+    lead = tuple(rec.shape[:-1])
+    flat = rec.reshape(-1, RECORD_BYTES)
+    n = flat.shape[0]
+    codes = flat[:, :NOPE_DIM].contiguous().view(torch.float8_e4m3fn).to(torch.float32)
+    scales = flat[:, SCALE_OFF:ROPE_OFF].contiguous().view(torch.float32)
+    prod = codes.reshape(n, N_TILES, TILE) * scales.reshape(n, N_TILES, 1)
+    nope = _f32_to_bf16_bits(prod.reshape(n, NOPE_DIM))
+    rope = flat[:, ROPE_OFF:].contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+    bits = torch.cat([nope, rope], dim=1).reshape(*lead, ROW_DIM)
+    return _bits16_to_bf16(bits)
+
+
+# ----------------------------------------------------------------- encoder
+
+
+def _check_writer_inputs(kv_c: Tensor, k_pe: Tensor, n_tokens: int | None = None) -> int:
+    for name, t, dim in (("kv_c", kv_c, NOPE_DIM), ("k_pe", k_pe, ROPE_DIM)):
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"{name}.dtype={t.dtype}: expected bfloat16 or float16")
+        if t.dim() != 2 or t.shape[1] != dim:
+            raise ValueError(f"{name}.shape={tuple(t.shape)}: expected [T, {dim}]")
+    t_rows = min(kv_c.shape[0], k_pe.shape[0])
+    if n_tokens is None:
+        if kv_c.shape[0] != k_pe.shape[0]:
+            raise ValueError(
+                f"kv_c.shape[0]={kv_c.shape[0]} != k_pe.shape[0]={k_pe.shape[0]}"
+            )
+        return t_rows
+    if n_tokens > t_rows:
+        raise ValueError(
+            f"len(slot_mapping)={n_tokens} > rows of kv_c/k_pe "
+            f"({kv_c.shape[0]}, {k_pe.shape[0]})"
+        )
+    return n_tokens
+
+
+def encode_rows_loop(*, kv_c: Tensor, k_pe: Tensor) -> Tensor:
+    """Encode tokens into records, element by element (SPEC section 2 "Writer").
+
+    Per tile: amax = max |f32(x)| over non-NaN elements (0 if none), scale =
+    max(f32(amax / 448), FLT_MIN), code = satfinite_e4m3fn(f32(x / scale)) --
+    two roundings, the f32 division then the fp8 conversion. Rope: the raw
+    16-bit patterns of k_pe. Returns uint8 [T, 656] on the CPU.
+    """
+    n = _check_writer_inputs(kv_c, k_pe)
+    xs = kv_c.cpu().to(torch.float32).tolist()  # bf16/fp16 -> f32 is exact
+    pe = k_pe.cpu().contiguous().view(torch.int16).tolist()
+    out: list[list[int]] = []
+    for i in range(n):
+        codes: list[int] = []
+        scale_bytes = b""
+        for t in range(N_TILES):
+            tile = xs[i][t * TILE : (t + 1) * TILE]
+            amax = 0.0
+            for x in tile:
+                if x == x:  # fmaxf ignores NaN
+                    amax = max(amax, abs(x))
+            scale = max(f32_div(amax, FP8_MAX), FLT_MIN)  # amax/448 is never NaN
+            scale_bytes += struct.pack("<I", f32_bits(scale))
+            codes.extend(e4m3fn_satfinite_code(f32_div(x, scale)) for x in tile)
+        rope = b"".join(struct.pack("<H", v & 0xFFFF) for v in pe[i])
+        out.append(codes + list(scale_bytes) + list(rope))
+    return torch.tensor(out, dtype=torch.uint8).reshape(n, RECORD_BYTES)
+
+
+def _f32_to_e4m3fn_satfinite(y: Tensor) -> Tensor:
+    """float32 tensor -> e4m3fn codes (uint8) with RNE and satfinite.
+
+    Bit manipulation in int64 so the result is the same on every device (the
+    torch float8 cast saturates on this CPU build but is not documented to,
+    and does not canonicalise NaN). Normal range (|y| >= 2**-6): round the
+    f32 significand to 3 bits with the `+ (half - 1) + lsb` trick and rebias
+    the exponent (127 -> 7). Subnormal range: m = round_half_even(|y| * 512),
+    exact because scaling by 2**9 is exact. |y| is clamped to 448 first,
+    which equals RNE-then-saturate since rounding is monotone.
+    """
+    bits = y.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    sign = (bits >> 31) & 1
+    a = torch.clamp(y.abs(), max=FP8_MAX)  # +inf -> 448 (NaN handled below)
+    a = torch.where(is_nan, torch.zeros_like(a), a)
+    abits = a.view(torch.int32).to(torch.int64)
+    normal_code = ((abits + 0x7FFFF + ((abits >> 20) & 1)) >> 20) - (120 << 3)
+    sub_code = torch.round(a * 512.0).to(torch.int64)  # torch.round is half-to-even
+    code = torch.where(a >= 2.0**-6, normal_code, sub_code) | (sign << 7)
+    code = torch.where(is_nan, torch.full_like(code, E4M3_NAN_CODE), code)
+    return code.to(torch.uint8)
+
+
+def encode_rows(*, kv_c: Tensor, k_pe: Tensor) -> Tensor:
+    """Vectorized encoder: kv_c [T, 512], k_pe [T, 64] (bf16 or fp16) ->
+    uint8 records [T, 656] on kv_c's device; bit-identical to
+    `encode_rows_loop` (SPEC section 2 "Writer").
+
+    Divisions are tensor / tensor, never tensor / Python scalar: torch's
+    CUDA div by a CPU scalar multiplies by the reciprocal, which is not the
+    correctly rounded quotient the CUDA kernel computes.
+    """
+    n = _check_writer_inputs(kv_c, k_pe)
+    x = kv_c.to(torch.float32).reshape(n, N_TILES, TILE)
+    absx = x.abs()
+    amax = torch.where(torch.isnan(absx), torch.zeros_like(absx), absx).amax(dim=2)
+    scale = amax / torch.full_like(amax, FP8_MAX)
+    scale = torch.maximum(scale, torch.full_like(scale, FLT_MIN))
+    codes = _f32_to_e4m3fn_satfinite(x / scale.unsqueeze(2)).reshape(n, NOPE_DIM)
+    scale_bytes = scale.contiguous().view(torch.uint8).reshape(n, 4 * N_TILES)
+    rope_bytes = k_pe.contiguous().view(torch.uint8).reshape(n, 2 * ROPE_DIM)
+    return torch.cat([codes, scale_bytes, rope_bytes.to(codes.device)], dim=1)
+
+
+# ----------------------------------------------------------------- writer
+
+
+def _check_cache(kv_cache: Tensor) -> Tensor:
+    cache = as_record_bytes(kv_cache)
+    if cache.dim() != 3 or cache.shape[2] != RECORD_BYTES:
+        raise ValueError(
+            f"kv_cache.shape={tuple(cache.shape)}: expected [num_blocks, bs, 656]"
+        )
+    return cache
+
+
+def _check_slots(slots: list[int], n_slots: int) -> None:
+    bad = [s for s in slots if s >= n_slots]
+    if bad:
+        raise ValueError(
+            f"slot_mapping has slots past the cache: {bad[:4]} >= num_blocks*bs={n_slots}"
+        )
+
+
+def write_records_loop(
+    *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor
+) -> Tensor:
+    """Writer oracle, token by token (SPEC section 2 "Writer").
+
+    Returns a NEW uint8 cache [num_blocks, bs, 656] (a clone of kv_cache, on
+    the CPU) where every token i with slot_mapping[i] >= 0 has its record at
+    block slot // bs, offset slot % bs; tokens with a negative slot write
+    nothing. Later tokens overwrite earlier ones at a repeated slot. Raises
+    ValueError for a slot past the cache (a precondition, not a result).
+    """
+    cache = _check_cache(kv_cache).cpu().clone()
+    slots = [int(s) for s in slot_mapping.reshape(-1).tolist()]
+    n = _check_writer_inputs(kv_c, k_pe, len(slots))
+    _check_slots(slots, cache.shape[0] * cache.shape[1])
+    bs = cache.shape[1]
+    for i, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        record = encode_rows_loop(kv_c=kv_c[i : i + 1], k_pe=k_pe[i : i + 1])
+        cache[slot // bs, slot % bs] = record[0]
+    assert n == len(slots)
+    return cache
+
+
+def write_records(
+    *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor
+) -> Tensor:
+    """Vectorized writer: same contract as `write_records_loop`, on the
+    cache's device, bit-identical to it. Repeated slots are resolved to the
+    last token explicitly (index_put with duplicates is unordered on CUDA).
+    """
+    cache = _check_cache(kv_cache).clone(memory_format=torch.contiguous_format)
+    slots = slot_mapping.reshape(-1).to(device=cache.device, dtype=torch.int64)
+    n = _check_writer_inputs(kv_c, k_pe, int(slots.shape[0]))
+    num_blocks, bs, _ = cache.shape
+    if n and int(slots.max()) >= num_blocks * bs:
+        _check_slots(slots.tolist(), num_blocks * bs)
+    records = encode_rows(kv_c=kv_c[:n], k_pe=k_pe[:n]).to(cache.device)
+    tok = torch.nonzero(slots >= 0).reshape(-1)
+    if tok.numel() == 0:
+        return cache
+    uniq, inverse = torch.unique(slots[tok], return_inverse=True)
+    last = torch.full_like(uniq, -1).scatter_reduce(0, inverse, tok, reduce="amax")
+    flat = cache.view(num_blocks * bs, RECORD_BYTES)
+    flat[uniq] = records[last]
+    return cache
