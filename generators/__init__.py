@@ -7,3 +7,6 @@ from mlafuzz.generators.spec import (  # noqa: F401
     SCHEMA_VERSION, ConvertRequest, ConvertSpec, GatherRequest, GatherSpec, Layout, Paging, SpecError,
     TopkMode, ValueMode, WsForm, spec_from_dict, spec_from_json, spec_to_dict, spec_to_json,
 )
+
+# Ops defined in their own modules register their spec, materializer and drawer on import.
+import mlafuzz.generators.writer  # noqa: E402,F401

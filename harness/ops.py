@@ -26,6 +26,7 @@ class OpDef:
     needs: Callable[[Case], frozenset[str]] = lambda case: frozenset()  # capabilities a case needs
     # Outputs the harness allocates, inside guard zones, filled with a byte pattern.
     guarded: Callable[[Case, int], dict[str, Guarded]] | None = None
+    inplace: frozenset[str] = frozenset()  # inputs the op writes by design (not INPUT_MUTATION)
 
 
 # --- convert ---------------------------------------------------------------
@@ -92,11 +93,30 @@ def _gather_needs(case: Case) -> frozenset[str]:
     return frozenset({"seq_starts"}) if starts is not None and bool((starts != 0).any()) else frozenset()
 
 
+# --- writer ----------------------------------------------------------------
+
+def _writer_invoke(fn: Callable, case: Case, t: Mapping[str, Any]) -> Outputs:
+    fn(t["kv_c"], t["k_pe"], t["kv_cache"], t["slot_mapping"], "fp8_ds_mla", t["scale"])
+    return {"kv_cache": t["kv_cache"]}
+
+
+def _writer_oracle(loop: bool) -> Callable[[Case], Outputs]:
+    def run(case: Case) -> Outputs:
+        from mlafuzz.oracles import codec
+
+        fn = codec.write_records_loop if loop else codec.write_records
+        t = case.tensors
+        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=t["kv_cache"], slot_mapping=t["slot_mapping"])}
+    return run
+
+
 OP_DEFS: dict[str, OpDef] = {
     "convert": OpDef(name="convert", invoke=_convert_invoke, oracle=_convert_oracle(False),
                      oracle_slow=_convert_oracle(True)),
     "gather": OpDef(name="gather", invoke=_gather_invoke, oracle=_gather_oracle(False),
                     oracle_slow=_gather_oracle(True), needs=_gather_needs, guarded=_gather_guarded),
+    "writer": OpDef(name="writer", invoke=_writer_invoke, oracle=_writer_oracle(False),
+                    oracle_slow=_writer_oracle(True), inplace=frozenset({"kv_cache"})),
 }
 
 

@@ -115,8 +115,8 @@ def reduce_convert(s: ConvertSpec) -> Iterator[ConvertSpec]:
 
 def size_of(spec: Any) -> dict[str, int]:
     """A few numbers that say how big a case is, for reports."""
-    reqs = spec.requests
-    out = {"requests": len(reqs)}
+    reqs = getattr(spec, "requests", ())
+    out = {"requests": len(reqs)} if reqs else {"tokens": getattr(spec, "num_tokens", 0)}
     if isinstance(spec, GatherSpec):
         out["rows"] = sum(r.length for r in reqs)
         out["context"] = max((r.context_len for r in reqs), default=0)
@@ -165,3 +165,21 @@ def shrink(*, task: Task, finding: Finding, evaluate: Callable[[Task], TaskResul
                 break
     return ShrinkResult(task=best_task, finding=best_finding, attempts=attempts, accepted=accepted,
                         seconds=time.monotonic() - start)
+
+
+def _register_writer() -> None:
+    from mlafuzz.generators.writer import WriterSpec, WriterValues
+
+    @reducer(WriterSpec)
+    def reduce_writer(s: WriterSpec) -> Iterator[WriterSpec]:
+        for v in _halvings(s.num_tokens):
+            yield dataclasses.replace(s, num_tokens=v)
+        if s.padding:
+            yield dataclasses.replace(s, padding=False)
+        for p in _paging_steps(s.paging):
+            yield dataclasses.replace(s, paging=p)
+        if s.values is not WriterValues.NORMAL:
+            yield dataclasses.replace(s, values=WriterValues.NORMAL)
+
+
+_register_writer()
