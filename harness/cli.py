@@ -101,9 +101,23 @@ def _select_impls(args: argparse.Namespace, ops: list[str]) -> dict[str, str]:
 def _executor(args: argparse.Namespace):
     from mlafuzz.harness.workers import InProcess, WorkerPool, device_slots
 
+    if (args.redzone or args.sanitizer) and args.device != "cuda":
+        raise UsageError("mlafuzz: --redzone and --sanitizer check GPU memory: use them with --device cuda")
+    if args.sanitizer:
+        from mlafuzz.harness.sanitizer import SanitizerExecutor
+
+        try:
+            return SanitizerExecutor(device=args.device)
+        except RuntimeError as exc:
+            raise UsageError(f"mlafuzz: {exc}") from None
     if args.in_process:
+        if args.redzone:
+            from mlafuzz.harness import redzone
+
+            redzone.install()
         return InProcess()
-    return WorkerPool(devices=device_slots(device=args.device, workers=args.workers), timeout=args.timeout)
+    return WorkerPool(devices=device_slots(device=args.device, workers=args.workers), timeout=args.timeout,
+                      redzone=args.redzone)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
@@ -234,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--shrink-budget", type=float, default=20.0, metavar="SECONDS",
                    help="time to minimize each new finding bucket before writing its repro bundle "
                         "(default 20; 0 disables shrinking and bundles)")
+    f.add_argument("--redzone", action="store_true",
+                   help="GPU fast mode: a red-zone allocator pads every CUDA allocation with canaries, so writes "
+                        "past outputs the impl allocates itself are OOB_WRITE findings")
+    f.add_argument("--sanitizer", action="store_true",
+                   help="GPU exact mode: run cases under compute-sanitizer memcheck with the caching allocator "
+                        "off; its reports become findings (slow)")
     f.add_argument("--contract", action="append", metavar="OP=CLASS,...",
                    help="hold an external impl to this (weaker) contract instead of SPEC's must-reject list")
     f.set_defaults(func=cmd_fuzz)

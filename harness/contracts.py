@@ -16,7 +16,7 @@ from mlafuzz.harness.compare import Context
 from mlafuzz.harness.findings import Finding, Kind, Severity
 from mlafuzz.harness.guards import PATTERNS
 from mlafuzz.harness.ops import OP_DEFS
-from mlafuzz.harness.runner import call_impl, first_line, input_mutations
+from mlafuzz.harness.runner import call_impl, first_line, input_mutations, redzone_findings
 from mlafuzz.kernels.registry import ImplEntry
 
 
@@ -43,7 +43,8 @@ def check_contract(*, case: Case, entry: ImplEntry, fn: Callable, klass: Invalid
         return []
     if call.error is None:
         return [Finding(kind=Kind.ACCEPTED_INVALID_INPUT, **base,
-                        message=f"accepted {klass.name} ({klass.description}) instead of raising")]
+                        message=f"accepted {klass.name} ({klass.description}) instead of raising")
+                ] + redzone_findings(call, ctx)
     touched = []
     for name, g in call.guards.items():
         changed = int((g.full != g.fill).sum())

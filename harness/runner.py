@@ -16,6 +16,7 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.spec import spec_to_dict
+from mlafuzz.harness import redzone
 from mlafuzz.harness.compare import Context, Policy, compare
 from mlafuzz.harness.findings import Finding, Kind
 from mlafuzz.harness.guards import PATTERNS, Guarded, oob_findings, write_map_findings
@@ -39,6 +40,7 @@ class Call:
     inputs: Mapping[str, Any]
     guards: Mapping[str, Guarded]
     error: BaseException | None
+    redzone: tuple = ()  # red-zone violations seen right after the call (GPU fast mode)
 
 
 def sync(device: str) -> None:
@@ -55,12 +57,34 @@ def call_impl(*, opdef: OpDef, fn: Callable, case: Case, fill: int) -> Call:
     inputs = case.cloned_tensors()
     guards = opdef.guarded(case, fill) if opdef.guarded else {}
     args = {**inputs, **{k: g.view for k, g in guards.items()}}
+    rz = redzone.active()
+    if rz is not None:
+        rz.check()  # start clean: only this call's writes count
     try:
         outputs = opdef.invoke(fn, case, args)
         sync(case.device)
     except Exception as exc:  # a refusal or a failure: the caller decides which it is
-        return Call(outputs=None, inputs=inputs, guards=guards, error=exc)
-    return Call(outputs=outputs, inputs=inputs, guards=guards, error=None)
+        return Call(outputs=None, inputs=inputs, guards=guards, error=exc,
+                    redzone=tuple(rz.check()) if rz is not None else ())
+    return Call(outputs=outputs, inputs=inputs, guards=guards, error=None,
+                redzone=tuple(rz.check()) if rz is not None else ())
+
+
+def redzone_findings(call: Call, ctx: Context) -> list[Finding]:
+    """OOB_WRITE for red-zone canaries the call changed, named by the tensor they guard."""
+    names = {}
+    for name, t in {**call.inputs, **(call.outputs or {})}.items():
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            names[t.data_ptr()] = name
+    out = []
+    for v in call.redzone:
+        name = names.get(v.ptr, f"an allocation of {v.size} bytes")
+        out.append(Finding(kind=Kind.OOB_WRITE, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=names.get(v.ptr),
+                           cause=f"{names.get(v.ptr, 'alloc')}:oob_{v.side}", count=v.count,
+                           message=f"{name}: {v.count} bytes written {v.side} it (nearest {v.offset} bytes "
+                                   f"{'before its start' if v.side == 'before' else 'past its end'}; "
+                                   f"red-zone allocator)"))
+    return out
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -101,7 +125,7 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
     opdef = OP_DEFS[case.op]
     ctx = Context(op=case.op, impl=entry.name, case_id=case.case_id)
     first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0])
-    findings: list[Finding] = []
+    findings: list[Finding] = redzone_findings(first, ctx)
     if first.error is not None:
         findings.append(Finding(kind=Kind.EXCEPTION, op=case.op, impl=entry.name, case_id=case.case_id,
                                 cause=type(first.error).__name__,

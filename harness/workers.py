@@ -52,12 +52,16 @@ class InProcess:
         pass
 
 
-def _worker_main(conn: Connection, device: str) -> None:
+def _worker_main(conn: Connection, device: str, redzone: bool) -> None:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
     import torch
 
     if device.startswith("cuda"):
+        if redzone:  # must precede this process's first CUDA allocation
+            from mlafuzz.harness import redzone as rz
+
+            rz.install()
         torch.cuda.set_device(torch.device(device))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     conn.send(("ready", None))
@@ -95,16 +99,17 @@ class _Worker:
 class WorkerPool:
     """One spawned worker per device slot; crash- and hang-proof."""
 
-    def __init__(self, *, devices: list[str], timeout: float) -> None:
+    def __init__(self, *, devices: list[str], timeout: float, redzone: bool = False) -> None:
         if not devices:
             raise ValueError("WorkerPool: devices=[] must name at least one device")
         self._ctx = mp.get_context("spawn")
         self._timeout = timeout
+        self._redzone = redzone
         self._workers = [self._start(d) for d in devices]
 
     def _start(self, device: str) -> _Worker:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, device), daemon=True, name=f"mlafuzz-{device}")
+        proc = self._ctx.Process(target=_worker_main, args=(child, device, self._redzone), daemon=True, name=f"mlafuzz-{device}")
         proc.start()
         child.close()
         return _Worker(device=device, process=proc, conn=parent)

@@ -1,0 +1,529 @@
+// mlafuzz: CUDA kernels for the fp8_ds_mla KV-cache record (SPEC.md sections 2 and 4).
+//
+//   gather  - cp_gather_and_upconvert with seq_starts: paged 656-byte records -> bf16 [total, 576]
+//   writer  - concat_and_cache_mla for kv_cache_dtype "fp8_ds_mla"
+//
+// Design (gather, the bandwidth-bound one): one warp per output row, a persistent grid of one
+// wave that grid-strides over rows, `rows_per_warp` (1/2/4, default 2) rows in flight per warp.
+// The owner of a row is found by a warp-cooperative 32-ary search over workspace_starts (one
+// ballot round for B <= 32, two for B <= 1024), then position -> block table -> record. Each
+// lane moves 8 codes per NoPE half with 8-byte loads and 16-byte stores (warp accesses of 256 and
+// 512 contiguous bytes), the 16 scale bytes as one broadcast 16-byte load, and lanes 0..7 the
+// 128 RoPE bytes as 16-byte copies. A scalar kernel (byte loads, 2-byte stores, any strides)
+// takes over when the cache or dst is not 16-byte aligned.
+//
+// Exactness: built WITHOUT fast math (-ftz=false -prec-div=true -fmad=false). The arithmetic is
+// spelled with the IEEE intrinsics anyway (__fmul_rn, __fdiv_rn) so that no flag can contract or
+// approximate it: one f32 multiply + one RNE rounding into bf16 per NoPE element (gather), one
+// IEEE f32 division per scale and per code (writer). fp8 -> f32 goes through f16 (exact).
+//
+// Registered as torch ops (TORCH_LIBRARY, namespace mlafuzz_fp8_ds_mla) so that the .so needs no
+// pybind11 and the translation unit stays light; the Python side is kernels/cuda_ext.py.
+// Device-side preconditions are NOT checked (SPEC section 4: vLLM does not either); see the
+// comments on gather_op / writer_op for what the host checks and what violations do.
+
+#include <algorithm>
+#include <cfloat>
+#include <cstdint>
+#include <optional>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+namespace mlafuzz_ds_mla {
+
+constexpr int kRecordBytes = 656;  // 41 x 16
+constexpr int kNopeDim = 512;
+constexpr int kRopeDim = 64;
+constexpr int kRowDim = kNopeDim + kRopeDim;  // 576 bf16 = 1152 bytes = 72 x 16
+constexpr int kScaleOffset = 512;             // 4 x f32, 16-byte aligned inside the record
+constexpr int kRopeOffset = 528;              // 64 x bf16, 16-byte aligned inside the record
+constexpr int kTile = 128;
+constexpr int kWarp = 32;
+constexpr int kThreads = 256;  // 8 warps per block
+constexpr int kWarpsPerBlock = kThreads / kWarp;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---------------------------------------------------------------------------------------------
+// Exact element conversions
+// ---------------------------------------------------------------------------------------------
+
+// fp8 e4m3fn -> f32, exact for every code: e4m3 (incl. subnormals) is a subset of f16 and f16 of
+// f32. On sm_89+ this is cvt.rn.f16x2.e4m3x2 + cvt.f32.f16; codes 0x7F/0xFF give NaN.
+__device__ __forceinline__ float fp8_to_float(unsigned code) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+  return __half2float(__ushort_as_half(h.x));
+}
+
+// Two codes (low byte first, i.e. lower address first) -> two f32.
+__device__ __forceinline__ float2 fp8x2_to_float2(unsigned pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  return make_float2(__half2float(__ushort_as_half(h.x)), __half2float(__ushort_as_half(h.y)));
+}
+
+// bf16_rne(f32(code) * scale), returned as the 16-bit pattern.
+__device__ __forceinline__ unsigned dequant_bits(float value, float scale) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(value, scale)));
+}
+
+// Four codes packed little-endian in a 32-bit word -> two 32-bit words of two bf16 each.
+__device__ __forceinline__ uint2 dequant4(unsigned codes, float scale) {
+  const float2 a = fp8x2_to_float2(codes);
+  const float2 b = fp8x2_to_float2(codes >> 16);
+  uint2 out;
+  out.x = dequant_bits(a.x, scale) | (dequant_bits(a.y, scale) << 16);
+  out.y = dequant_bits(b.x, scale) | (dequant_bits(b.y, scale) << 16);
+  return out;
+}
+
+// Eight codes (uint2) -> eight bf16 (uint4, 16 bytes).
+__device__ __forceinline__ uint4 dequant8(uint2 codes, float scale) {
+  const uint2 lo = dequant4(codes.x, scale);
+  const uint2 hi = dequant4(codes.y, scale);
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// 16-bit input element -> f32 (exact for both bf16 and fp16, subnormals included).
+__device__ __forceinline__ float half_bits_to_float(uint16_t bits, bool is_fp16) {
+  return is_fp16 ? __half2float(__ushort_as_half(bits))
+                 : __bfloat162float(__ushort_as_bfloat16(bits));
+}
+
+// RoPE element -> stored 16-bit pattern. Default (SPEC section 2, vLLM, mlafuzz.oracles.codec): the
+// 16-bit pattern of k_pe copied as is, whatever its dtype -- for an fp16 k_pe vLLM stores fp16
+// bits that readers then take as bf16. With `convert` (opt-in, fp16 k_pe only) the fp16 value is
+// rounded to bf16 instead (RNE; NaN -> 0x7FC0, what torch's CPU .to(torch.bfloat16) gives).
+__device__ __forceinline__ uint32_t rope_bits(uint16_t bits, bool convert) {
+  if (!convert) return bits;
+  const float v = __half2float(__ushort_as_half(bits));
+  if (v != v) return 0x7FC0u;
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+// ---------------------------------------------------------------------------------------------
+// gather: row -> record
+// ---------------------------------------------------------------------------------------------
+
+struct GatherParams {
+  const uint8_t* cache;
+  const int32_t* block_table;
+  const int32_t* ws;
+  const int32_t* seq_starts;  // may be null (= all zeros)
+  int64_t total;
+  int32_t batch_size;
+  int32_t block_size;
+  int64_t bt_row_stride, bt_col_stride;          // elements
+  int64_t ws_stride, ss_stride;                  // elements
+  int64_t cache_block_stride, cache_entry_stride;  // bytes
+};
+
+// Number of b in [0, B) with ws[b] <= row (= owning request + 1 for a valid ws).
+// A warp-cooperative 32-ary search: each round every lane probes one evenly spaced entry and a
+// ballot counts the probes <= row; for a non-decreasing ws they form a prefix, so one round
+// narrows the interval 32-fold (B <= 32: one round, B <= 1024: two). Must be called by all 32
+// lanes with the same row.
+__device__ __forceinline__ int count_ws_le(const GatherParams& p, int64_t row, int lane) {
+  int lo = 0;
+  int n = p.batch_size;
+  while (n > 0) {
+    const int step = (n + kWarp - 1) / kWarp;
+    const int off = lane * step;
+    const bool probe = off < n && static_cast<int64_t>(__ldg(p.ws + (lo + off) * p.ws_stride)) <= row;
+    const int k = __popc(__ballot_sync(kFullMask, probe));
+    if (k == 0) break;
+    const int last_le = lo + (k - 1) * step;  // known <= row
+    const int remaining = n - (k - 1) * step - 1;
+    lo = last_le + 1;
+    n = min(step - 1, remaining);
+  }
+  return lo;
+}
+
+// Address of the record dst row `row` reads, or null when no request owns the row (row < ws[0]:
+// a precondition violation; such rows are left untouched). Warp-uniform.
+__device__ __forceinline__ const uint8_t* locate_record(const GatherParams& p, int64_t row,
+                                                        int lane) {
+  const int b = count_ws_le(p, row, lane) - 1;
+  if (b < 0) return nullptr;
+  const int64_t j = row - __ldg(p.ws + b * p.ws_stride);
+  const int64_t start = p.seq_starts ? static_cast<int64_t>(__ldg(p.seq_starts + b * p.ss_stride)) : 0;
+  // Positions are < 2^32 for any cache that fits in memory (pos / bs indexes the block table);
+  // 32-bit unsigned division is several times cheaper than 64-bit and keeps ptxas from spilling.
+  // A negative position (seq_starts < 0, a precondition violation) reads out of bounds.
+  const uint32_t pos = static_cast<uint32_t>(start + j);
+  const uint32_t ubs = static_cast<uint32_t>(p.block_size);
+  const uint32_t blk = pos / ubs;
+  const uint32_t off = pos - blk * ubs;
+  const int64_t block_id =
+      __ldg(p.block_table + b * p.bt_row_stride + static_cast<int64_t>(blk) * p.bt_col_stride);
+  return p.cache + block_id * p.cache_block_stride + static_cast<int64_t>(off) * p.cache_entry_stride;
+}
+
+// Vector path: one warp per output row, ROWS rows in flight per warp (independent loads for
+// memory-level parallelism). Lane l of a row:
+//   NoPE half h (0, 1): loads codes [256h + 8l, +8) as one 8-byte load (a warp load = 256
+//   contiguous bytes), needs scale[2h + l/16] (the 16 scale bytes are one broadcast float4
+//   load), writes bf16 [256h + 8l, +8) as one 16-byte store (a warp store = 512 contiguous
+//   bytes); lanes 0..7 also copy one 16-byte RoPE chunk (record bytes 528 + 16l -> row bytes
+//   1024 + 16l). Every global access is fully coalesced; 16-byte alignment of records and dst
+//   rows is checked on the host.
+template <int ROWS>
+__global__ void __launch_bounds__(kThreads) gather_vec_kernel(GatherParams p, uint8_t* __restrict__ dst,
+                                                              int64_t dst_row_stride_bytes) {
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  for (int64_t base = warp * ROWS; base < p.total; base += num_warps * ROWS) {
+    const uint8_t* rec[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      rec[r] = (base + r < p.total) ? locate_record(p, base + r, lane) : nullptr;
+    }
+    uint2 c0[ROWS], c1[ROWS];
+    float4 sc[ROWS];
+    uint4 rope[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      if (rec[r] != nullptr) {
+        c0[r] = __ldg(reinterpret_cast<const uint2*>(rec[r]) + lane);
+        c1[r] = __ldg(reinterpret_cast<const uint2*>(rec[r] + 256) + lane);
+        sc[r] = __ldg(reinterpret_cast<const float4*>(rec[r] + kScaleOffset));
+        if (lane < 8) rope[r] = __ldg(reinterpret_cast<const uint4*>(rec[r] + kRopeOffset) + lane);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      if (rec[r] == nullptr) continue;
+      uint8_t* out = dst + (base + r) * dst_row_stride_bytes;
+      const float s0 = (lane < 16) ? sc[r].x : sc[r].y;  // tile lane/16
+      const float s1 = (lane < 16) ? sc[r].z : sc[r].w;  // tile 2 + lane/16
+      reinterpret_cast<uint4*>(out)[lane] = dequant8(c0[r], s0);
+      reinterpret_cast<uint4*>(out + 512)[lane] = dequant8(c1[r], s1);
+      if (lane < 8) reinterpret_cast<uint4*>(out + 2 * kNopeDim)[lane] = rope[r];
+    }
+  }
+}
+
+// Scalar path for any alignment / strides: one warp per row, byte loads, 2-byte stores.
+__global__ void __launch_bounds__(kThreads) gather_scalar_kernel(GatherParams p, uint16_t* __restrict__ dst,
+                                                                 int64_t dst_row_stride,
+                                                                 int64_t dst_col_stride) {
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  for (int64_t row = warp; row < p.total; row += num_warps) {
+    const uint8_t* rec = locate_record(p, row, lane);
+    if (rec == nullptr) continue;
+    uint16_t* out = dst + row * dst_row_stride;
+    for (int e = lane; e < kRowDim; e += kWarp) {
+      uint16_t bits;
+      if (e < kNopeDim) {
+        const uint8_t* s = rec + kScaleOffset + 4 * (e / kTile);
+        const uint32_t sbits = static_cast<uint32_t>(s[0]) | (static_cast<uint32_t>(s[1]) << 8) |
+                               (static_cast<uint32_t>(s[2]) << 16) |
+                               (static_cast<uint32_t>(s[3]) << 24);
+        bits = static_cast<uint16_t>(dequant_bits(fp8_to_float(rec[e]), __uint_as_float(sbits)));
+      } else {
+        const uint8_t* r = rec + kRopeOffset + 2 * (e - kNopeDim);
+        bits = static_cast<uint16_t>(r[0] | (r[1] << 8));
+      }
+      out[e * dst_col_stride] = bits;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// writer (concat_and_cache_mla, fp8_ds_mla)
+// ---------------------------------------------------------------------------------------------
+
+struct WriterParams {
+  const uint16_t* kv_c;
+  const uint16_t* k_pe;
+  uint8_t* cache;
+  const int64_t* slot_mapping;
+  int64_t num_tokens;
+  int64_t kv_c_row_stride, kv_c_col_stride;  // elements
+  int64_t k_pe_row_stride, k_pe_col_stride;  // elements
+  int64_t slot_stride;                       // elements
+  int64_t cache_block_stride, cache_entry_stride;  // bytes
+  int32_t block_size;
+  bool kv_c_fp16;
+  bool convert_rope;  // fp16 k_pe rounded to bf16 instead of bit-copied (opt-in)
+  bool aligned8;  // records 8-byte aligned: word stores, else byte stores
+};
+
+__device__ __forceinline__ void store_u32(uint8_t* dst, uint32_t v, bool aligned) {
+  if (aligned) {
+    *reinterpret_cast<uint32_t*>(dst) = v;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dst[i] = static_cast<uint8_t>(v >> (8 * i));
+  }
+}
+
+// One warp per token. Lane l handles, for NoPE half h (0, 1), elements [256h + 8l, +8): tile
+// 2h + l/16, i.e. each tile is one 16-lane half-warp, reduced with xor shuffles of width < 16.
+// The same element mapping as vLLM's kernel, so codes are written 8 bytes per lane.
+__global__ void __launch_bounds__(kThreads) writer_kernel(WriterParams p) {
+  const int lane = threadIdx.x & (kWarp - 1);
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  for (int64_t t = warp; t < p.num_tokens; t += num_warps) {
+    const int64_t slot = p.slot_mapping[t * p.slot_stride];
+    if (slot < 0) continue;  // padding token: writes nothing
+    const int64_t blk = slot / p.block_size;
+    const int64_t off = slot % p.block_size;
+    uint8_t* rec = p.cache + blk * p.cache_block_stride + off * p.cache_entry_stride;
+    const uint16_t* x_row = p.kv_c + t * p.kv_c_row_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int e0 = 256 * h + 8 * lane;
+      float x[8];
+      float amax = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        x[i] = half_bits_to_float(x_row[(e0 + i) * p.kv_c_col_stride], p.kv_c_fp16);
+        amax = fmaxf(amax, fabsf(x[i]));  // fmaxf drops a NaN operand
+      }
+#pragma unroll
+      for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, m));
+      const float scale = fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN);
+      uint32_t w[2] = {0u, 0u};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t code =
+            __nv_cvt_float_to_fp8(__fdiv_rn(x[i], scale), __NV_SATFINITE, __NV_E4M3);
+        w[i / 4] |= code << (8 * (i % 4));
+      }
+      uint8_t* cdst = rec + e0;
+      if (p.aligned8) {
+        *reinterpret_cast<uint2*>(cdst) = make_uint2(w[0], w[1]);
+      } else {
+        store_u32(cdst, w[0], false);
+        store_u32(cdst + 4, w[1], false);
+      }
+      if ((lane & 15) == 0) {
+        store_u32(rec + kScaleOffset + 4 * (2 * h + lane / 16), __float_as_uint(scale), p.aligned8);
+      }
+    }
+    // RoPE: 64 elements, two per lane, one 4-byte store per lane.
+    const uint16_t* pe_row = p.k_pe + t * p.k_pe_row_stride;
+    const uint32_t lo = rope_bits(pe_row[(2 * lane) * p.k_pe_col_stride], p.convert_rope);
+    const uint32_t hi = rope_bits(pe_row[(2 * lane + 1) * p.k_pe_col_stride], p.convert_rope);
+    store_u32(rec + kRopeOffset + 4 * lane, lo | (hi << 16), p.aligned8);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------------------------
+
+int sm_count(int device) {
+  int n = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  return n > 0 ? n : 1;
+}
+
+// One warp per `rows_per_warp` items, capped at one wave of resident blocks: the kernels
+// grid-stride, so a persistent grid keeps every warp busy to the end without a partial last wave
+// (at 64 x 4096 rows a capped-at-a-few-waves grid would leave ~10% of the time in the tail).
+template <typename Kernel>
+unsigned grid_for(Kernel kernel, int64_t items, int rows_per_warp, int device) {
+  const int64_t warps = (items + rows_per_warp - 1) / rows_per_warp;
+  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  const int64_t cap = static_cast<int64_t>(sm_count(device)) * std::max(per_sm, 1);
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min(blocks, cap)));
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device() == ref.device(), name, " must be on ", ref.device(), ", got ", t.device());
+}
+
+// Host checks (cheap, shape/dtype/device only): src_cache uint8 [num_blocks, bs >= 1, 656] with a
+// contiguous record dim; dst bf16 [total, 576]; block_table int32 2-D with >= batch_size rows;
+// workspace_starts int32 1-D with >= batch_size entries; seq_starts int32 1-D with >= batch_size
+// entries or None; all on one CUDA device; 0 <= batch_size < 2^31.
+// Not checked (device-side preconditions, SPEC section 4): ws[0] == 0 (rows below ws[0] are left
+// untouched), ws non-decreasing (the search then picks some request), ws[B-1] <= total, positions
+// inside the block table (read out of bounds otherwise), block ids < num_blocks (likewise).
+void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Tensor& block_table,
+               const at::Tensor& workspace_starts, int64_t batch_size,
+               const std::optional<at::Tensor>& seq_starts, int64_t rows_per_warp,
+               bool force_scalar) {
+  TORCH_CHECK(src_cache.is_cuda(), "gather: src_cache must be a CUDA tensor");
+  TORCH_CHECK(src_cache.scalar_type() == at::kByte,
+              "gather: src_cache must be uint8 (view an fp8 cache as uint8), got ",
+              src_cache.scalar_type());
+  TORCH_CHECK(src_cache.dim() == 3 && src_cache.size(2) == kRecordBytes,
+              "gather: src_cache must be [num_blocks, block_size, 656], got ", src_cache.sizes());
+  TORCH_CHECK(src_cache.stride(2) == 1,
+              "gather: src_cache's record dim must be contiguous");
+  TORCH_CHECK(src_cache.size(1) >= 1, "gather: block_size must be >= 1");
+  TORCH_CHECK(dst.scalar_type() == at::kBFloat16, "gather: dst must be bfloat16, got ",
+              dst.scalar_type());
+  TORCH_CHECK(dst.dim() == 2 && dst.size(1) == kRowDim, "gather: dst must be [total, 576], got ",
+              dst.sizes());
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2,
+              "gather: block_table must be a 2-D int32 tensor");
+  TORCH_CHECK(workspace_starts.scalar_type() == at::kInt && workspace_starts.dim() == 1,
+              "gather: workspace_starts must be a 1-D int32 tensor");
+  TORCH_CHECK(batch_size >= 0 && batch_size <= INT32_MAX, "gather: batch_size out of range: ",
+              batch_size);
+  TORCH_CHECK(workspace_starts.size(0) >= batch_size, "gather: workspace_starts has ",
+              workspace_starts.size(0), " entries < batch_size ", batch_size);
+  TORCH_CHECK(block_table.size(0) >= batch_size, "gather: block_table has ", block_table.size(0),
+              " rows < batch_size ", batch_size);
+  check_same_device(src_cache, dst, "gather: dst");
+  check_same_device(src_cache, block_table, "gather: block_table");
+  check_same_device(src_cache, workspace_starts, "gather: workspace_starts");
+  const int32_t* ss_ptr = nullptr;
+  int64_t ss_stride = 0;
+  if (seq_starts.has_value()) {
+    const at::Tensor& ss = *seq_starts;
+    TORCH_CHECK(ss.scalar_type() == at::kInt && ss.dim() == 1,
+                "gather: seq_starts must be a 1-D int32 tensor or None");
+    TORCH_CHECK(ss.size(0) >= batch_size, "gather: seq_starts has ", ss.size(0),
+                " entries < batch_size ", batch_size);
+    check_same_device(src_cache, ss, "gather: seq_starts");
+    ss_ptr = ss.data_ptr<int32_t>();
+    ss_stride = ss.stride(0);
+  }
+  TORCH_CHECK(rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4,
+              "gather: rows_per_warp must be 1, 2 or 4");
+
+  const int64_t total = dst.size(0);
+  if (total == 0 || batch_size == 0) return;  // nothing to write; no launch
+
+  GatherParams p;
+  p.cache = src_cache.data_ptr<uint8_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.ws = workspace_starts.data_ptr<int32_t>();
+  p.seq_starts = ss_ptr;
+  p.total = total;
+  p.batch_size = static_cast<int32_t>(batch_size);
+  p.block_size = static_cast<int32_t>(src_cache.size(1));
+  p.bt_row_stride = block_table.stride(0);
+  p.bt_col_stride = block_table.stride(1);
+  p.ws_stride = workspace_starts.stride(0);
+  p.ss_stride = ss_stride;
+  p.cache_block_stride = src_cache.stride(0);
+  p.cache_entry_stride = src_cache.stride(1);
+
+  const c10::cuda::CUDAGuard guard(src_cache.device());
+  const int device = src_cache.get_device();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  uint8_t* dst_bytes = reinterpret_cast<uint8_t*>(dst.data_ptr());
+  const bool vec = !force_scalar && aligned16(p.cache) && p.cache_block_stride % 16 == 0 &&
+                   p.cache_entry_stride % 16 == 0 && aligned16(dst_bytes) && dst.stride(1) == 1 &&
+                   dst.stride(0) % 8 == 0;
+  if (vec) {
+    const int64_t row_bytes = dst.stride(0) * 2;
+    const int rpw = static_cast<int>(rows_per_warp);
+    if (rpw == 1) {
+      const unsigned grid = grid_for(gather_vec_kernel<1>, total, 1, device);
+      gather_vec_kernel<1><<<grid, kThreads, 0, stream>>>(p, dst_bytes, row_bytes);
+    } else if (rpw == 2) {
+      const unsigned grid = grid_for(gather_vec_kernel<2>, total, 2, device);
+      gather_vec_kernel<2><<<grid, kThreads, 0, stream>>>(p, dst_bytes, row_bytes);
+    } else {
+      const unsigned grid = grid_for(gather_vec_kernel<4>, total, 4, device);
+      gather_vec_kernel<4><<<grid, kThreads, 0, stream>>>(p, dst_bytes, row_bytes);
+    }
+  } else {
+    const unsigned grid = grid_for(gather_scalar_kernel, total, 1, device);
+    gather_scalar_kernel<<<grid, kThreads, 0, stream>>>(p, reinterpret_cast<uint16_t*>(dst_bytes),
+                                                        dst.stride(0), dst.stride(1));
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Host checks: kv_c [>= T, 512] and k_pe [>= T, 64], each bf16 or fp16 (any strides);
+// kv_cache uint8 [num_blocks, bs >= 1, 656] with a contiguous record dim; slot_mapping int64 1-D
+// [T]; one CUDA device. T = slot_mapping.size(0) (vLLM: inputs may carry CUDA-graph padding rows).
+// kv_c and k_pe may differ in dtype. convert_fp16_rope: see rope_bits.
+// Not checked: slots < num_blocks * bs (written out of bounds otherwise), duplicate slots (racy).
+void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor& kv_cache,
+               const at::Tensor& slot_mapping, bool convert_fp16_rope) {
+  TORCH_CHECK(kv_cache.is_cuda(), "writer: kv_cache must be a CUDA tensor");
+  TORCH_CHECK(kv_cache.scalar_type() == at::kByte,
+              "writer: kv_cache must be uint8 (view an fp8 cache as uint8), got ",
+              kv_cache.scalar_type());
+  TORCH_CHECK(kv_cache.dim() == 3 && kv_cache.size(2) == kRecordBytes,
+              "writer: kv_cache must be [num_blocks, block_size, 656], got ", kv_cache.sizes());
+  TORCH_CHECK(kv_cache.stride(2) == 1, "writer: kv_cache's record dim must be contiguous");
+  TORCH_CHECK(kv_cache.size(1) >= 1, "writer: block_size must be >= 1");
+  const auto is_16bit = [](const at::Tensor& t) {
+    return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+  };
+  TORCH_CHECK(is_16bit(kv_c) && kv_c.dim() == 2 && kv_c.size(1) == kNopeDim,
+              "writer: kv_c must be bf16/fp16 [T, 512], got ", kv_c.scalar_type(), " ",
+              kv_c.sizes());
+  TORCH_CHECK(is_16bit(k_pe) && k_pe.dim() == 2 && k_pe.size(1) == kRopeDim,
+              "writer: k_pe must be bf16/fp16 [T, 64], got ", k_pe.scalar_type(), " ",
+              k_pe.sizes());
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1,
+              "writer: slot_mapping must be a 1-D int64 tensor");
+  const int64_t num_tokens = slot_mapping.size(0);
+  TORCH_CHECK(kv_c.size(0) >= num_tokens && k_pe.size(0) >= num_tokens,
+              "writer: kv_c/k_pe have fewer rows than slot_mapping (", kv_c.size(0), ", ",
+              k_pe.size(0), " < ", num_tokens, ")");
+  check_same_device(kv_cache, kv_c, "writer: kv_c");
+  check_same_device(kv_cache, k_pe, "writer: k_pe");
+  check_same_device(kv_cache, slot_mapping, "writer: slot_mapping");
+  if (num_tokens == 0) return;
+
+  WriterParams p;
+  p.kv_c = reinterpret_cast<const uint16_t*>(kv_c.data_ptr());
+  p.k_pe = reinterpret_cast<const uint16_t*>(k_pe.data_ptr());
+  p.cache = kv_cache.data_ptr<uint8_t>();
+  p.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  p.num_tokens = num_tokens;
+  p.kv_c_row_stride = kv_c.stride(0);
+  p.kv_c_col_stride = kv_c.stride(1);
+  p.k_pe_row_stride = k_pe.stride(0);
+  p.k_pe_col_stride = k_pe.stride(1);
+  p.slot_stride = slot_mapping.stride(0);
+  p.cache_block_stride = kv_cache.stride(0);
+  p.cache_entry_stride = kv_cache.stride(1);
+  p.block_size = static_cast<int32_t>(kv_cache.size(1));
+  p.kv_c_fp16 = kv_c.scalar_type() == at::kHalf;
+  p.convert_rope = convert_fp16_rope && k_pe.scalar_type() == at::kHalf;
+  p.aligned8 = (reinterpret_cast<uintptr_t>(p.cache) & 7u) == 0 && p.cache_block_stride % 8 == 0 &&
+               p.cache_entry_stride % 8 == 0;
+
+  const c10::cuda::CUDAGuard guard(kv_cache.device());
+  const int device = kv_cache.get_device();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const unsigned grid = grid_for(writer_kernel, num_tokens, 1, device);
+  writer_kernel<<<grid, kThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace mlafuzz_ds_mla
+
+TORCH_LIBRARY(mlafuzz_fp8_ds_mla, m) {
+  m.def(
+      "gather(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor workspace_starts, "
+      "int batch_size, Tensor? seq_starts=None, int rows_per_warp=2, bool force_scalar=False) -> ()");
+  m.def(
+      "writer(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
+      "bool convert_fp16_rope=False) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(mlafuzz_fp8_ds_mla, CUDA, m) {
+  m.impl("gather", &mlafuzz_ds_mla::gather_op);
+  m.impl("writer", &mlafuzz_ds_mla::writer_op);
+}

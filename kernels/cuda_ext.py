@@ -1,0 +1,280 @@
+"""Build, load and call the CUDA fp8_ds_mla kernels (kernels/csrc/fp8_ds_mla.cu).
+
+Public API, with the exact SPEC.md / vLLM signatures:
+
+- ``gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None)``:
+  SPEC section 4 (cp_gather_and_upconvert with seq_starts); writes ``dst`` in place.
+- ``writer(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None)``:
+  vLLM's ``concat_and_cache_mla`` for the fp8_ds_mla dtype (SPEC section 2); ``scale`` is
+  ignored, as vLLM ignores it for this dtype. The RoPE bytes are k_pe's 16-bit patterns copied as
+  is, as vLLM and mlafuzz.oracles.codec do, also for an fp16 k_pe; ``writer_impl(...,
+  convert_fp16_rope=True)`` rounds an fp16 k_pe to bf16 instead (RNE, NaN -> 0x7FC0).
+- ``load_extension(*, verbose=False) -> BuildInfo``: JIT-build on first use (GPU machine), cached
+  per process; the build folder is keyed by source, torch version, CUDA version and GPU arch.
+- ``nvcc_compile_check(*, out_dir, arch="sm_90") -> Path``: compile the .cu to an object with
+  nvcc and no GPU (CI); proves the real kernel and binding code compiles for the target arch.
+
+The ops are registered as ``torch.ops.mlafuzz_fp8_ds_mla.{gather,writer}``. Knobs that are not
+in the public signatures are reachable through ``gather_impl`` (``rows_per_warp`` 1/2/4,
+``force_scalar``) and ``writer_impl`` (``convert_fp16_rope``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+__all__ = [
+    "BuildInfo",
+    "EXTENSION_NAME",
+    "SOURCE",
+    "gather",
+    "gather_impl",
+    "load_extension",
+    "nvcc_compile_check",
+    "nvcc_flags",
+    "writer",
+    "writer_impl",
+]
+
+_log = logging.getLogger(__name__)
+
+EXTENSION_NAME = "mlafuzz_fp8_ds_mla"
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "fp8_ds_mla.cu"
+
+# Exactness flags: no fast math, keep subnormals, IEEE division/sqrt, no FMA contraction (the
+# kernels also use __fmul_rn/__fdiv_rn explicitly, so these are belt and braces).
+_EXACT_FLAGS = ("-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false")
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """How the extension was obtained in this process: ``cold`` means it was compiled now (no
+    cached build matched); ``seconds`` is the wall time of the build-or-load call."""
+
+    cold: bool
+    seconds: float
+    path: Path
+    arch: str
+
+
+def _gencode(arch: str) -> str:
+    num = arch.removeprefix("sm_")
+    return f"-gencode=arch=compute_{num},code=sm_{num}"
+
+
+def nvcc_flags(arch: str) -> list[str]:
+    """nvcc flags shared by the JIT build and the CI compile check (torch adds its own defines
+    such as -D__CUDA_NO_HALF_OPERATORS__ to the JIT build; the compile check adds them too)."""
+    return ["-O3", _gencode(arch), *_EXACT_FLAGS, "-lineinfo"]
+
+
+def _present_arch() -> str:
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "mlafuzz CUDA extension: no CUDA device (torch.cuda.is_available() is False)"
+        )
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def _find_nvcc() -> str | None:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME:
+        candidate = Path(CUDA_HOME) / "bin" / "nvcc"
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which("nvcc")
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("MLAFUZZ_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "mlafuzz"
+
+
+def _build_key(arch: str) -> str:
+    h = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        if path.is_file():
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    for part in (torch.__version__, str(torch.version.cuda), arch, sys.version.split()[0],
+                 *nvcc_flags(arch)):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+@functools.cache
+def load_extension(*, verbose: bool = False) -> BuildInfo:
+    """Build (first time on this machine) and load the extension; cached for the process.
+
+    Raises RuntimeError with a one-line message when there is no CUDA device, no nvcc or no
+    ninja."""
+    arch = _present_arch()
+    if _find_nvcc() is None:
+        raise RuntimeError("mlafuzz CUDA extension: nvcc not found (set CUDA_HOME or add it to PATH)")
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        raise RuntimeError("mlafuzz CUDA extension: ninja not found (pip install ninja)")
+    build_dir = _cache_root() / f"ext-{_build_key(arch)}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    cold = not (build_dir / f"{EXTENSION_NAME}.so").exists()
+    major, minor = arch.removeprefix("sm_")[:-1], arch[-1]
+    t0 = time.perf_counter()
+    with _env("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}"):
+        path = cpp_extension.load(
+            name=EXTENSION_NAME,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=nvcc_flags(arch),
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=verbose,
+        )
+    info = BuildInfo(cold=cold, seconds=time.perf_counter() - t0, path=Path(str(path)), arch=arch)
+    _log.info("mlafuzz CUDA extension %s in %.1f s (%s)",
+              "built" if cold else "loaded", info.seconds, info.path)
+    return info
+
+
+def _ops():
+    load_extension()
+    return torch.ops.mlafuzz_fp8_ds_mla
+
+
+def _as_bytes(cache: torch.Tensor) -> torch.Tensor:
+    """An fp8 (or other 1-byte) view of the cache is the same bytes: view it as uint8."""
+    if cache.dtype != torch.uint8 and cache.element_size() == 1:
+        return cache.view(torch.uint8)
+    return cache
+
+
+def _require_cuda(name: str, t: torch.Tensor) -> None:
+    if not (isinstance(t, torch.Tensor) and t.is_cuda):
+        raise ValueError(f"{name} must be a CUDA tensor")
+
+
+def gather_impl(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
+                workspace_starts: torch.Tensor, batch_size: int,
+                seq_starts: torch.Tensor | None = None, *, rows_per_warp: int = 2,
+                force_scalar: bool = False) -> None:
+    """``gather`` with the kernel's tuning knobs exposed (tests and benchmarks)."""
+    _require_cuda("src_cache", src_cache)
+    _ops().gather(_as_bytes(src_cache), dst, block_table, workspace_starts, int(batch_size),
+                  seq_starts, int(rows_per_warp), bool(force_scalar))
+
+
+def gather(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
+           workspace_starts: torch.Tensor, batch_size: int,
+           seq_starts: torch.Tensor | None = None) -> None:
+    """SPEC section 4: dst[ws[b] + j] = dequant(record at position seq_starts[b] + j of request
+    b); the last request's rows run to dst.size(0). Writes dst in place. Host-side checks only
+    (dtypes, shapes, devices, table/ws/seq_starts lengths >= batch_size); see gather_op in the
+    .cu for the device-side preconditions it does not check."""
+    gather_impl(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+
+
+def writer_impl(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
+                slot_mapping: torch.Tensor, *, convert_fp16_rope: bool = False) -> None:
+    """``writer`` with the RoPE knob exposed: ``convert_fp16_rope=True`` stores an fp16 k_pe as
+    its value rounded to bf16 (RNE, NaN -> 0x7FC0) instead of its raw 16-bit pattern."""
+    _require_cuda("kv_cache", kv_cache)
+    _ops().writer(kv_c, k_pe, _as_bytes(kv_cache), slot_mapping, bool(convert_fp16_rope))
+
+
+def writer(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
+           slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
+           scale: torch.Tensor | None = None) -> None:
+    """vLLM's concat_and_cache_mla for kv_cache_dtype="fp8_ds_mla" (SPEC section 2): per token
+    with slot >= 0, per 128-tile scale = max(amax / 448, FLT_MIN), codes = satfinite e4m3(x /
+    scale), RoPE = k_pe's raw 16-bit patterns. ``scale`` is accepted and ignored (vLLM ignores it
+    for this dtype); any other kv_cache_dtype raises ValueError before anything runs."""
+    if kv_cache_dtype != "fp8_ds_mla":
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: only 'fp8_ds_mla' is supported")
+    del scale
+    writer_impl(kv_c, k_pe, kv_cache, slot_mapping)
+
+
+def _cpu_torch_workarounds() -> list[str]:
+    """A CPU build of torch ships c10/cuda headers but not the generated
+    c10/cuda/impl/cuda_cmake_macros.h (it only sets C10_CUDA_BUILD_SHARED_LIBS, which matters for
+    Windows symbol export); tell CUDAMacros.h to skip it when it is absent."""
+    from torch.utils import cpp_extension
+
+    generated = "c10/cuda/impl/cuda_cmake_macros.h"
+    if any((Path(p) / generated).exists() for p in cpp_extension.include_paths()):
+        return []
+    return ["-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE"]
+
+
+def _torch_cxx_std() -> str:
+    """The C++ standard torch's JIT builder passes to nvcc (c++17 up to about torch 2.9, c++20
+    after); the compile check uses the same so that it sees what the real build sees."""
+    import inspect
+
+    from torch.utils import cpp_extension
+
+    return "c++20" if "-std=c++20" in inspect.getsource(cpp_extension) else "c++17"
+
+
+def nvcc_compile_check(*, out_dir: Path, arch: str = "sm_90", std: str | None = None,
+                       timeout_s: float = 300.0) -> Path:
+    """Compile kernels/csrc/fp8_ds_mla.cu to an object file with nvcc, without a GPU, against
+    the installed torch headers (a CPU build of torch ships the CUDA headers too), with the JIT
+    build's flags. ``std`` defaults to the standard the installed torch builds extensions with.
+    Returns the object's path; raises RuntimeError (nvcc's output included) on failure."""
+    nvcc = _find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (set CUDA_HOME or add it to PATH)")
+    from torch.utils import cpp_extension
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    obj = out_dir / f"fp8_ds_mla.{arch}.o"
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    cmd = [
+        nvcc, "-c", f"-std={std or _torch_cxx_std()}", *nvcc_flags(arch),
+        *cpp_extension.COMMON_NVCC_FLAGS,
+        "-Xcompiler", "-fPIC",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={EXTENSION_NAME}",
+        *_cpu_torch_workarounds(),
+        *(f"-I{p}" for p in includes),
+        str(SOURCE), "-o", str(obj),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0 or not obj.exists():
+        raise RuntimeError(
+            f"nvcc failed (rc={proc.returncode}): {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+        )
+    return obj
