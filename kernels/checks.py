@@ -1,0 +1,348 @@
+"""Host-side precondition checks shared by our convert / gather / writer kernels.
+
+Every check runs before any launch and raises an ``InvalidInputError`` (a
+``ValueError``) or, for dtype and type problems, an ``InvalidDtypeError``
+(both a ``TypeError`` and an ``InvalidInputError``). Each error carries a
+``reason`` drawn from the vocabulary the harness uses for invalid-input
+classes, so a contract (``CONVERT_REJECTS``, ``GATHER_TORCH_REJECTS``,
+``WRITER_TORCH_REJECTS``) can name what an implementation promises to reject.
+
+Messages follow the ``name=value`` style: ``req_id.shape[0]=5 !=
+token_indices.shape[0]=4``.
+
+This module imports torch only (no triton, no oracles), so both the Triton
+kernel's wrapper and the torch reference implementations can share it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = [
+    "InvalidInputError",
+    "InvalidDtypeError",
+    "CONVERT_REJECTS",
+    "GATHER_TORCH_REJECTS",
+    "WRITER_TORCH_REJECTS",
+    "RECORD_BYTES",
+    "NOPE_DIM",
+    "ROPE_DIM",
+    "ROW_DIM",
+    "check_convert_args",
+    "check_gather_args",
+    "check_gather_values",
+    "check_block_ids",
+    "check_writer_args",
+]
+
+RECORD_BYTES = 656  # 512 fp8 codes + 4 f32 scales + 64 bf16 rope values
+NOPE_DIM = 512
+ROPE_DIM = 64
+ROW_DIM = NOPE_DIM + ROPE_DIM  # 576 bf16 values in a dequantized row
+_INT32_MAX = 2**31 - 1
+
+# Invalid-input classes that convert (Triton and torch) rejects before launch.
+CONVERT_REJECTS = frozenset(
+    {
+        "length_mismatch",  # req_id.shape[0] != token_indices.shape[0] (PR #48642)
+        "wrong_dtype",  # any index tensor not int32 (or not a tensor)
+        "k_mismatch",  # token_indices.shape[1] != NUM_TOPK_TOKENS
+        "k_not_multiple_of_block_n",  # NUM_TOPK_TOKENS % BLOCK_N != 0
+        "bad_block_size",  # BLOCK_SIZE < 1 (or not an int / too large)
+        "bad_block_n",  # BLOCK_N < 1 or not a power of two (tile width)
+        "wrong_shape",  # wrong number of dims; prefill ids length != N
+        "device_mismatch",  # tensors on different devices
+        "missing_prefill_args",  # HAS_PREFILL_WORKSPACE without ids/starts
+    }
+)
+
+# Invalid-input classes that gather_torch rejects before touching dst.
+GATHER_TORCH_REJECTS = frozenset(
+    {
+        "wrong_dtype",
+        "wrong_shape",
+        "device_mismatch",
+        "ws0_nonzero",
+        "ws_decreasing",
+        "ws_past_total",
+        "block_index_past_table",
+        "block_id_past_cache",
+        "negative_seq_start",
+    }
+)
+
+# Invalid-input classes that writer_torch rejects before touching the cache.
+WRITER_TORCH_REJECTS = frozenset(
+    {
+        "wrong_dtype",
+        "wrong_shape",
+        "device_mismatch",
+        "unsupported_kv_cache_dtype",
+        "slot_past_cache",
+    }
+)
+
+
+class InvalidInputError(ValueError):
+    """A precondition violation found on the host before any launch."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"[{reason}] {message}")
+        self.reason = reason
+
+
+class InvalidDtypeError(InvalidInputError, TypeError):
+    """A tensor of the wrong dtype, or a non-tensor where a tensor belongs."""
+
+
+def _require_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidDtypeError("wrong_dtype", f"{name} must be a torch.Tensor, got {name}={type(t).__name__}")
+    return t
+
+
+def _require_dtype(name: str, t: torch.Tensor, dtypes: Sequence[torch.dtype]) -> None:
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d) for d in dtypes)
+        raise InvalidDtypeError("wrong_dtype", f"{name}.dtype={t.dtype}, expected {want}")
+
+
+def _require_dim(name: str, t: torch.Tensor, ndim: int) -> None:
+    if t.dim() != ndim:
+        raise InvalidInputError("wrong_shape", f"{name}.dim()={t.dim()}, expected {ndim} (shape={tuple(t.shape)})")
+
+
+def _require_int(name: str, v: object, reason: str, lo: int, hi: int = _INT32_MAX) -> int:
+    # bool is an int subclass; True as a block size is a bug at the call site.
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidInputError(reason, f"{name}={v!r} must be a Python int")
+    if not lo <= v <= hi:
+        raise InvalidInputError(reason, f"{name}={v} must be in [{lo}, {hi}]")
+    return v
+
+
+def _require_same_device(named: Sequence[tuple[str, Optional[torch.Tensor]]]) -> None:
+    present = [(n, t) for n, t in named if t is not None]
+    n0, t0 = present[0]
+    for n, t in present[1:]:
+        if t.device != t0.device:
+            raise InvalidInputError("device_mismatch", f"{n}.device={t.device} != {n0}.device={t0.device}")
+
+
+def check_convert_args(
+    req_id: object,
+    block_table: object,
+    token_indices: object,
+    BLOCK_SIZE: object,
+    NUM_TOPK_TOKENS: object,
+    BLOCK_N: object,
+    HAS_PREFILL_WORKSPACE: object,
+    prefill_workspace_request_ids: object,
+    prefill_workspace_starts: object,
+) -> None:
+    """Reject, on the host and before launch, every input SPEC §3 says to reject.
+
+    Order: tensor types and dtypes, dims, devices, the constexpr-like ints,
+    K against NUM_TOPK_TOKENS and BLOCK_N, the row-count match, the prefill
+    arguments. Nothing here reads tensor *values* (no device sync).
+    """
+    ri = _require_tensor("req_id", req_id)
+    bt = _require_tensor("block_table", block_table)
+    ti = _require_tensor("token_indices", token_indices)
+    for name, t in (("req_id", ri), ("block_table", bt), ("token_indices", ti)):
+        _require_dtype(name, t, (torch.int32,))
+    if not isinstance(HAS_PREFILL_WORKSPACE, (bool, int)):
+        raise InvalidDtypeError(
+            "wrong_dtype", f"HAS_PREFILL_WORKSPACE={HAS_PREFILL_WORKSPACE!r} must be a bool"
+        )
+    ids = starts = None
+    if HAS_PREFILL_WORKSPACE:
+        if prefill_workspace_request_ids is None or prefill_workspace_starts is None:
+            raise InvalidInputError(
+                "missing_prefill_args",
+                "HAS_PREFILL_WORKSPACE=True needs prefill_workspace_request_ids and "
+                f"prefill_workspace_starts, got prefill_workspace_request_ids="
+                f"{None if prefill_workspace_request_ids is None else 'tensor'}, "
+                f"prefill_workspace_starts={None if prefill_workspace_starts is None else 'tensor'}",
+            )
+        ids = _require_tensor("prefill_workspace_request_ids", prefill_workspace_request_ids)
+        starts = _require_tensor("prefill_workspace_starts", prefill_workspace_starts)
+        _require_dtype("prefill_workspace_request_ids", ids, (torch.int32,))
+        _require_dtype("prefill_workspace_starts", starts, (torch.int32,))
+    _require_dim("req_id", ri, 1)
+    _require_dim("block_table", bt, 2)
+    _require_dim("token_indices", ti, 2)
+    if ids is not None:
+        _require_dim("prefill_workspace_request_ids", ids, 1)
+        _require_dim("prefill_workspace_starts", starts, 1)
+    _require_same_device(
+        [
+            ("req_id", ri),
+            ("block_table", bt),
+            ("token_indices", ti),
+            ("prefill_workspace_request_ids", ids),
+            ("prefill_workspace_starts", starts),
+        ]
+    )
+    _require_int("BLOCK_SIZE", BLOCK_SIZE, "bad_block_size", 1)
+    bn = _require_int("BLOCK_N", BLOCK_N, "bad_block_n", 1)
+    if bn & (bn - 1):
+        raise InvalidInputError("bad_block_n", f"BLOCK_N={bn} must be a power of two")
+    k = _require_int("NUM_TOPK_TOKENS", NUM_TOPK_TOKENS, "k_mismatch", 0)
+    if ti.shape[1] != k:
+        raise InvalidInputError(
+            "k_mismatch", f"token_indices.shape[1]={ti.shape[1]} != NUM_TOPK_TOKENS={k}"
+        )
+    if k % bn:
+        raise InvalidInputError(
+            "k_not_multiple_of_block_n", f"NUM_TOPK_TOKENS={k} % BLOCK_N={bn} = {k % bn} != 0"
+        )
+    if ri.shape[0] != ti.shape[0]:
+        raise InvalidInputError(
+            "length_mismatch", f"req_id.shape[0]={ri.shape[0]} != token_indices.shape[0]={ti.shape[0]}"
+        )
+    if ids is not None and ids.shape[0] != ti.shape[0]:
+        raise InvalidInputError(
+            "wrong_shape",
+            f"prefill_workspace_request_ids.shape[0]={ids.shape[0]} != token_indices.shape[0]={ti.shape[0]}",
+        )
+
+
+def check_gather_args(
+    src_cache: object,
+    dst: object,
+    block_table: object,
+    workspace_starts: object,
+    batch_size: object,
+    seq_starts: object,
+) -> None:
+    """Shape, dtype and device checks for gather (what vLLM checks, plus dims).
+
+    Reads no tensor values; ``check_gather_values`` does the value checks.
+    """
+    src = _require_tensor("src_cache", src_cache)
+    d = _require_tensor("dst", dst)
+    bt = _require_tensor("block_table", block_table)
+    ws = _require_tensor("workspace_starts", workspace_starts)
+    ss = None if seq_starts is None else _require_tensor("seq_starts", seq_starts)
+    _require_dtype("src_cache", src, (torch.uint8, torch.float8_e4m3fn))
+    _require_dtype("dst", d, (torch.bfloat16,))
+    _require_dtype("block_table", bt, (torch.int32,))
+    _require_dtype("workspace_starts", ws, (torch.int32,))
+    if ss is not None:
+        _require_dtype("seq_starts", ss, (torch.int32,))
+    b = _require_int("batch_size", batch_size, "wrong_shape", 0)
+    _require_dim("src_cache", src, 3)
+    _require_dim("dst", d, 2)
+    _require_dim("block_table", bt, 2)
+    _require_dim("workspace_starts", ws, 1)
+    if ss is not None:
+        _require_dim("seq_starts", ss, 1)
+    _require_same_device(
+        [("src_cache", src), ("dst", d), ("block_table", bt), ("workspace_starts", ws), ("seq_starts", ss)]
+    )
+    if src.shape[-1] != RECORD_BYTES:
+        raise InvalidInputError("wrong_shape", f"src_cache.shape[-1]={src.shape[-1]} != {RECORD_BYTES}")
+    if d.shape[1] != ROW_DIM:
+        raise InvalidInputError("wrong_shape", f"dst.shape[1]={d.shape[1]} != {ROW_DIM}")
+    if ws.shape[0] < b:
+        raise InvalidInputError("wrong_shape", f"workspace_starts.shape[0]={ws.shape[0]} < batch_size={b}")
+    if bt.shape[0] < b:
+        raise InvalidInputError("wrong_shape", f"block_table.shape[0]={bt.shape[0]} < batch_size={b}")
+    if ss is not None and ss.shape[0] < b:
+        raise InvalidInputError("wrong_shape", f"seq_starts.shape[0]={ss.shape[0]} < batch_size={b}")
+
+
+def check_gather_values(
+    *,
+    ws: Sequence[int],
+    seq_starts: Sequence[int],
+    total: int,
+    block_size: int,
+    max_blocks: int,
+) -> None:
+    """The value preconditions of SPEC §4 that vLLM leaves unchecked, except
+    the block ids (``check_block_ids``, once the table reads are known safe).
+
+    ``ws`` and ``seq_starts`` hold the first batch_size entries as Python ints
+    (the caller pays the device->host copy).
+    """
+    b = len(ws)
+    if b == 0:
+        if total > 0:  # rows exist that no request owns
+            raise InvalidInputError("ws0_nonzero", f"batch_size=0 with total=dst.shape[0]={total} > 0")
+        return
+    if ws[0] != 0:
+        raise InvalidInputError("ws0_nonzero", f"workspace_starts[0]={ws[0]} != 0")
+    for i in range(1, b):
+        if ws[i] < ws[i - 1]:
+            raise InvalidInputError(
+                "ws_decreasing", f"workspace_starts[{i}]={ws[i]} < workspace_starts[{i - 1}]={ws[i - 1]}"
+            )
+    if ws[b - 1] > total:
+        raise InvalidInputError(
+            "ws_past_total", f"workspace_starts[{b - 1}]={ws[b - 1]} > total=dst.shape[0]={total}"
+        )
+    # Only requests with rows read anything, so only they are checked below.
+    for i in range(b):
+        n = (ws[i + 1] if i + 1 < b else total) - ws[i]
+        if n == 0:
+            continue
+        if seq_starts[i] < 0:
+            raise InvalidInputError("negative_seq_start", f"seq_starts[{i}]={seq_starts[i]} < 0 (request length {n})")
+        last_blk = (seq_starts[i] + n - 1) // block_size
+        if last_blk >= max_blocks:
+            raise InvalidInputError(
+                "block_index_past_table",
+                f"request {i}: (seq_starts[{i}]={seq_starts[i]} + len={n} - 1) // block_size={block_size}"
+                f" = {last_blk} >= block_table.shape[1]={max_blocks}",
+            )
+
+
+def check_block_ids(used_block_ids: torch.Tensor, num_blocks: int) -> None:
+    """Every block id that gather reads from the table must be in [0, num_blocks)."""
+    if used_block_ids.numel():
+        lo, hi = int(used_block_ids.min()), int(used_block_ids.max())
+        if lo < 0 or hi >= num_blocks:
+            bad = lo if lo < 0 else hi
+            raise InvalidInputError(
+                "block_id_past_cache", f"block id {bad} read from block_table not in [0, num_blocks={num_blocks})"
+            )
+
+
+def check_writer_args(
+    kv_c: object, k_pe: object, kv_cache: object, slot_mapping: object, kv_cache_dtype: object
+) -> None:
+    """Shape, dtype and device checks for the fp8_ds_mla writer (no value reads)."""
+    if kv_cache_dtype != "fp8_ds_mla":
+        raise InvalidInputError(
+            "unsupported_kv_cache_dtype", f"kv_cache_dtype={kv_cache_dtype!r}, only 'fp8_ds_mla' is implemented"
+        )
+    kc = _require_tensor("kv_c", kv_c)
+    kp = _require_tensor("k_pe", k_pe)
+    cache = _require_tensor("kv_cache", kv_cache)
+    sm = _require_tensor("slot_mapping", slot_mapping)
+    _require_dtype("kv_c", kc, (torch.bfloat16, torch.float16))
+    _require_dtype("k_pe", kp, (torch.bfloat16, torch.float16))
+    _require_dtype("kv_cache", cache, (torch.uint8, torch.float8_e4m3fn))
+    _require_dtype("slot_mapping", sm, (torch.int64, torch.int32))
+    _require_dim("kv_c", kc, 2)
+    _require_dim("k_pe", kp, 2)
+    _require_dim("kv_cache", cache, 3)
+    _require_dim("slot_mapping", sm, 1)
+    _require_same_device([("kv_c", kc), ("k_pe", kp), ("kv_cache", cache), ("slot_mapping", sm)])
+    if kc.shape[1] != NOPE_DIM:
+        raise InvalidInputError("wrong_shape", f"kv_c.shape[1]={kc.shape[1]} != {NOPE_DIM}")
+    if kp.shape[1] != ROPE_DIM:
+        raise InvalidInputError("wrong_shape", f"k_pe.shape[1]={kp.shape[1]} != {ROPE_DIM}")
+    if cache.shape[-1] != RECORD_BYTES:
+        raise InvalidInputError("wrong_shape", f"kv_cache.shape[-1]={cache.shape[-1]} != {RECORD_BYTES}")
+    if kp.shape[0] != kc.shape[0]:
+        raise InvalidInputError("wrong_shape", f"k_pe.shape[0]={kp.shape[0]} != kv_c.shape[0]={kc.shape[0]}")
+    if sm.shape[0] > kc.shape[0]:
+        # vLLM walks slot_mapping; each entry reads one row of kv_c / k_pe.
+        raise InvalidInputError(
+            "wrong_shape", f"slot_mapping.shape[0]={sm.shape[0]} > kv_c.shape[0]={kc.shape[0]}"
+        )

@@ -1,0 +1,262 @@
+"""Torch implementations of convert, gather and the fp8_ds_mla writer.
+
+Written the way an implementation would be (vectorized torch on the inputs'
+own device, CPU or CUDA), not by calling the oracles: the differential tests
+hold them against ``mlafuzz.oracles``. Signatures are SPEC.md's (§3, §4, §2).
+
+Host checks live in ``checks.py``; the ``*_REJECTS`` constants name the
+invalid-input classes each function promises to reject before writing.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from mlafuzz.kernels.checks import (
+    CONVERT_REJECTS,
+    GATHER_TORCH_REJECTS,
+    NOPE_DIM,
+    RECORD_BYTES,
+    ROPE_DIM,
+    WRITER_TORCH_REJECTS,
+    InvalidInputError,
+    check_convert_args,
+    check_gather_args,
+    check_block_ids,
+    check_gather_values,
+    check_writer_args,
+)
+
+__all__ = [
+    "convert_torch",
+    "gather_torch",
+    "writer_torch",
+    "dequant_records_torch",
+    "encode_records_torch",
+    "CONVERT_REJECTS",
+    "GATHER_TORCH_REJECTS",
+    "WRITER_TORCH_REJECTS",
+]
+
+_TILE = 128  # NoPE elements per scale
+_NUM_TILES = NOPE_DIM // _TILE
+_FP8_MAX = 448.0
+_FLT_MIN = torch.finfo(torch.float32).tiny  # 2**-126, the smallest normal f32
+_FP8_NAN_CODE = 0x7F  # what __nv_cvt_float_to_fp8(NaN, __NV_SATFINITE, E4M3) gives
+
+
+# ---------------------------------------------------------------- convert (§3)
+
+
+def convert_torch(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    BLOCK_SIZE: int = 64,
+    NUM_TOPK_TOKENS: int = 2048,
+    BLOCK_N: int = 128,
+    HAS_PREFILL_WORKSPACE: bool = False,
+    prefill_workspace_request_ids: Optional[torch.Tensor] = None,
+    prefill_workspace_starts: Optional[torch.Tensor] = None,
+    return_valid_counts: bool = False,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """SPEC §3 in vectorized torch; same contract as ``triton_convert.convert``.
+
+    Rejects ``CONVERT_REJECTS`` on the host. Like the Triton kernel, a row
+    whose req lies outside [0, R), or a prefill row whose workspace id lies
+    outside [0, len(starts)), yields -1 where it would have read out of bounds.
+    Arithmetic is int32 and wraps like the kernel's.
+    """
+    check_convert_args(
+        req_id,
+        block_table,
+        token_indices,
+        BLOCK_SIZE,
+        NUM_TOPK_TOKENS,
+        BLOCK_N,
+        HAS_PREFILL_WORKSPACE,
+        prefill_workspace_request_ids,
+        prefill_workspace_starts,
+    )
+    num_reqs, max_blocks = block_table.shape
+    tok = token_indices
+    nonneg = tok >= 0
+    tok_s = torch.where(nonneg, tok, 0)  # divide non-negative values only
+    blk = torch.div(tok_s, BLOCK_SIZE, rounding_mode="floor")
+    off = tok_s - blk * BLOCK_SIZE
+    in_table = nonneg & (blk < max_blocks)
+
+    req = req_id.long()
+    req_ok = (req >= 0) & (req < num_reqs)
+    valid = in_table & req_ok[:, None]
+    if max_blocks > 0 and num_reqs > 0:
+        rows = torch.where(req_ok, req, 0)[:, None]
+        cols = torch.where(valid, blk, 0).long()
+        base = block_table[rows, cols]  # every index is in range by construction
+    else:
+        base = torch.zeros_like(tok)
+    val = base * BLOCK_SIZE + off  # int32 * python int stays int32
+
+    if HAS_PREFILL_WORKSPACE:
+        pref = prefill_workspace_request_ids.long()
+        starts = prefill_workspace_starts
+        is_pref = pref >= 0
+        pref_ok = is_pref & (pref < starts.shape[0])
+        if starts.shape[0] > 0:
+            pstart = torch.where(pref_ok, starts[torch.where(pref_ok, pref, 0)], 0)
+        else:
+            pstart = torch.zeros_like(req_id)
+        val = torch.where(is_pref[:, None], pstart[:, None] + tok_s, val)
+        valid = in_table & torch.where(is_pref, pref_ok, req_ok)[:, None]
+
+    out = torch.where(valid, val, -1).to(torch.int32).contiguous()
+    if not return_valid_counts:
+        return out
+    return out, valid.sum(dim=1, dtype=torch.int32)
+
+
+# ----------------------------------------------------------------- codec (§2)
+
+
+def dequant_records_torch(records: torch.Tensor) -> torch.Tensor:
+    """uint8 [n, 656] records -> bf16 [n, 576] rows (SPEC §2, bit exact).
+
+    f32(fp8 code) * f32 scale is one IEEE f32 multiply, then one RNE rounding
+    to bf16; torch does neither fast-math nor a subnormal flush here.
+    """
+    rec = records.contiguous()
+    n = rec.shape[0]
+    codes = rec[:, :NOPE_DIM].view(torch.float8_e4m3fn).to(torch.float32)
+    scales = rec[:, NOPE_DIM : NOPE_DIM + 16].contiguous().view(torch.float32)  # little-endian
+    nope = (codes.view(n, _NUM_TILES, _TILE) * scales[:, :, None]).to(torch.bfloat16)
+    rope = rec[:, NOPE_DIM + 16 :].contiguous().view(torch.int16).view(torch.bfloat16)
+    return torch.cat([nope.view(n, NOPE_DIM), rope], dim=1)
+
+
+def encode_records_torch(kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 kv_c [n, 512], k_pe [n, 64] -> uint8 [n, 656] records (SPEC §2)."""
+    n = kv_c.shape[0]
+    x = kv_c.to(torch.float32).view(n, _NUM_TILES, _TILE)
+    # fmaxf semantics: a NaN element never wins the max.
+    amax = torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=2)
+    # A true f32 division. Dividing by a Python scalar would not be one on
+    # CUDA: torch turns `tensor / scalar` into a multiply by the reciprocal.
+    scale = torch.clamp_min(amax / torch.full_like(amax, _FP8_MAX), _FLT_MIN)
+    q = x / scale[:, :, None]
+    # satfinite: finite overflow (and inf) saturates to +-448; clamp keeps NaN.
+    q = torch.clamp(q, -_FP8_MAX, _FP8_MAX)
+    codes = q.to(torch.float8_e4m3fn).view(torch.uint8)
+    codes = torch.where(torch.isnan(q), _FP8_NAN_CODE, codes).to(torch.uint8)
+    rec = torch.empty((n, RECORD_BYTES), dtype=torch.uint8, device=kv_c.device)
+    rec[:, :NOPE_DIM] = codes.view(n, NOPE_DIM)
+    rec[:, NOPE_DIM : NOPE_DIM + 16] = scale.contiguous().view(torch.uint8).view(n, 16)
+    # Raw 16-bit patterns of k_pe, whatever its 16-bit dtype.
+    rec[:, NOPE_DIM + 16 :] = k_pe.contiguous().view(torch.uint8).view(n, 2 * ROPE_DIM)
+    return rec
+
+
+# ---------------------------------------------------------------- gather (§4)
+
+
+def gather_torch(
+    src_cache: torch.Tensor,
+    dst: torch.Tensor,
+    block_table: torch.Tensor,
+    workspace_starts: torch.Tensor,
+    batch_size: int,
+    seq_starts: Optional[torch.Tensor] = None,
+) -> None:
+    """Gather request b's tokens seq_starts[b]... into dst[ws[b]:ws[b+1]], dequantized.
+
+    SPEC §4: the last request runs to dst.shape[0]; a [B+1] cumulative
+    workspace_starts has its last entry ignored; empty requests and total == 0
+    are legal (batch_size == 0 too, when total == 0).
+
+    Rejects, before writing anything (``GATHER_TORCH_REJECTS``): wrong dtypes,
+    wrong shapes (dims, 656-byte records, 576 columns, fewer than batch_size
+    entries in workspace_starts / block_table / seq_starts, batch_size < 0),
+    tensors on different devices, ws[0] != 0 (and batch_size == 0 with
+    total > 0: rows nobody owns), ws decreasing, ws[B-1] > total, and, for
+    requests with rows only (an empty request reads nothing): a negative
+    seq_start, a last position whose block index is >= block_table.shape[1],
+    a block id read from the table outside [0, num_blocks). The value checks
+    copy ws / seq_starts / the used table entries to the host (a sync on
+    CUDA). Nothing is left unchecked that would let it read or write out of
+    bounds.
+    """
+    check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+    num_blocks, bs, _ = src_cache.shape
+    total, max_blocks = dst.shape[0], block_table.shape[1]
+    b = batch_size
+    device = dst.device
+    ws_l = workspace_starts[:b].tolist()
+    ss_l = [0] * b if seq_starts is None else seq_starts[:b].tolist()
+    # Index checks first: the block ids can only be read from the table once
+    # every block index is known to lie inside it.
+    check_gather_values(ws=ws_l, seq_starts=ss_l, total=total, block_size=bs, max_blocks=max_blocks)
+    if total == 0:
+        return
+
+    # Row j of dst belongs to request b(j) = (number of ws entries <= j) - 1.
+    ws = torch.tensor(ws_l, dtype=torch.int64, device=device)
+    ss = torch.tensor(ss_l, dtype=torch.int64, device=device)
+    j = torch.arange(total, dtype=torch.int64, device=device)
+    req = torch.searchsorted(ws, j, right=True) - 1  # ws[0] == 0, so req >= 0
+    pos = ss[req] + (j - ws[req])
+    blk_idx = torch.div(pos, bs, rounding_mode="floor")
+    block_ids = block_table[req, blk_idx].long()
+    check_block_ids(block_ids, num_blocks)
+    records = src_cache.view(torch.uint8)[block_ids, pos - blk_idx * bs]
+    dst.copy_(dequant_records_torch(records))
+
+
+# ---------------------------------------------------------------- writer (§2)
+
+
+def writer_torch(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str = "fp8_ds_mla",
+    scale: Optional[torch.Tensor] = None,
+) -> None:
+    """vLLM's concat_and_cache_mla for kv_cache_dtype="fp8_ds_mla", in place.
+
+    Token i (i < len(slot_mapping)) with slot s >= 0 writes one 656-byte
+    record at block s // bs, offset s % bs; a negative slot writes nothing
+    (vLLM skips any slot < 0). ``scale`` is ignored for this dtype (per-tile
+    scales are computed). Rejects ``WRITER_TORCH_REJECTS`` before writing,
+    including a slot >= num_blocks * bs (a host read of slot_mapping).
+    A slot named by several tokens gets the last one's record, on every
+    device (a GPU kernel races there; we pick the oracle's reading).
+    """
+    del scale  # the fp8_ds_mla path computes its own per-tile scales
+    check_writer_args(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
+    num_blocks, bs, _ = kv_cache.shape
+    t = slot_mapping.shape[0]
+    if t == 0:
+        return
+    slots = slot_mapping.long()
+    keep = slots >= 0
+    if keep.any():
+        hi = int(slots.max())
+        if hi >= num_blocks * bs:
+            raise InvalidInputError(
+                "slot_past_cache", f"slot_mapping max={hi} >= num_blocks*block_size={num_blocks * bs}"
+            )
+    idx = torch.nonzero(keep).flatten()
+    if idx.numel() == 0:
+        return
+    # Keep the last token per slot: a stable sort keeps token order inside a
+    # run of equal slots, and the run's last entry is the one to write.
+    s_sorted, perm = torch.sort(slots[idx], stable=True)
+    last = torch.ones_like(s_sorted, dtype=torch.bool)
+    last[:-1] = s_sorted[1:] != s_sorted[:-1]
+    idx = idx[perm[last]]
+    rec = encode_records_torch(kv_c[idx], k_pe[idx])
+    s = slots[idx]
+    cache = kv_cache.view(torch.uint8)
+    cache[torch.div(s, bs, rounding_mode="floor"), s % bs] = rec
