@@ -214,6 +214,50 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError("mlafuzz: bench measures GPU kernels: no CUDA device is available here")
+    from mlafuzz.harness.bench import bench_harness, bench_kernels
+
+    ops = list(dict.fromkeys(args.op or ["convert", "gather", "writer"]))
+    lines = bench_harness(ops, cases=args.cases) if args.harness else bench_kernels(ops, repeats=args.repeats)
+    print(f"mlafuzz bench on {torch.cuda.get_device_name()}")
+    for line in lines:
+        print(line)
+    return EXIT_OK
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    from mlafuzz.harness.mutants_cmd import render, run_mutants
+    from mlafuzz.harness.ops import fuzzable_ops
+    from mlafuzz.harness.workers import InProcess, WorkerPool
+
+    args.device = args.device or default_device()
+    _check_device(args.device)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+    def make_executor():
+        # On the GPU a mutant may write out of bounds: isolate it, with the red-zone allocator on.
+        if args.device == "cuda":
+            return WorkerPool(devices=["cuda:0"], timeout=120.0, redzone=True)
+        return InProcess()
+
+    ops = list(dict.fromkeys(args.op or ["convert", "gather", "writer", "step"]))
+    results, clean = run_mutants(ops=ops, device=args.device, budget=args.budget_per_mutant, out=Path(args.out),
+                                 seed=args.seed, shrink_budget=args.shrink_budget, make_executor=make_executor,
+                                 fuzz_ops=fuzzable_ops())
+    for line in render(results):
+        print(line)
+    for problem in clean:
+        print(f"correct implementation drew findings: {problem}")
+    if not clean:
+        print(f"correct implementations ({', '.join(o for o in ops if o in fuzzable_ops())}): no findings")
+    return EXIT_FINDINGS if clean or not all(r.killed for r in results) else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mlafuzz", description="Differential fuzzer for sparse-MLA fp8_ds_mla KV-cache kernels: random "
                 "decode/prefill batches through the implementation under test and exact PyTorch oracles.")
@@ -266,6 +310,29 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", choices=("cpu", "cuda"), help="default: the bundle's device if available, else cpu")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_replay)
+
+    b = sub.add_parser("bench", help="GPU: kernel bandwidth vs a device copy, or the harness's cost per case",
+                       description="Kernel mode: effective bandwidth of our kernel and the torch implementation as "
+                                   "ratios to a device-to-device copy of the same bytes (CUDA events, median after "
+                                   "warm-up). --harness: cases/s and the per-stage time of checking realistic cases.")
+    b.add_argument("--op", action="append", choices=("convert", "gather", "writer"))
+    b.add_argument("--harness", action="store_true", help="time the harness stages instead of the kernels")
+    b.add_argument("--repeats", type=_nonneg_int, default=30)
+    b.add_argument("--cases", type=_nonneg_int, default=8, help="cases per op with --harness")
+    b.set_defaults(func=cmd_bench)
+
+    m = sub.add_parser("mutants", help="fuzz the catalog of planted bugs and report the mutation score",
+                       description="Fuzz every planted-bug mutant until it draws its expected finding kind "
+                                   "(killed) or its budget ends (survived), and the correct implementations in the "
+                                   "same run. Exit 1 if a mutant survives or a correct implementation draws a finding.")
+    m.add_argument("--op", action="append", choices=("convert", "gather", "writer", "step"))
+    m.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
+    m.add_argument("--budget-per-mutant", type=_positive_float, default=30.0, metavar="SECONDS")
+    m.add_argument("--shrink-budget", type=float, default=5.0, metavar="SECONDS",
+                   help="time to minimize each kill, for the table's last column (0: skip)")
+    m.add_argument("--seed", type=_nonneg_int, default=0)
+    m.add_argument("--out", default="mlafuzz-mutants", metavar="DIR")
+    m.set_defaults(func=cmd_mutants)
 
     ls = sub.add_parser("list", help="show ops and registered implementations")
     ls.set_defaults(func=cmd_list)

@@ -103,7 +103,9 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
         worst = int(bad[int(dist[bad].argmax())])
         worst_dist = int(dist[worst])
         e_mag = e_bits.to(torch.int64) & ((1 << (width - 1)) - 1)
-        subnormal = (e_mag > 0) & (e_mag < _MIN_NORMAL_BITS[exp.dtype])
+        # Flushing happens on the f32 product, which may round up to the smallest
+        # normal in bf16: count that value as "where the exact result is subnormal".
+        subnormal = (e_mag > 0) & (e_mag <= _MIN_NORMAL_BITS[exp.dtype])
         only_subnormal = bool(subnormal[bad].all())
         kind = Kind.SUBNORMAL_FLUSH if only_subnormal else Kind.VALUE_MISMATCH
         shown = tuple(Mismatch(index=_fmt_index(int(i), shape), expected=_hex(int(e_bits[i]), width),

@@ -161,7 +161,8 @@ def evaluate_sync(executor: Executor, task: Task) -> TaskResult:
 
 
 def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Finding], None] | None = None,
-         on_progress: Callable[[FuzzSummary, float], None] | None = None) -> FuzzSummary:
+         on_progress: Callable[[FuzzSummary, float], None] | None = None,
+         stop_when: Callable[[FuzzSummary], bool] | None = None) -> FuzzSummary:
     """Run until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl."""
     config.out_dir.mkdir(parents=True, exist_ok=True)
     summary = FuzzSummary()
@@ -172,7 +173,8 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
         try:
             while True:
                 elapsed = time.monotonic() - start
-                budget_left = config.budget is None or elapsed < config.budget
+                budget_left = (config.budget is None or elapsed < config.budget) and not (
+                    stop_when is not None and stop_when(summary))
                 while (budget_left and (config.cases is None or submitted < config.cases)
                        and executor.free_slots()):
                     while not config.shard.owns(index):
@@ -181,6 +183,8 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
                     index += 1
                     submitted += 1
                 more = budget_left and (config.cases is None or submitted < config.cases)
+                if stop_when is not None and stop_when(summary):
+                    more = False
                 if not more and not executor.in_flight():
                     break
                 for task, result in executor.wait(0.1):

@@ -37,6 +37,7 @@ def _register() -> None:
     register_builtin(op="writer", name="cuda", module="mlafuzz.kernels.cuda_ext", attr="writer",
                      devices=("cuda",), rejects=CUDA_WRITER_REJECTS,
                      description="our CUDA fp8_ds_mla writer")
+    import mlafuzz.kernels.mutants  # noqa: F401  (the planted-bug catalog registers itself)
 
 
 _register()

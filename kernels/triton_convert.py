@@ -191,6 +191,23 @@ def convert(
             "tensors set TRITON_INTERPRET=1 before triton is first imported"
         )
 
+    launch(req_id, block_table, token_indices, out, counts, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
+           HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE, prefill_workspace_request_ids=prefill_workspace_request_ids,
+           prefill_workspace_starts=prefill_workspace_starts, grid_rows=n)
+    return (out, counts) if return_valid_counts else out
+
+
+def launch(req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor, out: torch.Tensor,
+           counts: Optional[torch.Tensor], *, BLOCK_SIZE: int, BLOCK_N: int, HAS_PREFILL_WORKSPACE: bool,
+           prefill_workspace_request_ids: Optional[torch.Tensor], prefill_workspace_starts: Optional[torch.Tensor],
+           grid_rows: int) -> None:
+    """Launch the kernel over ``grid_rows`` rows with no checks (``convert`` checks first).
+
+    Separate so that planted-bug variants (kernels/mutants.py) can reproduce
+    launch mistakes, such as a grid sized from req_id rather than from out.
+    """
+    n, k = token_indices.shape
+    return_valid_counts = counts is not None
     has_prefill = bool(HAS_PREFILL_WORKSPACE)
     # Unused pointers still need a tensor on the right device; the constexpr
     # flags remove every access to them.
@@ -199,7 +216,7 @@ def convert(
     counts_arg = counts if counts is not None else out
     num_reqs, max_blocks = block_table.shape
     ti_col_i64 = (k - 1) * token_indices.stride(1) >= _INT32_SPAN
-    _convert_kernel[(n,)](
+    _convert_kernel[(grid_rows,)](
         req_id,
         block_table,
         token_indices,
@@ -226,4 +243,4 @@ def convert(
         TI_COL_I64=ti_col_i64,
         num_warps=_NUM_WARPS,
     )
-    return (out, counts) if return_valid_counts else out
+

@@ -1,0 +1,177 @@
+"""`mlafuzz bench`: kernel bandwidth against a device-to-device copy, and the harness's own cost.
+
+Kernel bench: effective bandwidth = (bytes that must be read + bytes that must
+be written) / median time over repeats after warm-up, timed with CUDA events.
+Our kernel, the torch implementation and a copy of the same byte count are
+measured in the same run and printed as ratios to the copy.
+
+Harness bench (``--harness``): cases/s at realistic sizes and the time split
+(generate, kernel, oracle, compare, guards) of one checked case.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    name: str
+    nbytes: int  # bytes that must be read + written
+    run: dict[str, Callable[[], object]]  # impl name -> zero-arg call
+
+
+def time_ms(fn: Callable[[], object], *, warmup: int = 5, repeats: int = 30) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _gather_workload(impls: dict[str, Callable], *, requests: int = 64, context: int = 4096, bs: int = 64) -> Workload:
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    blocks_per_req = context // bs
+    num_blocks = requests * blocks_per_req
+    cache = torch.randint(0, 256, (num_blocks, bs, 656), dtype=torch.uint8, device=dev, generator=gen)
+    # Finite scales, so the timed math is the common path.
+    cache[..., 512:528] = torch.full((4,), 0.01, device=dev).view(torch.uint8)
+    table = torch.randperm(num_blocks, device=dev, generator=gen).to(torch.int32).reshape(requests, blocks_per_req)
+    ws = (torch.arange(requests, device=dev, dtype=torch.int32) * context)
+    starts = torch.zeros(requests, dtype=torch.int32, device=dev)
+    total = requests * context
+    dst = torch.empty((total, 576), dtype=torch.bfloat16, device=dev)
+    nbytes = total * 656 + total * 576 * 2 + table.numel() * 4
+    run = {name: (lambda fn=fn: fn(cache, dst, table, ws, requests, starts)) for name, fn in impls.items()}
+    return Workload(name=f"gather {requests} req x {context} ctx, bs {bs}", nbytes=nbytes, run=run)
+
+
+def _convert_workload(impls: dict[str, Callable], *, tokens: int = 4096, k: int = 2048, bs: int = 64) -> Workload:
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    requests, seq = 64, 8192
+    table = torch.randint(0, 1 << 16, (requests, seq // bs), dtype=torch.int32, device=dev, generator=gen)
+    req = torch.randint(0, requests, (tokens,), dtype=torch.int32, device=dev, generator=gen)
+    idx = torch.randint(-1, seq, (tokens, k), dtype=torch.int32, device=dev, generator=gen)
+    nbytes = idx.numel() * 4 * 2 + tokens * 4 * 2  # indices in, slots out, req in, counts out
+    run = {name: (lambda fn=fn: fn(req, table, idx, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, BLOCK_N=128,
+                                  return_valid_counts=True)) for name, fn in impls.items()}
+    return Workload(name=f"convert {tokens} tokens x K {k}", nbytes=nbytes, run=run)
+
+
+def _writer_workload(impls: dict[str, Callable], *, tokens: int = 65536, bs: int = 64) -> Workload:
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+    kv_c = torch.randn((tokens, 512), device=dev, generator=gen).to(torch.bfloat16)
+    k_pe = torch.randn((tokens, 64), device=dev, generator=gen).to(torch.bfloat16)
+    cache = torch.zeros((tokens // bs, bs, 656), dtype=torch.uint8, device=dev)
+    slots = torch.randperm(tokens, device=dev, generator=gen)
+    scale = torch.ones(1, device=dev)
+    nbytes = kv_c.numel() * 2 + k_pe.numel() * 2 + slots.numel() * 8 + tokens * 656
+    run = {name: (lambda fn=fn: fn(kv_c, k_pe, cache, slots, "fp8_ds_mla", scale)) for name, fn in impls.items()}
+    return Workload(name=f"writer {tokens} tokens", nbytes=nbytes, run=run)
+
+
+WORKLOADS: dict[str, Callable[..., Workload]] = {
+    "gather": _gather_workload, "convert": _convert_workload, "writer": _writer_workload,
+}
+OURS = {"gather": "cuda", "convert": "triton", "writer": "cuda"}
+
+
+def bench_kernels(ops: list[str], *, repeats: int = 30) -> list[str]:
+    from mlafuzz.kernels.registry import resolve
+
+    lines = [f"{'workload':<36} {'impl':<8} {'median ms':>10} {'GB/s':>8} {'x copy':>7}"]
+    for op in ops:
+        impls = {"ours": resolve(op, OURS[op]).load("cuda"), "torch": resolve(op, "torch").load("cuda")}
+        wl = WORKLOADS[op](impls)
+        # A copy moving the same bytes: n/2 read plus n/2 written.
+        half = wl.nbytes // 2
+        src = torch.empty(half, dtype=torch.uint8, device="cuda").random_(0, 256)
+        dst = torch.empty_like(src)
+        copy_ms = time_ms(lambda: dst.copy_(src), repeats=repeats)
+        copy_bw = wl.nbytes / copy_ms / 1e6
+        lines.append(f"{wl.name:<36} {'copy':<8} {copy_ms:>10.4f} {copy_bw:>8.0f} {1.0:>7.2f}")
+        for name, fn in wl.run.items():
+            ms = time_ms(fn, repeats=repeats)
+            bw = wl.nbytes / ms / 1e6
+            lines.append(f"{wl.name:<36} {name:<8} {ms:>10.4f} {bw:>8.0f} {bw / copy_bw:>7.2f}")
+        del src, dst, wl
+        torch.cuda.empty_cache()
+    return lines
+
+
+def bench_harness(ops: list[str], *, cases: int = 8, seed: int = 0) -> list[str]:
+    """Per-stage time of checking realistic cases, in this process, on the GPU."""
+    from mlafuzz.generators.draw import LARGE, draw_spec
+    from mlafuzz.generators.materialize import materialize
+    from mlafuzz.harness.compare import Context, Policy, compare
+    from mlafuzz.harness.fuzz import case_seed
+    from mlafuzz.harness.guards import PATTERNS, oob_findings, write_map_findings
+    from mlafuzz.harness.ops import OP_DEFS
+    from mlafuzz.harness.runner import call_impl, input_mutations
+    from mlafuzz.kernels.registry import resolve
+
+    def timed(fn: Callable[[], object]) -> tuple[object, float]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        return out, time.perf_counter() - t0
+
+    lines = [f"{'op':<8} {'cases/s':>8} {'generate':>9} {'kernel':>9} {'oracle':>9} {'compare':>9} {'guards':>9}"
+             f" {'checks/kernel':>14}   (ms per case, medians)"]
+    for op in ops:
+        entry = resolve(op, OURS[op])
+        fn = entry.load("cuda")
+        opdef = OP_DEFS[op]
+        stages: dict[str, list[float]] = {k: [] for k in ("generate", "kernel", "oracle", "compare", "guards")}
+        walls = []
+        for i in range(cases + 1):  # case 0 warms up (JIT, extension load)
+            s = case_seed(seed, op, i)
+            t_start = time.perf_counter()
+            case, t_gen = timed(lambda: materialize(draw_spec(op, seed=s, knobs=LARGE), s, "cuda"))
+            # The kernel alone, on ready arguments; everything else is the harness's cost.
+            args = {**case.cloned_tensors(), **{k: g.view for k, g in (
+                opdef.guarded(case, PATTERNS[0]) if opdef.guarded else {}).items()}}
+            _, t_kernel = timed(lambda: opdef.invoke(fn, case, args))
+            del args
+            first, t_call = timed(lambda: call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0]))
+            expected, t_oracle = timed(lambda: opdef.oracle(case))
+            ctx = Context(op=op, impl=entry.name, case_id=case.case_id)
+            _, t_cmp = timed(lambda: (compare(expected=expected, actual=first.outputs, policy=Policy(), ctx=ctx),
+                                      input_mutations(case, first.inputs, ctx)))
+
+            def guards():
+                second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1])
+                out = []
+                for name, g in second.guards.items():
+                    out += oob_findings(name=name, g=g, op=op, impl=entry.name, case_id=case.case_id)
+                    out += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=op,
+                                              impl=entry.name, case_id=case.case_id)
+                return out
+            _, t_guard = timed(guards)
+            t_guard += t_call - t_kernel  # cloning inputs and allocating guard zones for the first run
+            if i == 0:
+                continue
+            walls.append(time.perf_counter() - t_start)
+            for k, v in zip(stages, (t_gen, t_kernel, t_oracle, t_cmp, t_guard)):
+                stages[k].append(v * 1e3)
+        med = {k: statistics.median(v) for k, v in stages.items()}
+        checks = (med["oracle"] + med["compare"] + med["guards"]) / max(med["kernel"], 1e-9)
+        lines.append(f"{op:<8} {cases / sum(walls):>8.2f} {med['generate']:>9.2f} {med['kernel']:>9.2f}"
+                     f" {med['oracle']:>9.2f} {med['compare']:>9.2f} {med['guards']:>9.2f} {checks:>14.2f}")
+    return lines
