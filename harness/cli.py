@@ -152,6 +152,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     cases, budget = args.cases, args.budget
     if cases is None and budget is None:
         budget = 60.0
+    from mlafuzz.harness.ledger import LedgerError, load_ledger
+
+    try:
+        ledger = load_ledger(args.ledger) if args.ledger else None
+    except LedgerError as exc:
+        raise UsageError(f"mlafuzz: --ledger: {exc}") from None
     rejects = {}
     for text in args.contract or ():
         op, _, classes = text.partition("=")
@@ -167,8 +173,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         print(f"mlafuzz: fuzzing {impl_text} on {args.device}, seed {args.seed}, {limit};"
               f" findings -> {config.out_dir}/findings.jsonl", file=sys.stderr)
     seen: set = set()
+    found: list = []  # for the ledger's verdict
 
     def show(finding) -> None:
+        found.append(finding)
         if not args.quiet and finding.dedup_key not in seen:  # one line per new bucket
             seen.add(finding.dedup_key)
             print(f"  {finding.kind.value} {finding.op}={finding.impl} {finding.case_id}: {finding.message}",
@@ -185,6 +193,13 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         size = ", ".join(f"{k} {v}" for k, v in bundle["size"].items())
         print(f"  repro ({size}): {bundle['replay']}")
     print(summary.line())
+    if ledger is not None:
+        verdict = ledger.verdict(found, ran=config.impls.items())
+        for line in verdict.lines():
+            print(line, file=sys.stderr)
+        if verdict.failed:
+            return EXIT_FINDINGS
+        return 130 if summary.interrupted else EXIT_OK
     if summary.findings:
         return EXIT_FINDINGS
     return 130 if summary.interrupted else EXIT_OK
@@ -300,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "off; its reports become findings (slow)")
     f.add_argument("--contract", action="append", metavar="OP=CLASS,...",
                    help="hold an external impl to this (weaker) contract instead of SPEC's must-reject list")
+    f.add_argument("--ledger", metavar="FILE",
+                   help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
+                        "entries that matched nothing are printed as stale")
     f.set_defaults(func=cmd_fuzz)
 
     r = sub.add_parser("replay", help="replay a repro bundle",
@@ -336,8 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="show ops and registered implementations")
     ls.set_defaults(func=cmd_list)
-    return p
 
+    from mlafuzz.reports.cli_cmds import add_report_parsers
+
+    add_report_parsers(sub)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -165,6 +165,10 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
          stop_when: Callable[[FuzzSummary], bool] | None = None) -> FuzzSummary:
     """Run until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl."""
     config.out_dir.mkdir(parents=True, exist_ok=True)
+    run = {"ops": list(config.ops), "impls": dict(config.impls), "device": config.device, "seed": config.seed,
+           "shard": f"{config.shard.index}/{config.shard.count}", "cases": config.cases, "budget": config.budget,
+           "ulp": config.policy.ulp}
+    (config.out_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     summary = FuzzSummary()
     start = time.monotonic()
     index = submitted = 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from mlafuzz.harness.findings import Finding, Kind
+from mlafuzz.harness.findings import Finding, Kind, Severity
 
 try:
     import tomllib
@@ -95,6 +95,33 @@ class Ledger:
         pairs = None if ran is None else set(ran)
         return [e for e in self.entries
                 if id(e) not in matched and (pairs is None or (e.op, e.impl) in pairs)]
+
+
+    def verdict(self, findings: Iterable[Finding], *, ran: Iterable[tuple[str, str]] | None = None) -> "Verdict":
+        """What the ledger makes of a run: error findings it doesn't expect fail; INFO ones never do."""
+        found = list(findings)
+        unexpected, expected = self.split(f for f in found if f.severity is Severity.ERROR)
+        return Verdict(unexpected=tuple(unexpected), expected=tuple(expected),
+                       stale=tuple(self.stale(found, ran=ran)), path=self.path)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    unexpected: tuple[Finding, ...]
+    expected: tuple[Finding, ...]
+    stale: tuple[LedgerEntry, ...]
+    path: Path
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.unexpected)
+
+    def lines(self) -> list[str]:
+        """For stderr: the expected/unexpected split, then one line per stale entry."""
+        buckets = len({f.dedup_key for f in self.unexpected})
+        head = (f"mlafuzz: ledger {self.path}: {len(self.expected)} expected findings,"
+                f" {len(self.unexpected)} unexpected in {buckets} buckets")
+        return [head, *format_stale(self.stale)]
 
 
 def format_stale(entries: Iterable[LedgerEntry]) -> list[str]:

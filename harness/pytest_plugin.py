@@ -53,6 +53,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="expected-failures ledger (TOML or JSON): only unexpected findings fail")
     g.addoption("--mlafuzz-device", choices=("cpu", "cuda"), default=None,
                 help="default: cuda when available, else cpu")
+    g.addoption("--mlafuzz-shrink-budget", type=float, default=10.0, metavar="SECONDS",
+                help="time to minimize each new finding bucket into a repro bundle (default 10; 0: none)")
+    g.addoption("--mlafuzz-isolate", action="store_true",
+                help="run cases in a spawned worker process: a crashing or hanging impl becomes a finding"
+                     " instead of taking the pytest worker down (slower start)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,9 +99,9 @@ class FuzzFailure(Exception):
 
 
 class FuzzItem(pytest.Item):
-    def __init__(self, *, op: str, ref: str, entry: "ImplEntry", **kw: Any) -> None:
+    def __init__(self, *, op: str, ref: str, label: str, entry: "ImplEntry", **kw: Any) -> None:
         super().__init__(**kw)
-        self.op, self.ref, self.entry = op, ref, entry
+        self.op, self.ref, self.label, self.entry = op, ref, label, entry
 
     def runtest(self) -> None:
         self.config.pluginmanager.get_plugin(SESSION_PLUGIN).run_item(self)
@@ -118,8 +123,12 @@ class FuzzCollector(pytest.Collector):
         self.specs = specs
 
     def collect(self) -> list[pytest.Item]:
-        return [FuzzItem.from_parent(self, name=f"{op}[{impl_label(ref)}]", op=op, ref=ref, entry=entry)
-                for op, ref, entry in self.specs]
+        labels = [impl_label(ref) for _, ref, _ in self.specs]
+        # Two refs with one short label (same file name, different folders): fall back to the whole ref.
+        labels = [label if labels.count(label) == 1 else re.sub(r"[^A-Za-z0-9_.:=+-]", "_", ref)
+                  for label, (_, ref, _) in zip(labels, self.specs)]
+        return [FuzzItem.from_parent(self, name=f"{op}[{label}]", op=op, ref=ref, label=label, entry=entry)
+                for label, (op, ref, entry) in zip(labels, self.specs)]
 
 
 class FuzzSession:
@@ -137,6 +146,9 @@ class FuzzSession:
         self.device = self._pick_device(config.getoption("mlafuzz_device"))
         self.ledger = self._load_ledger(config.getoption("mlafuzz_ledger"))
         self.specs = self._resolve(config.getoption("mlafuzz_impl") or [])
+        self.shrink_budget = float(config.getoption("mlafuzz_shrink_budget"))
+        self.isolate = bool(config.getoption("mlafuzz_isolate"))
+        self.timeout = 120.0
         self._gpu_set = False
         self._ran: set[tuple[str, str]] = set()  # (op, impl) of items that reported (controller side)
         self._matched: set[int] = set()  # ledger entry indices some finding matched
@@ -187,7 +199,7 @@ class FuzzSession:
                                       items: list[pytest.Item]) -> None:
         collector = FuzzCollector.from_parent(session, name="mlafuzz", nodeid="mlafuzz",
                                               path=session.path / "mlafuzz", specs=self.specs)
-        items.extend(collector.collect())
+        items.extend(session.genitems(collector))  # emits the collect report, so "collected N items" counts ours
 
     # --- running ------------------------------------------------------------
 
@@ -201,18 +213,30 @@ class FuzzSession:
         return self.device
 
     def item_dir(self, item: FuzzItem) -> Path:
-        return self.out_root / f"{item.op}-{impl_label(item.ref).replace(':', '_')}-{self.worker.name}"
+        return self.out_root / f"{item.op}-{item.label.replace(':', '_')}-{self.worker.name}"
 
-    def replay(self, finding: "Finding", summary: "FuzzSummary", out: Path) -> str:
-        """The finding's bundle command, else a re-run of exactly this item's cases (case i = f(seed, i))."""
-        if finding.repro:
-            return finding.repro
+    def rerun(self, finding: "Finding", summary: "FuzzSummary", out: Path) -> str:
+        """Without a repro bundle: a re-run of exactly this item's cases (case i is a pure function of seed, i)."""
         parts = ["mlafuzz", "fuzz", "--op", finding.op, "--impl", f"{finding.op}={finding.impl}",
                  "--device", self.device, "--seed", str(self.seed), "--cases", str(summary.cases + summary.skipped)]
         if self.worker.count > 1:
             parts += ["--shard", f"{self.worker.index}/{self.worker.count}"]
         parts += ["--out", str(out / "replay")]
         return " ".join(shlex.quote(p) for p in parts)
+
+    def _executor(self, device: str):
+        from mlafuzz.harness.workers import InProcess, WorkerPool
+
+        if not self.isolate:
+            return InProcess()
+        slot = device if device == "cpu" else f"cuda:{gpu_for(self.worker, self._device_count())}"
+        return WorkerPool(devices=[slot], timeout=self.timeout)
+
+    @staticmethod
+    def _device_count() -> int:
+        import torch
+
+        return torch.cuda.device_count()
 
     def run_item(self, item: FuzzItem) -> None:
         from mlafuzz.harness.findings import Severity
@@ -225,14 +249,18 @@ class FuzzSession:
         for stale_file in ("findings.jsonl", "summary.json"):  # this item's previous run, not appended to
             (out / stale_file).unlink(missing_ok=True)
         found: list[Finding] = []
-        config = FuzzConfig(ops=(item.op,), impls={item.op: item.entry}, device=device, budget=self.budget,
+        config = FuzzConfig(ops=(item.op,), impls={item.op: item.ref}, device=device, budget=self.budget,
                             seed=self.seed, out_dir=out, shard=Shard(index=self.worker.index, count=self.worker.count),
-                            quiet=True)
-        summary = fuzz(config, on_finding=found.append)
+                            shrink_budget=self.shrink_budget)
+        executor = self._executor(device)
+        try:
+            summary = fuzz(config, executor=executor, on_finding=found.append)
+        finally:
+            executor.close()
         if summary.interrupted:
             raise KeyboardInterrupt
         item.add_report_section("call", "mlafuzz", f"{summary.line()}\nfindings: {out}")
-        item.user_properties.append(("mlafuzz_item", [item.op, item.entry.name]))
+        item.user_properties.append(("mlafuzz_item", [item.op, item.ref]))
         errors = [f for f in found if f.severity is Severity.ERROR]
         if self.ledger is not None:
             unexpected, expected = self.ledger.split(errors)
@@ -243,6 +271,7 @@ class FuzzSession:
         if not unexpected:
             return
         buckets = group_buckets(unexpected)
+        bundles = {tuple(b.get("bucket", ())): b.get("replay") for b in summary.bundles if isinstance(b, dict)}
         lines = [f"mlafuzz: {item.op}={item.ref} on {device} (seed {self.seed}, shard {self.worker.index}/"
                  f"{self.worker.count}, {self.budget:g} s): {len(unexpected)} unexpected findings in"
                  f" {len(buckets)} buckets" + (f", {len(expected)} expected per ledger" if expected else ""),
@@ -252,7 +281,7 @@ class FuzzSession:
             lines += ["", f"{b.kind} cause={b.cause or '-'} ({len(b.findings)} findings), first case {f.case_id}:",
                       f"  {f.message}"]
             lines += [f"  at {list(m.index)}: expected {m.expected}, got {m.actual}" for m in f.mismatches[:3]]
-            lines.append(f"  replay: {self.replay(f, summary, out)}")
+            lines.append(f"  replay: {f.repro or bundles.get(b.key) or self.rerun(f, summary, out)}")
         if len(buckets) > MAX_BUCKETS_SHOWN:
             lines.append(f"... {len(buckets) - MAX_BUCKETS_SHOWN} more buckets")
         lines.append(f"findings: {out / 'findings.jsonl'}  (mlafuzz report {out} --format html -o report.html)")

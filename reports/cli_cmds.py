@@ -1,0 +1,97 @@
+"""The ``report`` and ``merge`` subcommands, wired into harness.cli by ``add_report_parsers``.
+
+Both exit 0 when they wrote what was asked (a report never decides pass/fail:
+``fuzz`` does, with its ledger) and 2 with one line on a bad directory,
+format, ledger or output path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from mlafuzz.reports.render import FORMATS
+
+EXIT_OK = 0
+
+
+def _usage(message: str) -> Exception:
+    from mlafuzz.harness.cli import UsageError  # lazy: cli imports this module
+
+    return UsageError(message)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mlafuzz.harness.ledger import LedgerError, load_ledger
+    from mlafuzz.reports.model import ReportError
+    from mlafuzz.reports.render import render
+
+    try:
+        ledger = load_ledger(args.ledger) if args.ledger else None
+        text = render(Path(args.run_dir), args.format, ledger=ledger)
+    except (ReportError, LedgerError) as exc:
+        raise _usage(f"mlafuzz report: {exc}") from None
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        _write(Path(args.output), text)
+    except OSError as exc:
+        raise _usage(f"mlafuzz report: -o {args.output}: cannot write: {exc.strerror or exc}") from None
+    print(f"mlafuzz: {args.format} report of {args.run_dir} -> {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from mlafuzz.reports.merge import merge_runs
+    from mlafuzz.reports.model import ReportError
+
+    try:
+        result = merge_runs([Path(d) for d in args.run_dirs], Path(args.out))
+    except ReportError as exc:
+        raise _usage(f"mlafuzz {exc}") from None
+    except OSError as exc:
+        raise _usage(f"mlafuzz merge: --out {args.out}: cannot write: {exc.strerror or exc}") from None
+    s = result.summary
+    print(f"mlafuzz: merged {result.shards} run directories into {result.out}: {s['cases']} cases,"
+          f" {s['findings']} findings in {s['buckets']} buckets ({result.findings_lines} findings lines)"
+          f"{' [partial: a shard has no summary.json]' if s.get('partial') else ''}")
+    return EXIT_OK
+
+
+def add_report_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``report`` and ``merge`` to the ``mlafuzz`` subcommands."""
+    r = subparsers.add_parser(
+        "report", help="render a run directory as JUnit XML, Markdown, HTML or JSON",
+        description="Render a run directory (findings.jsonl, summary.json) as a report. JUnit: a testcase per op "
+        "and implementation, a failure per failing finding bucket. md suits a CI step summary: "
+        "mlafuzz report DIR --format md >> \"$GITHUB_STEP_SUMMARY\". Exit 0 when written, 2 on a bad directory.")
+    r.add_argument("run_dir", metavar="DIR", help="run directory (a fuzz --out, or a merge --out)")
+    r.add_argument("--format", choices=tuple(FORMATS), default="md", help="report format (default md)")
+    r.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    r.add_argument("--ledger", metavar="FILE",
+                   help="expected-failures ledger (TOML or JSON): waived buckets are shown, not failed")
+    r.set_defaults(func=cmd_report)
+
+    m = subparsers.add_parser(
+        "merge", help="merge shard run directories into one",
+        description="Concatenate the findings of shard run directories (nothing deduplicated, each line keeps "
+        "its shard), sum their summary counts, and write OUT/findings.jsonl and OUT/summary.json.")
+    m.add_argument("run_dirs", nargs="+", metavar="DIR", help="shard run directories")
+    m.add_argument("--out", required=True, metavar="DIR", help="merged run directory (created)")
+    m.set_defaults(func=cmd_merge)

@@ -1,0 +1,154 @@
+"""Merge shard run directories into one: findings concatenated, counts summed, provenance kept.
+
+Nothing is deduplicated: every findings line of every shard is kept, in shard
+order, with ``extra["shard"]`` saying which shard directory (and, when its
+run.json exists, which seed/shard config) it came from, so a finding stays
+replayable after the merge; the shards' bundle lists are concatenated. Counts
+(cases, skipped, findings, infos, per op, per kind, per feature) are summed; ``buckets`` is recounted over the merged
+findings (the same bucket in two shards is one bucket); ``seconds`` is the
+slowest shard's (shards run side by side) and ``shard_seconds`` their sum.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from mlafuzz.reports.jsonl import FINDINGS_FILE, read_jsonl
+from mlafuzz.reports.model import RUN_FILE, SUMMARY_FILE, ReportError, impls_from_findings, shard_label
+
+_SUMMED = ("cases", "skipped", "findings", "infos")
+_COUNTERS = ("per_op", "by_kind", "coverage", "features")  # key -> n, or op -> key -> n: summed per key
+_RUN_KEYS = ("seed", "device", "shard", "cases")  # what a finding needs to be re-run
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergeResult:
+    out: Path
+    shards: int
+    findings_lines: int
+    summary: Mapping[str, Any]
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{path}: not valid JSON: {' '.join(str(exc).split())}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _check_dirs(dirs: list[Path], out: Path) -> None:
+    if not dirs:
+        raise ReportError("merge: dirs=[] must name at least one run directory")
+    seen: set[Path] = set()
+    for d in dirs:
+        if not d.is_dir():
+            raise ReportError(f"merge: dir={d}: no such directory")
+        if not (d / FINDINGS_FILE).is_file() and not (d / SUMMARY_FILE).is_file():
+            raise ReportError(f"merge: dir={d}: neither {FINDINGS_FILE} nor {SUMMARY_FILE} (not a run directory)")
+        if d.resolve() in seen:
+            raise ReportError(f"merge: dir={d} is given twice")
+        seen.add(d.resolve())
+    if out.resolve() in seen:
+        raise ReportError(f"merge: out={out} is one of the inputs; merge into a new directory")
+
+
+def _add_nested(total: dict[str, Any], part: Mapping[str, Any]) -> None:
+    """Sum ``part`` into ``total``: numbers add, mappings recurse (features: op -> feature -> n)."""
+    for key, value in part.items():
+        if isinstance(value, Mapping):
+            _add_nested(total.setdefault(key, {}), value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            total[key] = total.get(key, 0) + value
+
+
+def _common_run(runs: list[dict[str, Any]], dirs: list[Path]) -> dict[str, Any]:
+    """The run.json of the merge: the keys all shards agree on (never the shard), and where it came from."""
+    present = [r for r in runs if r]
+    merged: dict[str, Any] = {}
+    if present and len(present) == len(runs):
+        for key, value in present[0].items():
+            if key != "shard" and all(r.get(key) == value for r in present[1:]):
+                merged[key] = value
+    merged["merged_from"] = [str(d) for d in dirs]
+    return merged
+
+
+def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
+    """Merge shard run directories ``dirs`` into ``out`` (created; its findings.jsonl and summary.json replaced)."""
+    dirs = [Path(d) for d in dirs]
+    out = Path(out)
+    _check_dirs(dirs, out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    totals: dict[str, Any] = {k: 0 for k in _SUMMED}
+    counters: dict[str, dict[str, Any]] = {}
+    bundles: list[dict[str, Any]] = []
+    buckets: set[tuple] = set()
+    shards: list[dict[str, Any]] = []
+    seconds: list[float] = []
+    runs: list[dict[str, Any]] = []
+    interrupted = partial = False
+    for index, d in enumerate(dirs):
+        summary, run = _load_json(d / SUMMARY_FILE), _load_json(d / RUN_FILE)
+        runs.append(run)
+        label = shard_label(run.get("shard"))  # None without run.json: never guessed from the order
+        origin: dict[str, Any] = {"index": index, "dir": str(d), "label": label}
+        if run:
+            origin["run"] = {k: run[k] for k in _RUN_KEYS if k in run}
+        records = list(read_jsonl(d / FINDINGS_FILE)) if (d / FINDINGS_FILE).is_file() else []
+        for rec in records:
+            extra = dict(rec.get("extra") or {})
+            extra.setdefault("shard", origin)  # a re-merged line keeps its first, most precise origin
+            rec["extra"] = extra
+            lines.append(json.dumps(rec, sort_keys=True, allow_nan=False, default=str))
+            if rec.get("severity", "error") == "error":
+                buckets.add((rec.get("kind"), rec.get("op"), rec.get("impl"), rec.get("cause", "")))
+        has_summary = bool(summary)
+        if not has_summary:  # a killed shard: count what its findings file shows, and say the total is partial
+            partial = True
+            summary = {"findings": sum(1 for r in records if r.get("severity", "error") == "error"),
+                       "infos": sum(1 for r in records if r.get("severity") == "info")}
+        for key in _SUMMED:
+            value = summary.get(key, 0)
+            totals[key] += value if isinstance(value, int) else 0
+        for key in _COUNTERS:
+            if isinstance(summary.get(key), Mapping):
+                _add_nested(counters.setdefault(key, {}), summary[key])
+        bundles += [{**b, "shard": index} for b in summary.get("bundles") or () if isinstance(b, Mapping)]
+        seconds.append(float(summary.get("seconds") or 0.0))
+        interrupted |= bool(summary.get("interrupted"))
+        shards.append({"index": index, "dir": str(d), "shard": label, "cases": summary.get("cases"),
+                       "findings": summary.get("findings"), "infos": summary.get("infos"),
+                       "seconds": summary.get("seconds"), "findings_lines": len(records),
+                       "has_summary": has_summary, "per_op": summary.get("per_op") or {},
+                       "impls": run.get("impls") or impls_from_findings(
+                           (r.get("op"), r.get("impl")) for r in records)})
+    wall = max(seconds, default=0.0)
+    merged = {**totals, "per_op": {}, "by_kind": {}, **counters, "buckets": len(buckets), "bundles": bundles,
+              "seconds": round(wall, 3), "shard_seconds": round(sum(seconds), 3),
+              "cases_per_second": round(totals["cases"] / wall, 3) if wall > 0 else 0.0,
+              "interrupted": interrupted, "partial": partial, "shards": shards}
+    _atomic_write(out / FINDINGS_FILE, "".join(line + "\n" for line in lines))
+    _atomic_write(out / SUMMARY_FILE, json.dumps(merged, indent=2) + "\n")
+    if any(runs):
+        _atomic_write(out / RUN_FILE, json.dumps(_common_run(runs, dirs), indent=2, default=str) + "\n")
+    return MergeResult(out=out, shards=len(dirs), findings_lines=len(lines), summary=merged)

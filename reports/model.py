@@ -1,0 +1,331 @@
+"""A run directory read into one view that every report format renders.
+
+A run directory holds ``findings.jsonl`` (one finding per line, appended as
+found) and ``summary.json``; later also ``run.json`` (the config) and
+``bundles/``. Any of them may be missing (a killed run has no summary): the
+view says what it could read and never guesses a verdict the files don't
+support. Buckets group findings by ``Finding.dedup_key``; a bucket fails the
+run when it holds an ERROR finding that no ledger entry waives. INFO findings
+are shown and never fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from mlafuzz.harness.findings import Finding, Severity
+from mlafuzz.reports.jsonl import FINDINGS_FILE, read_findings
+
+if TYPE_CHECKING:
+    from mlafuzz.harness.ledger import Ledger, LedgerEntry
+
+SUMMARY_FILE = "summary.json"
+RUN_FILE = "run.json"
+UNKNOWN_IMPL = "?"
+
+
+class ReportError(ValueError):
+    """A run directory that cannot be reported on; the message is one line."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bucket:
+    key: tuple[str, str, str, str]  # Finding.dedup_key: kind, op, impl, cause
+    findings: tuple[Finding, ...]
+    waiver: "LedgerEntry | None" = None
+
+    kind = property(lambda self: self.key[0])
+    op = property(lambda self: self.key[1])
+    impl = property(lambda self: self.key[2])
+    cause = property(lambda self: self.key[3])
+
+    @property
+    def first(self) -> Finding:
+        return self.findings[0]
+
+    @property
+    def severity(self) -> Severity:
+        return Severity.ERROR if any(f.severity is Severity.ERROR for f in self.findings) else Severity.INFO
+
+    @property
+    def is_failure(self) -> bool:
+        return self.severity is Severity.ERROR and self.waiver is None
+
+    @property
+    def status(self) -> str:
+        """failure | expected | info: how every format labels the bucket."""
+        if self.severity is Severity.INFO:
+            return "info"
+        return "expected" if self.waiver is not None else "failure"
+
+    @property
+    def slug(self) -> str:
+        """A stable, HTML-id-safe name for the bucket (anchors, file names)."""
+        digest = hashlib.sha1("\x1f".join(self.key).encode()).hexdigest()[:10]
+        return f"{self.kind.lower()}-{''.join(c if c.isalnum() else '-' for c in self.op)}-{digest}"
+
+    @property
+    def max_ulp(self) -> int | None:
+        ulps = [f.max_ulp for f in self.findings if f.max_ulp is not None]
+        return max(ulps) if ulps else None
+
+    def title(self) -> str:
+        return f"{self.kind} {self.op}={self.impl} cause={self.cause or '-'}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestCase:
+    """One op under one implementation: a JUnit testcase, a row of the implementations table."""
+
+    __test__ = False  # not a pytest class
+    op: str
+    impl: str
+    buckets: tuple[Bucket, ...] = ()
+    cases: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}[{self.impl}]"
+
+    @property
+    def failures(self) -> tuple[Bucket, ...]:
+        return tuple(b for b in self.buckets if b.is_failure)
+
+    @property
+    def status(self) -> str:
+        return "failed" if self.failures else "passed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunReport:
+    run_dir: Path
+    findings: tuple[Finding, ...]
+    buckets: tuple[Bucket, ...]
+    testcases: tuple[TestCase, ...]
+    summary: Mapping[str, Any] = field(default_factory=dict)  # summary.json, {} when missing
+    run: Mapping[str, Any] = field(default_factory=dict)  # run.json, {} when missing
+    stale: tuple["LedgerEntry", ...] = ()
+    notes: tuple[str, ...] = ()  # what could not be read, said once
+
+    @property
+    def failures(self) -> tuple[Bucket, ...]:
+        return tuple(b for b in self.buckets if b.is_failure)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def count(self, status: str) -> int:
+        """Findings lines (not buckets) in buckets of ``status``."""
+        return sum(len(b.findings) for b in self.buckets if b.status == status)
+
+    def buckets_with(self, status: str) -> tuple[Bucket, ...]:
+        return tuple(b for b in self.buckets if b.status == status)
+
+    def replay(self, finding: Finding) -> str | None:
+        """The replay command for ``finding`` (see ``replay_command``), using this run's bundles and config."""
+        return replay_command(finding, self.run, bundles=self.summary.get("bundles"))
+
+    def bundle_for(self, bucket: Bucket) -> Mapping[str, Any] | None:
+        """summary.json's bundle entry for ``bucket`` (path, replay, minimized size), if it was bundled."""
+        for b in self.summary.get("bundles") or ():
+            if isinstance(b, Mapping) and tuple(b.get("bucket") or ()) == bucket.key:
+                return b
+        return None
+
+    @property
+    def shards(self) -> list[Mapping[str, Any]]:
+        shards = self.summary.get("shards")
+        return list(shards) if isinstance(shards, list) else []
+
+    def headline(self) -> str:
+        cases = self.summary.get("cases")
+        ran = f"{cases} cases" if isinstance(cases, int) else "cases unknown"
+        if self.passed:
+            extra = [f"{len(self.buckets_with(s))} {s} buckets" for s in ("expected", "info")
+                     if self.buckets_with(s)]
+            return f"mlafuzz: passed, {ran}" + (f" ({', '.join(extra)})" if extra else "")
+        return (f"mlafuzz: {len(self.failures)} failing buckets ({self.count('failure')} findings)"
+                f" in {sum(1 for t in self.testcases if t.failures)} of {len(self.testcases)}"
+                f" implementations, {ran}")
+
+
+# --- reading ----------------------------------------------------------------
+
+def _read_json(path: Path, notes: list[str]) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        notes.append(f"{path.name} unreadable ({' '.join(str(exc).split())}); ignored")
+        return {}
+    if not isinstance(data, dict):
+        notes.append(f"{path.name} does not hold a JSON object; ignored")
+        return {}
+    return data
+
+
+def configured_impls(run: Mapping[str, Any]) -> dict[str, str]:
+    """op -> impl name from run.json's ``impls``: a mapping (to a name or {"name": ...}) or "op=ref" strings."""
+    raw = run.get("impls")
+    out: dict[str, str] = {}
+    if isinstance(raw, Mapping):
+        for op, v in raw.items():
+            name = v.get("name") if isinstance(v, Mapping) else v
+            if isinstance(name, str):
+                out[str(op)] = name
+    elif isinstance(raw, list):
+        for text in raw:
+            op, sep, ref = str(text).partition("=")
+            if sep:
+                out[op] = ref
+    return out
+
+
+def group_buckets(findings: Iterable[Finding], ledger: "Ledger | None" = None) -> tuple[Bucket, ...]:
+    """Findings grouped by dedup key, in order of first appearance; failures first, then expected, then info."""
+    groups: dict[tuple[str, str, str, str], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault(f.dedup_key, []).append(f)
+    buckets = []
+    for key, members in groups.items():
+        waiver = None
+        if ledger is not None:
+            waiver = next((w for w in map(ledger.match, members) if w is not None), None)
+        buckets.append(Bucket(key=key, findings=tuple(members), waiver=waiver))
+    order = {"failure": 0, "expected": 1, "info": 2}
+    return tuple(sorted(buckets, key=lambda b: order[b.status]))
+
+
+def impls_from_findings(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """op -> impl where the findings name exactly one impl for the op (one run fuzzes one impl per op)."""
+    seen: dict[str, set[str]] = {}
+    for op, impl in pairs:
+        seen.setdefault(op, set()).add(impl)
+    return {op: next(iter(impls)) for op, impls in seen.items() if len(impls) == 1}
+
+
+def _int_counts(value: Any) -> dict[str, int]:
+    return {str(k): v for k, v in value.items() if isinstance(v, int)} if isinstance(value, Mapping) else {}
+
+
+def _case_counts(buckets: tuple[Bucket, ...], summary: Mapping[str, Any], run: Mapping[str, Any]
+                 ) -> dict[tuple[str, str], int]:
+    """(op, impl) -> cases run: per shard for a merged run, else the run's per_op under its impls."""
+    shards = [s for s in summary.get("shards") or () if isinstance(s, Mapping)]
+    parts = [(configured_impls(s), _int_counts(s.get("per_op"))) for s in shards] or [
+        (configured_impls(run) or impls_from_findings((b.op, b.impl) for b in buckets),
+         _int_counts(summary.get("per_op")))]
+    counts: dict[tuple[str, str], int] = {}
+    for impls, per_op in parts:
+        for op, n in per_op.items():
+            key = (op, impls.get(op, UNKNOWN_IMPL))
+            counts[key] = counts.get(key, 0) + n
+    return counts
+
+
+def _testcases(buckets: tuple[Bucket, ...], summary: Mapping[str, Any], run: Mapping[str, Any]
+               ) -> tuple[TestCase, ...]:
+    counts = _case_counts(buckets, summary, run)
+    pairs = dict.fromkeys([*counts, *configured_impls(run).items(), *((b.op, b.impl) for b in buckets)])
+    seconds = float(summary.get("seconds") or 0.0)
+    total = sum(counts.values())
+    out = []
+    for op, impl in pairs:
+        # Time is only known per run (or shard): share it by cases.
+        share = counts.get((op, impl), 0) / total if total else 1.0 / len(pairs)
+        out.append(TestCase(op=op, impl=impl, buckets=tuple(b for b in buckets if (b.op, b.impl) == (op, impl)),
+                            cases=counts.get((op, impl)), seconds=seconds * share))
+    return tuple(sorted(out, key=lambda t: (t.op, t.impl)))
+
+
+def load_run(run_dir: Path | str, *, ledger: "Ledger | None" = None) -> RunReport:
+    """Read a run directory; a ReportError (one line) if it is not one."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"run_dir={run_dir}: no such directory")
+    findings_path, summary_path = run_dir / FINDINGS_FILE, run_dir / SUMMARY_FILE
+    if not findings_path.is_file() and not summary_path.is_file():
+        raise ReportError(f"run_dir={run_dir}: neither {FINDINGS_FILE} nor {SUMMARY_FILE}"
+                          " (not an mlafuzz run directory)")
+    notes: list[str] = []
+    try:
+        findings = tuple(read_findings(findings_path)) if findings_path.is_file() else ()
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportError(f"run_dir={run_dir}: {FINDINGS_FILE} holds a record that is not a finding: "
+                          f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+    summary = _read_json(summary_path, notes)
+    if not summary:
+        notes.append(f"no {SUMMARY_FILE}: the run was killed or is still running; counts come from {FINDINGS_FILE}")
+    run = _read_json(run_dir / RUN_FILE, notes)
+    buckets = group_buckets(findings, ledger)
+    testcases = _testcases(buckets, summary, run)
+    stale: tuple = ()
+    if ledger is not None:
+        stale = tuple(ledger.stale(findings, ran={(t.op, t.impl) for t in testcases}))
+    return RunReport(run_dir=run_dir, findings=findings, buckets=buckets, testcases=testcases, summary=summary,
+                     run=run, stale=stale, notes=tuple(notes))
+
+
+# --- replay -----------------------------------------------------------------
+
+def _bundle_replay(finding: Finding, bundles: Any) -> str | None:
+    """summary.json's ``bundles``: [{"bucket": [kind, op, impl, cause], "replay": "mlafuzz replay ..."}, ...]."""
+    if not isinstance(bundles, list):
+        return None
+    for b in bundles:
+        if isinstance(b, Mapping) and tuple(b.get("bucket") or ()) == finding.dedup_key and b.get("replay"):
+            return str(b["replay"])
+    return None
+
+
+def replay_command(finding: Finding, run: Mapping[str, Any] | None = None, *, bundles: Any = None) -> str | None:
+    """How to reproduce ``finding``, best first; None when the run recorded no way.
+
+    1. ``finding.repro``: its bundle's one-line replay command (a bare path is
+       taken as the bundle folder);
+    2. the bundle summary.json lists for the finding's bucket (bundles are
+       written after the loop, so findings.jsonl lines don't carry them);
+    3. a re-run of the same cases from run.json's seed and shard (case i is a
+       pure function of seed and i).
+    """
+    if finding.repro:
+        repro = finding.repro.strip()
+        return repro if any(c.isspace() for c in repro) else f"mlafuzz replay {shlex.quote(repro)}"
+    from_bundle = _bundle_replay(finding, bundles)
+    if from_bundle:
+        return from_bundle
+    shard = finding.extra.get("shard") if isinstance(finding.extra, Mapping) else None
+    run = dict(run or {})
+    if isinstance(shard, Mapping) and isinstance(shard.get("run"), Mapping):
+        run = dict(shard["run"])  # a merged run: the finding's own shard config
+    if "seed" not in run:
+        return None
+    parts = ["mlafuzz", "fuzz", "--op", finding.op, "--impl", f"{finding.op}={finding.impl}"]
+    if run.get("device"):
+        parts += ["--device", str(run["device"]).split(":")[0]]
+    parts += ["--seed", str(run["seed"])]
+    shard_text = shard_label(run.get("shard"))
+    if shard_text and shard_text != "0/1":
+        parts += ["--shard", shard_text]
+    if isinstance(run.get("cases"), int):
+        parts += ["--cases", str(run["cases"])]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def shard_label(shard: Any) -> str | None:
+    """'K/N' from run.json's shard, given as 'K/N', [K, N] or {"index": K, "count": N}."""
+    if isinstance(shard, str) and "/" in shard:
+        return shard
+    if isinstance(shard, (list, tuple)) and len(shard) == 2:
+        return f"{shard[0]}/{shard[1]}"
+    if isinstance(shard, Mapping) and "index" in shard and "count" in shard:
+        return f"{shard['index']}/{shard['count']}"
+    return None
