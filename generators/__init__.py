@@ -10,3 +10,4 @@ from mlafuzz.generators.spec import (  # noqa: F401
 
 # Ops defined in their own modules register their spec, materializer and drawer on import.
 import mlafuzz.generators.writer  # noqa: E402,F401
+import mlafuzz.generators.step  # noqa: E402,F401

@@ -261,9 +261,13 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         return InProcess()
 
     ops = list(dict.fromkeys(args.op or ["convert", "gather", "writer", "step"]))
-    results, clean = run_mutants(ops=ops, device=args.device, budget=args.budget_per_mutant, out=Path(args.out),
-                                 seed=args.seed, shrink_budget=args.shrink_budget, make_executor=make_executor,
-                                 fuzz_ops=fuzzable_ops())
+    executor = make_executor()  # one warm executor for the whole catalog; a dead worker is replaced
+    try:
+        results, clean = run_mutants(ops=ops, device=args.device, budget=args.budget_per_mutant,
+                                     out=Path(args.out), seed=args.seed, shrink_budget=args.shrink_budget,
+                                     executor=executor, fuzz_ops=fuzzable_ops())
+    finally:
+        executor.close()
     for line in render(results):
         print(line)
     for problem in clean:

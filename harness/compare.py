@@ -73,47 +73,52 @@ def _shape_finding(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor
 
 
 def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, policy: Policy) -> list[Finding]:
+    # Masks and counts stay on the tensors' device; only the few shown mismatches cross to the host.
     width = 16 if exp.dtype in (torch.bfloat16, torch.float16) else 32
     view = _BITS_VIEW[exp.dtype]
-    e_bits = exp.contiguous().view(view).reshape(-1).cpu()
-    a_bits = act.contiguous().view(view).reshape(-1).cpu()
-    e_nan = torch.isnan(exp.reshape(-1).cpu().float())
-    a_nan = torch.isnan(act.reshape(-1).cpu().float())
+    e_bits = exp.contiguous().view(view).reshape(-1)
+    a_bits = act.contiguous().view(view).reshape(-1).to(e_bits.device)
+    e_nan = torch.isnan(exp.contiguous().reshape(-1))
+    a_nan = torch.isnan(act.contiguous().reshape(-1)).to(e_nan.device)
     total = e_bits.numel()
     shape = tuple(exp.shape)
     out: list[Finding] = []
 
-    nan_bad = (e_nan != a_nan).nonzero().reshape(-1)
-    if nan_bad.numel():
-        shown = tuple(Mismatch(index=_fmt_index(int(i), shape), expected=_hex(int(e_bits[i]), width),
-                               actual=_hex(int(a_bits[i]), width)) for i in nan_bad[:MAX_SHOWN])
-        n = nan_bad.numel()
-        where = list(shown[0].index)
+    def shown(idx: torch.Tensor) -> tuple[Mismatch, ...]:
+        idx = idx[:MAX_SHOWN].tolist()
+        return tuple(Mismatch(index=_fmt_index(i, shape), expected=_hex(int(e_bits[i]), width),
+                              actual=_hex(int(a_bits[i]), width)) for i in idx)
+
+    nan_bad_mask = e_nan != a_nan
+    n = int(nan_bad_mask.sum())
+    if n:
+        sample = shown(nan_bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
         out.append(Finding(
             kind=Kind.NAN_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-            cause=f"{name}:nan", mismatches=shown, count=n, total=total,
+            cause=f"{name}:nan", mismatches=sample, count=n, total=total,
             message=f"{name}: NaN positions differ at {n} / {total} elements ({100.0 * n / total:.1f}%);"
-                    f" first at {where} (expected {shown[0].expected}, got {shown[0].actual})"))
+                    f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"))
 
-    both = ~(e_nan | a_nan)
+    if bool(torch.equal(e_bits, a_bits)):
+        return out
     dist = (_ordered(e_bits, width) - _ordered(a_bits, width)).abs()
-    bad = (both & (dist > policy.ulp)).nonzero().reshape(-1)
-    if bad.numel():
-        n = bad.numel()
-        worst = int(bad[int(dist[bad].argmax())])
-        worst_dist = int(dist[worst])
+    bad_mask = ~(e_nan | a_nan) & (dist > policy.ulp)
+    n = int(bad_mask.sum())
+    if n:
+        masked = torch.where(bad_mask, dist, torch.zeros_like(dist))
+        worst = int(masked.argmax())
+        worst_dist = int(masked[worst])
         e_mag = e_bits.to(torch.int64) & ((1 << (width - 1)) - 1)
         # Flushing happens on the f32 product, which may round up to the smallest
         # normal in bf16: count that value as "where the exact result is subnormal".
         subnormal = (e_mag > 0) & (e_mag <= _MIN_NORMAL_BITS[exp.dtype])
-        only_subnormal = bool(subnormal[bad].all())
+        only_subnormal = not bool((bad_mask & ~subnormal).any())
         kind = Kind.SUBNORMAL_FLUSH if only_subnormal else Kind.VALUE_MISMATCH
-        shown = tuple(Mismatch(index=_fmt_index(int(i), shape), expected=_hex(int(e_bits[i]), width),
-                               actual=_hex(int(a_bits[i]), width)) for i in bad[:MAX_SHOWN])
+        sample = shown(bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
         detail = " (every mismatch is where the exact result is subnormal)" if only_subnormal else ""
         out.append(Finding(
             kind=kind, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-            cause=f"{name}:{'subnormal' if only_subnormal else 'value'}", mismatches=shown, count=n, total=total,
+            cause=f"{name}:{'subnormal' if only_subnormal else 'value'}", mismatches=sample, count=n, total=total,
             max_ulp=worst_dist,
             message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
                     f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape))}"
@@ -122,12 +127,12 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
 
 
 def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor) -> list[Finding]:
-    e = exp.reshape(-1).cpu()
-    a = act.reshape(-1).cpu()
-    bad = (e != a).nonzero().reshape(-1)
-    if not bad.numel():
+    e = exp.reshape(-1)
+    a = act.reshape(-1).to(e.device)
+    if bool(torch.equal(e, a)):
         return []
-    n, total, shape = bad.numel(), e.numel(), tuple(exp.shape)
+    bad = (e != a).nonzero()[:MAX_SHOWN].reshape(-1).cpu()
+    n, total, shape = int((e != a).sum()), e.numel(), tuple(exp.shape)
     shown = tuple(Mismatch(index=_fmt_index(int(i), shape), expected=str(int(e[i])), actual=str(int(a[i])))
                   for i in bad[:MAX_SHOWN])
     return [Finding(

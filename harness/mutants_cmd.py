@@ -27,10 +27,10 @@ class MutantResult:
 
 
 def run_mutants(*, ops: list[str], device: str, budget: float, out: Path, seed: int,
-                shrink_budget: float, make_executor, fuzz_ops: list[str]) -> tuple[list[MutantResult], list[str]]:
+                shrink_budget: float, executor, fuzz_ops: list[str]) -> tuple[list[MutantResult], list[str]]:
     from mlafuzz.generators.draw import SMALL
     from mlafuzz.harness.cli import DEFAULT_IMPLS
-    from mlafuzz.harness.fuzz import FuzzConfig, fuzz
+    from mlafuzz.harness.fuzz import FuzzConfig, _shrink_and_bundle, fuzz
     from mlafuzz.kernels.registry import REGISTRY, _ensure_builtins
 
     _ensure_builtins()
@@ -41,24 +41,16 @@ def run_mutants(*, ops: list[str], device: str, budget: float, out: Path, seed: 
         expected = entry.expected_kind or ""
         config = FuzzConfig(ops=(entry.op,), impls={entry.op: entry.name}, device=device, budget=budget, seed=seed,
                             out_dir=out / entry.name, knobs=SMALL, shrink_budget=0.0)
-        executor = make_executor()
         start = time.monotonic()
-        try:
-            summary = fuzz(config, executor=executor,
-                           stop_when=lambda s: expected in s.by_kind)
-            seconds = time.monotonic() - start
-            size = ""
-            bucket = next(((t, f) for (k, *_), (t, f) in summary.buckets.items() if k == expected), None)
-            if bucket is not None and shrink_budget > 0:
-                summary.buckets = {key: v for key, v in summary.buckets.items() if key[0] == expected}
-                config = dataclasses.replace(config, shrink_budget=shrink_budget)
-                from mlafuzz.harness.fuzz import _shrink_and_bundle
-
-                _shrink_and_bundle(config, summary, executor)
-                if summary.bundles:
-                    size = ", ".join(f"{k} {v}" for k, v in summary.bundles[0]["size"].items())
-        finally:
-            executor.close()
+        # The executor (and its warm workers) is shared by every mutant.
+        summary = fuzz(config, executor=executor, stop_when=lambda s: expected in s.by_kind)
+        seconds = time.monotonic() - start
+        size = ""
+        if expected in summary.by_kind and shrink_budget > 0:
+            summary.buckets = {key: v for key, v in summary.buckets.items() if key[0] == expected}
+            _shrink_and_bundle(dataclasses.replace(config, shrink_budget=shrink_budget), summary, executor)
+            if summary.bundles:
+                size = ", ".join(f"{k} {v}" for k, v in summary.bundles[0]["size"].items())
         results.append(MutantResult(op=entry.op, name=entry.name, expected=expected,
                                     killed=expected in summary.by_kind, found=tuple(sorted(summary.by_kind)),
                                     cases=summary.cases, seconds=seconds, size=size))
@@ -70,11 +62,7 @@ def run_mutants(*, ops: list[str], device: str, budget: float, out: Path, seed: 
         ref = DEFAULT_IMPLS[device][op]
         config = FuzzConfig(ops=(op,), impls={op: ref}, device=device, budget=budget, seed=seed,
                             out_dir=out / f"correct-{op}", knobs=SMALL)
-        executor = make_executor()
-        try:
-            summary = fuzz(config, executor=executor)
-        finally:
-            executor.close()
+        summary = fuzz(config, executor=executor)
         if summary.findings:
             clean_problems.append(f"{op}={ref}: {summary.findings} findings ({', '.join(sorted(summary.by_kind))})")
     return results, clean_problems

@@ -27,6 +27,9 @@ class OpDef:
     # Outputs the harness allocates, inside guard zones, filled with a byte pattern.
     guarded: Callable[[Case, int], dict[str, Guarded]] | None = None
     inplace: frozenset[str] = frozenset()  # inputs the op writes by design (not INPUT_MUTATION)
+    # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
+    # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
+    review: Callable[[Case, Any, list, Any], list] | None = None
 
 
 # --- convert ---------------------------------------------------------------
@@ -123,3 +126,6 @@ OP_DEFS: dict[str, OpDef] = {
 def fuzzable_ops() -> list[str]:
     """Ops the fuzz loop can draw cases for."""
     return [op for op in OP_DEFS if op in SPEC_DRAWERS]
+
+
+import mlafuzz.harness.step_op  # noqa: E402,F401  (registers OP_DEFS["step"] and its reducer)

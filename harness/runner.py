@@ -120,6 +120,11 @@ def _rerun_differs(first: Call, second: Call, ctx: Context) -> list[Finding]:
     return out
 
 
+def _review(opdef: OpDef, case: Case, call: Call, findings: list[Finding], ctx: Context) -> list[Finding]:
+    """The op's own re-filing of the first call's findings (e.g. metadata -> METADATA_MISMATCH)."""
+    return list(opdef.review(case, call, findings, ctx)) if opdef.review else findings
+
+
 def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, rerun: bool,
                oracle: Callable[[Case], Mapping[str, Any]] | None = None) -> list[Finding]:
     opdef = OP_DEFS[case.op]
@@ -130,9 +135,10 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
         findings.append(Finding(kind=Kind.EXCEPTION, op=case.op, impl=entry.name, case_id=case.case_id,
                                 cause=type(first.error).__name__,
                                 message=f"raised on a valid input: {first_line(first.error)}"))
-        return findings + input_mutations(case, first.inputs, ctx)
+        return _review(opdef, case, first, findings, ctx) + input_mutations(case, first.inputs, ctx)
     expected = (oracle or opdef.oracle)(case)
     findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
+    findings = _review(opdef, case, first, findings, ctx)
     for name, g in first.guards.items():
         findings += oob_findings(name=name, g=g, op=case.op, impl=entry.name, case_id=case.case_id)
     findings += input_mutations(case, first.inputs, ctx)

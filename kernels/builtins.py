@@ -41,3 +41,5 @@ def _register() -> None:
 
 
 _register()
+
+import mlafuzz.kernels.step_pipeline  # noqa: E402,F401  (registers step=ours and the planted step bugs)

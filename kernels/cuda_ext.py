@@ -37,6 +37,8 @@ from typing import Iterator
 
 import torch
 
+from mlafuzz.kernels.checks import check_gather_args, check_writer_args
+
 __all__ = [
     "BuildInfo",
     "EXTENSION_NAME",
@@ -189,6 +191,12 @@ def gather_impl(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.T
                 force_scalar: bool = False) -> None:
     """``gather`` with the kernel's tuning knobs exposed (tests and benchmarks)."""
     _require_cuda("src_cache", src_cache)
+    # The host checks run here, in Python, before the op: an exception raised by TORCH_CHECK
+    # inside this extension was seen to crash the process on the H200 image (torch 2.11) when
+    # its message formats integers, so the C++ checks stay only as a backstop.
+    check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+    if rows_per_warp not in (1, 2, 4):
+        raise ValueError(f"rows_per_warp={rows_per_warp!r} must be 1, 2 or 4")
     _ops().gather(_as_bytes(src_cache), dst, block_table, workspace_starts, int(batch_size),
                   seq_starts, int(rows_per_warp), bool(force_scalar))
 
@@ -208,6 +216,9 @@ def writer_impl(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
     """``writer`` with the RoPE knob exposed: ``convert_fp16_rope=True`` stores an fp16 k_pe as
     its value rounded to bf16 (RNE, NaN -> 0x7FC0) instead of its raw 16-bit pattern."""
     _require_cuda("kv_cache", kv_cache)
+    check_writer_args(kv_c, k_pe, kv_cache, slot_mapping, "fp8_ds_mla")  # see gather_impl
+    if slot_mapping.dtype != torch.int64:
+        raise TypeError(f"slot_mapping.dtype={slot_mapping.dtype} must be torch.int64")
     _ops().writer(kv_c, k_pe, _as_bytes(kv_cache), slot_mapping, bool(convert_fp16_rope))
 
 

@@ -1,0 +1,318 @@
+"""Our step pipeline (SPEC.md section 5) as vLLM runs it, as an implementation under test.
+
+``step(...)`` takes one scheduler step's tensors and the ``convert`` (SPEC 3)
+and ``gather`` (SPEC 4) implementations to call, and returns every piece of
+metadata it built plus what its kernel calls produced:
+
+1. split the batch ONCE (5.1); everything else takes these counts;
+2. the FP8 separate metadata (5.3): decode_query_len, active decodes,
+   prefill_request_ids, greedy prefill chunks, workspace_starts restarting
+   at 0 per chunk;
+3. the chunked-context plan (5.2) over the prefill side's contexts;
+4. route (5.4): dense when every prefill has seq_len <= K, else sparse;
+5. convert the decode subset only: ``req_id_per_token[:num_decode_tokens]``
+   with ``topk_indices[:num_decode_tokens]``; on the sparse route also the
+   prefill rows, to workspace offsets (HAS_PREFILL_WORKSPACE);
+6. dense route: gather each context chunk (workspace_starts=cu_seq_lens[i],
+   seq_starts=starts[i]) into a workspace of ``workspace_rows`` rows and
+   hand each prefill request its context rows, in order; sparse route:
+   gather each 5.3 chunk's whole sequences (seq_starts=None).
+
+Metadata is built on the host from int lists (vLLM builds it from the
+``*_cpu`` copies). Written from SPEC, independently of ``mlafuzz.oracles``.
+Stages are methods so the planted-bug mutants below override exactly one.
+
+Choice where SPEC is silent: a 5.3 prefill longer than the workspace gets a
+chunk of its own (vLLM asserts) and the workspace grows to hold it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["StepPipeline", "step", "step_full_req_id", "step_no_seq_starts", "step_second_split",
+           "step_ws_not_restarted"]
+
+ROW = 576  # bf16 values in a dequantized row
+
+
+@dataclass(frozen=True)
+class Split:
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+
+
+@dataclass(frozen=True)
+class Fp8Separate:
+    split: Split
+    decode_query_len: int
+    num_active_decodes: int
+    prefill_request_ids: list[int]  # [T]
+    chunks: list[tuple[int, int]]  # prefill-local [start, end)
+    workspace_starts: list[int]  # [num_prefills], restarting at 0 per chunk
+    chunk_seq_tot: list[int]
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    chunk: int
+    starts: list[list[int]]  # [n_chunks][P]
+    lens: list[list[int]]
+    cu_seq_lens: list[list[int]]  # [n_chunks][P+1]
+    seq_tot: list[int]
+
+
+def _i32(values: object, device: torch.device, shape: tuple[int, ...] | None = None) -> Tensor:
+    t = torch.tensor(values, dtype=torch.int32, device=device)
+    return t.reshape(shape) if shape is not None else t
+
+
+class StepPipeline:
+    """The correct pipeline; each mutant overrides one stage."""
+
+    # -- 5.1 ----------------------------------------------------------------
+    def split(self, qsl: list[int], num_tokens: int, threshold: int, require_uniform: bool) -> Split:
+        """vLLM's split_decodes_and_prefills on a reordered batch."""
+        q = torch.tensor(qsl, dtype=torch.int64)
+        lens = q[1:] - q[:-1]
+        n = int(lens.numel())
+        if n == 0:
+            return Split(0, 0, 0, 0)
+        if int(lens.max()) <= threshold and (not require_uniform or threshold <= 1):
+            return Split(n, 0, num_tokens, 0)
+        if int(lens[0]) > threshold:
+            return Split(0, n, 0, num_tokens)
+        if require_uniform:
+            padded = (lens == lens[0]) | (lens == 0)
+            if bool(padded.all()):
+                if n * int(lens[0]) != num_tokens:
+                    raise ValueError(f"tokens not padded correctly: num_tokens={num_tokens} != "
+                                     f"{n} * query_len[0]={int(lens[0])}")
+                return Split(n, 0, num_tokens, 0)
+            is_prefill = lens != lens[0]
+        else:
+            is_prefill = lens > threshold
+        first = int(torch.argmax(is_prefill.to(torch.int32)))
+        return Split(first, n - first, qsl[first], num_tokens - qsl[first])
+
+    # -- 5.3 ----------------------------------------------------------------
+    def fp8_separate(self, *, split: Split, qsl: list[int], seq_lens: list[int], num_tokens: int,
+                     workspace_rows: int, threshold: int, require_uniform: bool) -> Fp8Separate:
+        nd = split.num_decodes
+        dql = qsl[1] - qsl[0] if nd else 0
+        active = split.num_decode_tokens // dql if dql > 0 else 0
+        ids = [-1] * num_tokens
+        for k, r in enumerate(range(nd, len(seq_lens))):
+            ids[qsl[r]:qsl[r + 1]] = [k] * (qsl[r + 1] - qsl[r])
+        lens = seq_lens[nd:]
+        chunks: list[tuple[int, int]] = []
+        start = 0
+        while start < len(lens):
+            end, used = start + 1, lens[start]  # a chunk holds at least one prefill
+            while end < len(lens) and used + lens[end] <= workspace_rows:
+                used += lens[end]
+                end += 1
+            chunks.append((start, end))
+            start = end
+        return Fp8Separate(split=split, decode_query_len=dql, num_active_decodes=active, prefill_request_ids=ids,
+                           chunks=chunks, workspace_starts=self.workspace_starts(lens, chunks),
+                           chunk_seq_tot=[sum(lens[s:e]) for s, e in chunks])
+
+    def workspace_starts(self, lens: list[int], chunks: list[tuple[int, int]]) -> list[int]:
+        """Exclusive prefix sum of seq_lens within each chunk, restarting at 0."""
+        return [x for s, e in chunks for x in itertools.accumulate([0] + lens[s:e - 1])]
+
+    # -- 5.2 ----------------------------------------------------------------
+    def chunked_context(self, ctx: list[int], workspace_rows: int, block_size: int) -> ContextPlan:
+        with_ctx = sum(1 for c in ctx if c > 0)
+        if with_ctx == 0:
+            return ContextPlan(0, [], [], [], [])
+        chunk = (workspace_rows // with_ctx) // block_size * block_size
+        if chunk <= 0:
+            raise ValueError(f"workspace_rows={workspace_rows} leaves no block per request with context "
+                             f"({with_ctx} requests, block_size={block_size})")
+        n_chunks = -(-max(ctx) // chunk)
+        starts = [[i * chunk] * len(ctx) for i in range(n_chunks)]
+        lens = [[max(0, min(c, s + chunk) - s) for c, s in zip(ctx, row)] for row in starts]
+        cu = [list(itertools.accumulate([0] + row)) for row in lens]
+        return ContextPlan(chunk, starts, lens, cu, [sum(row) for row in lens])
+
+    # -- 5.4 ----------------------------------------------------------------
+    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int) -> Tensor:
+        return req_id_per_token[:num_decode_tokens]
+
+    def context_seq_starts(self, starts_row: Tensor) -> Tensor | None:
+        return starts_row
+
+    # -- the step -----------------------------------------------------------
+    def __call__(self, *, kv_cache: Tensor, block_table: Tensor, query_start_loc: Tensor, seq_lens: Tensor,
+                 req_id_per_token: Tensor, topk_indices: Tensor, num_tokens: int, threshold: int,
+                 require_uniform: bool, workspace_rows: int, topk: int, block_n: int,
+                 convert: Callable, gather: Callable) -> dict[str, Tensor]:
+        dev = topk_indices.device
+        bs = kv_cache.shape[1]
+        qsl = query_start_loc.tolist()
+        sl = seq_lens.tolist()
+        split = self.split(qsl, num_tokens, threshold, require_uniform)  # resolved once (5.1)
+        sep = self.fp8_separate(split=split, qsl=qsl, seq_lens=sl, num_tokens=num_tokens,
+                                workspace_rows=workspace_rows, threshold=threshold, require_uniform=require_uniform)
+        nd, n_pre = sep.split.num_decodes, sep.split.num_prefills
+        ctx = [sl[r] - (qsl[r + 1] - qsl[r]) for r in range(nd, len(sl))]
+        plan = self.chunked_context(ctx, workspace_rows, bs)
+        dense = all(s <= topk for s in sl[nd:])
+        convert_kw = dict(BLOCK_SIZE=bs, NUM_TOPK_TOKENS=topk, BLOCK_N=block_n)
+
+        ndt = split.num_decode_tokens
+        decode_slots = torch.empty((0, topk), dtype=torch.int32, device=dev)
+        if ndt > 0:  # SPEC 5.4: the decode subset only
+            decode_slots = convert(self.decode_req_id(req_id_per_token, ndt), block_table, topk_indices[:ndt],
+                                   **convert_kw)
+        prefill_slots = torch.empty((0, topk), dtype=torch.int32, device=dev)
+        context_rows = torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
+        seq_rows = torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
+        biggest = max([workspace_rows] + sep.chunk_seq_tot + plan.seq_tot)
+        workspace = torch.empty((biggest, ROW), dtype=torch.bfloat16, device=dev)
+        prefill_table = block_table[nd:]
+        if dense:
+            context_rows = self._gather_context(kv_cache, workspace, prefill_table, plan, n_pre, gather)
+        else:
+            pdt = sep.split.num_decode_tokens
+            prefill_slots = convert(req_id_per_token[pdt:], block_table, topk_indices[pdt:], **convert_kw,
+                                    HAS_PREFILL_WORKSPACE=True,
+                                    prefill_workspace_request_ids=_i32(sep.prefill_request_ids[pdt:], dev),
+                                    prefill_workspace_starts=_i32(sep.workspace_starts, dev))
+            seq_rows = self._gather_sequences(kv_cache, workspace, prefill_table, sep, gather)
+        return self._outputs(sep=sep, plan=plan, dense=dense, n_pre=n_pre, dev=dev, decode_slots=decode_slots,
+                             prefill_slots=prefill_slots, context_rows=context_rows, prefill_seq_rows=seq_rows)
+
+    def _gather_context(self, cache: Tensor, workspace: Tensor, table: Tensor, plan: ContextPlan, n_pre: int,
+                        gather: Callable) -> Tensor:
+        """5.2: one gather per chunk; request r's rows of chunk i follow its rows of chunk i-1."""
+        dev = workspace.device
+        per_request: list[list[Tensor]] = [[] for _ in range(n_pre)]
+        for i, total in enumerate(plan.seq_tot):
+            dst = workspace[:total]
+            gather(cache, dst, table, _i32(plan.cu_seq_lens[i], dev), n_pre,
+                   self.context_seq_starts(_i32(plan.starts[i], dev)))
+            for r in range(n_pre):
+                lo = plan.cu_seq_lens[i][r]
+                per_request[r].append(dst[lo:lo + plan.lens[i][r]].clone())
+        rows = [t for ts in per_request for t in ts]
+        return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
+
+    def _gather_sequences(self, cache: Tensor, workspace: Tensor, table: Tensor, sep: Fp8Separate,
+                          gather: Callable) -> Tensor:
+        """Sparse route: each 5.3 chunk's prefills, whole sequences, at their workspace_starts."""
+        dev = workspace.device
+        out = []
+        for (s, e), total in zip(sep.chunks, sep.chunk_seq_tot):
+            dst = workspace[:total]
+            gather(cache, dst, table[s:e], _i32(sep.workspace_starts[s:e], dev), e - s, None)
+            out.append(dst.clone())
+        return torch.cat(out) if out else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
+
+    @staticmethod
+    def _outputs(*, sep: Fp8Separate, plan: ContextPlan, dense: bool, n_pre: int, dev: torch.device,
+                 **tensors: Tensor) -> dict[str, Tensor]:
+        s = sep.split
+        n_ctx = len(plan.seq_tot)
+        return {
+            "num_decodes": _i32(s.num_decodes, dev), "num_prefills": _i32(s.num_prefills, dev),
+            "num_decode_tokens": _i32(s.num_decode_tokens, dev), "num_prefill_tokens": _i32(s.num_prefill_tokens, dev),
+            "decode_query_len": _i32(sep.decode_query_len, dev),
+            "num_active_decodes": _i32(sep.num_active_decodes, dev),
+            "dense_route": _i32(int(dense), dev),
+            "prefill_request_ids": _i32(sep.prefill_request_ids, dev),
+            "prefill_chunks": _i32(sep.chunks, dev, (len(sep.chunks), 2)),
+            "workspace_starts": _i32(sep.workspace_starts, dev),
+            "prefill_chunk_seq_tot": _i32(sep.chunk_seq_tot, dev),
+            "context_chunk": _i32(plan.chunk, dev),
+            "context_starts": _i32(plan.starts, dev, (n_ctx, n_pre)),
+            "context_lens": _i32(plan.lens, dev, (n_ctx, n_pre)),
+            "context_cu_seq_lens": _i32(plan.cu_seq_lens, dev, (n_ctx, n_pre + 1)),
+            "context_seq_tot": _i32(plan.seq_tot, dev),
+            **tensors,
+        }
+
+
+# --- planted bugs (the catalog of step mutants) ----------------------------
+
+class FullReqIdMutant(StepPipeline):
+    """The bug PR #48642 fixed (SPEC 5.4): the full req_id_per_token with the decode-only indices."""
+
+    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int) -> Tensor:
+        return req_id_per_token
+
+
+class NoSeqStartsMutant(StepPipeline):
+    """SPEC 4's old bug: context chunks gathered without seq_starts re-read chunk 0."""
+
+    def context_seq_starts(self, starts_row: Tensor) -> Tensor | None:
+        return None
+
+
+class SecondSplitMutant(StepPipeline):
+    """SPEC 5.3's metadata bug: the fp8 builder splits again with the default threshold (1)."""
+
+    def fp8_separate(self, *, split: Split, qsl: list[int], seq_lens: list[int], num_tokens: int,
+                     workspace_rows: int, threshold: int, require_uniform: bool) -> Fp8Separate:
+        try:
+            again = self.split(qsl, num_tokens, 1, require_uniform)
+        except ValueError:
+            again = split
+        return super().fp8_separate(split=again, qsl=qsl, seq_lens=seq_lens, num_tokens=num_tokens,
+                                    workspace_rows=workspace_rows, threshold=threshold,
+                                    require_uniform=require_uniform)
+
+
+class WsNotRestartedMutant(StepPipeline):
+    """workspace_starts as one prefix sum over all prefills, not restarted per chunk."""
+
+    def workspace_starts(self, lens: list[int], chunks: list[tuple[int, int]]) -> list[int]:
+        return list(itertools.accumulate([0] + lens[:-1])) if lens else []
+
+
+step = StepPipeline()
+step_full_req_id = FullReqIdMutant()
+step_no_seq_starts = NoSeqStartsMutant()
+step_second_split = SecondSplitMutant()
+step_ws_not_restarted = WsNotRestartedMutant()
+
+
+# --- registry --------------------------------------------------------------
+
+# name -> (module attribute, expected finding kind, description)
+_MUTANTS: dict[str, tuple[str, str, str]] = {
+    "step_full_req_id": ("step_full_req_id", "METADATA_MISMATCH",
+                         "full req_id_per_token passed to convert with decode-only indices (SPEC 5.4)"),
+    "step_no_seq_starts": ("step_no_seq_starts", "VALUE_MISMATCH",
+                           "context chunks gathered without seq_starts (SPEC 4 / 5.2)"),
+    "step_second_split": ("step_second_split", "METADATA_MISMATCH",
+                          "fp8 metadata counts from a second split with threshold 1 (SPEC 5.3)"),
+    "step_ws_not_restarted": ("step_ws_not_restarted", "METADATA_MISMATCH",
+                              "workspace_starts not restarted per prefill chunk (SPEC 5.3)"),
+}
+
+
+def _register() -> None:
+    from mlafuzz.kernels.registry import REGISTRY, register_builtin
+
+    if REGISTRY.get("step", "ours") is not None:
+        return
+    module = __name__
+    register_builtin(op="step", name="ours", module=module, attr="step", devices=("cpu", "cuda"), rejects=(),
+                     description="our step pipeline (split once, 5.3/5.2 metadata, decode-subset convert,"
+                                 " chunked gather); convert/gather sub-impls chosen by the step OpDef")
+    for name, (attr, kind, text) in _MUTANTS.items():
+        register_builtin(op="step", name=name, module=module, attr=attr, devices=("cpu", "cuda"), rejects=(),
+                         description=text, is_mutant=True, expected_kind=kind)
+
+
+_register()

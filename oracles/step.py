@@ -1,0 +1,140 @@
+"""Oracle for a whole step (SPEC.md sections 1 and 5): what the pipeline must build and produce.
+
+Given one step's tensors (query_start_loc, seq_lens, req_id_per_token,
+topk_indices, block_table, kv_cache) and its parameters (num_tokens,
+threshold, require_uniform, workspace_rows, K), returns the same named
+outputs as an implementation of the pipeline:
+
+- the split counts (5.1), computed once, and the FP8 separate metadata
+  (5.3) from those very counts: decode_query_len, num_active_decodes,
+  prefill_request_ids [T], prefill_chunks [n, 2], workspace_starts [P],
+  prefill_chunk_seq_tot [n];
+- the chunked-context plan (5.2) over the prefill side's contexts:
+  context_chunk, context_starts / context_lens [n_chunks, P],
+  context_cu_seq_lens [n_chunks, P+1], context_seq_tot [n_chunks];
+- dense_route (5.4): 1 when every prefill has seq_len <= K;
+- decode_slots [num_decode_tokens, K]: section 3 on the decode subset only;
+- prefill_slots: on the sparse route, the prefill rows converted to
+  workspace offsets (HAS_PREFILL_WORKSPACE with the 5.3 ids and starts);
+  [0, K] on the dense route;
+- context_rows (dense route): every context token of every prefill-side
+  request, dequantized, request after request, each exactly once and in
+  position order -- the 5.2 invariant, stated directly, never through the
+  chunk plan; prefill_seq_rows (sparse route): every token of every prefill
+  sequence, in prefill order. Each is [0, 576] on the other route.
+
+All int outputs are int32 (0-d for scalars), rows are bf16; everything is on
+the CPU. ``step_oracle(loop=True)`` uses the loop version of every building
+block (obviously correct, for minimized cases); ``loop=False`` the
+vectorized ones. The two are held equal by tests/test_step_oracle.py.
+
+Readings chosen where SPEC is silent: those of `oracles.metadata` and
+`oracles.fp8_separate` (an oversized prefill gets a 5.3 chunk of its own);
+a request's context is ``seq_len - query_len``; the route is decided over the
+requests the split put on the prefill side (none: dense).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from mlafuzz.oracles.codec import ROW_DIM, as_record_bytes, dequant_records, dequant_records_loop
+from mlafuzz.oracles.convert import convert, convert_loop
+from mlafuzz.oracles.metadata import (
+    chunked_context, chunked_context_loop, fp8_separate_metadata, fp8_separate_metadata_loop,
+    split_decodes_and_prefills, split_decodes_and_prefills_loop,
+)
+
+__all__ = ["step_oracle", "sequence_rows", "sequence_rows_loop"]
+
+
+def _i32(values: object, shape: tuple[int, ...] | None = None) -> Tensor:
+    t = torch.tensor(values, dtype=torch.int32)
+    return t.reshape(shape) if shape is not None else t
+
+
+def sequence_rows_loop(*, kv_cache: Tensor, block_table: Tensor, requests: list[int], lengths: list[int]) -> Tensor:
+    """Positions 0..lengths[i]-1 of request requests[i], dequantized one record at a time, in order."""
+    cache = as_record_bytes(kv_cache).cpu()
+    bs = cache.shape[1]
+    table = block_table.tolist()
+    rows = [dequant_records_loop(cache[table[r][p // bs], p % bs].unsqueeze(0))[0]
+            for r, n in zip(requests, lengths) for p in range(n)]
+    return torch.stack(rows) if rows else torch.empty((0, ROW_DIM), dtype=torch.bfloat16)
+
+
+def sequence_rows(*, kv_cache: Tensor, block_table: Tensor, requests: list[int], lengths: list[int]) -> Tensor:
+    """Vectorized `sequence_rows_loop`: one index of (request, position) pairs into the cache."""
+    cache = as_record_bytes(kv_cache).cpu()
+    bs = cache.shape[1]
+    if sum(lengths) == 0:
+        return torch.empty((0, ROW_DIM), dtype=torch.bfloat16)
+    req = torch.repeat_interleave(torch.tensor(requests, dtype=torch.int64), torch.tensor(lengths))
+    starts = torch.cumsum(torch.tensor([0] + lengths[:-1]), 0)
+    pos = torch.arange(req.numel()) - torch.repeat_interleave(starts, torch.tensor(lengths))
+    blocks = block_table.cpu().to(torch.int64)[req, pos // bs]
+    return dequant_records(cache[blocks, pos % bs])
+
+
+def step_oracle(*, kv_cache: Tensor, block_table: Tensor, query_start_loc: Tensor, seq_lens: Tensor,
+                req_id_per_token: Tensor, topk_indices: Tensor, num_tokens: int, threshold: int,
+                require_uniform: bool, workspace_rows: int, topk: int, loop: bool = False) -> dict[str, Tensor]:
+    """Every output of the step pipeline (module docstring)."""
+    split_fn: Callable = split_decodes_and_prefills_loop if loop else split_decodes_and_prefills
+    sep_fn: Callable = fp8_separate_metadata_loop if loop else fp8_separate_metadata
+    ctx_fn: Callable = chunked_context_loop if loop else chunked_context
+    conv_fn: Callable = convert_loop if loop else convert
+    rows_fn: Callable = sequence_rows_loop if loop else sequence_rows
+
+    qsl = query_start_loc.tolist()
+    sl = seq_lens.tolist()
+    bs = as_record_bytes(kv_cache).shape[1]
+    table = block_table.cpu()
+    nd, n_pre, ndt, npt = split_fn(query_start_loc=qsl, threshold=threshold, require_uniform=require_uniform,
+                                   num_tokens=num_tokens)
+    sep = sep_fn(query_start_loc=qsl, seq_lens=sl, num_decodes=nd, num_decode_tokens=ndt,
+                 workspace_rows=workspace_rows, num_tokens=num_tokens)
+    prefills = list(range(nd, len(sl)))
+    ctx = [sl[r] - (qsl[r + 1] - qsl[r]) for r in prefills]
+    plan = ctx_fn(context_lens=ctx, workspace_rows=workspace_rows, block_size=bs)
+    dense = all(sl[r] <= topk for r in prefills)
+
+    req_id = req_id_per_token.cpu()
+    idx = topk_indices.cpu()
+    decode_slots, _ = conv_fn(req_id=req_id[:ndt], block_table=table, token_indices=idx[:ndt], block_size=bs)
+    empty_rows = torch.empty((0, ROW_DIM), dtype=torch.bfloat16)
+    if dense:
+        prefill_slots = torch.empty((0, topk), dtype=torch.int32)
+        context_rows = rows_fn(kv_cache=kv_cache, block_table=table, requests=prefills, lengths=ctx)
+        seq_rows = empty_rows
+    else:
+        prefill_slots, _ = conv_fn(req_id=req_id[ndt:], block_table=table, token_indices=idx[ndt:], block_size=bs,
+                                   has_prefill_workspace=True,
+                                   prefill_workspace_request_ids=_i32(sep.prefill_request_ids[ndt:]),
+                                   prefill_workspace_starts=_i32(sep.workspace_starts))
+        context_rows = empty_rows
+        seq_rows = rows_fn(kv_cache=kv_cache, block_table=table, requests=prefills, lengths=[sl[r] for r in prefills])
+
+    n_ctx = plan.n_chunks
+    return {
+        "num_decodes": _i32(nd), "num_prefills": _i32(n_pre),
+        "num_decode_tokens": _i32(ndt), "num_prefill_tokens": _i32(npt),
+        "decode_query_len": _i32(sep.decode_query_len), "num_active_decodes": _i32(sep.num_active_decodes),
+        "dense_route": _i32(int(dense)),
+        "prefill_request_ids": _i32(list(sep.prefill_request_ids)),
+        "prefill_chunks": _i32([list(c) for c in sep.chunks], (len(sep.chunks), 2)),
+        "workspace_starts": _i32(list(sep.workspace_starts)),
+        "prefill_chunk_seq_tot": _i32(list(sep.chunk_seq_tot)),
+        "context_chunk": _i32(plan.chunk),
+        "context_starts": _i32([list(r) for r in plan.starts], (n_ctx, n_pre)),
+        "context_lens": _i32([list(r) for r in plan.lens], (n_ctx, n_pre)),
+        "context_cu_seq_lens": _i32([list(r) for r in plan.cu_seq_lens], (n_ctx, n_pre + 1)),
+        "context_seq_tot": _i32(list(plan.seq_tot)),
+        "decode_slots": decode_slots.to(torch.int32),
+        "prefill_slots": prefill_slots.to(torch.int32),
+        "context_rows": context_rows,
+        "prefill_seq_rows": seq_rows,
+    }
