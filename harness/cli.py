@@ -369,6 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mlafuzz.generators.spec import SpecError
     from mlafuzz.harness.fuzz import Shard
     from mlafuzz.kernels.registry import ImplError
+    from mlafuzz.harness.workers import WorkerStartError
     from mlafuzz.reports.bundle import BundleError
 
     parser = build_parser()
@@ -380,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    except (ImplError, SpecError, BundleError) as exc:
+    except (ImplError, SpecError, BundleError, WorkerStartError) as exc:
         print(f"mlafuzz: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

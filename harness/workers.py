@@ -29,6 +29,13 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+class WorkerStartError(RuntimeError):
+    """Workers die before they are ready: an environment problem, reported as one line."""
+
+
+MAX_START_FAILURES = 3
+
+
 class InProcess:
     """Runs each task on submit, in this process: fastest, no protection from crashes."""
 
@@ -105,6 +112,7 @@ class WorkerPool:
         self._ctx = mp.get_context("spawn")
         self._timeout = timeout
         self._redzone = redzone
+        self._start_failures = 0
         self._workers = [self._start(d) for d in devices]
 
     def _start(self, device: str) -> _Worker:
@@ -161,6 +169,7 @@ class WorkerPool:
                     got_message = True
                     if tag == "ready":
                         worker.ready = True
+                        self._start_failures = 0
                     elif tag == "result" and worker.task is not None:
                         out.append((worker.task, TaskResult.from_wire(payload)))
                         worker.task = None
@@ -172,7 +181,14 @@ class WorkerPool:
                     out.append(self._lost(worker, Kind.CRASH, f"{_death_message(worker.process.exitcode)} "
                                                               f"while running this case on {worker.device}"))
                 else:
-                    self._replace(worker)  # died while idle or starting: just bring up another
+                    if not worker.ready:
+                        self._start_failures += 1
+                        if self._start_failures >= MAX_START_FAILURES:
+                            raise WorkerStartError(
+                                f"worker processes on {worker.device} die before they are ready "
+                                f"({_death_message(worker.process.exitcode)}, {self._start_failures} times); "
+                                "their error is printed above; --in-process shows it directly")
+                    self._replace(worker)  # died while idle or starting: bring up another
         for worker in list(self._workers):
             if worker.task is not None and now - worker.started > self._timeout:
                 out.append(self._lost(worker, Kind.TIMEOUT,

@@ -1,0 +1,26 @@
+"""What `pip install .` ships: the import name, the CUDA and allocator sources, nothing generic at the top."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_ships_every_source_file_the_gpu_paths_build_and_nothing_generic(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True, text=True)
+    (wheel,) = tmp_path.glob("mlafuzz-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("mlafuzz/kernels/csrc/fp8_ds_mla.cu", "mlafuzz/harness/csrc/redzone_alloc.cpp",
+                   "mlafuzz/harness/cli.py", "mlafuzz/oracles/codec.py", "mlafuzz/generators/spec.py",
+                   "mlafuzz/reports/jsonl.py", "mlafuzz/tests/conftest.py"):
+        assert needed in names, needed
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"mlafuzz"}, top  # no top-level `kernels`, `harness`, ...
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "mlafuzz = mlafuzz.harness.cli:main" in text and "pytest11" in text
