@@ -125,7 +125,7 @@ def bench_kernels(ops: list[str], *, repeats: int = 30) -> list[str]:
             ms, how = time_ms(fn, repeats=repeats)
             bw = wl.nbytes / ms / 1e6
             lines.append(f"{wl.name:<36} {name:<8} {ms:>10.4f} {bw:>8.0f} {bw / copy_bw:>7.2f}  {how}")
-        del src, dst, wl
+        src = dst = wl = None  # free before the next workload
         torch.cuda.empty_cache()
     return lines
 
@@ -165,7 +165,7 @@ def bench_harness(ops: list[str], *, cases: int = 8, seed: int = 0) -> list[str]
                 opdef.guarded(case, PATTERNS[0]) if opdef.guarded else {}).items()}}
             opdef.invoke(fn, case, args)  # JIT-compile this case's kernel variant outside the timing
             _, t_kernel = timed(lambda: opdef.invoke(fn, case, args))
-            del args
+            args = None
             first, t_call = timed(lambda: call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0]))
             expected, t_oracle = timed(lambda: opdef.oracle(case))
             ctx = Context(op=op, impl=entry.name, case_id=case.case_id)

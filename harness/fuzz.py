@@ -26,6 +26,7 @@ from mlafuzz.harness.contracts import classes_for
 from mlafuzz.harness.findings import Finding, Kind, Severity
 from mlafuzz.harness.tasks import Task, TaskResult
 from mlafuzz.harness.workers import Executor
+from mlafuzz.reports.atomic import atomic_write
 from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlSink
 
 MAX_LINES_PER_BUCKET = 50  # a broken impl fails every case; keep the file readable
@@ -168,7 +169,7 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
     run = {"ops": list(config.ops), "impls": dict(config.impls), "device": config.device, "seed": config.seed,
            "shard": f"{config.shard.index}/{config.shard.count}", "cases": config.cases, "budget": config.budget,
            "ulp": config.policy.ulp}
-    (config.out_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    atomic_write(config.out_dir / "run.json", json.dumps(run, indent=2) + "\n")
     summary = FuzzSummary()
     start = time.monotonic()
     index = submitted = 0
@@ -210,10 +211,7 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
 
 
 def _write_summary(config: FuzzConfig, summary: FuzzSummary) -> None:
-    path = config.out_dir / "summary.json"
-    tmp = path.with_name("summary.json.tmp")
-    tmp.write_text(json.dumps(summary.to_json(), indent=2) + "\n")
-    tmp.replace(path)
+    atomic_write(config.out_dir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
 
 
 def _shrink_and_bundle(config: FuzzConfig, summary: FuzzSummary, executor: Executor) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from mlafuzz.reports.atomic import atomic_write
 from mlafuzz.harness.findings import Finding
 
 BUNDLE_SCHEMA = 1
@@ -42,12 +43,6 @@ class Bundle:
     contract: str | None
     finding: Finding
     inputs: dict[str, torch.Tensor]
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def env_info() -> dict[str, Any]:
@@ -90,10 +85,10 @@ def write_bundle(*, root: Path, name: str, op: str, spec: dict[str, Any], seed: 
     tmp = path / "inputs.pt.tmp"
     torch.save(tensors, tmp)
     os.replace(tmp, path / "inputs.pt")
-    _atomic_write(path / "case.json", (json.dumps(case, indent=2, sort_keys=True) + "\n").encode())
-    _atomic_write(path / "finding.json", (json.dumps(finding.to_json(), indent=2, sort_keys=True) + "\n").encode())
-    _atomic_write(path / "env.json", (json.dumps(env_info(), indent=2, sort_keys=True) + "\n").encode())
-    _atomic_write(path / "replay.txt", (replay_command(path) + "\n").encode())
+    atomic_write(path / "case.json", (json.dumps(case, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(path / "finding.json", (json.dumps(finding.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(path / "env.json", (json.dumps(env_info(), indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(path / "replay.txt", (replay_command(path) + "\n").encode())
     return path
 
 

@@ -8,11 +8,10 @@ format, ledger or output path.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from mlafuzz.reports.atomic import atomic_write
 from mlafuzz.reports.render import FORMATS
 
 EXIT_OK = 0
@@ -22,18 +21,6 @@ def _usage(message: str) -> Exception:
     from mlafuzz.harness.cli import UsageError  # lazy: cli imports this module
 
     return UsageError(message)
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -50,7 +37,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return EXIT_OK
     try:
-        _write(Path(args.output), text)
+        atomic_write(Path(args.output), text)
     except OSError as exc:
         raise _usage(f"mlafuzz report: -o {args.output}: cannot write: {exc.strerror or exc}") from None
     print(f"mlafuzz: {args.format} report of {args.run_dir} -> {args.output}", file=sys.stderr)

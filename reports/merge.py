@@ -12,12 +12,11 @@ slowest shard's (shards run side by side) and ``shard_seconds`` their sum.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from mlafuzz.reports.atomic import atomic_write
 from mlafuzz.reports.jsonl import FINDINGS_FILE, read_jsonl
 from mlafuzz.reports.model import RUN_FILE, SUMMARY_FILE, ReportError, impls_from_findings, shard_label
 
@@ -32,17 +31,6 @@ class MergeResult:
     shards: int
     findings_lines: int
     summary: Mapping[str, Any]
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -147,8 +135,8 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
               "seconds": round(wall, 3), "shard_seconds": round(sum(seconds), 3),
               "cases_per_second": round(totals["cases"] / wall, 3) if wall > 0 else 0.0,
               "interrupted": interrupted, "partial": partial, "shards": shards}
-    _atomic_write(out / FINDINGS_FILE, "".join(line + "\n" for line in lines))
-    _atomic_write(out / SUMMARY_FILE, json.dumps(merged, indent=2) + "\n")
+    atomic_write(out / FINDINGS_FILE, "".join(line + "\n" for line in lines))
+    atomic_write(out / SUMMARY_FILE, json.dumps(merged, indent=2) + "\n")
     if any(runs):
-        _atomic_write(out / RUN_FILE, json.dumps(_common_run(runs, dirs), indent=2, default=str) + "\n")
+        atomic_write(out / RUN_FILE, json.dumps(_common_run(runs, dirs), indent=2, default=str) + "\n")
     return MergeResult(out=out, shards=len(dirs), findings_lines=len(lines), summary=merged)

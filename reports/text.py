@@ -70,7 +70,7 @@ def bucket_block(bucket: Bucket, report: RunReport) -> str:
     lines.append(f"message: {f.message}")
     lines += [f"{label}: {value}" for label, value in finding_facts(f)]
     if f.mismatches:
-        lines.append(f"first mismatches (index: expected -> actual):")
+        lines.append("first mismatches (index: expected -> actual):")
         lines += [f"  {list(m.index)}: {m.expected} -> {m.actual}" for m in f.mismatches[:MAX_MISMATCHES]]
     if f.spec is not None:
         lines.append(f"spec: {spec_json(f)}")
