@@ -23,7 +23,7 @@ class Progress:
     def __init__(self, *, budget: float | None, quiet: bool, interval: float = 10.0) -> None:
         self.budget, self.quiet, self.interval = budget, quiet, interval
         self._live = None
-        self._last = 0.0
+        self._last = time.monotonic()  # first plain line after one interval
         if not quiet and sys.stderr.isatty():
             from rich.console import Console
             from rich.live import Live

@@ -1,0 +1,73 @@
+"""Each finding kind: a planted implementation triggers it, the correct one on the same case does not."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mlafuzz.generators import GatherRequest, GatherSpec, Paging, ValueMode
+from mlafuzz.generators.invalid import INVALID_CLASSES
+from mlafuzz.generators.materialize import materialize
+from mlafuzz.generators.step import StepRequest, StepSpec
+from mlafuzz.harness.contracts import check_contract
+from mlafuzz.harness.findings import Kind
+from mlafuzz.harness.runner import run_case
+from mlafuzz.kernels.registry import resolve
+
+REQS = (GatherRequest(context_len=70, seq_start=3, length=40), GatherRequest(context_len=20, length=20))
+
+
+def _gather(values: ValueMode) -> GatherSpec:
+    return GatherSpec(requests=REQS, paging=Paging(block_size=16), values=values)
+
+
+@pytest.mark.parametrize("mutant, values, kind", [
+    ("gather_truncate_bf16", ValueMode.ACTIVATIONS, Kind.VALUE_MISMATCH),
+    ("gather_nan_to_zero", ValueMode.NAN, Kind.NAN_MISMATCH),
+    ("gather_flush_subnormal", ValueMode.SUBNORMAL, Kind.SUBNORMAL_FLUSH),
+    ("gather_one_row_too_far", ValueMode.ACTIVATIONS, Kind.OOB_WRITE),
+    ("gather_skip_last_row", ValueMode.ACTIVATIONS, Kind.MISSING_WRITE),
+    ("gather_mutates_cache", ValueMode.ACTIVATIONS, Kind.INPUT_MUTATION),
+    ("gather_nondeterministic", ValueMode.ACTIVATIONS, Kind.NONDETERMINISM),
+])
+def test_planted_gather_draws_its_kind_and_the_torch_gather_does_not(mutant, values, kind):
+    case = materialize(_gather(values), 3, "cpu")
+    bad = run_case(case=case, entry=resolve("gather", mutant), rerun=True)
+    assert kind in {f.kind for f in bad.findings}, [f.message for f in bad.findings]
+    good = run_case(case=case, entry=resolve("gather", "torch"), rerun=True)
+    assert good.findings == ()
+
+
+def test_an_impl_that_skips_a_promised_check_is_accepted_invalid_input_and_a_checking_one_is_not():
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, "cpu")
+    klass = next(k for k in INVALID_CLASSES["gather"] if k.name == "ws0_nonzero")
+    for name, expect in (("gather_no_value_checks", {Kind.ACCEPTED_INVALID_INPUT}), ("torch", set())):
+        entry = resolve("gather", name)
+        found = check_contract(case=case, entry=entry, fn=entry.load("cpu"), klass=klass)
+        assert {f.kind for f in found} == expect
+
+
+def test_a_class_outside_the_contract_is_info_and_never_fails():
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, "cpu")
+    klass = next(k for k in INVALID_CLASSES["gather"] if k.name == "ws0_nonzero")
+    entry = dataclasses.replace(resolve("gather", "gather_no_value_checks"), rejects=frozenset())
+    (finding,) = check_contract(case=case, entry=entry, fn=entry.load("cpu"), klass=klass)
+    assert finding.kind is Kind.ACCEPTED_INVALID_INPUT and finding.severity.value == "info"
+
+
+def test_an_impl_raising_on_a_valid_input_is_an_exception_finding(tmp_path):
+    path = tmp_path / "raises.py"
+    path.write_text("def gather(*args, **kwargs):\n    raise RuntimeError('illegal memory access')\n")
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, "cpu")
+    (finding,) = run_case(case=case, entry=resolve("gather", f"{path}:gather")).findings
+    assert finding.kind is Kind.EXCEPTION and "illegal memory access" in finding.message
+
+
+def test_a_step_that_converts_the_full_req_id_is_a_metadata_mismatch_and_ours_is_clean():
+    # One decode and one short prefill: the step that triggered the PR #48642 bug.
+    spec = StepSpec(requests=(StepRequest(context_len=40, query_len=1), StepRequest(context_len=0, query_len=6)))
+    case = materialize(spec, 1, "cpu")
+    bad = run_case(case=case, entry=resolve("step", "step_full_req_id"))
+    assert Kind.METADATA_MISMATCH in {f.kind for f in bad.findings}
+    assert run_case(case=case, entry=resolve("step", "ours")).findings == ()
