@@ -52,10 +52,17 @@ def parse_report(text: str) -> dict[int, list[str]]:
 
 
 class SanitizerExecutor:
-    """Runs batches of tasks in one compute-sanitizer child; slow, exact, no allocator tricks."""
+    """Runs batches of tasks in compute-sanitizer children; slow, exact, no allocator tricks.
 
-    def __init__(self, *, device: str, batch: int = 16, timeout: float = 600.0) -> None:
-        self._tool = sanitizer_path()
+    A memcheck error leaves the child's CUDA context broken, so a child usually
+    dies at the case that made the error: that case is charged (its sanitizer
+    report plus a CRASH), and the cases after it run again in a fresh child.
+    """
+
+    def __init__(self, *, device: str, batch: int = 16, timeout: float = 600.0,
+                 tool_cmd: list[str] | None = None) -> None:
+        self._cmd = tool_cmd if tool_cmd is not None else [sanitizer_path(), "--tool", "memcheck",
+                                                           "--print-limit", "200"]
         self._device, self._batch, self._timeout = device, batch, timeout
         self._pending: list[Task] = []
 
@@ -73,25 +80,29 @@ class SanitizerExecutor:
             time.sleep(min(timeout, 0.05))
             return []
         batch, self._pending = self._pending, []
-        return self._run(batch)
+        out: list[tuple[Task, TaskResult]] = []
+        while batch:
+            done, batch = self._run_child(batch)
+            out += done
+        return out
 
     def close(self) -> None:
         self._pending = []
 
-    def _run(self, batch: list[Task]) -> list[tuple[Task, TaskResult]]:
+    def _run_child(self, batch: list[Task]) -> tuple[list[tuple[Task, TaskResult]], list[Task]]:
+        """Run ``batch`` in one child: (results for the cases it settled, the cases to run again)."""
+        start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="mlafuzz-san-") as tmp:
             tasks_file, results_file = Path(tmp) / "tasks.jsonl", Path(tmp) / "results.jsonl"
             tasks_file.write_text("".join(json.dumps(asdict(t)) + "\n" for t in batch))
             env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
-            cmd = [self._tool, "--tool", "memcheck", "--print-limit", "200", sys.executable, "-m",
-                   "mlafuzz.harness.sanitizer", str(tasks_file), str(results_file)]
-            start = time.monotonic()
+            cmd = [*self._cmd, sys.executable, "-m", "mlafuzz.harness.sanitizer", str(tasks_file), str(results_file)]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=self._timeout)
-                text, died = proc.stdout + "\n" + proc.stderr, proc.returncode != 0
+                text, why = proc.stdout + "\n" + proc.stderr, "died"
             except subprocess.TimeoutExpired as exc:
-                text = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-                died = True
+                out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+                text, why = out, f"timed out after {self._timeout:.0f} s"
             results = {}
             if results_file.exists():
                 for line in results_file.read_text().splitlines():
@@ -99,23 +110,34 @@ class SanitizerExecutor:
                         data = json.loads(line)
                         results[data["index"]] = TaskResult.from_wire(data["result"])
         errors = parse_report(text)
-        out = []
+        started = {int(line[len(MARKER):].split()[0]) for line in text.splitlines() if line.startswith(MARKER)}
+        settled: list[tuple[Task, TaskResult]] = []
+        retry: list[Task] = []
         for task in batch:
             result = results.get(task.index)
-            extra = [Finding(kind=Kind.OOB_WRITE if "write" in e.lower() else Kind.CRASH, op=task.op,
-                             impl=task.impl_ref, case_id=task.case_id, seed=task.seed, spec=task.spec,
-                             cause=f"sanitizer:{e.split(' of size')[0].split(' at ')[0][:60]}",
-                             message=f"compute-sanitizer memcheck: {e}")
-                     for e in errors.get(task.index, [])[:3]]
+            if result is None and task.index not in started:
+                retry.append(task)  # never reached: the child died earlier
+                continue
+            extra = tuple(Finding(kind=Kind.OOB_WRITE if " write " in f" {e.lower()} " else Kind.CRASH,
+                                  op=task.op, impl=task.impl_ref, case_id=task.case_id, seed=task.seed,
+                                  spec=task.spec, cause=f"sanitizer:{e.split(' of size')[0].split(' at ')[0][:60]}",
+                                  message=f"compute-sanitizer memcheck: {e}")
+                          for e in errors.get(task.index, [])[:3])
             if result is None:
-                why = "timed out" if not died else "died"
                 result = TaskResult(findings=(Finding(
                     kind=Kind.CRASH, op=task.op, impl=task.impl_ref, case_id=task.case_id, seed=task.seed,
-                    spec=task.spec, cause="crash", message=f"sanitizer child {why} before this case finished"),),
+                    spec=task.spec, cause="crash", message=f"sanitizer child {why} while running this case"),),
                     seconds=time.monotonic() - start)
-            out.append((task, TaskResult(findings=result.findings + tuple(extra), skipped=result.skipped,
-                                         seconds=result.seconds)))
-        return out
+            settled.append((task, TaskResult(findings=result.findings + extra, skipped=result.skipped,
+                                             seconds=result.seconds)))
+        if retry and not settled:  # the child died before any case: do not loop forever
+            settled = [(t, TaskResult(findings=(Finding(
+                kind=Kind.CRASH, op=t.op, impl=t.impl_ref, case_id=t.case_id, seed=t.seed, spec=t.spec,
+                cause="harness_error", message=f"sanitizer child {why} before running any case: "
+                                               f"{text.strip().splitlines()[-1] if text.strip() else ''}"),)))
+                       for t in retry]
+            retry = []
+        return settled, retry
 
 
 def _child(tasks_file: Path, results_file: Path) -> None:
@@ -127,7 +149,8 @@ def _child(tasks_file: Path, results_file: Path) -> None:
                            for k, v in json.loads(line).items()})
             print(f"{MARKER}{task.index}", flush=True)
             result = execute(task)
-            torch.cuda.synchronize()
+            if task.device.startswith("cuda"):
+                torch.cuda.synchronize()
             print(f"{MARKER}{task.index} done", flush=True)
             out.write(json.dumps({"index": task.index, "result": result.to_wire()}) + "\n")
             out.flush()
