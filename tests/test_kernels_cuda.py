@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mlafuzz.kernels import cuda_ext
-from mlafuzz.tests.cuda_cases import (HAS_CUDA)  # noqa: F401  (ext: a fixture)
+from mlafuzz.tests.cuda_cases import HAS_CUDA
 
 # ----------------------------------------------------------------------------- CPU tests
 

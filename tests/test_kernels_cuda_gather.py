@@ -17,7 +17,10 @@ import torch
 from mlafuzz.kernels import cuda_ext
 from mlafuzz.oracles import codec
 from mlafuzz.oracles import gather as gather_oracle
-from mlafuzz.tests.cuda_cases import (DEV, _random_matrix, _sync, assert_rows_equal, explicit_case, gather_case, gpu, random_records, run_gather, scale_catalog_records, ext)  # noqa: F401  (ext: a fixture)
+from mlafuzz.tests.cuda_cases import ext  # noqa: F401  (a fixture)
+from mlafuzz.tests.cuda_cases import (
+    DEV, _random_matrix, _sync, assert_rows_equal, explicit_case, gather_case, gpu, random_records, run_gather, scale_catalog_records,
+)
 
 
 @gpu

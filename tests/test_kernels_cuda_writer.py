@@ -8,7 +8,10 @@ import torch
 
 from mlafuzz.kernels import cuda_ext
 from mlafuzz.oracles import codec
-from mlafuzz.tests.cuda_cases import (DEV, _oracle_gather, _sync, assert_rows_equal, explicit_case, gpu, kv_inputs, place_cache, root_bytes, ext)  # noqa: F401  (ext: a fixture)
+from mlafuzz.tests.cuda_cases import ext  # noqa: F401  (a fixture)
+from mlafuzz.tests.cuda_cases import (
+    DEV, _oracle_gather, _sync, assert_rows_equal, explicit_case, gpu, kv_inputs, place_cache, root_bytes,
+)
 
 # ----------------------------------------------------------------------------- GPU: writer
 
