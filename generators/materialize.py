@@ -112,10 +112,11 @@ def _activations(gen: torch.Generator, n: int) -> torch.Tensor:
 
 
 def _all_codes(gen: torch.Generator, n: int) -> torch.Tensor:
-    # Every code appears: a fresh permutation of 0..255 per 256 elements.
-    flat = n * 512
-    perms = [torch.randperm(256, generator=gen) for _ in range(-(-flat // 256))]
-    codes = torch.cat(perms)[:flat].reshape(n, 512) if perms else torch.zeros((0, 512), dtype=torch.int64)
+    # Every code appears: a fresh permutation of 0..255 for each run of 256 elements
+    # (argsort of random keys: one vectorized call however large the cache).
+    groups = -(-(n * 512) // 256)
+    perms = torch.rand((groups, 256), generator=gen).argsort(dim=1)
+    codes = perms.reshape(-1)[:n * 512].reshape(n, 512)
     scales = torch.exp2(torch.randn((n, 4), generator=gen) * 8)
     return _records_from_parts(codes, scales, _finite_rope_bits(gen, n))
 

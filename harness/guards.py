@@ -84,6 +84,8 @@ def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, im
                        case_id: str) -> list[Finding]:
     """MISSING_WRITE and NONDETERMINISM from the two runs' output regions."""
     a, b = run_a.region(), run_b.region()
+    if bool(torch.equal(a, b)):  # one pass: fills differ, so equal runs wrote every byte, identically
+        return []
     out: list[Finding] = []
     missing = (a == run_a.fill) & (b == run_b.fill)
     n = int(missing.sum())
