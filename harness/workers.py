@@ -59,10 +59,14 @@ class InProcess:
         pass
 
 
-def _worker_main(conn: Connection, device: str, redzone: bool) -> None:
+def _worker_main(conn: Connection, device: str, redzone: bool, threads: int) -> None:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
     import torch
+
+    # Share the cores: N workers each running torch's default one-thread-per-core CPU ops
+    # (case generation, host-side oracle work) oversubscribe the machine N times over.
+    torch.set_num_threads(threads)
 
     if device.startswith("cuda"):
         if redzone:  # must precede this process's first CUDA allocation
@@ -113,11 +117,14 @@ class WorkerPool:
         self._timeout = timeout
         self._redzone = redzone
         self._start_failures = 0
+        self._size = len(devices)
         self._workers = [self._start(d) for d in devices]
 
     def _start(self, device: str) -> _Worker:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, device, self._redzone), daemon=True, name=f"mlafuzz-{device}")
+        threads = max(1, (os.cpu_count() or 1) // max(1, self._size))
+        proc = self._ctx.Process(target=_worker_main, args=(child, device, self._redzone, threads), daemon=True,
+                                 name=f"mlafuzz-{device}")
         proc.start()
         child.close()
         return _Worker(device=device, process=proc, conn=parent)
