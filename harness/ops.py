@@ -30,6 +30,9 @@ class OpDef:
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None
+    # A fused exact check "outputs are what the oracle would give" (oracles/fast_*.py), used on
+    # the GPU: yes skips the oracle and the comparator, no runs them for the finding.
+    fast_match: Callable[[Case, Outputs], bool] | None = None
 
 
 # --- convert ---------------------------------------------------------------
@@ -91,6 +94,15 @@ def _gather_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
+def _gather_fast_match(case: Case, outputs: Outputs) -> bool:
+    from mlafuzz.oracles.fast_gather import gather_rows_match
+
+    t = case.tensors
+    return gather_rows_match(src_cache=t["src_cache"], dst=outputs["dst"], block_table=t["block_table"],
+                             workspace_starts=t["workspace_starts"], batch_size=case.params["batch_size"],
+                             seq_starts=t["seq_starts"])
+
+
 def _gather_needs(case: Case) -> frozenset[str]:
     starts = case.tensors["seq_starts"]
     return frozenset({"seq_starts"}) if starts is not None and bool((starts != 0).any()) else frozenset()
@@ -117,7 +129,8 @@ OP_DEFS: dict[str, OpDef] = {
     "convert": OpDef(name="convert", invoke=_convert_invoke, oracle=_convert_oracle(False),
                      oracle_slow=_convert_oracle(True)),
     "gather": OpDef(name="gather", invoke=_gather_invoke, oracle=_gather_oracle(False),
-                    oracle_slow=_gather_oracle(True), needs=_gather_needs, guarded=_gather_guarded),
+                    oracle_slow=_gather_oracle(True), needs=_gather_needs, guarded=_gather_guarded,
+                    fast_match=_gather_fast_match),
     "writer": OpDef(name="writer", invoke=_writer_invoke, oracle=_writer_oracle(False),
                     oracle_slow=_writer_oracle(True), inplace=frozenset({"kv_cache"})),
 }

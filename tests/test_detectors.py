@@ -71,3 +71,19 @@ def test_a_step_that_converts_the_full_req_id_is_a_metadata_mismatch_and_ours_is
     bad = run_case(case=case, entry=resolve("step", "step_full_req_id"))
     assert Kind.METADATA_MISMATCH in {f.kind for f in bad.findings}
     assert run_case(case=case, entry=resolve("step", "ours")).findings == ()
+
+
+def test_the_fused_fast_check_skips_the_oracle_when_outputs_match_and_defers_to_it_when_not(monkeypatch):
+    from mlafuzz.harness import ops
+
+    case = materialize(dataclasses.replace(_gather(ValueMode.NAN), requests=REQS[:1]), 5, "cpu")
+
+    def boom(case):
+        raise AssertionError("the oracle ran although the fast check said the outputs match")
+
+    real = ops.OP_DEFS["gather"]
+    monkeypatch.setitem(ops.OP_DEFS, "gather", dataclasses.replace(real, oracle=boom))
+    assert run_case(case=case, entry=resolve("gather", "torch"), fast=True).findings == ()
+    monkeypatch.setitem(ops.OP_DEFS, "gather", real)
+    bad = run_case(case=case, entry=resolve("gather", "gather_nan_to_zero"), fast=True)
+    assert Kind.NAN_MISMATCH in {f.kind for f in bad.findings}

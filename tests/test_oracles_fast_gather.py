@@ -1,0 +1,79 @@
+"""The fused gather check agrees with the oracle: yes on the oracle's own rows, no on any bit flip."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mlafuzz.generators import GatherRequest, GatherSpec, Paging, ValueMode  # noqa: E402
+from mlafuzz.generators.catalog import EXTREME_SCALES, NONFINITE_SCALES, SUBNORMAL_SCALES  # noqa: E402
+from mlafuzz.generators.materialize import materialize  # noqa: E402
+from mlafuzz.oracles import gather as og  # noqa: E402
+from mlafuzz.oracles.fast_gather import gather_rows_match  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _expected(case) -> torch.Tensor:
+    t = case.tensors
+    return og.gather(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
+                     batch_size=case.params["batch_size"], seq_starts=t["seq_starts"], total=case.params["total"])
+
+
+def _match(case, dst) -> bool:
+    t = case.tensors
+    return gather_rows_match(src_cache=t["src_cache"], dst=dst, block_table=t["block_table"],
+                             workspace_starts=t["workspace_starts"], batch_size=case.params["batch_size"],
+                             seq_starts=t["seq_starts"])
+
+
+def _records_with(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    n = codes.shape[0]
+    rope = torch.arange(n * 64, dtype=torch.int32).to(torch.int16).reshape(n, 64)
+    return torch.cat([codes.to(torch.uint8), scales.contiguous().view(torch.uint8).reshape(n, 16),
+                      rope.view(torch.uint8).reshape(n, 128)], dim=1)
+
+
+def test_every_code_times_every_catalog_scale_and_random_scale_bits_match_the_oracle_exactly():
+    gen = torch.Generator().manual_seed(0)
+    scales = list(EXTREME_SCALES + SUBNORMAL_SCALES + NONFINITE_SCALES) + [1.0, 0.5, 1 / 448]
+    n_cat = len(scales)
+    rand_bits = torch.randint(0, 2**32, (16, 4), generator=gen, dtype=torch.int64).to(torch.int32)
+    rows = n_cat + 16
+    codes = torch.arange(256, dtype=torch.int64).repeat(2)[None, :].repeat(rows, 1)  # all 256 codes, twice
+    sc = torch.cat([torch.tensor(scales, dtype=torch.float32)[:, None].repeat(1, 4), rand_bits.view(torch.float32)])
+    records = _records_with(codes, sc)
+    cache = records.reshape(rows, 1, 656).to(DEV)
+    table = torch.arange(rows, dtype=torch.int32, device=DEV).reshape(rows, 1)
+    ws = torch.arange(rows, dtype=torch.int32, device=DEV)
+    expected = og.gather(src_cache=cache, block_table=table, workspace_starts=ws, batch_size=rows, seq_starts=None,
+                         total=rows)
+    assert gather_rows_match(src_cache=cache, dst=expected, block_table=table, workspace_starts=ws,
+                             batch_size=rows, seq_starts=None)
+
+
+@pytest.mark.parametrize("values", list(ValueMode))
+@given(seed=st.integers(0, 2**32 - 1), flip=st.integers(0, 2**31))
+@settings(max_examples=5, deadline=None)
+def test_yes_on_the_oracles_rows_no_on_any_single_bit_flip_that_changes_the_value(values, seed, flip):
+    spec = GatherSpec(requests=(GatherRequest(context_len=40, seq_start=5, length=12), GatherRequest(context_len=9),
+                                GatherRequest(context_len=30, seq_start=17, length=9)),
+                      paging=Paging(block_size=16, layout="shuffled"), values=values, ws_form="cumulative")
+    case = materialize(spec, seed, DEV)
+    dst = _expected(case)
+    assert _match(case, dst)
+    bits = dst.view(torch.int16).clone()
+    i, j, b = flip % bits.shape[0], (flip // 7) % 576, (flip // 3) % 16
+    old = bits[i, j].clone()
+    bits[i, j] ^= (1 << b) if b < 15 else -(1 << 15)
+    a, e = bits[i, j].view(torch.bfloat16).float(), old.view(torch.bfloat16).float()
+    both_nan = bool(torch.isnan(a)) and bool(torch.isnan(e))  # a payload change is not a difference
+    assert _match(case, bits.view(torch.bfloat16)) == both_nan
