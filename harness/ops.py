@@ -66,6 +66,20 @@ def _convert_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
+def _convert_fast_match(case: Case, outputs: Outputs) -> bool:
+    from mlafuzz.oracles.fast_convert import convert_rows_match
+
+    t, p = case.tensors, case.params
+    out, counts = outputs.get("out"), outputs.get("valid_counts")
+    if not isinstance(out, torch.Tensor) or (p["return_valid_counts"] and not isinstance(counts, torch.Tensor)):
+        return False
+    return convert_rows_match(req_id=t["req_id"], block_table=t["block_table"], token_indices=t["token_indices"],
+                              block_size=p["BLOCK_SIZE"], has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
+                              prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
+                              prefill_workspace_starts=t["prefill_workspace_starts"], out=out,
+                              valid_counts=counts if p["return_valid_counts"] else None)
+
+
 # --- gather ----------------------------------------------------------------
 
 def _gather_guarded(case: Case, fill: int) -> dict[str, Guarded]:
@@ -127,7 +141,7 @@ def _writer_oracle(loop: bool) -> Callable[[Case], Outputs]:
 
 OP_DEFS: dict[str, OpDef] = {
     "convert": OpDef(name="convert", invoke=_convert_invoke, oracle=_convert_oracle(False),
-                     oracle_slow=_convert_oracle(True)),
+                     oracle_slow=_convert_oracle(True), fast_match=_convert_fast_match),
     "gather": OpDef(name="gather", invoke=_gather_invoke, oracle=_gather_oracle(False),
                     oracle_slow=_gather_oracle(True), needs=_gather_needs, guarded=_gather_guarded,
                     fast_match=_gather_fast_match),
