@@ -90,6 +90,16 @@ def _check_int(owner: str, name: str, value: Any, *, lo: int, hi: int | None = N
         _fail(owner, name, value, f"must be in [{lo}, {hi if hi is not None else 'inf'}]")
 
 
+def check_topk_tiling(owner: str, *, topk: int, block_n: int) -> None:
+    """K and BLOCK_N as the convert kernel needs them: a power-of-two tile that divides K."""
+    _check_int(owner, "block_n", block_n, lo=1, hi=4096)
+    if block_n & (block_n - 1):
+        _fail(owner, "block_n", block_n, "must be a power of two")
+    _check_int(owner, "topk", topk, lo=1, hi=1 << 16)
+    if topk % block_n:
+        _fail(owner, "topk", topk, f"must be a multiple of block_n={block_n}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Paging:
     """The paged cache shared by every op: block size and block-id layout."""
@@ -137,12 +147,7 @@ class ConvertSpec:
         _coerce_enum(self, "topk_mode", TopkMode)
         if not self.requests:
             _fail("ConvertSpec", "requests", self.requests, "must hold at least one request")
-        _check_int("ConvertSpec", "block_n", self.block_n, lo=1, hi=4096)
-        if self.block_n & (self.block_n - 1):
-            _fail("ConvertSpec", "block_n", self.block_n, "must be a power of two")
-        _check_int("ConvertSpec", "topk", self.topk, lo=1, hi=1 << 16)
-        if self.topk % self.block_n:
-            _fail("ConvertSpec", "topk", self.topk, f"must be a multiple of block_n={self.block_n}")
+        check_topk_tiling("ConvertSpec", topk=self.topk, block_n=self.block_n)
         if self.prefill_workspace is False and any(r.prefill for r in self.requests):
             _fail("ConvertSpec", "prefill_workspace", False, "but a request has prefill=True")
 

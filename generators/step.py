@@ -35,7 +35,7 @@ from mlafuzz.generators.draw import SPEC_DRAWERS, Drawer, Knobs, SMALL, draw_pag
 from mlafuzz.generators.features import _features_of
 from mlafuzz.generators.materialize import build_block_table, make_cache, materializer
 from mlafuzz.generators.spec import (
-    Paging, SpecError, ValueMode, _check_int, _coerce_enum, _coerce_tuple, _fail, register_spec,
+    Paging, SpecError, ValueMode, _check_int, _coerce_enum, _coerce_tuple, _fail, check_topk_tiling, register_spec,
 )
 from mlafuzz.oracles.metadata import split_decodes_and_prefills
 
@@ -92,12 +92,7 @@ class StepSpec:
             _fail("StepSpec", "requests", self.requests, "must hold at least one request")
         if self.requests[0].query_len == 0:
             _fail("StepSpec", "requests[0].query_len", 0, "must be >= 1 (decode_query_len is read off it)")
-        _check_int("StepSpec", "block_n", self.block_n, lo=1, hi=4096)
-        if self.block_n & (self.block_n - 1):
-            _fail("StepSpec", "block_n", self.block_n, "must be a power of two")
-        _check_int("StepSpec", "topk", self.topk, lo=1, hi=1 << 16)
-        if self.topk % self.block_n:
-            _fail("StepSpec", "topk", self.topk, f"must be a multiple of block_n={self.block_n}")
+        check_topk_tiling("StepSpec", topk=self.topk, block_n=self.block_n)
         _check_int("StepSpec", "threshold", self.threshold, lo=0, hi=1 << 20)
         _check_int("StepSpec", "workspace_rows", self.workspace_rows, lo=1, hi=1 << 24)
         self._check_order()

@@ -88,7 +88,8 @@ def redzone_findings(call: Call, ctx: Context) -> list[Finding]:
     return out
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def as_bits(t: torch.Tensor) -> torch.Tensor:
+    """A flat view to compare bit for bit (floats as bytes, so NaN payloads and -0 count)."""
     return t.reshape(-1).contiguous().view(torch.uint8) if t.is_floating_point() else t.reshape(-1)
 
 
@@ -98,10 +99,10 @@ def input_mutations(case: Case, inputs: Mapping[str, Any], ctx: Context) -> list
         after = inputs.get(name)
         if before is None or after is None or name in OP_DEFS[case.op].inplace:
             continue
-        if not torch.equal(_bits(before), _bits(after)):
-            changed = int((_bits(before) != _bits(after)).sum())
+        if not torch.equal(as_bits(before), as_bits(after)):
+            changed = int((as_bits(before) != as_bits(after)).sum())
             out.append(Finding(kind=Kind.INPUT_MUTATION, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
-                               tensor=name, cause=f"{name}:mutated", count=changed, total=_bits(before).numel(),
+                               tensor=name, cause=f"{name}:mutated", count=changed, total=as_bits(before).numel(),
                                message=f"input {name} changed during the call ({changed} elements)"))
     return out
 
@@ -113,10 +114,10 @@ def _rerun_differs(first: Call, second: Call, ctx: Context) -> list[Finding]:
         b = (second.outputs or {}).get(name)
         if name in first.guards or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
             continue
-        if a.shape == b.shape and a.dtype == b.dtype and not torch.equal(_bits(a), _bits(b)):
-            n = int((_bits(a) != _bits(b)).sum())
+        if a.shape == b.shape and a.dtype == b.dtype and not torch.equal(as_bits(a), as_bits(b)):
+            n = int((as_bits(a) != as_bits(b)).sum())
             out.append(Finding(kind=Kind.NONDETERMINISM, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
-                               tensor=name, cause=f"{name}:rerun", count=n, total=_bits(a).numel(),
+                               tensor=name, cause=f"{name}:rerun", count=n, total=as_bits(a).numel(),
                                message=f"{name}: a second run of the same case differs in {n} elements"))
     return out
 

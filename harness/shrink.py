@@ -58,6 +58,12 @@ def _halvings(n: int, floor: int = 0) -> Iterator[int]:
             yield v
 
 
+def with_request(spec: Any, j: int, **changes: Any) -> Any:
+    """``spec`` with request ``j`` changed (raises SpecError if that is not a valid spec)."""
+    reqs = spec.requests
+    return dataclasses.replace(spec, requests=reqs[:j] + (dataclasses.replace(reqs[j], **changes),) + reqs[j + 1:])
+
+
 def _try(make: Callable[[], Any]) -> Iterator[Any]:
     try:
         yield make()
@@ -70,15 +76,12 @@ def reduce_gather(s: GatherSpec) -> Iterator[GatherSpec]:
     for reqs in _drop_each(s.requests):
         yield from _try(lambda: dataclasses.replace(s, requests=reqs))
     for j, r in enumerate(s.requests):
-        def with_req(**kw: int) -> GatherSpec:
-            return dataclasses.replace(s, requests=s.requests[:j] + (dataclasses.replace(r, **kw),)
-                                       + s.requests[j + 1:])
         if r.context_len > r.seq_start + r.length:
-            yield from _try(lambda: with_req(context_len=r.seq_start + r.length))
+            yield from _try(lambda: with_request(s, j, context_len=r.seq_start + r.length))
         for v in _halvings(r.length):
-            yield from _try(lambda: with_req(length=v, context_len=r.seq_start + v))
+            yield from _try(lambda: with_request(s, j, length=v, context_len=r.seq_start + v))
         for v in _halvings(r.seq_start):
-            yield from _try(lambda: with_req(seq_start=v, context_len=v + r.length))
+            yield from _try(lambda: with_request(s, j, seq_start=v, context_len=v + r.length))
     for p in _paging_steps(s.paging):
         yield dataclasses.replace(s, paging=p)
     if s.ws_form is not WsForm.EXACT:
@@ -93,15 +96,12 @@ def reduce_convert(s: ConvertSpec) -> Iterator[ConvertSpec]:
         if any(r.num_tokens for r in reqs):
             yield from _try(lambda: dataclasses.replace(s, requests=reqs))
     for j, r in enumerate(s.requests):
-        def with_req(**kw: Any) -> ConvertSpec:
-            return dataclasses.replace(s, requests=s.requests[:j] + (dataclasses.replace(r, **kw),)
-                                       + s.requests[j + 1:])
         for v in _halvings(r.num_tokens):
-            yield from _try(lambda: with_req(num_tokens=v))
+            yield from _try(lambda: with_request(s, j, num_tokens=v))
         for v in _halvings(r.seq_len):
-            yield from _try(lambda: with_req(seq_len=v))
+            yield from _try(lambda: with_request(s, j, seq_len=v))
         if r.prefill:
-            yield from _try(lambda: with_req(prefill=False))
+            yield from _try(lambda: with_request(s, j, prefill=False))
     if s.prefill_workspace and not any(r.prefill for r in s.requests):
         yield dataclasses.replace(s, prefill_workspace=False)
     if s.topk > s.block_n:

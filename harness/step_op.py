@@ -48,7 +48,7 @@ from mlafuzz.generators.spec import Layout, ValueMode
 from mlafuzz.generators.step import StepSpec
 from mlafuzz.harness.findings import Finding, Kind
 from mlafuzz.harness.ops import OP_DEFS, OpDef, Outputs
-from mlafuzz.harness.shrink import _drop_each, _halvings, _paging_steps, _try, reducer
+from mlafuzz.harness.shrink import _drop_each, _halvings, _paging_steps, _try, reducer, with_request
 
 SUB_DEFAULTS: dict[str, dict[str, str]] = {
     "cpu": {"convert": "triton", "gather": "torch"},
@@ -284,13 +284,10 @@ def reduce_step(s: StepSpec) -> Iterator[StepSpec]:
     for reqs in _drop_each(s.requests):
         yield from _try(lambda: dataclasses.replace(s, requests=reqs))
     for j, r in enumerate(s.requests):
-        def with_req(**kw: int) -> StepSpec:
-            return dataclasses.replace(s, requests=s.requests[:j] + (dataclasses.replace(r, **kw),)
-                                       + s.requests[j + 1:])
         for v in _halvings(r.context_len):
-            yield from _try(lambda: with_req(context_len=v))
+            yield from _try(lambda: with_request(s, j, context_len=v))
         for v in _halvings(r.query_len):
-            yield from _try(lambda: with_req(query_len=v))
+            yield from _try(lambda: with_request(s, j, query_len=v))
     if s.topk > s.block_n:
         yield from _try(lambda: dataclasses.replace(s, topk=s.block_n))
     for p in _paging_steps(s.paging):
