@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import types
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -36,9 +36,11 @@ class Case:
     def case_id(self) -> str:
         return case_id_for(op=self.op, seed=self.seed, spec_json=spec_to_json(self.spec))
 
-    def cloned_tensors(self) -> dict[str, torch.Tensor | None]:
-        """Fresh copies that keep each tensor's strides (non-contiguous inputs stay so)."""
-        return {k: _clone_keep_strides(v) for k, v in self.tensors.items()}
+    def cloned_tensors(self, *, skip: Iterable[str] = ()) -> dict[str, torch.Tensor | None]:
+        """Fresh copies that keep each tensor's strides (non-contiguous inputs stay so), except
+        the names in ``skip``."""
+        skip = frozenset(skip)
+        return {k: _clone_keep_strides(v) for k, v in self.tensors.items() if k not in skip}
 
 
 def case_id_for(*, op: str, seed: int, spec_json: str) -> str:

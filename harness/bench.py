@@ -6,7 +6,8 @@ Our kernel, the torch implementation and a copy of the same byte count are
 measured in the same run and printed as ratios to the copy.
 
 Harness bench (``--harness``): cases/s at realistic sizes and the time split
-(generate, kernel, oracle, compare, guards) of one checked case.
+(generate, kernel, setup, oracle, compare, rerun, guards) of one checked case;
+checks/kernel = everything but generation and the kernel, over the kernel.
 """
 
 from __future__ import annotations
@@ -107,12 +108,26 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
 OURS = {"gather": "cuda", "convert": "triton", "writer": "cuda"}
 
 
-def bench_kernels(ops: list[str], *, repeats: int = 30) -> list[str]:
+def gather_variants() -> dict[str, Callable]:
+    """Every tuning variant of our CUDA gather (runs of rows per warp x streaming cache hints), to
+    pick the defaults from measurements on the GPU at hand."""
+    import functools
+
+    from mlafuzz.kernels import cuda_ext
+
+    return {f"rows{rows}{'+cs' if hints else ''}": functools.partial(
+                cuda_ext.gather_impl, rows_per_warp=rows, stream_hints=hints)
+            for rows in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)}
+
+
+def bench_kernels(ops: list[str], *, repeats: int = 30, variants: bool = False) -> list[str]:
     from mlafuzz.kernels.registry import resolve
 
-    lines = [f"{'workload':<36} {'impl':<8} {'median ms':>10} {'GB/s':>8} {'x copy':>7}  timed as"]
+    lines = [f"{'workload':<36} {'impl':<10} {'median ms':>10} {'GB/s':>8} {'x copy':>7}  timed as"]
     for op in ops:
         impls = {"ours": resolve(op, OURS[op]).load("cuda"), "torch": resolve(op, "torch").load("cuda")}
+        if variants and op == "gather":
+            impls.update(gather_variants())
         wl = WORKLOADS[op](impls)
         # A copy moving the same bytes: n/2 read plus n/2 written.
         half = wl.nbytes // 2
@@ -120,11 +135,11 @@ def bench_kernels(ops: list[str], *, repeats: int = 30) -> list[str]:
         dst = torch.empty_like(src)
         copy_ms, how = time_ms(lambda: dst.copy_(src), repeats=repeats)
         copy_bw = wl.nbytes / copy_ms / 1e6
-        lines.append(f"{wl.name:<36} {'copy':<8} {copy_ms:>10.4f} {copy_bw:>8.0f} {1.0:>7.2f}  {how}")
+        lines.append(f"{wl.name:<36} {'copy':<10} {copy_ms:>10.4f} {copy_bw:>8.0f} {1.0:>7.2f}  {how}")
         for name, fn in wl.run.items():
             ms, how = time_ms(fn, repeats=repeats)
             bw = wl.nbytes / ms / 1e6
-            lines.append(f"{wl.name:<36} {name:<8} {ms:>10.4f} {bw:>8.0f} {bw / copy_bw:>7.2f}  {how}")
+            lines.append(f"{wl.name:<36} {name:<10} {ms:>10.4f} {bw:>8.0f} {bw / copy_bw:>7.2f}  {how}")
         src = dst = wl = None  # free before the next workload
         torch.cuda.empty_cache()
     return lines
@@ -164,13 +179,15 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0) -> list[str]
         torch.cuda.synchronize()
         return out, time.perf_counter() - t0
 
-    lines = [f"{'op':<8} {'cases/s':>8} {'generate':>9} {'kernel':>9} {'oracle':>9} {'compare':>9} {'guards':>9}"
-             f" {'checks/kernel':>14}   (ms per case, medians)"]
+    cols = ("generate", "kernel", "setup", "oracle", "compare", "rerun", "guards")
+    lines = [f"{'op':<8} {'cases/s':>8} " + " ".join(f"{c:>9}" for c in cols) + f" {'checks/kernel':>14}"
+             "   (ms per case, medians; setup = copying inputs and filling guarded outputs for the"
+             " first run; rerun = the second run over the other fill, with its own setup)"]
     for op in ops:
         entry = resolve(op, OURS[op])
         fn = entry.load("cuda")
         opdef = OP_DEFS[op]
-        stages: dict[str, list[float]] = {k: [] for k in ("generate", "kernel", "oracle", "compare", "guards")}
+        stages: dict[str, list[float]] = {k: [] for k in cols}
         walls = []
         for i in range(cases + 1):  # case 0 warms up (JIT, extension load)
             s = case_seed(seed, op, i)
@@ -182,35 +199,38 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0) -> list[str]
             opdef.invoke(fn, case, args)  # JIT-compile this case's kernel variant outside the timing
             _, t_kernel = timed(lambda: opdef.invoke(fn, case, args))
             args = None
+            # The same steps as runner.check_call, one by one.
             first, t_call = timed(lambda: call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0]))
             ctx = Context(op=op, impl=entry.name, case_id=case.case_id)
-            if opdef.fast_match is not None:  # what the runner does on the GPU: the fused check first
-                same, t_oracle = timed(lambda: opdef.fast_match(case, first.outputs))
-                _, t_cmp = timed(lambda: input_mutations(case, first.inputs, ctx))
-            else:
-                same = False
+            same, t_oracle = (timed(lambda: opdef.fast_match(case, first.outputs))
+                              if opdef.fast_match is not None else (False, 0.0))
+            t_cmp = 0.0
             if not same:
-                expected, t_oracle = timed(lambda: opdef.oracle(case))
-                _, t_cmp = timed(lambda: (compare(expected=expected, actual=first.outputs, policy=Policy(), ctx=ctx),
-                                          input_mutations(case, first.inputs, ctx)))
+                expected, t_oracle_full = timed(lambda: opdef.oracle(case))
+                t_oracle += t_oracle_full
+                _, t_cmp = timed(lambda: compare(expected=expected, actual=first.outputs, policy=Policy(), ctx=ctx))
+                expected = None
+            mutated, t_inputs = timed(lambda: input_mutations(case, first.inputs, ctx))
+            second, t_rerun = timed(lambda: call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1],
+                                                      reuse=None if mutated else first.inputs))
 
             def guards():
-                second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1])
                 out = []
                 for name, g in second.guards.items():
+                    out += oob_findings(name=name, g=first.guards[name], op=op, impl=entry.name, case_id=case.case_id)
                     out += oob_findings(name=name, g=g, op=op, impl=entry.name, case_id=case.case_id)
                     out += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=op,
                                               impl=entry.name, case_id=case.case_id)
                 return out
             _, t_guard = timed(guards)
-            t_guard += t_call - t_kernel  # cloning inputs and allocating guard zones for the first run
+            first = second = None
             if i == 0:
                 continue
             walls.append(time.perf_counter() - t_start)
-            for k, v in zip(stages, (t_gen, t_kernel, t_oracle, t_cmp, t_guard)):
+            for k, v in zip(cols, (t_gen, t_kernel, t_call - t_kernel, t_oracle, t_cmp + t_inputs, t_rerun, t_guard)):
                 stages[k].append(v * 1e3)
         med = {k: statistics.median(v) for k, v in stages.items()}
-        checks = (med["oracle"] + med["compare"] + med["guards"]) / max(med["kernel"], 1e-9)
-        lines.append(f"{op:<8} {cases / sum(walls):>8.2f} {med['generate']:>9.2f} {med['kernel']:>9.2f}"
-                     f" {med['oracle']:>9.2f} {med['compare']:>9.2f} {med['guards']:>9.2f} {checks:>14.2f}")
+        checks = sum(med[k] for k in cols[2:]) / max(med["kernel"], 1e-9)
+        lines.append(f"{op:<8} {cases / sum(walls):>8.2f} " + " ".join(f"{med[c]:>9.2f}" for c in cols)
+                     + f" {checks:>14.2f}")
     return lines

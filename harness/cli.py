@@ -237,7 +237,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from mlafuzz.harness.bench import bench_harness, bench_kernels
 
     ops = list(dict.fromkeys(args.op or ["convert", "gather", "writer"]))
-    lines = bench_harness(ops, cases=args.cases) if args.harness else bench_kernels(ops, repeats=args.repeats)
+    if args.harness:
+        lines = bench_harness(ops, cases=args.cases)
+    else:
+        lines = bench_kernels(ops, repeats=args.repeats, variants=args.variants)
     print(f"mlafuzz bench on {torch.cuda.get_device_name()}")
     for line in lines:
         print(line)
@@ -340,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--op", action="append", choices=("convert", "gather", "writer"))
     b.add_argument("--harness", action="store_true", help="time the harness stages instead of the kernels")
     b.add_argument("--repeats", type=_nonneg_int, default=30)
+    b.add_argument("--variants", action="store_true",
+                   help="also time every tuning variant of our gather (rows per warp x cache hints)")
     b.add_argument("--cases", type=_nonneg_int, default=8, help="cases per op with --harness")
     b.set_defaults(func=cmd_bench)
 

@@ -15,8 +15,8 @@ Public API, with the exact SPEC.md / vLLM signatures:
   nvcc and no GPU (CI); proves the real kernel and binding code compiles for the target arch.
 
 The ops are registered as ``torch.ops.mlafuzz_fp8_ds_mla.{gather,writer}``. Knobs that are not
-in the public signatures are reachable through ``gather_impl`` (``rows_per_warp`` 1/2/4,
-``force_scalar``) and ``writer_impl`` (``convert_fp16_rope``).
+in the public signatures are reachable through ``gather_impl`` (``rows_per_warp`` 1/2/4/8,
+``force_scalar``, ``stream_hints``) and ``writer_impl`` (``convert_fp16_rope``).
 """
 
 from __future__ import annotations
@@ -61,6 +61,13 @@ SOURCE = CSRC / "fp8_ds_mla.cu"
 # Exactness flags: no fast math, keep subnormals, IEEE division/sqrt, no FMA contraction (the
 # kernels also use __fmul_rn/__fdiv_rn explicitly, so these are belt and braces).
 _EXACT_FLAGS = ("-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false")
+
+# The gather's tuning knobs (a run of consecutive rows per warp; streaming cache hints) and the
+# defaults the public ``gather`` uses: the fastest of `mlafuzz bench --op gather --variants` on
+# the H200 (see README "Performance").
+GATHER_ROWS_CHOICES = (1, 2, 4, 8)
+GATHER_ROWS_PER_WARP = 4
+GATHER_STREAM_HINTS = False
 
 
 @dataclass(frozen=True)
@@ -187,18 +194,18 @@ def _require_cuda(name: str, t: torch.Tensor) -> None:
 
 def gather_impl(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
                 workspace_starts: torch.Tensor, batch_size: int,
-                seq_starts: torch.Tensor | None = None, *, rows_per_warp: int = 2,
-                force_scalar: bool = False) -> None:
+                seq_starts: torch.Tensor | None = None, *, rows_per_warp: int = GATHER_ROWS_PER_WARP,
+                force_scalar: bool = False, stream_hints: bool = GATHER_STREAM_HINTS) -> None:
     """``gather`` with the kernel's tuning knobs exposed (tests and benchmarks)."""
     _require_cuda("src_cache", src_cache)
     # The host checks run here, in Python, before the op: an exception raised by TORCH_CHECK
     # inside this extension was seen to crash the process on the H200 image (torch 2.11) when
     # its message formats integers, so the C++ checks stay only as a backstop.
     check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
-    if rows_per_warp not in (1, 2, 4):
-        raise ValueError(f"rows_per_warp={rows_per_warp!r} must be 1, 2 or 4")
+    if rows_per_warp not in GATHER_ROWS_CHOICES:
+        raise ValueError(f"rows_per_warp={rows_per_warp!r} must be one of {GATHER_ROWS_CHOICES}")
     _ops().gather(_as_bytes(src_cache), dst, block_table, workspace_starts, int(batch_size),
-                  seq_starts, int(rows_per_warp), bool(force_scalar))
+                  seq_starts, int(rows_per_warp), bool(force_scalar), bool(stream_hints))
 
 
 def gather(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,

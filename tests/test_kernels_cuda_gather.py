@@ -30,6 +30,7 @@ def test_gather_random_vs_oracle(ext, p):
                        ws_form=p["ws_form"], ss_mode=p["ss_mode"], shared=p["shared"])
     run_gather(case, cache_layout=p["cache_layout"], dst_layout=p["dst_layout"],
                table_layout=p["table_layout"], rows_per_warp=p["rows_per_warp"],
+               stream_hints=p["stream_hints"],
                force_scalar=p["force_scalar"])
 
 
@@ -72,8 +73,9 @@ EDGE_BATCHES = {
 def test_gather_edge_batches(ext, name, bs):
     kw = dict(EDGE_BATCHES[name])
     case = gather_case(zlib.crc32(f"{name}/{bs}".encode()), bs=bs, ss_mode="random", **kw)
-    for rpw in (1, 4):
+    for rpw in (1, 8):
         run_gather(case, rows_per_warp=rpw)
+    run_gather(case, rows_per_warp=4, stream_hints=True)
     run_gather(case, force_scalar=True, dst_layout="rowpad3")
 
 
@@ -83,10 +85,12 @@ def test_gather_variants_agree_and_are_deterministic(ext):
     dev = DEV
     cache = case.cache.to(dev)
     results = []
-    for rpw, scalar in ((1, False), (2, False), (4, False), (2, True), (2, False)):
+    variants = [(rpw, hints, False) for rpw in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)]
+    for rpw, hints, scalar in [*variants, (2, False, True), variants[0]]:
         dst = torch.empty(case.total, 576, dtype=torch.bfloat16, device=dev)
         cuda_ext.gather_impl(cache, dst, case.block_table.to(dev), case.ws.to(dev), case.batch_size,
-                             case.seq_starts.to(dev), rows_per_warp=rpw, force_scalar=scalar)
+                             case.seq_starts.to(dev), rows_per_warp=rpw, force_scalar=scalar,
+                             stream_hints=hints)
         results.append(dst.view(torch.int16).cpu())
     for r in results[1:]:
         assert torch.equal(r, results[0]), "gather variants / reruns differ bit for bit"
@@ -174,7 +178,7 @@ def test_gather_64x4096_correct_and_near_copy_bandwidth(ext):
     copy_bw = 2 * copy_src.numel() / copy_ms / 1e6  # GB/s, read + write
     moved = total * (656 + 1152)
     report = {}
-    for rpw in (1, 2, 4):
+    for rpw in cuda_ext.GATHER_ROWS_CHOICES:
         ms = _time_ms(lambda: cuda_ext.gather_impl(cache, dst, table, ws, reqs, ss, rows_per_warp=rpw))
         report[rpw] = (ms, moved / ms / 1e6)
     ms_pub = _time_ms(lambda: cuda_ext.gather(cache, dst, table, ws, reqs, ss))

@@ -4,12 +4,13 @@
 //   writer  - concat_and_cache_mla for kv_cache_dtype "fp8_ds_mla"
 //
 // Design (gather, the bandwidth-bound one): one warp per output row, a persistent grid of one
-// wave that grid-strides over rows, `rows_per_warp` (1/2/4, default 2) rows in flight per warp.
-// The owner of a row is found by a warp-cooperative 32-ary search over workspace_starts (one
-// ballot round for B <= 32, two for B <= 1024), then position -> block table -> record. Each
-// lane moves 8 codes per NoPE half with 8-byte loads and 16-byte stores (warp accesses of 256 and
-// 512 contiguous bytes), the 16 scale bytes as one broadcast 16-byte load, and lanes 0..7 the
-// 128 RoPE bytes as 16-byte copies. A scalar kernel (byte loads, 2-byte stores, any strides)
+// wave that grid-strides over runs of `rows_per_warp` (1/2/4/8) consecutive rows per warp, all
+// of a run's loads in flight before its first store. The owner of a run's first row is found by
+// a warp-cooperative 32-ary search over workspace_starts (one ballot round for B <= 32, two for
+// B <= 1024); the rest of the run walks forward from it, reloading the block id only when the
+// block changes. Each lane moves 8 codes per NoPE half with 8-byte loads and 16-byte stores
+// (warp accesses of 256 and 512 contiguous bytes), its tile's scale as a broadcast 4-byte load,
+// and lanes 0..7 the 128 RoPE bytes as 16-byte copies. A scalar kernel (byte loads, 2-byte stores, any strides)
 // takes over when the cache or dst is not 16-byte aligned.
 //
 // Exactness: built WITHOUT fast math (-ftz=false -prec-div=true -fmad=false). The arithmetic is
@@ -168,47 +169,114 @@ __device__ __forceinline__ const uint8_t* locate_record(const GatherParams& p, i
   return p.cache + block_id * p.cache_block_stride + static_cast<int64_t>(off) * p.cache_entry_stride;
 }
 
-// Vector path: one warp per output row, ROWS rows in flight per warp (independent loads for
-// memory-level parallelism). Lane l of a row:
+// Owners of the ROWS consecutive rows [base, base + ROWS): rec[r] is the record row base + r
+// reads, or null (row >= total, or row < ws[0]). One 32-ary search for the first row, then a
+// warp-uniform walk: the owner only moves forward over consecutive rows (past empty requests too),
+// and the block id is reloaded only when the block changes (every block_size rows). So a run of
+// rows costs one search plus about ROWS / block_size table loads instead of a search and a table
+// load per row, which would sit on the critical path before every record load. For a valid ws
+// (non-decreasing) the walk gives exactly the search's owner; for an invalid one it still stays
+// in [-1, B).
+template <int ROWS>
+__device__ __forceinline__ void locate_run(const GatherParams& p, int64_t base, int lane,
+                                           const uint8_t* (&rec)[ROWS]) {
+  int b = count_ws_le(p, base, lane) - 1;
+  const int last = p.batch_size - 1;
+  int64_t next = (b < last) ? static_cast<int64_t>(__ldg(p.ws + (b + 1) * p.ws_stride)) : INT64_MAX;
+  int64_t cur_ws = 0, start = 0;
+  int cached_b = -1;
+  uint32_t cached_blk = 0;
+  const uint8_t* block_base = nullptr;
+  const uint32_t ubs = static_cast<uint32_t>(p.block_size);
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int64_t row = base + r;
+    rec[r] = nullptr;
+    if (row >= p.total) continue;
+    while (row >= next) {  // a later request owns this row (skips empty ones)
+      ++b;
+      next = (b < last) ? static_cast<int64_t>(__ldg(p.ws + (b + 1) * p.ws_stride)) : INT64_MAX;
+    }
+    if (b < 0) continue;  // row < ws[0]: no owner, left untouched
+    if (b != cached_b) {
+      cur_ws = __ldg(p.ws + b * p.ws_stride);
+      start = p.seq_starts ? static_cast<int64_t>(__ldg(p.seq_starts + b * p.ss_stride)) : 0;
+    }
+    // Positions are < 2^32 for any cache that fits in memory (pos / bs indexes the block table);
+    // 32-bit unsigned division is several times cheaper than 64-bit and keeps ptxas from
+    // spilling. A negative position (seq_starts < 0, a precondition violation) reads out of bounds.
+    const uint32_t pos = static_cast<uint32_t>(start + (row - cur_ws));
+    const uint32_t blk = pos / ubs;
+    const uint32_t off = pos - blk * ubs;
+    if (b != cached_b || blk != cached_blk) {
+      const int64_t block_id =
+          __ldg(p.block_table + b * p.bt_row_stride + static_cast<int64_t>(blk) * p.bt_col_stride);
+      block_base = p.cache + block_id * p.cache_block_stride;
+      cached_b = b;
+      cached_blk = blk;
+    }
+    rec[r] = block_base + static_cast<int64_t>(off) * p.cache_entry_stride;
+  }
+}
+
+// Loads and stores of the vector path, optionally with streaming cache hints (evict-first: the
+// records are read once and dst is written once, so neither should push the other out of L2).
+template <bool STREAM>
+__device__ __forceinline__ uint2 load8(const uint8_t* ptr) {
+  return STREAM ? __ldcs(reinterpret_cast<const uint2*>(ptr)) : __ldg(reinterpret_cast<const uint2*>(ptr));
+}
+template <bool STREAM>
+__device__ __forceinline__ uint4 load16(const uint8_t* ptr) {
+  return STREAM ? __ldcs(reinterpret_cast<const uint4*>(ptr)) : __ldg(reinterpret_cast<const uint4*>(ptr));
+}
+template <bool STREAM>
+__device__ __forceinline__ void store16(uint8_t* ptr, uint4 v) {
+  if (STREAM) {
+    __stcs(reinterpret_cast<uint4*>(ptr), v);
+  } else {
+    *reinterpret_cast<uint4*>(ptr) = v;
+  }
+}
+
+// Vector path: one warp per output row; each warp takes runs of ROWS consecutive rows (located
+// together, see locate_run) and has all their loads in flight before the first store. Lane l of
+// a row:
 //   NoPE half h (0, 1): loads codes [256h + 8l, +8) as one 8-byte load (a warp load = 256
-//   contiguous bytes), needs scale[2h + l/16] (the 16 scale bytes are one broadcast float4
-//   load), writes bf16 [256h + 8l, +8) as one 16-byte store (a warp store = 512 contiguous
-//   bytes); lanes 0..7 also copy one 16-byte RoPE chunk (record bytes 528 + 16l -> row bytes
+//   contiguous bytes), needs scale[2h + l/16] (one 4-byte load, broadcast in the half-warp),
+//   writes bf16 [256h + 8l, +8) as one 16-byte store (a warp store = 512 contiguous bytes);
+//   lanes 0..7 also copy one 16-byte RoPE chunk (record bytes 528 + 16l -> row bytes
 //   1024 + 16l). Every global access is fully coalesced; 16-byte alignment of records and dst
 //   rows is checked on the host.
-template <int ROWS>
+template <int ROWS, bool STREAM>
 __global__ void __launch_bounds__(kThreads) gather_vec_kernel(GatherParams p, uint8_t* __restrict__ dst,
                                                               int64_t dst_row_stride_bytes) {
   const int lane = threadIdx.x & (kWarp - 1);
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
+  const int tile = lane >> 4;  // this lane's scale tile in each NoPE half
   for (int64_t base = warp * ROWS; base < p.total; base += num_warps * ROWS) {
     const uint8_t* rec[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      rec[r] = (base + r < p.total) ? locate_record(p, base + r, lane) : nullptr;
-    }
+    locate_run<ROWS>(p, base, lane, rec);
     uint2 c0[ROWS], c1[ROWS];
-    float4 sc[ROWS];
+    float s0[ROWS], s1[ROWS];
     uint4 rope[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       if (rec[r] != nullptr) {
-        c0[r] = __ldg(reinterpret_cast<const uint2*>(rec[r]) + lane);
-        c1[r] = __ldg(reinterpret_cast<const uint2*>(rec[r] + 256) + lane);
-        sc[r] = __ldg(reinterpret_cast<const float4*>(rec[r] + kScaleOffset));
-        if (lane < 8) rope[r] = __ldg(reinterpret_cast<const uint4*>(rec[r] + kRopeOffset) + lane);
+        c0[r] = load8<STREAM>(rec[r] + 8 * lane);
+        c1[r] = load8<STREAM>(rec[r] + 256 + 8 * lane);
+        s0[r] = __ldg(reinterpret_cast<const float*>(rec[r] + kScaleOffset) + tile);
+        s1[r] = __ldg(reinterpret_cast<const float*>(rec[r] + kScaleOffset) + 2 + tile);
+        if (lane < 8) rope[r] = load16<STREAM>(rec[r] + kRopeOffset + 16 * lane);
       }
     }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       if (rec[r] == nullptr) continue;
       uint8_t* out = dst + (base + r) * dst_row_stride_bytes;
-      const float s0 = (lane < 16) ? sc[r].x : sc[r].y;  // tile lane/16
-      const float s1 = (lane < 16) ? sc[r].z : sc[r].w;  // tile 2 + lane/16
-      reinterpret_cast<uint4*>(out)[lane] = dequant8(c0[r], s0);
-      reinterpret_cast<uint4*>(out + 512)[lane] = dequant8(c1[r], s1);
-      if (lane < 8) reinterpret_cast<uint4*>(out + 2 * kNopeDim)[lane] = rope[r];
+      store16<STREAM>(out + 16 * lane, dequant8(c0[r], s0[r]));
+      store16<STREAM>(out + 512 + 16 * lane, dequant8(c1[r], s1[r]));
+      if (lane < 8) store16<STREAM>(out + 2 * kNopeDim + 16 * lane, rope[r]);
     }
   }
 }
@@ -362,7 +430,7 @@ void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* n
 void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Tensor& block_table,
                const at::Tensor& workspace_starts, int64_t batch_size,
                const std::optional<at::Tensor>& seq_starts, int64_t rows_per_warp,
-               bool force_scalar) {
+               bool force_scalar, bool stream_hints) {
   TORCH_CHECK(src_cache.is_cuda(), "gather: src_cache must be a CUDA tensor");
   TORCH_CHECK(src_cache.scalar_type() == at::kByte,
               "gather: src_cache must be uint8 (view an fp8 cache as uint8), got ",
@@ -401,8 +469,8 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
     ss_ptr = ss.data_ptr<int32_t>();
     ss_stride = ss.stride(0);
   }
-  TORCH_CHECK(rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4,
-              "gather: rows_per_warp must be 1, 2 or 4");
+  TORCH_CHECK(rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4 || rows_per_warp == 8,
+              "gather: rows_per_warp must be 1, 2, 4 or 8");
 
   const int64_t total = dst.size(0);
   if (total == 0 || batch_size == 0) return;  // nothing to write; no launch
@@ -432,15 +500,20 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
   if (vec) {
     const int64_t row_bytes = dst.stride(0) * 2;
     const int rpw = static_cast<int>(rows_per_warp);
-    if (rpw == 1) {
-      const unsigned grid = grid_for(gather_vec_kernel<1>, total, 1, device);
-      gather_vec_kernel<1><<<grid, kThreads, 0, stream>>>(p, dst_bytes, row_bytes);
-    } else if (rpw == 2) {
-      const unsigned grid = grid_for(gather_vec_kernel<2>, total, 2, device);
-      gather_vec_kernel<2><<<grid, kThreads, 0, stream>>>(p, dst_bytes, row_bytes);
-    } else {
-      const unsigned grid = grid_for(gather_vec_kernel<4>, total, 4, device);
-      gather_vec_kernel<4><<<grid, kThreads, 0, stream>>>(p, dst_bytes, row_bytes);
+    // One instantiation per (rows per warp, hints); see the bench's --variants for the sweep.
+    const auto launch = [&](auto kernel, int rows) {
+      const unsigned grid = grid_for(kernel, total, rows, device);
+      kernel<<<grid, kThreads, 0, stream>>>(p, dst_bytes, row_bytes);
+    };
+    switch (rpw * 2 + (stream_hints ? 1 : 0)) {
+      case 2: launch(gather_vec_kernel<1, false>, 1); break;
+      case 3: launch(gather_vec_kernel<1, true>, 1); break;
+      case 4: launch(gather_vec_kernel<2, false>, 2); break;
+      case 5: launch(gather_vec_kernel<2, true>, 2); break;
+      case 8: launch(gather_vec_kernel<4, false>, 4); break;
+      case 9: launch(gather_vec_kernel<4, true>, 4); break;
+      case 16: launch(gather_vec_kernel<8, false>, 8); break;
+      default: launch(gather_vec_kernel<8, true>, 8); break;
     }
   } else {
     const unsigned grid = grid_for(gather_scalar_kernel, total, 1, device);
@@ -517,7 +590,8 @@ void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor&
 TORCH_LIBRARY(mlafuzz_fp8_ds_mla, m) {
   m.def(
       "gather(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor workspace_starts, "
-      "int batch_size, Tensor? seq_starts=None, int rows_per_warp=2, bool force_scalar=False) -> ()");
+      "int batch_size, Tensor? seq_starts=None, int rows_per_warp=4, bool force_scalar=False, "
+      "bool stream_hints=False) -> ()");
   m.def(
       "writer(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
       "bool convert_fp16_rope=False) -> ()");
