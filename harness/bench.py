@@ -5,9 +5,9 @@ be written) / median time over repeats after warm-up, timed with CUDA events.
 Our kernel, the torch implementation and a copy of the same byte count are
 measured in the same run and printed as ratios to the copy.
 
-Harness bench (``--harness``): cases/s at realistic sizes and the time split
-(generate, kernel, setup, oracle, compare, rerun, guards) of one checked case;
-checks/kernel = everything but generation and the kernel, over the kernel.
+Harness bench (``--harness``): cases/s at realistic sizes, the time split of
+one checked case (generate, kernel, setup, inputs, rerun, oracle, guards) and
+the runner's whole check timed as one; checks/kernel = (check - kernel) / kernel.
 """
 
 from __future__ import annotations
@@ -109,15 +109,15 @@ OURS = {"gather": "cuda", "convert": "triton", "writer": "cuda"}
 
 
 def gather_variants() -> dict[str, Callable]:
-    """Every tuning variant of our CUDA gather (runs of rows per warp x streaming cache hints), to
+    """Every tuning variant of our CUDA gather (load width x rows per warp x streaming hints), to
     pick the defaults from measurements on the GPU at hand."""
     import functools
 
     from mlafuzz.kernels import cuda_ext
 
-    return {f"rows{rows}{'+cs' if hints else ''}": functools.partial(
-                cuda_ext.gather_impl, rows_per_warp=rows, stream_hints=hints)
-            for rows in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)}
+    return {f"{'wide' if wide else 'rows'}{rows}{'+cs' if hints else ''}": functools.partial(
+                cuda_ext.gather_impl, rows_per_warp=rows, stream_hints=hints, wide=wide)
+            for wide in (False, True) for rows in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)}
 
 
 def bench_kernels(ops: list[str], *, repeats: int = 30, variants: bool = False) -> list[str]:
@@ -169,7 +169,7 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0) -> list[str]
     from mlafuzz.harness.fuzz import case_seed
     from mlafuzz.harness.guards import PATTERNS, oob_findings, write_map_findings
     from mlafuzz.harness.ops import OP_DEFS
-    from mlafuzz.harness.runner import call_impl, input_mutations
+    from mlafuzz.harness.runner import call_impl, check_call, input_mutations
     from mlafuzz.kernels.registry import resolve
 
     def timed(fn: Callable[[], object]) -> tuple[object, float]:
@@ -179,10 +179,12 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0) -> list[str]
         torch.cuda.synchronize()
         return out, time.perf_counter() - t0
 
-    cols = ("generate", "kernel", "setup", "oracle", "compare", "rerun", "guards")
-    lines = [f"{'op':<8} {'cases/s':>8} " + " ".join(f"{c:>9}" for c in cols) + f" {'checks/kernel':>14}"
-             "   (ms per case, medians; setup = copying inputs and filling guarded outputs for the"
-             " first run; rerun = the second run over the other fill, with its own setup)"]
+    cols = ("generate", "kernel", "setup", "inputs", "rerun", "oracle", "guards", "check_call")
+    lines = [f"{'op':<8} {'cases/s':>8} " + " ".join(f"{c:>10}" for c in cols) + f" {'checks/kernel':>14}",
+             "  ms per case, medians. setup: copying inputs and filling guarded outputs for the first run;"
+             " inputs: the input-mutation check; rerun: the second run (guarded ops) with its setup;"
+             " oracle: the fused check (GPU) or oracle + comparator; guards: guard zones and write map."
+             " check_call: the runner's whole check, timed as one; checks/kernel = (check_call - kernel) / kernel."]
     for op in ops:
         entry = resolve(op, OURS[op])
         fn = entry.load("cuda")
@@ -199,38 +201,43 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0) -> list[str]
             opdef.invoke(fn, case, args)  # JIT-compile this case's kernel variant outside the timing
             _, t_kernel = timed(lambda: opdef.invoke(fn, case, args))
             args = None
-            # The same steps as runner.check_call, one by one.
+            # The steps of runner.check_call one by one (its default path: no sampled re-run) ...
             first, t_call = timed(lambda: call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0]))
             ctx = Context(op=op, impl=entry.name, case_id=case.case_id)
-            same, t_oracle = (timed(lambda: opdef.fast_match(case, first.outputs))
-                              if opdef.fast_match is not None else (False, 0.0))
-            t_cmp = 0.0
-            if not same:
-                expected, t_oracle_full = timed(lambda: opdef.oracle(case))
-                t_oracle += t_oracle_full
-                _, t_cmp = timed(lambda: compare(expected=expected, actual=first.outputs, policy=Policy(), ctx=ctx))
-                expected = None
             mutated, t_inputs = timed(lambda: input_mutations(case, first.inputs, ctx))
-            second, t_rerun = timed(lambda: call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1],
-                                                      reuse=None if mutated else first.inputs))
+            second, t_rerun = (timed(lambda: call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1],
+                                                       reuse=None if mutated else first.inputs))
+                               if first.guards else (None, 0.0))
+            both = second is not None
+            same, t_oracle = (timed(lambda: opdef.fast_match(case, first.outputs, second.outputs if both else None))
+                              if opdef.fast_match is not None else (False, 0.0))
+            if not same:
+                _, t_full = timed(lambda: compare(expected=opdef.oracle(case), actual=first.outputs, policy=Policy(),
+                                                  ctx=ctx))
+                t_oracle += t_full
 
             def guards():
                 out = []
-                for name, g in second.guards.items():
+                for name, g in (second.guards if both else {}).items():
                     out += oob_findings(name=name, g=first.guards[name], op=op, impl=entry.name, case_id=case.case_id)
                     out += oob_findings(name=name, g=g, op=op, impl=entry.name, case_id=case.case_id)
-                    out += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=op,
-                                              impl=entry.name, case_id=case.case_id)
+                    if not same:
+                        out += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=op,
+                                                  impl=entry.name, case_id=case.case_id)
                 return out
             _, t_guard = timed(guards)
             first = second = None
+            # ... and the whole of it, as the fuzz loop runs it.
+            findings, t_check = timed(lambda: check_call(case=case, entry=entry, fn=fn, policy=Policy(), rerun=False))
+            if findings:
+                raise RuntimeError(f"bench --harness: our {op} drew findings on a realistic case: {findings[0].message}")
             if i == 0:
                 continue
             walls.append(time.perf_counter() - t_start)
-            for k, v in zip(cols, (t_gen, t_kernel, t_call - t_kernel, t_oracle, t_cmp + t_inputs, t_rerun, t_guard)):
+            for k, v in zip(cols, (t_gen, t_kernel, t_call - t_kernel, t_inputs, t_rerun, t_oracle, t_guard, t_check)):
                 stages[k].append(v * 1e3)
         med = {k: statistics.median(v) for k, v in stages.items()}
-        checks = sum(med[k] for k in cols[2:]) / max(med["kernel"], 1e-9)
-        lines.append(f"{op:<8} {cases / sum(walls):>8.2f} " + " ".join(f"{med[c]:>9.2f}" for c in cols)
+        checks = (med["check_call"] - med["kernel"]) / max(med["kernel"], 1e-9)
+        lines.append(f"{op:<8} {cases / sum(walls):>8.2f} " + " ".join(f"{med[c]:>10.2f}" for c in cols)
                      + f" {checks:>14.2f}")
     return lines

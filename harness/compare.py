@@ -14,6 +14,7 @@ from typing import Mapping
 
 import torch
 
+from mlafuzz.harness.bits import same_bits
 from mlafuzz.harness.findings import Finding, Kind, Mismatch
 
 MAX_SHOWN = 5
@@ -78,7 +79,7 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
     view = _BITS_VIEW[exp.dtype]
     e_bits = exp.contiguous().view(view).reshape(-1)
     a_bits = act.contiguous().view(view).reshape(-1).to(e_bits.device)
-    if bool(torch.equal(e_bits, a_bits)):  # the common case, in one pass: same bits, same NaNs
+    if same_bits(e_bits, a_bits):  # the common case, in one pass: same bits, same NaNs
         return []
     e_nan = torch.isnan(exp.contiguous().reshape(-1))
     a_nan = torch.isnan(act.contiguous().reshape(-1)).to(e_nan.device)
@@ -129,7 +130,7 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
 def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor) -> list[Finding]:
     e = exp.reshape(-1)
     a = act.reshape(-1).to(e.device)
-    if bool(torch.equal(e, a)):
+    if e.dtype == a.dtype and same_bits(e, a):
         return []
     bad = (e != a).nonzero()[:MAX_SHOWN].reshape(-1).cpu()
     n, total, shape = int((e != a).sum()), e.numel(), tuple(exp.shape)

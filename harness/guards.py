@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mlafuzz.harness.bits import same_bits
 from mlafuzz.harness.findings import Finding, Kind, Mismatch
 
 GUARD_BYTES = 4096  # a multiple of 16 and of 656, so vector accesses keep their alignment
@@ -84,7 +85,7 @@ def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, im
                        case_id: str) -> list[Finding]:
     """MISSING_WRITE and NONDETERMINISM from the two runs' output regions."""
     a, b = run_a.region(), run_b.region()
-    if bool(torch.equal(a, b)):  # one pass: fills differ, so equal runs wrote every byte, identically
+    if same_bits(a, b):  # one pass: fills differ, so equal runs wrote every byte, identically
         return []
     out: list[Finding] = []
     missing = (a == run_a.fill) & (b == run_b.fill)

@@ -18,6 +18,7 @@ import torch
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness import redzone
+from mlafuzz.harness.bits import as_bits, same_bits
 from mlafuzz.harness.compare import Context, Policy, compare
 from mlafuzz.harness.findings import Finding, Kind
 from mlafuzz.harness.guards import PATTERNS, Guarded, oob_findings, write_map_findings
@@ -93,18 +94,13 @@ def redzone_findings(call: Call, ctx: Context) -> list[Finding]:
     return out
 
 
-def as_bits(t: torch.Tensor) -> torch.Tensor:
-    """A flat view to compare bit for bit (floats as bytes, so NaN payloads and -0 count)."""
-    return t.reshape(-1).contiguous().view(torch.uint8) if t.is_floating_point() else t.reshape(-1)
-
-
 def input_mutations(case: Case, inputs: Mapping[str, Any], ctx: Context) -> list[Finding]:
     out = []
     for name, before in case.tensors.items():
         after = inputs.get(name)
         if before is None or after is None or name in OP_DEFS[case.op].inplace:
             continue
-        if not torch.equal(as_bits(before), as_bits(after)):
+        if not same_bits(before, after):
             changed = int((as_bits(before) != as_bits(after)).sum())
             out.append(Finding(kind=Kind.INPUT_MUTATION, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
                                tensor=name, cause=f"{name}:mutated", count=changed, total=as_bits(before).numel(),
@@ -119,7 +115,7 @@ def _rerun_differs(first: Call, second: Call, ctx: Context) -> list[Finding]:
         b = (second.outputs or {}).get(name)
         if name in first.guards or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
             continue
-        if a.shape == b.shape and a.dtype == b.dtype and not torch.equal(as_bits(a), as_bits(b)):
+        if a.shape == b.shape and a.dtype == b.dtype and not same_bits(a, b):
             n = int((as_bits(a) != as_bits(b)).sum())
             out.append(Finding(kind=Kind.NONDETERMINISM, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
                                tensor=name, cause=f"{name}:rerun", count=n, total=as_bits(a).numel(),
@@ -132,10 +128,11 @@ def _review(opdef: OpDef, case: Case, call: Call, findings: list[Finding], ctx: 
     return list(opdef.review(case, call, findings, ctx)) if opdef.review else findings
 
 
-def _fast_says_match(opdef: OpDef, case: Case, outputs: Mapping[str, Any]) -> bool:
+def _fast_says_match(opdef: OpDef, case: Case, outputs: Mapping[str, Any],
+                     second: Mapping[str, Any] | None) -> bool:
     """The op's fused check; any failure of the check itself just means "run the full path"."""
     try:
-        return bool(opdef.fast_match(case, outputs))
+        return bool(opdef.fast_match(case, outputs, second))
     except Exception as exc:  # an optimisation must never turn into a finding or a crash
         if not _FAST_FAILED:
             _FAST_FAILED.append(case.op)
@@ -149,6 +146,13 @@ _FAST_FAILED: list[str] = []  # warn once per process
 
 def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, rerun: bool,
                oracle: Callable[[Case], Mapping[str, Any]] | None = None, fast: bool | None = None) -> list[Finding]:
+    """Findings of one case: the first run against the oracle, its red zones, guard zones and
+    inputs; then, for guarded outputs (or a sampled re-run), a second run over the other fill:
+    its guard zones, the write map of the two runs, and the re-run's agreement with the first.
+
+    On the GPU the op's fused check (``fast_match``) stands in for the oracle and comparator when
+    it says yes; given both runs' outputs it also vouches for the write map (both runs equal to
+    the oracle and to each other implies every guarded byte was written, identically)."""
     opdef = OP_DEFS[case.op]
     ctx = Context(op=case.op, impl=entry.name, case_id=case.case_id)
     first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0])
@@ -158,23 +162,26 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
                                 cause=type(first.error).__name__,
                                 message=f"raised on a valid input: {first_line(first.error)}"))
         return _review(opdef, case, first, findings, ctx) + input_mutations(case, first.inputs, ctx)
-    if fast is None:  # by default only on the GPU: under Triton's CPU interpreter it is slower than the oracle
-        fast = case.device.startswith("cuda")
-    if oracle is None and fast and opdef.fast_match is not None and _fast_says_match(opdef, case, first.outputs):
-        pass  # the fused exact check says the outputs are the oracle's: nothing to compare
-    else:
-        expected = (oracle or opdef.oracle)(case)
-        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
-    findings = _review(opdef, case, first, findings, ctx)
-    for name, g in first.guards.items():
-        findings += oob_findings(name=name, g=g, op=case.op, impl=entry.name, case_id=case.case_id)
     mutated = input_mutations(case, first.inputs, ctx)
-    findings += mutated
+    second = None
     if first.guards or rerun:
         # Unchanged inputs are passed again rather than copied again: at realistic sizes a copy
         # of the cache costs about as much as the kernel under test.
         second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1],
                            reuse=None if mutated else first.inputs)
+    if fast is None:  # by default only on the GPU: under Triton's CPU interpreter it is slower than the oracle
+        fast = case.device.startswith("cuda")
+    both = second is not None and second.error is None and bool(first.guards)
+    vouched = (oracle is None and fast and opdef.fast_match is not None
+               and _fast_says_match(opdef, case, first.outputs, second.outputs if both else None))
+    if not vouched:
+        expected = (oracle or opdef.oracle)(case)
+        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
+    findings = _review(opdef, case, first, findings, ctx)
+    for name, g in first.guards.items():
+        findings += oob_findings(name=name, g=g, op=case.op, impl=entry.name, case_id=case.case_id)
+    findings += mutated
+    if second is not None:
         if second.error is not None:
             findings.append(Finding(kind=Kind.NONDETERMINISM, op=case.op, impl=entry.name, case_id=case.case_id,
                                     cause="rerun_raised",
@@ -184,8 +191,9 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
                 findings += [f for f in oob_findings(name=name, g=g, op=case.op, impl=entry.name,
                                                      case_id=case.case_id)
                              if not any(f.dedup_key == h.dedup_key for h in findings)]
-                findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=case.op,
-                                               impl=entry.name, case_id=case.case_id)
+                if not (vouched and both):
+                    findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=case.op,
+                                                   impl=entry.name, case_id=case.case_id)
             findings += _rerun_differs(first, second, ctx)
     return findings
 

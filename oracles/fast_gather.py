@@ -59,38 +59,59 @@ def _is_nan_bf16(bits):
 
 
 @triton.jit
-def _check_rows(cache8_ptr, cache16_ptr, cache32_ptr, lut_ptr, dst_ptr, table_ptr, ws_ptr, ss_ptr, bad_ptr,
-                batch_size, block_size, table_stride, table_stride1, dst_stride,
-                HAS_SS: tl.constexpr, BLOCK_B: tl.constexpr, USE_ASM: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    # The owner: the last request whose start is <= row (empty requests own nothing).
-    bidx = tl.arange(0, BLOCK_B)
-    ws = tl.load(ws_ptr + bidx, mask=bidx < batch_size, other=2**31 - 1).to(tl.int64)
-    owner = tl.max(tl.where(ws <= row, bidx, -1), axis=0)
-    start = tl.max(tl.where(bidx == owner, ws, -(2**62)), axis=0)
-    seq_start = 0
-    if HAS_SS:
-        seq_start = tl.load(ss_ptr + owner).to(tl.int64)
-    pos = seq_start + row - start
-    blk = tl.load(table_ptr + owner * table_stride + (pos // block_size) * table_stride1).to(tl.int64)
-    # Byte offset of the record: a multiple of 16 (656 = 41 x 16), said so the loads vectorize.
-    rec = tl.multiple_of((blk * block_size + pos % block_size) * 656, 16)
+def _mismatches(expected, actual):
+    """Elements whose bits differ, NaN compared by position (any payload matches any)."""
+    e_nan, a_nan = _is_nan_bf16(expected), _is_nan_bf16(actual)
+    return tl.sum(((e_nan != a_nan) | (~e_nan & ~a_nan & (expected != actual))).to(tl.int32))
+
+
+@triton.jit
+def _check_rows(cache8_ptr, cache16_ptr, cache32_ptr, lut_ptr, rec_ptr, dst_ptr, dst2_ptr, bad_ptr,
+                total, dst_stride, dst2_stride, TWO: tl.constexpr, ROWS: tl.constexpr, USE_ASM: tl.constexpr):
+    """ROWS rows per program: rebuild each row from its record and count differing elements in
+    dst (and dst2 when TWO: the second guarded run, checked in the same pass over the cache)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = rows < total
+    # Byte offset of each row's record: multiples of 16 (656 = 41 x 16), said so loads vectorize.
+    rec = tl.multiple_of(tl.load(rec_ptr + rows, mask=live, other=0), 16)
     # NoPE: 512 codes x their tile's scale.
     cols = tl.arange(0, 512)
-    code = tl.load(cache8_ptr + rec + cols).to(tl.int32)
-    scale = tl.load(cache32_ptr + (rec + 512) // 4 + cols // 128).to(tl.float32, bitcast=True)
-    expected = _bf16_bits(_mul_rn(tl.load(lut_ptr + code), scale, USE_ASM))
-    actual = tl.load(dst_ptr + row * dst_stride + cols).to(tl.int32) & 0xFFFF
-    e_nan = _is_nan_bf16(expected)
-    a_nan = _is_nan_bf16(actual)
-    bad = tl.sum(((e_nan != a_nan) | (~e_nan & ~a_nan & (expected != actual))).to(tl.int32), axis=0)
+    m2 = live[:, None]
+    code = tl.load(cache8_ptr + rec[:, None] + cols[None, :], mask=m2, other=0).to(tl.int32)
+    scale = tl.load(cache32_ptr + (rec[:, None] + 512) // 4 + cols[None, :] // 128, mask=m2, other=0)
+    expected = _bf16_bits(_mul_rn(tl.load(lut_ptr + code), scale.to(tl.float32, bitcast=True), USE_ASM))
+    out = rows[:, None] * dst_stride + cols[None, :]
+    actual = tl.load(dst_ptr + out, mask=m2, other=0).to(tl.int32) & 0xFFFF
+    bad = _mismatches(expected, actual)
     # RoPE: the record's 64 16-bit patterns as they are.
     rcols = tl.arange(0, 64)
-    rope = tl.load(cache16_ptr + (rec + 528) // 2 + rcols).to(tl.int32) & 0xFFFF
-    ract = tl.load(dst_ptr + row * dst_stride + 512 + rcols).to(tl.int32) & 0xFFFF
-    r_nan, ra_nan = _is_nan_bf16(rope), _is_nan_bf16(ract)
-    bad += tl.sum(((r_nan != ra_nan) | (~r_nan & ~ra_nan & (rope != ract))).to(tl.int32), axis=0)
-    tl.store(bad_ptr + row, bad)
+    rope = tl.load(cache16_ptr + (rec[:, None] + 528) // 2 + rcols[None, :], mask=m2, other=0).to(tl.int32) & 0xFFFF
+    rout = rows[:, None] * dst_stride + 512 + rcols[None, :]
+    ract = tl.load(dst_ptr + rout, mask=m2, other=0).to(tl.int32) & 0xFFFF
+    bad += _mismatches(rope, ract)
+    if TWO:  # the second run: the same expectations, and bit-identical to the first (NaN payloads too)
+        actual2 = tl.load(dst2_ptr + rows[:, None] * dst2_stride + cols[None, :], mask=m2, other=0).to(tl.int32) & 0xFFFF
+        ract2 = tl.load(dst2_ptr + rows[:, None] * dst2_stride + 512 + rcols[None, :], mask=m2, other=0).to(tl.int32) & 0xFFFF
+        bad += _mismatches(expected, actual2) + _mismatches(rope, ract2)
+        bad += tl.sum((actual != actual2).to(tl.int32)) + tl.sum((ract != ract2).to(tl.int32))
+    tl.store(bad_ptr + tl.program_id(0), bad)
+
+
+def record_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, workspace_starts: torch.Tensor,
+                   batch_size: int, seq_starts: torch.Tensor | None, total: int) -> torch.Tensor:
+    """Byte offset (int64 [total]) of the record each dst row reads, in a contiguous cache: the
+    owner of row i is the last request b with ws[b] <= i (empty requests own nothing), position
+    seq_starts[b] + i - ws[b], then the block table. A few vectorized torch ops."""
+    dev = workspace_starts.device
+    rows = torch.arange(total, device=dev, dtype=torch.int64)
+    ws = workspace_starts[:batch_size].to(torch.int64)
+    owner = torch.searchsorted(ws, rows, right=True) - 1
+    pos = rows - ws[owner]
+    if seq_starts is not None:
+        pos += seq_starts[:batch_size].to(torch.int64)[owner]
+    bs = src_cache.shape[1]
+    blk = block_table[owner, pos // bs].to(torch.int64)
+    return (blk * bs + pos % bs) * 656
 
 
 _LUTS: dict[torch.device, torch.Tensor] = {}
@@ -106,8 +127,12 @@ def _fp8_lut(device: torch.device) -> torch.Tensor:
 
 
 def gather_rows_match(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
-                      workspace_starts: torch.Tensor, batch_size: int, seq_starts: torch.Tensor | None) -> bool:
-    """True when every dst row holds exactly its expected dequantized record (SPEC section 4).
+                      workspace_starts: torch.Tensor, batch_size: int, seq_starts: torch.Tensor | None,
+                      dst2: torch.Tensor | None = None) -> bool:
+    """True when every dst row holds exactly its expected dequantized record (SPEC section 4);
+    with ``dst2`` (a second run's output, over another fill) also when every dst2 row does and
+    is bit-identical to dst's, NaN payloads included: then every byte was written in both runs,
+    identically, which is what the guards' write map would otherwise establish.
 
     Preconditions of SPEC section 4 are assumed to hold (the fuzz loop only calls
     this on valid cases); False means "run the full oracle and comparator".
@@ -115,21 +140,21 @@ def gather_rows_match(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table
     total = dst.shape[0]
     if total == 0:
         return True
-    if batch_size <= 0 or batch_size > 4096:
-        return False  # outside this filter's tiling: let the full path decide
+    if batch_size <= 0 or (dst2 is not None and dst2.shape != dst.shape):
+        return False  # let the full path decide
     cache = src_cache.view(torch.uint8)
     if not cache.is_contiguous() or cache.data_ptr() % 16:
         cache = cache.clone(memory_format=torch.contiguous_format)  # the typed views below need alignment
     flat = cache.reshape(-1)
     bits = dst.view(torch.int16)
-    if bits.stride(1) != 1:
-        return False  # only contiguous rows are read here: let the full path decide
-    ws = workspace_starts[:batch_size].contiguous()
-    ss = seq_starts[:batch_size].contiguous() if seq_starts is not None else ws
-    bad = torch.empty(total, dtype=torch.int32, device=dst.device)
-    _check_rows[(total,)](flat, flat.view(torch.int16), flat.view(torch.int32), _fp8_lut(dst.device), bits,
-                          block_table, ws, ss, bad, batch_size, cache.shape[1], block_table.stride(0),
-                          block_table.stride(1), bits.stride(0), HAS_SS=seq_starts is not None,
-                          BLOCK_B=triton.next_power_of_2(batch_size),
-                          USE_ASM=dst.is_cuda and not _INTERPRETED, num_warps=4)
+    bits2 = dst2.view(torch.int16) if dst2 is not None else bits
+    if bits.stride(1) != 1 or bits2.stride(1) != 1:
+        return False  # only rows with contiguous elements are read here
+    rec = record_offsets(src_cache=cache, block_table=block_table, workspace_starts=workspace_starts,
+                         batch_size=batch_size, seq_starts=seq_starts, total=total)
+    rows = 8
+    bad = torch.empty(triton.cdiv(total, rows), dtype=torch.int32, device=dst.device)
+    _check_rows[(bad.numel(),)](flat, flat.view(torch.int16), flat.view(torch.int32), _fp8_lut(dst.device), rec,
+                                bits, bits2, bad, total, bits.stride(0), bits2.stride(0), TWO=dst2 is not None,
+                                ROWS=rows, USE_ASM=dst.is_cuda and not _INTERPRETED, num_warps=8)
     return not bool(bad.any())

@@ -31,11 +31,14 @@ def _gather(values: ValueMode) -> GatherSpec:
     ("gather_mutates_cache", ValueMode.ACTIVATIONS, Kind.INPUT_MUTATION),
     ("gather_nondeterministic", ValueMode.ACTIVATIONS, Kind.NONDETERMINISM),
 ])
-def test_planted_gather_draws_its_kind_and_the_torch_gather_does_not(mutant, values, kind):
+@pytest.mark.parametrize("fast", [False, True], ids=["oracle", "fused-check"])
+def test_planted_gather_draws_its_kind_and_the_torch_gather_does_not(mutant, values, kind, fast):
+    """fused-check: the GPU's path, where the fused check of both runs stands in for the oracle,
+    the comparator and the write map whenever it says yes (here under the interpreter)."""
     case = materialize(_gather(values), 3, "cpu")
-    bad = run_case(case=case, entry=resolve("gather", mutant), rerun=True)
+    bad = run_case(case=case, entry=resolve("gather", mutant), rerun=True, fast=fast)
     assert kind in {f.kind for f in bad.findings}, [f.message for f in bad.findings]
-    good = run_case(case=case, entry=resolve("gather", "torch"), rerun=True)
+    good = run_case(case=case, entry=resolve("gather", "torch"), rerun=True, fast=fast)
     assert good.findings == ()
 
 

@@ -77,3 +77,40 @@ def test_yes_on_the_oracles_rows_no_on_any_single_bit_flip_that_changes_the_valu
     a, e = bits[i, j].view(torch.bfloat16).float(), old.view(torch.bfloat16).float()
     both_nan = bool(torch.isnan(a)) and bool(torch.isnan(e))  # a payload change is not a difference
     assert _match(case, bits.view(torch.bfloat16)) == both_nan
+
+
+@given(seed=st.integers(0, 2**32 - 1), flip=st.integers(0, 2**31))
+@settings(max_examples=5, deadline=None)
+def test_two_runs_checked_in_one_pass_say_no_when_either_differs(seed, flip):
+    spec = GatherSpec(requests=(GatherRequest(context_len=33, seq_start=3, length=20), GatherRequest(context_len=0),
+                                GatherRequest(context_len=21)),
+                      paging=Paging(block_size=8, layout="shuffled"), ws_form="cumulative")
+    case = materialize(spec, seed, DEV)
+    t = case.tensors
+    dst = _expected(case)
+    args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
+                batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
+    assert gather_rows_match(dst=dst, dst2=dst.clone(), **args)
+    bad = dst.view(torch.int16).clone()
+    i, j = flip % bad.shape[0], (flip // 5) % 576
+    bad[i, j] ^= 0x0100  # an exponent bit: never NaN-to-NaN
+    assert not gather_rows_match(dst=dst, dst2=bad.view(torch.bfloat16), **args)
+    assert not gather_rows_match(dst=bad.view(torch.bfloat16), dst2=dst, **args)
+    assert not gather_rows_match(dst=dst, dst2=dst[:-1], **args)
+
+
+def test_two_runs_that_differ_only_in_a_nan_payload_are_not_a_match():
+    spec = GatherSpec(requests=(GatherRequest(context_len=16, length=16),), paging=Paging(block_size=8),
+                      values=ValueMode.ALL_CODES)
+    case = materialize(spec, 3, DEV)
+    t = case.tensors
+    dst = _expected(case)
+    bits = dst.view(torch.int16)
+    nan = torch.isnan(dst)
+    assert bool(nan.any())
+    other = bits.clone()
+    other[nan] = 0x7FFF  # another NaN payload at the same positions
+    args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
+                batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
+    assert gather_rows_match(dst=other.view(torch.bfloat16), **args)  # NaN by position vs the oracle
+    assert not gather_rows_match(dst=dst, dst2=other.view(torch.bfloat16), **args)  # but the runs differ
