@@ -65,7 +65,8 @@ def oob_findings(*, name: str, g: Guarded, op: str, impl: str, case_id: str) -> 
     full = g.full  # stays on its device: only counts and a few indices cross to the host
     before = full[:GUARD_BYTES] != g.fill
     after = full[GUARD_BYTES + g.nbytes:] != g.fill
-    n_before, n_after = int(before.sum()), int(after.sum())
+    counts = torch.stack((before.sum(), after.sum())).tolist()  # one sync, not two
+    n_before, n_after = int(counts[0]), int(counts[1])
     if not (n_before or n_after):
         return []
     where = []

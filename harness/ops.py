@@ -31,8 +31,10 @@ class OpDef:
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None
     # A fused exact check "outputs are what the oracle would give" (oracles/fast_*.py), used on
-    # the GPU: yes skips the oracle and the comparator, no runs them for the finding.
-    fast_match: Callable[[Case, Outputs], bool] | None = None
+    # the GPU: yes skips the oracle and the comparator, no runs them for the finding. Its third
+    # argument, when not None, is a second run's outputs over the other guard fill: then yes
+    # also means both runs are bit-identical (the write map's question, answered in one pass).
+    fast_match: Callable[[Case, Outputs, Outputs | None], bool] | None = None
 
 
 # --- convert ---------------------------------------------------------------
@@ -66,9 +68,11 @@ def _convert_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
-def _convert_fast_match(case: Case, outputs: Outputs) -> bool:
+def _convert_fast_match(case: Case, outputs: Outputs, second: Outputs | None = None) -> bool:
     from mlafuzz.oracles.fast_convert import convert_rows_match
 
+    if second is not None:  # convert has no guarded outputs: never asked
+        return False
     t, p = case.tensors, case.params
     out, counts = outputs.get("out"), outputs.get("valid_counts")
     if not isinstance(out, torch.Tensor) or (p["return_valid_counts"] and not isinstance(counts, torch.Tensor)):
@@ -108,13 +112,13 @@ def _gather_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
-def _gather_fast_match(case: Case, outputs: Outputs) -> bool:
+def _gather_fast_match(case: Case, outputs: Outputs, second: Outputs | None = None) -> bool:
     from mlafuzz.oracles.fast_gather import gather_rows_match
 
     t = case.tensors
     return gather_rows_match(src_cache=t["src_cache"], dst=outputs["dst"], block_table=t["block_table"],
                              workspace_starts=t["workspace_starts"], batch_size=case.params["batch_size"],
-                             seq_starts=t["seq_starts"])
+                             seq_starts=t["seq_starts"], dst2=second["dst"] if second is not None else None)
 
 
 def _gather_needs(case: Case) -> frozenset[str]:
@@ -139,6 +143,18 @@ def _writer_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
+def _writer_fast_match(case: Case, outputs: Outputs, second: Outputs | None = None) -> bool:
+    from mlafuzz.oracles.fast_writer import writer_records_match
+
+    if second is not None:  # the writer has no guarded outputs: never asked
+        return False
+    t, after = case.tensors, outputs.get("kv_cache")
+    if not isinstance(after, torch.Tensor):
+        return False
+    return writer_records_match(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
+                                kv_cache_after=after, slot_mapping=t["slot_mapping"])
+
+
 OP_DEFS: dict[str, OpDef] = {
     "convert": OpDef(name="convert", invoke=_convert_invoke, oracle=_convert_oracle(False),
                      oracle_slow=_convert_oracle(True), fast_match=_convert_fast_match),
@@ -146,7 +162,8 @@ OP_DEFS: dict[str, OpDef] = {
                     oracle_slow=_gather_oracle(True), needs=_gather_needs, guarded=_gather_guarded,
                     fast_match=_gather_fast_match),
     "writer": OpDef(name="writer", invoke=_writer_invoke, oracle=_writer_oracle(False),
-                    oracle_slow=_writer_oracle(True), inplace=frozenset({"kv_cache"})),
+                    oracle_slow=_writer_oracle(True), inplace=frozenset({"kv_cache"}),
+                    fast_match=_writer_fast_match),
 }
 
 

@@ -1,0 +1,203 @@
+"""A fused fast path for checking the writer: recompute every record, compare with the cache, one pass.
+
+Like oracles/fast_gather.py, a filter: ``writer_records_match`` says yes only
+when ``kv_cache_after`` is byte for byte what ``oracles.codec.write_records``
+makes from ``kv_cache_before`` (SPEC section 2, "Writer"); no sends the harness
+to the oracle and the comparator. Anything outside the simple case (duplicate
+slots, a slot past the cache, odd dtypes or shapes, mixed devices) is a no.
+
+One program per cache record. A slot -> token map (``inv``, built with one
+scatter) says whether the record is written; if it is, the program recomputes
+the token's record, else the expected record is the one in ``kv_cache_before``;
+either way it is compared with ``kv_cache_after`` byte for byte (NaN payloads
+included: the writer's bytes are exact). So the whole check reads the cache
+twice (before, after) and the inputs once: about one pass over the bytes.
+
+Each step is codec.encode_rows's arithmetic, spelled so nothing can bend it:
+
+- kv_c (bf16 or fp16) -> f32 is exact, decoded from the 16-bit patterns with
+  integer arithmetic (the CPU interpreter's own bf16 -> f32 mangles subnormals);
+- amax is the integer max of the |x| bit patterns with NaNs replaced by +0
+  (non-negative floats order like their bits; fmaxf ignores NaN, identity 0);
+  an inf element gives amax = inf;
+- scale = max(amax / 448, FLT_MIN): one IEEE f32 division rounded to nearest
+  even (on the GPU the PTX ``div.rn.f32``, no ``.ftz``; under the CPU
+  interpreter numpy's f32 divide), then the max taken on the bits (the
+  quotient is never NaN), so a zero or subnormal quotient becomes FLT_MIN;
+- code = satfinite e4m3fn RNE of x / scale (same IEEE division), done with
+  integer arithmetic on the f32 bits: NaN -> 0x7F whatever its sign; |y|
+  clamped to 448 (inf -> 448, code 0x7E); normals (|y| >= 2**-6) round the
+  significand to 3 bits with ``+ 0x7FFFF + lsb`` and rebias; below, the code
+  is |y| * 2**9 rounded half to even, shifted out of the significand;
+  the sign bit is kept (so -0 -> 0x80);
+- rope: the 64 16-bit patterns of k_pe, raw.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+RECORD_BYTES = 656
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _div_rn(a, b, USE_ASM: tl.constexpr):
+    """IEEE f32 a / b, round to nearest even, subnormals kept."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise("div.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return a / b
+
+
+@triton.jit
+def _e4m3fn_satfinite(y):
+    """e4m3fn code (int32 0..255) of f32 y: RNE, finite values saturate to +-448, NaN -> 0x7F."""
+    bits = y.to(tl.int32, bitcast=True)
+    sign = (bits >> 31) & 1
+    mag = bits & 0x7FFFFFFF
+    is_nan = mag > 0x7F800000
+    a = tl.minimum(mag, 0x43E00000)  # |y| clamped to 448.0f (inf included), on the bits
+    normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
+    # Subnormal e4m3fn range: round_half_even(|y| * 2**9) from the significand and exponent.
+    exp = a >> 23
+    sig = (a & 0x7FFFFF) | tl.where(exp > 0, 0x800000, 0)
+    shift = tl.minimum(141 - tl.maximum(exp, 1), 30)  # |y| * 2**9 = sig * 2**-shift; >= 21 here
+    q = sig >> shift
+    rem = sig & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    sub = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+    code = tl.where(a >= 0x3C800000, normal, sub) | (sign << 7)  # 0x3C800000: 2**-6, the smallest normal
+    return tl.where(is_nan, 0x7F, code)
+
+
+@triton.jit
+def _f32_bits_of_16(h, IS_BF16: tl.constexpr):
+    """f32 bit pattern (int32) of the bf16 / fp16 value with 16-bit pattern h (int32 0..0xFFFF); exact.
+
+    Integer decode rather than a conversion instruction: Triton's CPU interpreter
+    turns bf16 subnormals into wrong f32 values."""
+    if IS_BF16:
+        return h << 16
+    else:
+        sign = (h >> 15) << 31
+        exp = (h >> 10) & 0x1F
+        man = h & 0x3FF
+        normal = ((exp + 112) << 23) | (man << 13)  # rebias 15 -> 127
+        special = (255 << 23) | (man << 13)  # inf, NaN
+        # Subnormal: man * 2**-24, from man's exact f32 (>= 1.0) by lowering its exponent field by 24.
+        sub = tl.where(man == 0, 0, man.to(tl.float32).to(tl.int32, bitcast=True) - (24 << 23))
+        mag = tl.where(exp == 0x1F, special, tl.where(exp == 0, sub, normal))
+        return sign | mag
+
+
+@triton.jit
+def _check_records(after8_ptr, after16_ptr, after32_ptr, before8_ptr, before16_ptr, before32_ptr,
+                   kv_ptr, pe_ptr, inv_ptr, bad_ptr, kv_stride, pe_stride, IS_BF16: tl.constexpr,
+                   USE_ASM: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    tok = tl.load(inv_ptr + r).to(tl.int64)
+    written = tok >= 0
+    t0 = tl.where(written, tok, 0)
+    # Byte offset of the record: a multiple of 16 (656 = 41 x 16), said so the loads vectorize.
+    rec = tl.multiple_of(r * 656, 16)
+    tiles = tl.arange(0, 4)
+    cols = tiles[:, None] * 128 + tl.arange(0, 128)[None, :]  # [4, 128]: element e of tile e // 128
+    rcols = tl.arange(0, 64)
+    # What the record must hold if no token writes it: its old bytes.
+    old_code = tl.load(before8_ptr + rec + cols, mask=~written & (cols >= 0), other=0).to(tl.int32)
+    old_scale = tl.load(before32_ptr + (rec + 512) // 4 + tiles, mask=~written & (tiles >= 0), other=0)
+    old_rope = tl.load(before16_ptr + (rec + 528) // 2 + rcols, mask=~written & (rcols >= 0), other=0)
+    # What it must hold if token t0 writes it: the token's encoding.
+    h = tl.load(kv_ptr + t0 * kv_stride + cols, mask=written & (cols >= 0), other=0).to(tl.int32) & 0xFFFF
+    fbits = _f32_bits_of_16(h, IS_BF16)
+    x = fbits.to(tl.float32, bitcast=True)
+    xbits = fbits & 0x7FFFFFFF
+    amax_bits = tl.max(tl.where(xbits > 0x7F800000, 0, xbits), axis=1)  # [4]: NaN ignored, identity +0
+    amax = amax_bits.to(tl.float32, bitcast=True)
+    q = _div_rn(amax, tl.full([4], 448.0, tl.float32), USE_ASM)
+    scale_bits = tl.maximum(q.to(tl.int32, bitcast=True), 0x00800000)  # max(q, FLT_MIN); q >= +0, never NaN
+    scale = tl.broadcast_to(scale_bits.to(tl.float32, bitcast=True)[:, None], (4, 128))
+    new_code = _e4m3fn_satfinite(_div_rn(x, scale, USE_ASM))
+    new_rope = tl.load(pe_ptr + t0 * pe_stride + rcols, mask=written & (rcols >= 0), other=0)
+    exp_code = tl.where(written, new_code, old_code)
+    exp_scale = tl.where(written, scale_bits, old_scale)
+    exp_rope = tl.where(written, new_rope, old_rope)
+    # Compare with the cache after the call.
+    code = tl.load(after8_ptr + rec + cols).to(tl.int32)
+    sc = tl.load(after32_ptr + (rec + 512) // 4 + tiles)
+    rope = tl.load(after16_ptr + (rec + 528) // 2 + rcols)
+    bad = tl.sum(tl.sum((code != exp_code).to(tl.int32), axis=1), axis=0)
+    bad += tl.sum((sc != exp_scale).to(tl.int32), axis=0)
+    bad += tl.sum((rope != exp_rope).to(tl.int32), axis=0)
+    tl.store(bad_ptr + r, bad)
+
+
+def _record_bytes(cache: torch.Tensor) -> torch.Tensor | None:
+    if cache.dtype == torch.float8_e4m3fn:
+        cache = cache.view(torch.uint8)
+    if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != RECORD_BYTES:
+        return None
+    if not cache.is_contiguous() or cache.data_ptr() % 16:
+        cache = cache.clone(memory_format=torch.contiguous_format)  # the typed views below need alignment
+    return cache.reshape(-1)
+
+
+def _rows(t: torch.Tensor, width: int) -> torch.Tensor | None:
+    if t.dtype not in (torch.bfloat16, torch.float16) or t.dim() != 2 or t.shape[1] != width:
+        return None
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def writer_records_match(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_before: torch.Tensor,
+                         kv_cache_after: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+    """True when kv_cache_after is exactly codec.write_records(kv_c, k_pe, kv_cache_before, slot_mapping).
+
+    False means "run the full oracle and comparator" (including every case this
+    filter does not handle: duplicate or out-of-range slots, bad shapes or dtypes).
+    """
+    dev = kv_cache_after.device
+    if any(t.device != dev for t in (kv_c, k_pe, kv_cache_before, slot_mapping)):
+        return False
+    if kv_cache_after.dtype != torch.uint8 or kv_cache_before.shape != kv_cache_after.shape:
+        return False  # the oracle's cache is uint8 of the input's shape: anything else is the comparator's
+    if slot_mapping.dtype.is_floating_point:
+        return False
+    if slot_mapping.dtype == torch.bool or slot_mapping.is_complex():
+        return False
+    kv, pe = _rows(kv_c, 512), _rows(k_pe, 64)
+    slots = slot_mapping.reshape(-1).to(torch.int64)
+    n = slots.shape[0]
+    if kv is None or pe is None or n > min(kv.shape[0], pe.shape[0]) or n >= 2**31:
+        return False
+    after, before = _record_bytes(kv_cache_after), _record_bytes(kv_cache_before)
+    if after is None or before is None:
+        return False
+    num_slots = kv_cache_after.shape[0] * kv_cache_after.shape[1]
+    if num_slots == 0:
+        return False  # nothing to launch over: let the full path decide
+    # slot -> token (int32, -1: not written); the extra last entry absorbs padding and bad slots.
+    valid = slots >= 0
+    in_range = slots < num_slots
+    idx = torch.where(valid & in_range, slots, num_slots)
+    tok = torch.arange(n, dtype=torch.int32, device=dev)
+    inv = torch.full((num_slots + 1,), -1, dtype=torch.int32, device=dev).scatter_(0, idx, tok)
+    # A repeated slot loses all but one of its tokens in the scatter; the losers show here.
+    trouble = (valid & ((inv[idx] != tok) | ~in_range)).any()
+    bad = torch.empty(num_slots, dtype=torch.int32, device=dev)
+    # Under the interpreter the divisions are numpy's: inf / inf is meant (NaN), not a warning.
+    quiet = np.errstate(invalid="ignore", divide="ignore", over="ignore") if _INTERPRETED else contextlib.nullcontext()
+    with quiet:
+        _check_records[(num_slots,)](after, after.view(torch.int16), after.view(torch.int32),
+                                     before, before.view(torch.int16), before.view(torch.int32),
+                                     kv.view(torch.int16), pe.view(torch.int16), inv, bad, kv.stride(0),
+                                     pe.stride(0), IS_BF16=kv.dtype == torch.bfloat16,
+                                     USE_ASM=dev.type == "cuda" and not _INTERPRETED, num_warps=4)
+    return not bool(trouble | bad.any())
