@@ -162,7 +162,7 @@ def realistic_spec(op: str):
     }[op]()
 
 
-def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0) -> list[str]:
+def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: bool = False) -> list[str]:
     """Per-stage time of checking realistic cases (``realistic_spec``), in this process, on the GPU."""
     from mlafuzz.generators.materialize import materialize
     from mlafuzz.harness.compare import Context, Policy, compare
@@ -185,6 +185,7 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0) -> list[str]
              " inputs: the input-mutation check; rerun: the second run (guarded ops) with its setup;"
              " oracle: the fused check (GPU) or oracle + comparator; guards: guard zones and write map."
              " check_call: the runner's whole check, timed as one; checks/kernel = (check_call - kernel) / kernel."]
+    profiles: list[str] = []
     for op in ops:
         entry = resolve(op, OURS[op])
         fn = entry.load("cuda")
@@ -238,6 +239,19 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0) -> list[str]
                 stages[k].append(v * 1e3)
         med = {k: statistics.median(v) for k, v in stages.items()}
         checks = (med["check_call"] - med["kernel"]) / max(med["kernel"], 1e-9)
+        if profile:  # where one more check_call spends its time, by torch op and kernel
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                check_call(case=case, entry=entry, fn=fn, policy=Policy(), rerun=False)
+                torch.cuda.synchronize()
+            table = prof.key_averages()
+            profiles.append(f"--- {op}: one check_call, by self CUDA time ---")
+            profiles.append(table.table(sort_by="self_cuda_time_total", row_limit=12))
+            profiles.append(f"--- {op}: by CPU time (total) ---")
+            profiles.append(table.table(sort_by="cpu_time_total", row_limit=15))
+        case = None
         lines.append(f"{op:<8} {cases / sum(walls):>8.2f} " + " ".join(f"{med[c]:>10.2f}" for c in cols)
                      + f" {checks:>14.2f}")
-    return lines
+    return lines + profiles

@@ -238,7 +238,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     ops = list(dict.fromkeys(args.op or ["convert", "gather", "writer"]))
     if args.harness:
-        lines = bench_harness(ops, cases=args.cases)
+        lines = bench_harness(ops, cases=args.cases, profile=args.profile)
     else:
         lines = bench_kernels(ops, repeats=args.repeats, variants=args.variants)
     print(f"mlafuzz bench on {torch.cuda.get_device_name()}")
@@ -346,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--variants", action="store_true",
                    help="also time every tuning variant of our gather (rows per warp x cache hints)")
     b.add_argument("--cases", type=_nonneg_int, default=8, help="cases per op with --harness")
+    b.add_argument("--profile", action="store_true",
+                   help="with --harness: also print torch.profiler tables of one checked case per op")
     b.set_defaults(func=cmd_bench)
 
     m = sub.add_parser("mutants", help="fuzz the catalog of planted bugs and report the mutation score",

@@ -83,7 +83,40 @@ def _worker_main(conn: Connection, device: str, redzone: bool, threads: int) -> 
             return
         if task is None:
             return
-        conn.send(("result", execute(task).to_wire()))
+        result = execute(task)
+        broken = _cuda_broken(device) if device.startswith("cuda") else None
+        if broken is not None:
+            result = charge_broken_context(task, result, broken)
+        conn.send(("result", result.to_wire()))
+        if broken is not None:
+            # An illegal address leaves the process's CUDA context unusable: every later case
+            # would fail here. Exit; the pool replaces this worker with a fresh process.
+            conn.close()
+            os._exit(3)
+
+
+def _cuda_broken(device: str) -> str | None:
+    """None while this process's CUDA context still works, else the error it now raises.
+    Synchronizing after every case also pins an asynchronous fault on the case that caused it."""
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+        torch.zeros(1, device=device).add_(1).item()
+        return None
+    except Exception as exc:  # torch.AcceleratorError / RuntimeError: the context is gone
+        text = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def charge_broken_context(task: Task, result: TaskResult, error: str) -> TaskResult:
+    """The case after which the CUDA context broke caused it: a CRASH for it (its other findings
+    kept, harness errors the broken context caused dropped)."""
+    kept = tuple(f for f in result.findings if f.cause != "harness_error")
+    crash = Finding(kind=Kind.CRASH, op=task.op, impl=task.impl_ref, case_id=task.case_id, seed=task.seed,
+                    spec=task.spec, cause="cuda_context",
+                    message=f"the CUDA context broke during this case ({error}); worker replaced")
+    return TaskResult(findings=kept + (crash,), skipped=result.skipped, seconds=result.seconds)
 
 
 def _death_message(exitcode: int | None) -> str:

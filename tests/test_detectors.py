@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from mlafuzz.generators import GatherRequest, GatherSpec, Paging, ValueMode
 from mlafuzz.generators.invalid import INVALID_CLASSES
@@ -15,6 +16,7 @@ from mlafuzz.harness.findings import Kind
 from mlafuzz.harness.runner import run_case
 from mlafuzz.kernels.registry import resolve
 
+FAST_DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where the fused Triton checks run
 REQS = (GatherRequest(context_len=70, seq_start=3, length=40), GatherRequest(context_len=20, length=20))
 
 
@@ -34,8 +36,8 @@ def _gather(values: ValueMode) -> GatherSpec:
 @pytest.mark.parametrize("fast", [False, True], ids=["oracle", "fused-check"])
 def test_planted_gather_draws_its_kind_and_the_torch_gather_does_not(mutant, values, kind, fast):
     """fused-check: the GPU's path, where the fused check of both runs stands in for the oracle,
-    the comparator and the write map whenever it says yes (here under the interpreter)."""
-    case = materialize(_gather(values), 3, "cpu")
+    the comparator and the write map whenever it says yes (on CPU under the interpreter)."""
+    case = materialize(_gather(values), 3, FAST_DEV if fast else "cpu")
     bad = run_case(case=case, entry=resolve("gather", mutant), rerun=True, fast=fast)
     assert kind in {f.kind for f in bad.findings}, [f.message for f in bad.findings]
     good = run_case(case=case, entry=resolve("gather", "torch"), rerun=True, fast=fast)
@@ -79,7 +81,7 @@ def test_a_step_that_converts_the_full_req_id_is_a_metadata_mismatch_and_ours_is
 def test_the_fused_fast_check_skips_the_oracle_when_outputs_match_and_defers_to_it_when_not(monkeypatch):
     from mlafuzz.harness import ops
 
-    case = materialize(dataclasses.replace(_gather(ValueMode.NAN), requests=REQS[:1]), 5, "cpu")
+    case = materialize(dataclasses.replace(_gather(ValueMode.NAN), requests=REQS[:1]), 5, FAST_DEV)
 
     def boom(case):
         raise AssertionError("the oracle ran although the fast check said the outputs match")

@@ -104,3 +104,17 @@ def test_interrupted_run_leaves_valid_findings_and_a_summary(tmp_path):
     assert "[interrupted]" in out
     assert all(json.loads(line)["kind"] for line in findings.read_text().splitlines())
     assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
+
+
+@pytest.mark.gpu
+def test_a_case_that_breaks_the_cuda_context_is_a_crash_and_later_cases_run_in_a_fresh_worker(tmp_path, capsys):
+    rc = main(["fuzz", "--op", "gather", "--impl", f"gather={PLANTED / 'illegal_address_gather.py'}:gather",
+               "--device", "cuda", "--workers", "1", "--cases", "60", "--shrink-budget", "0",
+               "--out", str(tmp_path), "--quiet"])
+    assert rc == 1
+    found = _findings(tmp_path)
+    assert found and {f["kind"] for f in found} == {"CRASH"}
+    assert {f["cause"] for f in found} <= {"cuda_context", "crash"}  # never a harness error of a poisoned worker
+    assert all(len(f["spec"]["spec"]["requests"]) == 3 for f in found)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cases"] == 60 and summary["findings"] < 60

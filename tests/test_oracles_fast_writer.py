@@ -63,8 +63,8 @@ def _encode_kernel(y_ptr, o_ptr, N: tl.constexpr):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_16_bit_decode_is_torchs_exact_conversion_for_every_pattern(dtype):
     h = torch.arange(65536, dtype=torch.int32).to(torch.int16)
-    out = torch.empty(65536, dtype=torch.int32)
-    _decode_kernel[(1,)](h.to(DEV), out.to(DEV), N=65536, IS_BF16=dtype == torch.bfloat16)
+    out = torch.empty(65536, dtype=torch.int32, device=DEV)  # written by the kernel, on DEV
+    _decode_kernel[(1,)](h.to(DEV), out, N=65536, IS_BF16=dtype == torch.bfloat16)
     ref = h.view(dtype).float()
     nan = torch.isnan(ref)
     got = out.cpu().view(torch.float32)
