@@ -87,7 +87,8 @@ def _worker_main(conn: Connection, device: str, redzone: bool, threads: int) -> 
         broken = _cuda_broken(device) if device.startswith("cuda") else None
         if broken is not None:
             result = charge_broken_context(task, result, broken)
-        conn.send(("result", result.to_wire()))
+        # "retire" rides on the result itself: the pool must never hand this worker another task.
+        conn.send(("result", {**result.to_wire(), "retire": broken is not None}))
         if broken is not None:
             # An illegal address leaves the process's CUDA context unusable: every later case
             # would fail here. Exit; the pool replaces this worker with a fresh process.
@@ -202,7 +203,7 @@ class WorkerPool:
             if id(worker) in seen:
                 continue
             seen.add(id(worker))
-            got_message = False
+            got_message = retire = False
             try:
                 while worker.conn.poll():
                     tag, payload = worker.conn.recv()
@@ -213,8 +214,12 @@ class WorkerPool:
                     elif tag == "result" and worker.task is not None:
                         out.append((worker.task, TaskResult.from_wire(payload)))
                         worker.task = None
+                        retire = bool(payload.get("retire"))
             except (EOFError, OSError):
                 pass
+            if retire:  # its CUDA context broke: it is exiting; start its successor now
+                self._replace(worker)
+                continue
             if not worker.process.is_alive() and not got_message:
                 if worker.task is not None:
                     worker.process.join(timeout=1)

@@ -6,8 +6,8 @@ answers yes the harness skips the vectorized oracle and the comparator; when it
 answers no, they run and produce the finding. So it must never say yes
 wrongly; each step is the SPEC's own arithmetic, spelled so nothing can bend it:
 
-- the fp8 code is decoded through a 256-entry f32 table built by the oracle's
-  codec (``codec.FP8_TABLE``-style: torch's own e4m3fn decode, exact);
+- the fp8 code is decoded to its exact f32 bits with integer arithmetic (sign,
+  exponent rebias, mantissa; subnormals and the NaN codes spelled out);
 - the product with the f32 scale is one IEEE multiply rounded to nearest even,
   subnormals kept: on the GPU written as the PTX instruction ``mul.rn.f32``
   (no ``.ftz``, no contraction possible), under the CPU interpreter numpy's f32
@@ -19,7 +19,7 @@ Held bit-identical to ``oracles.codec.dequant_records`` by tests over all 256
 codes and random and extreme scale bit patterns, on the CPU (interpreter) and on
 the GPU (the mul.rn.f32 path) (tests/test_oracles_fast_gather.py).
 
-Cost: one read of each record and dst row with vector loads, a table lookup and
+Cost: one read of each record and dst row with vector loads, an integer decode and
 a multiply per element: about one pass over the bytes the kernel moved.
 """
 
@@ -46,6 +46,21 @@ def _mul_rn(a, b, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _fp8_value(code):
+    """f32 value of e4m3fn code (int32 0..255), exact: sign, 4 exponent bits (bias 7), 3 mantissa
+    bits; exponent 0 is subnormal (mant x 2^-9); 0x7F / 0xFF are NaN (e4m3fn has no inf)."""
+    sign = (code >> 7) << 31
+    e = (code >> 3) & 15
+    m = code & 7
+    normal = ((e + 120) << 23) | (m << 20)  # rebias 7 -> 127
+    # Subnormal: m x 2^-9, from m's exact f32 (m <= 7) by lowering its exponent field by 9.
+    sub = tl.where(m == 0, 0, m.to(tl.float32).to(tl.int32, bitcast=True) - (9 << 23))
+    bits = sign | tl.where(e == 0, sub, normal)
+    bits = tl.where((code & 0x7F) == 0x7F, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _bf16_bits(x):
     """bf16 bit pattern (int32 0..0xFFFF) of f32 x, round to nearest even; NaN -> 0x7FC0."""
     f = x.to(tl.uint32, bitcast=True)
@@ -66,7 +81,7 @@ def _mismatches(expected, actual):
 
 
 @triton.jit
-def _check_rows(cache8_ptr, cache16_ptr, cache32_ptr, lut_ptr, rec_ptr, dst_ptr, dst2_ptr, bad_ptr,
+def _check_rows(cache8_ptr, cache16_ptr, cache32_ptr, rec_ptr, dst_ptr, dst2_ptr, bad_ptr,
                 total, dst_stride, dst2_stride, TWO: tl.constexpr, ROWS: tl.constexpr, USE_ASM: tl.constexpr):
     """ROWS rows per program: rebuild each row from its record and count differing elements in
     dst (and dst2 when TWO: the second guarded run, checked in the same pass over the cache)."""
@@ -74,12 +89,17 @@ def _check_rows(cache8_ptr, cache16_ptr, cache32_ptr, lut_ptr, rec_ptr, dst_ptr,
     live = rows < total
     # Byte offset of each row's record: multiples of 16 (656 = 41 x 16), said so loads vectorize.
     rec = tl.multiple_of(tl.load(rec_ptr + rows, mask=live, other=0), 16)
-    # NoPE: 512 codes x their tile's scale.
+    # NoPE: 512 codes as [ROWS, 4 tiles, 128], each tile times its scale (loaded once per tile).
+    tiles = tl.arange(0, 4)
+    lanes = tl.arange(0, 128)
+    m3 = live[:, None, None]
+    cols3 = tiles[None, :, None] * 128 + lanes[None, None, :]
+    code = tl.load(cache8_ptr + rec[:, None, None] + cols3, mask=m3, other=0).to(tl.int32)
+    scale = tl.load(cache32_ptr + (rec[:, None, None] + 512) // 4 + tiles[None, :, None], mask=m3, other=0)
+    prod = _mul_rn(_fp8_value(code), scale.to(tl.float32, bitcast=True), USE_ASM)
+    expected = tl.reshape(_bf16_bits(prod), (ROWS, 512))
     cols = tl.arange(0, 512)
     m2 = live[:, None]
-    code = tl.load(cache8_ptr + rec[:, None] + cols[None, :], mask=m2, other=0).to(tl.int32)
-    scale = tl.load(cache32_ptr + (rec[:, None] + 512) // 4 + cols[None, :] // 128, mask=m2, other=0)
-    expected = _bf16_bits(_mul_rn(tl.load(lut_ptr + code), scale.to(tl.float32, bitcast=True), USE_ASM))
     out = rows[:, None] * dst_stride + cols[None, :]
     actual = tl.load(dst_ptr + out, mask=m2, other=0).to(tl.int32) & 0xFFFF
     bad = _mismatches(expected, actual)
@@ -114,18 +134,6 @@ def record_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, worksp
     return (blk * bs + pos % bs) * 656
 
 
-_LUTS: dict[torch.device, torch.Tensor] = {}
-
-
-def _fp8_lut(device: torch.device) -> torch.Tensor:
-    """f32 value of each e4m3fn code (NaN for 0x7F/0xFF), by torch's own exact decode."""
-    lut = _LUTS.get(device)
-    if lut is None:
-        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-        lut = _LUTS[device] = codes.view(torch.float8_e4m3fn).to(torch.float32).to(device)
-    return lut
-
-
 def gather_rows_match(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
                       workspace_starts: torch.Tensor, batch_size: int, seq_starts: torch.Tensor | None,
                       dst2: torch.Tensor | None = None) -> bool:
@@ -154,7 +162,7 @@ def gather_rows_match(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table
                          batch_size=batch_size, seq_starts=seq_starts, total=total)
     rows = 8
     bad = torch.empty(triton.cdiv(total, rows), dtype=torch.int32, device=dst.device)
-    _check_rows[(bad.numel(),)](flat, flat.view(torch.int16), flat.view(torch.int32), _fp8_lut(dst.device), rec,
+    _check_rows[(bad.numel(),)](flat, flat.view(torch.int16), flat.view(torch.int32), rec,
                                 bits, bits2, bad, total, bits.stride(0), bits2.stride(0), TWO=dst2 is not None,
                                 ROWS=rows, USE_ASM=dst.is_cuda and not _INTERPRETED, num_warps=8)
     return not bool(bad.any())
