@@ -20,8 +20,8 @@ impls = {f"rows{r}": (lambda *a, r=r: cuda_ext.gather_impl(*a, rows_per_warp=r))
 wl = WORKLOADS["gather"](impls)
 for fn in wl.run.values():
     fn()
-half = wl.nbytes // 2 // 16
-src = torch.empty(half, dtype=torch.int32, device="cuda").random_(0, 1 << 30).view(torch.int64)
+words = wl.nbytes // 2 // 8  # the gather's bytes, as a copy: half read, half written, in int64 words
+src = torch.empty(2 * words, dtype=torch.int32, device="cuda").random_(0, 1 << 30).view(torch.int64)
 dst = torch.empty_like(src)
 n = src.numel()
 _copy[(triton.cdiv(n, 1024),)](src, dst, n, BLOCK=1024)
