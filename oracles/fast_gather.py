@@ -25,24 +25,13 @@ a multiply per element: about one pass over the bytes the kernel moved.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+from mlafuzz.oracles.gather import row_records
+from mlafuzz.oracles.triton_ieee import mul_rn, quiet, use_asm
 
 ROW_DIM = 576
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@triton.jit
-def _mul_rn(a, b, USE_ASM: tl.constexpr):
-    """IEEE f32 a * b, round to nearest even, subnormals kept."""
-    if USE_ASM:
-        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return a * b
 
 
 @triton.jit
@@ -96,7 +85,7 @@ def _check_rows(cache8_ptr, cache16_ptr, cache32_ptr, rec_ptr, dst_ptr, dst2_ptr
     cols3 = tiles[None, :, None] * 128 + lanes[None, None, :]
     code = tl.load(cache8_ptr + rec[:, None, None] + cols3, mask=m3, other=0).to(tl.int32)
     scale = tl.load(cache32_ptr + (rec[:, None, None] + 512) // 4 + tiles[None, :, None], mask=m3, other=0)
-    prod = _mul_rn(_fp8_value(code), scale.to(tl.float32, bitcast=True), USE_ASM)
+    prod = mul_rn(_fp8_value(code), scale.to(tl.float32, bitcast=True), USE_ASM)
     expected = tl.reshape(_bf16_bits(prod), (ROWS, 512))
     cols = tl.arange(0, 512)
     m2 = live[:, None]
@@ -115,23 +104,6 @@ def _check_rows(cache8_ptr, cache16_ptr, cache32_ptr, rec_ptr, dst_ptr, dst2_ptr
         bad += _mismatches(expected, actual2) + _mismatches(rope, ract2)
         bad += tl.sum((actual != actual2).to(tl.int32)) + tl.sum((ract != ract2).to(tl.int32))
     tl.store(bad_ptr + tl.program_id(0), bad)
-
-
-def record_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, workspace_starts: torch.Tensor,
-                   batch_size: int, seq_starts: torch.Tensor | None, total: int) -> torch.Tensor:
-    """Byte offset (int64 [total]) of the record each dst row reads, in a contiguous cache: the
-    owner of row i is the last request b with ws[b] <= i (empty requests own nothing), position
-    seq_starts[b] + i - ws[b], then the block table. A few vectorized torch ops."""
-    dev = workspace_starts.device
-    rows = torch.arange(total, device=dev, dtype=torch.int64)
-    ws = workspace_starts[:batch_size].to(torch.int64)
-    owner = torch.searchsorted(ws, rows, right=True) - 1
-    pos = rows - ws[owner]
-    if seq_starts is not None:
-        pos += seq_starts[:batch_size].to(torch.int64)[owner]
-    bs = src_cache.shape[1]
-    blk = block_table[owner, pos // bs].to(torch.int64)
-    return (blk * bs + pos % bs) * 656
 
 
 def gather_rows_match(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
@@ -158,11 +130,14 @@ def gather_rows_match(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table
     bits2 = dst2.view(torch.int16) if dst2 is not None else bits
     if bits.stride(1) != 1 or bits2.stride(1) != 1:
         return False  # only rows with contiguous elements are read here
-    rec = record_offsets(src_cache=cache, block_table=block_table, workspace_starts=workspace_starts,
-                         batch_size=batch_size, seq_starts=seq_starts, total=total)
+    # The oracle's own row -> record mapping; the kernel gets each record's byte offset.
+    block, entry = row_records(block_size=cache.shape[1], block_table=block_table, workspace_starts=workspace_starts,
+                               batch_size=batch_size, seq_starts=seq_starts, total=total, device=dst.device)
+    rec = (block * cache.shape[1] + entry) * 656
     rows = 8
     bad = torch.empty(triton.cdiv(total, rows), dtype=torch.int32, device=dst.device)
-    _check_rows[(bad.numel(),)](flat, flat.view(torch.int16), flat.view(torch.int32), rec,
-                                bits, bits2, bad, total, bits.stride(0), bits2.stride(0), TWO=dst2 is not None,
-                                ROWS=rows, USE_ASM=dst.is_cuda and not _INTERPRETED, num_warps=8)
+    with quiet():
+        _check_rows[(bad.numel(),)](flat, flat.view(torch.int16), flat.view(torch.int32), rec,
+                                    bits, bits2, bad, total, bits.stride(0), bits2.stride(0), TWO=dst2 is not None,
+                                    ROWS=rows, USE_ASM=use_asm(dst.device), num_warps=8)
     return not bool(bad.any())

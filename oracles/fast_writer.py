@@ -35,26 +35,12 @@ Each step is codec.encode_rows's arithmetic, spelled so nothing can bend it:
 
 from __future__ import annotations
 
-import contextlib
-import os
-
-import numpy as np
 import torch
 import triton
 import triton.language as tl
+from mlafuzz.oracles.triton_ieee import div_rn, quiet, use_asm
 
 RECORD_BYTES = 656
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@triton.jit
-def _div_rn(a, b, USE_ASM: tl.constexpr):
-    """IEEE f32 a / b, round to nearest even, subnormals kept."""
-    if USE_ASM:
-        return tl.inline_asm_elementwise("div.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return a / b
 
 
 @triton.jit
@@ -122,10 +108,10 @@ def _check_records(after8_ptr, after16_ptr, after32_ptr, before8_ptr, before16_p
     xbits = fbits & 0x7FFFFFFF
     amax_bits = tl.max(tl.where(xbits > 0x7F800000, 0, xbits), axis=1)  # [4]: NaN ignored, identity +0
     amax = amax_bits.to(tl.float32, bitcast=True)
-    q = _div_rn(amax, tl.full([4], 448.0, tl.float32), USE_ASM)
+    q = div_rn(amax, tl.full([4], 448.0, tl.float32), USE_ASM)
     scale_bits = tl.maximum(q.to(tl.int32, bitcast=True), 0x00800000)  # max(q, FLT_MIN); q >= +0, never NaN
     scale = tl.broadcast_to(scale_bits.to(tl.float32, bitcast=True)[:, None], (4, 128))
-    new_code = _e4m3fn_satfinite(_div_rn(x, scale, USE_ASM))
+    new_code = _e4m3fn_satfinite(div_rn(x, scale, USE_ASM))
     new_rope = tl.load(pe_ptr + t0 * pe_stride + rcols, mask=written & (rcols >= 0), other=0)
     exp_code = tl.where(written, new_code, old_code)
     exp_scale = tl.where(written, scale_bits, old_scale)
@@ -192,12 +178,10 @@ def writer_records_match(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_bef
     # A repeated slot loses all but one of its tokens in the scatter; the losers show here.
     trouble = (valid & ((inv[idx] != tok) | ~in_range)).any()
     bad = torch.empty(num_slots, dtype=torch.int32, device=dev)
-    # Under the interpreter the divisions are numpy's: inf / inf is meant (NaN), not a warning.
-    quiet = np.errstate(invalid="ignore", divide="ignore", over="ignore") if _INTERPRETED else contextlib.nullcontext()
-    with quiet:
+    with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
         _check_records[(num_slots,)](after, after.view(torch.int16), after.view(torch.int32),
                                      before, before.view(torch.int16), before.view(torch.int32),
                                      kv.view(torch.int16), pe.view(torch.int16), inv, bad, kv.stride(0),
                                      pe.stride(0), IS_BF16=kv.dtype == torch.bfloat16,
-                                     USE_ASM=dev.type == "cuda" and not _INTERPRETED, num_warps=4)
+                                     USE_ASM=use_asm(dev), num_warps=4)
     return not bool(trouble | bad.any())

@@ -43,7 +43,7 @@ from mlafuzz.oracles.codec import (
     dequant_records_loop,
 )
 
-__all__ = ["PRECONDITION_CLASSES", "gather_preconditions", "gather_loop", "gather"]
+__all__ = ["PRECONDITION_CLASSES", "gather_preconditions", "gather_loop", "gather", "row_records"]
 
 PRECONDITION_CLASSES = (
     "ws0_nonzero",
@@ -211,17 +211,25 @@ def gather(
     dev = cache.device
     if total == 0:
         return torch.empty(0, ROW_DIM, dtype=torch.bfloat16, device=dev)
-    bs = cache.shape[1]
-    ws = workspace_starts.reshape(-1)[:batch_size].to(dev, torch.int64)
-    if seq_starts is None:
-        ss = torch.zeros(batch_size, dtype=torch.int64, device=dev)
-    else:
-        ss = seq_starts.reshape(-1)[:batch_size].to(dev, torch.int64)
-    table = block_table[:batch_size].to(dev, torch.int64)
-    rows = torch.arange(total, dtype=torch.int64, device=dev)
+    block, entry = row_records(block_size=cache.shape[1], block_table=block_table,
+                               workspace_starts=workspace_starts, batch_size=batch_size,
+                               seq_starts=seq_starts, total=total, device=dev)
+    return dequant_records(cache[block, entry])
+
+
+def row_records(*, block_size: int, block_table: Tensor, workspace_starts: Tensor, batch_size: int,
+                seq_starts: Tensor | None, total: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(block id, entry in the block), int64 [total] each, of the record every dst row reads,
+    vectorized: the owner of row i is found with a right-sided searchsorted over ws[:B] (with
+    empty requests, the last request whose start is <= i), its position is
+    seq_starts[owner] + i - ws[owner], then the block table. Assumes the preconditions hold
+    (``gather`` checks them first; the fused GPU check runs on valid cases only)."""
+    ws = workspace_starts.reshape(-1)[:batch_size].to(device, torch.int64)
+    rows = torch.arange(total, dtype=torch.int64, device=device)
     owner = torch.searchsorted(ws, rows, right=True) - 1
-    pos = ss[owner] + (rows - ws[owner])
-    blk_idx = torch.div(pos, bs, rounding_mode="floor")
-    block = table[owner, blk_idx]
-    records = cache[block, pos - blk_idx * bs]
-    return dequant_records(records)
+    pos = rows - ws[owner]
+    if seq_starts is not None:
+        pos += seq_starts.reshape(-1)[:batch_size].to(device, torch.int64)[owner]
+    blk_idx = torch.div(pos, block_size, rounding_mode="floor")
+    block = block_table[:batch_size].to(device, torch.int64)[owner, blk_idx]
+    return block, pos - blk_idx * block_size
