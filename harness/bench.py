@@ -109,15 +109,15 @@ OURS = {"gather": "cuda", "convert": "triton", "writer": "cuda"}
 
 
 def gather_variants() -> dict[str, Callable]:
-    """Every tuning variant of our CUDA gather (load width x rows per warp x streaming hints), to
+    """Every tuning variant of our CUDA gather (rows per warp x streaming hints), to
     pick the defaults from measurements on the GPU at hand."""
     import functools
 
     from mlafuzz.kernels import cuda_ext
 
-    return {f"{'wide' if wide else 'rows'}{rows}{'+cs' if hints else ''}": functools.partial(
-                cuda_ext.gather_impl, rows_per_warp=rows, stream_hints=hints, wide=wide)
-            for wide in (False, True) for rows in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)}
+    return {f"rows{rows}{'+cs' if hints else ''}": functools.partial(
+                cuda_ext.gather_impl, rows_per_warp=rows, stream_hints=hints)
+            for rows in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)}
 
 
 def bench_kernels(ops: list[str], *, repeats: int = 30, variants: bool = False) -> list[str]:

@@ -16,7 +16,7 @@ Public API, with the exact SPEC.md / vLLM signatures:
 
 The ops are registered as ``torch.ops.mlafuzz_fp8_ds_mla.{gather,writer}``. Knobs that are not
 in the public signatures are reachable through ``gather_impl`` (``rows_per_warp`` 1/2/4/8,
-``force_scalar``, ``stream_hints``, ``wide``) and ``writer_impl`` (``convert_fp16_rope``).
+``force_scalar``, ``stream_hints``) and ``writer_impl`` (``convert_fp16_rope``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,6 @@ _EXACT_FLAGS = ("-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false"
 GATHER_ROWS_CHOICES = (1, 2, 4, 8)
 GATHER_ROWS_PER_WARP = 4
 GATHER_STREAM_HINTS = False
-GATHER_WIDE = False  # two 16-byte-lane loads per record (gather_wide_kernel) instead of five
 
 
 @dataclass(frozen=True)
@@ -196,8 +195,7 @@ def _require_cuda(name: str, t: torch.Tensor) -> None:
 def gather_impl(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
                 workspace_starts: torch.Tensor, batch_size: int,
                 seq_starts: torch.Tensor | None = None, *, rows_per_warp: int = GATHER_ROWS_PER_WARP,
-                force_scalar: bool = False, stream_hints: bool = GATHER_STREAM_HINTS,
-                wide: bool = GATHER_WIDE) -> None:
+                force_scalar: bool = False, stream_hints: bool = GATHER_STREAM_HINTS) -> None:
     """``gather`` with the kernel's tuning knobs exposed (tests and benchmarks)."""
     _require_cuda("src_cache", src_cache)
     # The host checks run here, in Python, before the op: an exception raised by TORCH_CHECK
@@ -207,7 +205,7 @@ def gather_impl(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.T
     if rows_per_warp not in GATHER_ROWS_CHOICES:
         raise ValueError(f"rows_per_warp={rows_per_warp!r} must be one of {GATHER_ROWS_CHOICES}")
     _ops().gather(_as_bytes(src_cache), dst, block_table, workspace_starts, int(batch_size),
-                  seq_starts, int(rows_per_warp), bool(force_scalar), bool(stream_hints), bool(wide))
+                  seq_starts, int(rows_per_warp), bool(force_scalar), bool(stream_hints))
 
 
 def gather(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,

@@ -236,8 +236,7 @@ def _oracle_gather(case) -> torch.Tensor:
 
 
 def run_gather(case, *, cache_layout="contig", dst_layout="plain", table_layout="contig",
-               rows_per_warp=2, force_scalar=False, stream_hints=False, wide=False, expected=None,
-               public=False):
+               rows_per_warp=2, force_scalar=False, stream_hints=False, expected=None, public=False):
     """Runs the kernel once per sentinel fill and checks: dst == oracle, nothing outside dst's
     footprint changed, inputs unchanged. Returns the dst of the last run (CPU)."""
     expected = _oracle_gather(case) if expected is None else expected
@@ -255,7 +254,7 @@ def run_gather(case, *, cache_layout="contig", dst_layout="plain", table_layout=
         else:
             cuda_ext.gather_impl(cache, dst, table, ws, case.batch_size, ss,
                                  rows_per_warp=rows_per_warp, force_scalar=force_scalar,
-                                 stream_hints=stream_hints, wide=wide)
+                                 stream_hints=stream_hints)
         _sync()
         out = dst.cpu()
         assert_rows_equal(out, expected, f"gather (fill {fill:#x}, {cache_layout}/{dst_layout}/{table_layout})")
@@ -282,7 +281,6 @@ def _random_matrix(n):
             shared=bool((k // 5) % 2),
             rows_per_warp=(1, 2, 4, 8)[(k // 6) % 4],
             stream_hints=bool(k % 2),
-            wide=bool((k // 2) % 2),
             force_scalar=(k % 11 == 10),
         ))
     return out

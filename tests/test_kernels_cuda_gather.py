@@ -30,7 +30,7 @@ def test_gather_random_vs_oracle(ext, p):
                        ws_form=p["ws_form"], ss_mode=p["ss_mode"], shared=p["shared"])
     run_gather(case, cache_layout=p["cache_layout"], dst_layout=p["dst_layout"],
                table_layout=p["table_layout"], rows_per_warp=p["rows_per_warp"],
-               stream_hints=p["stream_hints"], wide=p["wide"],
+               stream_hints=p["stream_hints"],
                force_scalar=p["force_scalar"])
 
 
@@ -76,8 +76,6 @@ def test_gather_edge_batches(ext, name, bs):
     for rpw in (1, 8):
         run_gather(case, rows_per_warp=rpw)
     run_gather(case, rows_per_warp=4, stream_hints=True)
-    for rpw in (1, 8):
-        run_gather(case, rows_per_warp=rpw, wide=True)
     run_gather(case, force_scalar=True, dst_layout="rowpad3")
 
 
@@ -87,13 +85,12 @@ def test_gather_variants_agree_and_are_deterministic(ext):
     dev = DEV
     cache = case.cache.to(dev)
     results = []
-    variants = [(rpw, hints, wide, False) for rpw in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)
-                for wide in (False, True)]
-    for rpw, hints, wide, scalar in [*variants, (2, False, False, True), variants[0]]:
+    variants = [(rpw, hints, False) for rpw in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)]
+    for rpw, hints, scalar in [*variants, (2, False, True), variants[0]]:
         dst = torch.empty(case.total, 576, dtype=torch.bfloat16, device=dev)
         cuda_ext.gather_impl(cache, dst, case.block_table.to(dev), case.ws.to(dev), case.batch_size,
                              case.seq_starts.to(dev), rows_per_warp=rpw, force_scalar=scalar,
-                             stream_hints=hints, wide=wide)
+                             stream_hints=hints)
         results.append(dst.view(torch.int16).cpu())
     for r in results[1:]:
         assert torch.equal(r, results[0]), "gather variants / reruns differ bit for bit"
@@ -182,9 +179,8 @@ def test_gather_64x4096_correct_and_near_copy_bandwidth(ext):
     moved = total * (656 + 1152)
     report = {}
     for rpw in cuda_ext.GATHER_ROWS_CHOICES:
-        for wide in (False, True):
-            ms = _time_ms(lambda: cuda_ext.gather_impl(cache, dst, table, ws, reqs, ss, rows_per_warp=rpw, wide=wide))
-            report[f"{rpw}{' wide' if wide else ''}"] = (ms, moved / ms / 1e6)
+        ms = _time_ms(lambda: cuda_ext.gather_impl(cache, dst, table, ws, reqs, ss, rows_per_warp=rpw))
+        report[rpw] = (ms, moved / ms / 1e6)
     ms_pub = _time_ms(lambda: cuda_ext.gather(cache, dst, table, ws, reqs, ss))
     ratio = moved / ms_pub / 1e6 / copy_bw
     lines = ", ".join(f"rows_per_warp={k}: {v[0] * 1e3:.0f} us {v[1]:.0f} GB/s" for k, v in report.items())

@@ -281,54 +281,6 @@ __global__ void __launch_bounds__(kThreads) gather_vec_kernel(GatherParams p, ui
   }
 }
 
-// Wide vector path: the same rows and stores as gather_vec_kernel, but each record is read with
-// two 16-byte-lane loads instead of five narrower ones: lane l loads codes [16l, 16l + 16) (one
-// 512-byte warp load) and lanes 0..8 the record's last 144 bytes (lane 0: the 4 scales, lanes
-// 1..8: the RoPE chunks). Fewer, wider requests touch fewer L2 sectors per record (a 656-byte
-// record is only 16-byte aligned). Shuffles then hand lane l the codes of output chunks l and
-// 32 + l, so the stores stay 512 contiguous bytes per warp instruction.
-template <int ROWS, bool STREAM>
-__global__ void __launch_bounds__(kThreads) gather_wide_kernel(GatherParams p, uint8_t* __restrict__ dst,
-                                                               int64_t dst_row_stride_bytes) {
-  const int lane = threadIdx.x & (kWarp - 1);
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
-  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
-  const int src0 = lane >> 1;       // holds codes [8l, 8l + 8) in its low (l even) or high half
-  const int src1 = 16 + (lane >> 1);  // holds codes [256 + 8l, +8)
-  const bool high = (lane & 1) != 0;
-  const bool upper_tile = lane >= 16;  // tile lane/16 of each NoPE half
-  for (int64_t base = warp * ROWS; base < p.total; base += num_warps * ROWS) {
-    const uint8_t* rec[ROWS];
-    locate_run<ROWS>(p, base, lane, rec);
-    uint4 head[ROWS], tail[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (rec[r] != nullptr) {
-        head[r] = load16<STREAM>(rec[r] + 16 * lane);
-        if (lane < 9) tail[r] = load16<STREAM>(rec[r] + kScaleOffset + 16 * lane);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (rec[r] == nullptr) continue;  // warp-uniform: every lane takes part in the shuffles
-      uint8_t* out = dst + (base + r) * dst_row_stride_bytes;
-      const unsigned ax = __shfl_sync(kFullMask, head[r].x, src0), ay = __shfl_sync(kFullMask, head[r].y, src0);
-      const unsigned az = __shfl_sync(kFullMask, head[r].z, src0), aw = __shfl_sync(kFullMask, head[r].w, src0);
-      const unsigned bx = __shfl_sync(kFullMask, head[r].x, src1), by = __shfl_sync(kFullMask, head[r].y, src1);
-      const unsigned bz = __shfl_sync(kFullMask, head[r].z, src1), bw = __shfl_sync(kFullMask, head[r].w, src1);
-      const unsigned sx = __shfl_sync(kFullMask, tail[r].x, 0), sy = __shfl_sync(kFullMask, tail[r].y, 0);
-      const unsigned sz = __shfl_sync(kFullMask, tail[r].z, 0), sw = __shfl_sync(kFullMask, tail[r].w, 0);
-      const uint2 c0 = high ? make_uint2(az, aw) : make_uint2(ax, ay);
-      const uint2 c1 = high ? make_uint2(bz, bw) : make_uint2(bx, by);
-      const float s0 = __uint_as_float(upper_tile ? sy : sx);
-      const float s1 = __uint_as_float(upper_tile ? sw : sz);
-      store16<STREAM>(out + 16 * lane, dequant8(c0, s0));
-      store16<STREAM>(out + 512 + 16 * lane, dequant8(c1, s1));
-      if (lane >= 1 && lane < 9) store16<STREAM>(out + 2 * kNopeDim + 16 * (lane - 1), tail[r]);
-    }
-  }
-}
-
 // Scalar path for any alignment / strides: one warp per row, byte loads, 2-byte stores.
 __global__ void __launch_bounds__(kThreads) gather_scalar_kernel(GatherParams p, uint16_t* __restrict__ dst,
                                                                  int64_t dst_row_stride,
@@ -478,7 +430,7 @@ void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* n
 void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Tensor& block_table,
                const at::Tensor& workspace_starts, int64_t batch_size,
                const std::optional<at::Tensor>& seq_starts, int64_t rows_per_warp,
-               bool force_scalar, bool stream_hints, bool wide) {
+               bool force_scalar, bool stream_hints) {
   TORCH_CHECK(src_cache.is_cuda(), "gather: src_cache must be a CUDA tensor");
   TORCH_CHECK(src_cache.scalar_type() == at::kByte,
               "gather: src_cache must be uint8 (view an fp8 cache as uint8), got ",
@@ -553,7 +505,7 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
       const unsigned grid = grid_for(kernel, total, rows, device);
       kernel<<<grid, kThreads, 0, stream>>>(p, dst_bytes, row_bytes);
     };
-    switch ((wide ? 32 : 0) + rpw * 2 + (stream_hints ? 1 : 0)) {
+    switch (rpw * 2 + (stream_hints ? 1 : 0)) {
       case 2: launch(gather_vec_kernel<1, false>, 1); break;
       case 3: launch(gather_vec_kernel<1, true>, 1); break;
       case 4: launch(gather_vec_kernel<2, false>, 2); break;
@@ -561,15 +513,7 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
       case 8: launch(gather_vec_kernel<4, false>, 4); break;
       case 9: launch(gather_vec_kernel<4, true>, 4); break;
       case 16: launch(gather_vec_kernel<8, false>, 8); break;
-      case 17: launch(gather_vec_kernel<8, true>, 8); break;
-      case 34: launch(gather_wide_kernel<1, false>, 1); break;
-      case 35: launch(gather_wide_kernel<1, true>, 1); break;
-      case 36: launch(gather_wide_kernel<2, false>, 2); break;
-      case 37: launch(gather_wide_kernel<2, true>, 2); break;
-      case 40: launch(gather_wide_kernel<4, false>, 4); break;
-      case 41: launch(gather_wide_kernel<4, true>, 4); break;
-      case 48: launch(gather_wide_kernel<8, false>, 8); break;
-      default: launch(gather_wide_kernel<8, true>, 8); break;
+      default: launch(gather_vec_kernel<8, true>, 8); break;
     }
   } else {
     const unsigned grid = grid_for(gather_scalar_kernel, total, 1, device);
@@ -647,7 +591,7 @@ TORCH_LIBRARY(mlafuzz_fp8_ds_mla, m) {
   m.def(
       "gather(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor workspace_starts, "
       "int batch_size, Tensor? seq_starts=None, int rows_per_warp=4, bool force_scalar=False, "
-      "bool stream_hints=False, bool wide=False) -> ()");
+      "bool stream_hints=False) -> ()");
   m.def(
       "writer(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
       "bool convert_fp16_rope=False) -> ()");
