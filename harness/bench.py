@@ -163,13 +163,14 @@ def realistic_spec(op: str):
 
 
 def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: bool = False) -> list[str]:
-    """Per-stage time of checking realistic cases (``realistic_spec``), in this process, on the GPU."""
+    """Time split of checking realistic cases (``realistic_spec``), in this process, on the GPU:
+    case generation, the kernel alone, and the runner's own check_call with its stages."""
     from mlafuzz.generators.materialize import materialize
-    from mlafuzz.harness.compare import Context, Policy, compare
+    from mlafuzz.harness.compare import Policy
     from mlafuzz.harness.fuzz import case_seed
-    from mlafuzz.harness.guards import PATTERNS, oob_findings, write_map_findings
+    from mlafuzz.harness.guards import PATTERNS
     from mlafuzz.harness.ops import OP_DEFS
-    from mlafuzz.harness.runner import call_impl, check_call, input_mutations
+    from mlafuzz.harness.runner import check_call, timed_stages
     from mlafuzz.kernels.registry import resolve
 
     def timed(fn: Callable[[], object]) -> tuple[object, float]:
@@ -184,7 +185,8 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
              "  ms per case, medians. setup: copying inputs and filling guarded outputs for the first run;"
              " inputs: the input-mutation check; rerun: the second run (guarded ops) with its setup;"
              " oracle: the fused check (GPU) or oracle + comparator; guards: guard zones and write map."
-             " check_call: the runner's whole check, timed as one; checks/kernel = (check_call - kernel) / kernel."]
+             " check_call: the runner's whole check (stages timed with a sync each, so the columns add up"
+             " to a little more); checks/kernel = (check_call - kernel) / kernel."]
     profiles: list[str] = []
     for op in ops:
         entry = resolve(op, OURS[op])
@@ -202,40 +204,18 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             opdef.invoke(fn, case, args)  # JIT-compile this case's kernel variant outside the timing
             _, t_kernel = timed(lambda: opdef.invoke(fn, case, args))
             args = None
-            # The steps of runner.check_call one by one (its default path: no sampled re-run) ...
-            first, t_call = timed(lambda: call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0]))
-            ctx = Context(op=op, impl=entry.name, case_id=case.case_id)
-            mutated, t_inputs = timed(lambda: input_mutations(case, first.inputs, ctx))
-            second, t_rerun = (timed(lambda: call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1],
-                                                       reuse=None if mutated else first.inputs))
-                               if first.guards else (None, 0.0))
-            both = second is not None
-            same, t_oracle = (timed(lambda: opdef.fast_match(case, first.outputs, second.outputs if both else None))
-                              if opdef.fast_match is not None else (False, 0.0))
-            if not same:
-                _, t_full = timed(lambda: compare(expected=opdef.oracle(case), actual=first.outputs, policy=Policy(),
-                                                  ctx=ctx))
-                t_oracle += t_full
-
-            def guards():
-                out = []
-                for name, g in (second.guards if both else {}).items():
-                    out += oob_findings(name=name, g=first.guards[name], op=op, impl=entry.name, case_id=case.case_id)
-                    out += oob_findings(name=name, g=g, op=op, impl=entry.name, case_id=case.case_id)
-                    if not same:
-                        out += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=op,
-                                                  impl=entry.name, case_id=case.case_id)
-                return out
-            _, t_guard = timed(guards)
-            first = second = None
-            # ... and the whole of it, as the fuzz loop runs it.
-            findings, t_check = timed(lambda: check_call(case=case, entry=entry, fn=fn, policy=Policy(), rerun=False))
+            check = lambda: check_call(case=case, entry=entry, fn=fn, policy=Policy(), rerun=False)  # noqa: E731
+            findings, t_check = timed(check)
+            with timed_stages() as split:
+                check()
             if findings:
                 raise RuntimeError(f"bench --harness: our {op} drew findings on a realistic case: {findings[0].message}")
             if i == 0:
                 continue
             walls.append(time.perf_counter() - t_start)
-            for k, v in zip(cols, (t_gen, t_kernel, t_call - t_kernel, t_inputs, t_rerun, t_oracle, t_guard, t_check)):
+            values = (t_gen, t_kernel, split["run"] - t_kernel, split["inputs"], split["rerun"], split["oracle"],
+                      split["guards"], t_check)
+            for k, v in zip(cols, values):
                 stages[k].append(v * 1e3)
         med = {k: statistics.median(v) for k, v in stages.items()}
         checks = (med["check_call"] - med["kernel"]) / max(med["kernel"], 1e-9)
@@ -244,7 +224,7 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             from torch.profiler import profile as torch_profile
 
             with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                check_call(case=case, entry=entry, fn=fn, policy=Policy(), rerun=False)
+                check()
                 torch.cuda.synchronize()
             table = prof.key_averages()
             profiles.append(f"--- {op}: one check_call, by self CUDA time ---")

@@ -7,11 +7,13 @@ nondeterminism check, compared bit for bit with the first.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import warnings
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -144,6 +146,36 @@ def _fast_says_match(opdef: OpDef, case: Case, outputs: Mapping[str, Any],
 _FAST_FAILED: list[str] = []  # warn once per process
 
 
+_STAGES: dict[str, float] | None = None  # set by timed_stages() (mlafuzz bench --harness)
+
+
+@contextlib.contextmanager
+def _stage(name: str, device: str) -> Iterator[None]:
+    """Adds the (device-synchronized) seconds of the block to stage ``name`` while a
+    ``timed_stages()`` is open; otherwise does nothing."""
+    if _STAGES is None:
+        yield
+        return
+    sync(device)
+    t0 = time.perf_counter()
+    yield
+    sync(device)
+    _STAGES[name] += time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def timed_stages() -> Iterator[dict[str, float]]:
+    """Seconds per stage of the check_calls made inside the block: run (first call: copying
+    inputs, filling guarded outputs, the kernel), inputs, rerun, oracle (the fused check, or
+    oracle + comparator), guards (guard zones and write map)."""
+    global _STAGES
+    _STAGES = defaultdict(float)
+    try:
+        yield _STAGES
+    finally:
+        _STAGES = None
+
+
 def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, rerun: bool,
                oracle: Callable[[Case], Mapping[str, Any]] | None = None, fast: bool | None = None) -> list[Finding]:
     """Findings of one case: the first run against the oracle, its red zones, guard zones and
@@ -155,31 +187,37 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
     the oracle and to each other implies every guarded byte was written, identically)."""
     opdef = OP_DEFS[case.op]
     ctx = Context(op=case.op, impl=entry.name, case_id=case.case_id)
-    first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0])
+    dev = case.device
+    with _stage("run", dev):
+        first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0])
     findings: list[Finding] = redzone_findings(first, ctx)
     if first.error is not None:
         findings.append(Finding(kind=Kind.EXCEPTION, op=case.op, impl=entry.name, case_id=case.case_id,
                                 cause=type(first.error).__name__,
                                 message=f"raised on a valid input: {first_line(first.error)}"))
         return _review(opdef, case, first, findings, ctx) + input_mutations(case, first.inputs, ctx)
-    mutated = input_mutations(case, first.inputs, ctx)
+    with _stage("inputs", dev):
+        mutated = input_mutations(case, first.inputs, ctx)
     second = None
     if first.guards or rerun:
         # Unchanged inputs are passed again rather than copied again: at realistic sizes a copy
         # of the cache costs about as much as the kernel under test.
-        second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1],
-                           reuse=None if mutated else first.inputs)
+        with _stage("rerun", dev):
+            second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1],
+                               reuse=None if mutated else first.inputs)
     if fast is None:  # by default only on the GPU: under Triton's CPU interpreter it is slower than the oracle
-        fast = case.device.startswith("cuda")
+        fast = dev.startswith("cuda")
     both = second is not None and second.error is None and bool(first.guards)
-    vouched = (oracle is None and fast and opdef.fast_match is not None
-               and _fast_says_match(opdef, case, first.outputs, second.outputs if both else None))
-    if not vouched:
-        expected = (oracle or opdef.oracle)(case)
-        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
+    with _stage("oracle", dev):
+        vouched = (oracle is None and fast and opdef.fast_match is not None
+                   and _fast_says_match(opdef, case, first.outputs, second.outputs if both else None))
+        if not vouched:
+            expected = (oracle or opdef.oracle)(case)
+            findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
     findings = _review(opdef, case, first, findings, ctx)
-    for name, g in first.guards.items():
-        findings += oob_findings(name=name, g=g, op=case.op, impl=entry.name, case_id=case.case_id)
+    with _stage("guards", dev):
+        for name, g in first.guards.items():
+            findings += oob_findings(name=name, g=g, op=case.op, impl=entry.name, case_id=case.case_id)
     findings += mutated
     if second is not None:
         if second.error is not None:
@@ -187,14 +225,15 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
                                     cause="rerun_raised",
                                     message=f"a second run of the same case raised: {first_line(second.error)}"))
         else:
-            for name, g in second.guards.items():
-                findings += [f for f in oob_findings(name=name, g=g, op=case.op, impl=entry.name,
-                                                     case_id=case.case_id)
-                             if not any(f.dedup_key == h.dedup_key for h in findings)]
-                if not (vouched and both):
-                    findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=case.op,
-                                                   impl=entry.name, case_id=case.case_id)
-            findings += _rerun_differs(first, second, ctx)
+            with _stage("guards", dev):
+                for name, g in second.guards.items():
+                    findings += [f for f in oob_findings(name=name, g=g, op=case.op, impl=entry.name,
+                                                         case_id=case.case_id)
+                                 if not any(f.dedup_key == h.dedup_key for h in findings)]
+                    if not (vouched and both):
+                        findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=case.op,
+                                                       impl=entry.name, case_id=case.case_id)
+                findings += _rerun_differs(first, second, ctx)
     return findings
 
 

@@ -92,3 +92,13 @@ def test_the_fused_fast_check_skips_the_oracle_when_outputs_match_and_defers_to_
     monkeypatch.setitem(ops.OP_DEFS, "gather", real)
     bad = run_case(case=case, entry=resolve("gather", "gather_nan_to_zero"), fast=True)
     assert Kind.NAN_MISMATCH in {f.kind for f in bad.findings}
+
+
+def test_timed_stages_split_a_guarded_check_into_the_stages_bench_harness_prints():
+    from mlafuzz.harness.runner import timed_stages
+
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, "cpu")
+    with timed_stages() as split:
+        assert run_case(case=case, entry=resolve("gather", "torch")).findings == ()
+    assert set(split) == {"run", "inputs", "rerun", "oracle", "guards"}
+    assert all(v > 0 for v in split.values())
