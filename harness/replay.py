@@ -20,7 +20,7 @@ def replay(*, bundle_path: Path, impl: str | None, device: str | None, quiet: bo
     from mlafuzz.generators.materialize import materialize
     from mlafuzz.generators.spec import spec_from_dict
     from mlafuzz.harness.fuzz import evaluate_sync
-    from mlafuzz.harness.runner import as_bits
+    from mlafuzz.harness.bits import same_bits
     from mlafuzz.harness.shrink import same_finding
     from mlafuzz.harness.tasks import Task
     from mlafuzz.harness.workers import InProcess, WorkerPool
@@ -38,8 +38,8 @@ def replay(*, bundle_path: Path, impl: str | None, device: str | None, quiet: bo
     regenerated = materialize(spec, bundle.seed, "cpu").tensors
     for name, stored in bundle.inputs.items():
         fresh = regenerated.get(name)
-        if fresh is None or fresh.dtype != stored.dtype or fresh.shape != stored.shape or not torch.equal(
-                as_bits(fresh), as_bits(stored)):
+        if fresh is None or fresh.dtype != stored.dtype or fresh.shape != stored.shape or not same_bits(
+                fresh, stored):
             raise BundleError(f"inputs.pt: tensor {name!r} does not match case.json's spec and seed"
                               " (tampered, or written by another mlafuzz version)")
     impl_ref = bundle.impl
