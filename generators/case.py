@@ -27,6 +27,10 @@ class Case:
     device: str
     tensors: Mapping[str, torch.Tensor | None]
     params: Mapping[str, Any] = field(default_factory=dict)
+    # Tensors derived from the case once and reused by its checks (the fused gather check's
+    # row -> record map): the case's tensors never change, so neither do these. Not an init field,
+    # so dataclasses.replace (which makes a case with other tensors) starts an empty one.
+    memo: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensors", types.MappingProxyType(dict(self.tensors)))

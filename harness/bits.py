@@ -25,3 +25,11 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.numel() * a.element_size() != b.numel() * b.element_size():
         return False
     return bool(torch.equal(_words(a), _words(b.to(a.device))))
+
+
+def differ_flag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A device bool: a and b do not hold the same bytes (``same_bits``, without the host sync,
+    for checks read together in one)."""
+    if a.numel() * a.element_size() != b.numel() * b.element_size():
+        return torch.ones((), dtype=torch.bool, device=a.device)
+    return (_words(a) != _words(b.to(a.device))).any()

@@ -42,14 +42,31 @@ class Guarded:
         return self.full[GUARD_BYTES:GUARD_BYTES + self.nbytes]
 
 
-def guarded_empty(*, shape: tuple[int, ...], dtype: torch.dtype, device: str, fill: int) -> Guarded:
+def guarded_empty(*, shape: tuple[int, ...], dtype: torch.dtype, device: str, fill: int,
+                  fill_region: bool = True) -> Guarded:
+    """A guarded output filled with ``fill``; with ``fill_region=False`` only its guard zones are,
+    and the output's own bytes are left for the caller to fill (the fast path's prefill)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = itemsize
     for d in shape:
         nbytes *= d
-    full = torch.full((GUARD_BYTES * 2 + nbytes,), fill, dtype=torch.uint8, device=device)
+    if fill_region:
+        full = torch.full((GUARD_BYTES * 2 + nbytes,), fill, dtype=torch.uint8, device=device)
+    else:
+        full = torch.empty((GUARD_BYTES * 2 + nbytes,), dtype=torch.uint8, device=device)
+        _zones(full, nbytes).fill_(fill)
     view = full[GUARD_BYTES:GUARD_BYTES + nbytes].view(dtype).reshape(shape)
     return Guarded(full=full, view=view, fill=fill)
+
+
+def _zones(full: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """Both guard zones of a buffer as one [2, GUARD_BYTES] view (one launch per operation)."""
+    return full.as_strided((2, GUARD_BYTES), (GUARD_BYTES + nbytes, 1))
+
+
+def guard_flag(g: Guarded) -> torch.Tensor:
+    """A device bool: some guard byte differs from its fill (``oob_findings`` says which). No sync."""
+    return (_zones(g.full, g.nbytes) != g.fill).any()
 
 
 def _byte_to_element(byte_index: int, view: torch.Tensor) -> list[int]:

@@ -24,17 +24,25 @@ class OpDef:
     oracle: Callable[[Case], Outputs]  # vectorized, for the hot path
     oracle_slow: Callable[[Case], Outputs]  # loop version, for minimized cases
     needs: Callable[[Case], frozenset[str]] = lambda case: frozenset()  # capabilities a case needs
-    # Outputs the harness allocates, inside guard zones, filled with a byte pattern.
-    guarded: Callable[[Case, int], dict[str, Guarded]] | None = None
+    # Outputs the harness allocates, inside guard zones, filled with a byte pattern:
+    # (case, fill, fill_region=True) -> guards; fill_region=False leaves the outputs' own bytes
+    # unfilled, for fast_prefill.
+    guarded: Callable[..., dict[str, Guarded]] | None = None
     inplace: frozenset[str] = frozenset()  # inputs the op writes by design (not INPUT_MUTATION)
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None
-    # A fused exact check "outputs are what the oracle would give" (oracles/fast_*.py), used on
-    # the GPU: yes skips the oracle and the comparator, no runs them for the finding. Its third
-    # argument, when not None, is a second run's outputs over the other guard fill: then yes
-    # also means both runs are bit-identical (the write map's question, answered in one pass).
-    fast_match: Callable[[Case, Outputs, Outputs | None], bool] | None = None
+    # The GPU fast path (oracles/fast_*.py; harness.runner). fast_check(case, outputs, second):
+    # a fused exact check of the outputs against what the oracle would give, as a device int
+    # flag: 0 exactly the oracle's (and, given a guarded op's second run, that run's too, bit-
+    # identical to the first), 1 they differ, 2 a case this check does not handle; None when it
+    # can tell so on the host. The runner reads all of a case's flags in one sync and sends any
+    # case with a raised flag to the full path (oracle, comparator, two-run write map).
+    fast_check: Callable[[Case, Outputs, Outputs | None], torch.Tensor | None] | None = None
+    # Fills the guarded outputs' regions so that no byte holds its expected value: then an output
+    # the fast check passes was written at every byte, in one run. False: it cannot (the
+    # regions are then filled with the constant pattern and the case takes the full path).
+    fast_prefill: Callable[[Case, Mapping[str, Guarded]], bool] | None = None
 
 
 # --- convert ---------------------------------------------------------------
@@ -68,16 +76,16 @@ def _convert_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
-def _convert_fast_match(case: Case, outputs: Outputs, second: Outputs | None = None) -> bool:
-    from mlafuzz.oracles.fast_convert import convert_rows_match
+def _convert_fast_check(case: Case, outputs: Outputs, second: Outputs | None = None) -> torch.Tensor | None:
+    from mlafuzz.oracles.fast_convert import convert_rows_flag
 
     if second is not None:  # convert has no guarded outputs: never asked
-        return False
+        return None
     t, p = case.tensors, case.params
     out, counts = outputs.get("out"), outputs.get("valid_counts")
     if not isinstance(out, torch.Tensor) or (p["return_valid_counts"] and not isinstance(counts, torch.Tensor)):
-        return False
-    return convert_rows_match(req_id=t["req_id"], block_table=t["block_table"], token_indices=t["token_indices"],
+        return None
+    return convert_rows_flag(req_id=t["req_id"], block_table=t["block_table"], token_indices=t["token_indices"],
                               block_size=p["BLOCK_SIZE"], has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
                               prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
                               prefill_workspace_starts=t["prefill_workspace_starts"], out=out,
@@ -86,12 +94,12 @@ def _convert_fast_match(case: Case, outputs: Outputs, second: Outputs | None = N
 
 # --- gather ----------------------------------------------------------------
 
-def _gather_guarded(case: Case, fill: int) -> dict[str, Guarded]:
+def _gather_guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarded]:
     # dst_* params exist only in error-input cases (a wrong dtype or width).
     p = case.params
     dtype = getattr(torch, p.get("dst_dtype", "bfloat16"))
     return {"dst": guarded_empty(shape=(p["total"], p.get("dst_cols", 576)), dtype=dtype, device=case.device,
-                                 fill=fill)}
+                                 fill=fill, fill_region=fill_region)}
 
 
 def _gather_invoke(fn: Callable, case: Case, t: Mapping[str, Any]) -> Outputs:
@@ -112,13 +120,33 @@ def _gather_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
-def _gather_fast_match(case: Case, outputs: Outputs, second: Outputs | None = None) -> bool:
-    from mlafuzz.oracles.fast_gather import gather_rows_match
+def _gather_fast_args(case: Case) -> dict[str, Any]:
+    """The fused gather check's arguments, with the case's row -> record map computed once."""
+    from mlafuzz.oracles.fast_gather import record_offsets
 
     t = case.tensors
-    return gather_rows_match(src_cache=t["src_cache"], dst=outputs["dst"], block_table=t["block_table"],
-                             workspace_starts=t["workspace_starts"], batch_size=case.params["batch_size"],
-                             seq_starts=t["seq_starts"], dst2=second["dst"] if second is not None else None)
+    args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
+                batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
+    if "gather_rec" not in case.memo:
+        total = case.params["total"]
+        case.memo["gather_rec"] = record_offsets(total=total, **args) if total and args["batch_size"] > 0 else None
+    return {**args, "rec": case.memo["gather_rec"]}
+
+
+def _gather_fast_check(case: Case, outputs: Outputs, second: Outputs | None = None) -> torch.Tensor | None:
+    from mlafuzz.oracles.fast_gather import gather_rows_flag
+
+    dst = outputs.get("dst")
+    dst2 = second.get("dst") if second is not None else None
+    if not isinstance(dst, torch.Tensor) or (second is not None and not isinstance(dst2, torch.Tensor)):
+        return None
+    return gather_rows_flag(dst=dst, dst2=dst2, **_gather_fast_args(case))
+
+
+def _gather_fast_prefill(case: Case, guards: Mapping[str, Guarded]) -> bool:
+    from mlafuzz.oracles.fast_gather import gather_prefill
+
+    return gather_prefill(dst=guards["dst"].view, **_gather_fast_args(case))
 
 
 def _gather_needs(case: Case) -> frozenset[str]:
@@ -143,27 +171,40 @@ def _writer_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
-def _writer_fast_match(case: Case, outputs: Outputs, second: Outputs | None = None) -> bool:
-    from mlafuzz.oracles.fast_writer import writer_records_match
+def _writer_fast_check(case: Case, outputs: Outputs, second: Outputs | None = None) -> torch.Tensor | None:
+    from mlafuzz.oracles.fast_writer import writer_records_flag
 
     if second is not None:  # the writer has no guarded outputs: never asked
-        return False
+        return None
     t, after = case.tensors, outputs.get("kv_cache")
     if not isinstance(after, torch.Tensor):
-        return False
-    return writer_records_match(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
-                                kv_cache_after=after, slot_mapping=t["slot_mapping"])
+        return None
+    return writer_records_flag(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
+                               kv_cache_after=after, slot_mapping=t["slot_mapping"], owners=_writer_owners(case))
+
+
+def _writer_owners(case: Case) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The case's slot -> token map for the fused writer check, computed once per case."""
+    from mlafuzz.oracles.fast_writer import slot_owners
+
+    if "writer_owners" not in case.memo:
+        cache, slots = case.tensors["kv_cache"], case.tensors["slot_mapping"]
+        ok = (cache.dim() == 3 and not slots.dtype.is_floating_point and not slots.is_complex()
+              and slots.dtype != torch.bool and slots.device == cache.device)
+        case.memo["writer_owners"] = (slot_owners(slot_mapping=slots, num_slots=cache.shape[0] * cache.shape[1])
+                                      if ok else None)
+    return case.memo["writer_owners"]
 
 
 OP_DEFS: dict[str, OpDef] = {
     "convert": OpDef(name="convert", invoke=_convert_invoke, oracle=_convert_oracle(False),
-                     oracle_slow=_convert_oracle(True), fast_match=_convert_fast_match),
+                     oracle_slow=_convert_oracle(True), fast_check=_convert_fast_check),
     "gather": OpDef(name="gather", invoke=_gather_invoke, oracle=_gather_oracle(False),
                     oracle_slow=_gather_oracle(True), needs=_gather_needs, guarded=_gather_guarded,
-                    fast_match=_gather_fast_match),
+                    fast_check=_gather_fast_check, fast_prefill=_gather_fast_prefill),
     "writer": OpDef(name="writer", invoke=_writer_invoke, oracle=_writer_oracle(False),
                     oracle_slow=_writer_oracle(True), inplace=frozenset({"kv_cache"}),
-                    fast_match=_writer_fast_match),
+                    fast_check=_writer_fast_check),
 }
 
 

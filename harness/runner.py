@@ -1,8 +1,19 @@
 """Run one case through one implementation and its oracle, inside guards.
 
-A case runs once, or twice when its outputs are guarded (the two-pattern write
-map needs both runs) or a re-run is sampled: the second run doubles as the
-nondeterminism check, compared bit for bit with the first.
+Two paths, the same findings:
+
+- The full path (CPU, and any case the fast path flags): a case runs once, or
+  twice when its outputs are guarded (the two-pattern write map needs both
+  runs) or a re-run is sampled; the vectorized oracle and the comparator judge
+  the first run's outputs, the guards and the input copies the rest. The second
+  run doubles as the nondeterminism check, compared bit for bit with the first.
+- The fast path (GPU): one run (two when a re-run is sampled) into guarded
+  outputs prefilled so that no byte holds its expected value, then the op's
+  fused check, the guard zones and the inputs, all read as device flags in one
+  host sync. All clear means exactly what the full path would conclude with no
+  finding; any raised flag sends the case to the full path for the exact
+  finding. Should the full path then find nothing, what the fast path saw
+  happened in one run only: NONDETERMINISM.
 """
 
 from __future__ import annotations
@@ -20,10 +31,10 @@ import torch
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness import redzone
-from mlafuzz.harness.bits import as_bits, same_bits
+from mlafuzz.harness.bits import as_bits, differ_flag, same_bits
 from mlafuzz.harness.compare import Context, Policy, compare
-from mlafuzz.harness.findings import Finding, Kind
-from mlafuzz.harness.guards import PATTERNS, Guarded, oob_findings, write_map_findings
+from mlafuzz.harness.findings import Finding, Kind, Severity
+from mlafuzz.harness.guards import PATTERNS, Guarded, guard_flag, oob_findings, write_map_findings
 from mlafuzz.harness.ops import OP_DEFS, OpDef
 from mlafuzz.kernels.registry import ImplEntry
 
@@ -45,6 +56,7 @@ class Call:
     guards: Mapping[str, Guarded]
     error: BaseException | None
     redzone: tuple = ()  # red-zone violations seen right after the call (GPU fast mode)
+    prefilled: bool = False  # the guarded outputs were prefilled by the op's fast_prefill
 
 
 def sync(device: str) -> None:
@@ -58,13 +70,23 @@ def first_line(exc: BaseException) -> str:
 
 
 def call_impl(*, opdef: OpDef, fn: Callable, case: Case, fill: int,
-              reuse: Mapping[str, Any] | None = None) -> Call:
-    """One call on fresh copies of the case's inputs; ``reuse``: inputs of an earlier call that
-    were checked unchanged, passed again instead of copied (the ops' in-place ones are always
-    fresh copies)."""
+              reuse: Mapping[str, Any] | None = None, prefill: bool = False) -> Call:
+    """One call on fresh copies of the case's inputs; ``reuse``: inputs of an earlier call,
+    passed again instead of copied (the ops' in-place ones are always fresh copies).
+    ``prefill``: fill the guarded outputs with the op's fast_prefill (pattern ``fill`` where it
+    cannot; ``Call.prefilled`` says which)."""
     keep = {k: v for k, v in (reuse or {}).items() if k in case.tensors and k not in opdef.inplace}
     inputs = {**case.cloned_tensors(skip=keep.keys()), **keep}
-    guards = opdef.guarded(case, fill) if opdef.guarded else {}
+    guards: dict[str, Guarded] = {}
+    prefilled = False
+    if opdef.guarded:
+        prefill = prefill and opdef.fast_prefill is not None
+        guards = opdef.guarded(case, fill, fill_region=not prefill)
+        if prefill:
+            prefilled = _quietly(lambda: opdef.fast_prefill(case, guards), case.op, False)
+            if not prefilled:
+                for g in guards.values():
+                    g.region().fill_(g.fill)
     args = {**inputs, **{k: g.view for k, g in guards.items()}}
     rz = redzone.active()
     if rz is not None:
@@ -74,9 +96,9 @@ def call_impl(*, opdef: OpDef, fn: Callable, case: Case, fill: int,
         sync(case.device)
     except Exception as exc:  # a refusal or a failure: the caller decides which it is
         return Call(outputs=None, inputs=inputs, guards=guards, error=exc,
-                    redzone=tuple(rz.check()) if rz is not None else ())
+                    redzone=tuple(rz.check()) if rz is not None else (), prefilled=prefilled)
     return Call(outputs=outputs, inputs=inputs, guards=guards, error=None,
-                redzone=tuple(rz.check()) if rz is not None else ())
+                redzone=tuple(rz.check()) if rz is not None else (), prefilled=prefilled)
 
 
 def redzone_findings(call: Call, ctx: Context) -> list[Finding]:
@@ -130,20 +152,20 @@ def _review(opdef: OpDef, case: Case, call: Call, findings: list[Finding], ctx: 
     return list(opdef.review(case, call, findings, ctx)) if opdef.review else findings
 
 
-def _fast_says_match(opdef: OpDef, case: Case, outputs: Mapping[str, Any],
-                     second: Mapping[str, Any] | None) -> bool:
-    """The op's fused check; any failure of the check itself just means "run the full path"."""
+def _quietly(fn: Callable[[], Any], op: str, default: Any) -> Any:
+    """One step of the fast path; a failure of the step itself (not of the implementation under
+    test) must never become a finding or a crash: it means "take the full path"."""
     try:
-        return bool(opdef.fast_match(case, outputs, second))
-    except Exception as exc:  # an optimisation must never turn into a finding or a crash
-        if not _FAST_FAILED:
-            _FAST_FAILED.append(case.op)
-            warnings.warn(f"fast check for {case.op} failed ({first_line(exc)}); using the full oracle",
-                          RuntimeWarning, stacklevel=2)
-        return False
+        return fn()
+    except Exception as exc:
+        if op not in _FAST_FAILED:
+            _FAST_FAILED.append(op)
+            warnings.warn(f"fast check for {op} failed ({first_line(exc)}); using the full oracle",
+                          RuntimeWarning, stacklevel=3)
+        return default
 
 
-_FAST_FAILED: list[str] = []  # warn once per process
+_FAST_FAILED: list[str] = []  # warn once per op and process
 
 
 _STAGES: dict[str, float] | None = None  # set by timed_stages() (mlafuzz bench --harness)
@@ -178,15 +200,86 @@ def timed_stages() -> Iterator[dict[str, float]]:
 
 def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, rerun: bool,
                oracle: Callable[[Case], Mapping[str, Any]] | None = None, fast: bool | None = None) -> list[Finding]:
-    """Findings of one case: the first run against the oracle, its red zones, guard zones and
-    inputs; then, for guarded outputs (or a sampled re-run), a second run over the other fill:
-    its guard zones, the write map of the two runs, and the re-run's agreement with the first.
-
-    On the GPU the op's fused check (``fast_match``) stands in for the oracle and comparator when
-    it says yes; given both runs' outputs it also vouches for the write map (both runs equal to
-    the oracle and to each other implies every guarded byte was written, identically)."""
+    """Findings of one case (see the module docstring for the two paths). ``fast``: take the
+    fast path where the op has one (default: on the GPU only; under Triton's CPU interpreter it
+    is slower than the oracle); an explicit ``oracle`` always takes the full path."""
     opdef = OP_DEFS[case.op]
     ctx = Context(op=case.op, impl=entry.name, case_id=case.case_id)
+    if fast is None:
+        fast = case.device.startswith("cuda")
+    seen = ""
+    if fast and oracle is None and opdef.fast_check is not None:
+        clear, seen = _fast_path(opdef=opdef, case=case, fn=fn, rerun=rerun)
+        if clear:
+            return []
+    findings = _full_path(opdef=opdef, case=case, entry=entry, fn=fn, policy=policy, rerun=rerun, oracle=oracle,
+                          ctx=ctx)
+    if seen and not any(f.severity is Severity.ERROR for f in findings):
+        findings.append(Finding(kind=Kind.NONDETERMINISM, op=case.op, impl=entry.name, case_id=case.case_id,
+                                cause="not_reproduced",
+                                message=f"the implementation {seen} in one check of this case; the full "
+                                        "check's runs right after did not reproduce it: the result changes "
+                                        "from run to run"))
+    return findings
+
+
+def _fast_path(*, opdef: OpDef, case: Case, fn: Callable, rerun: bool) -> tuple[bool, str]:
+    """(True, "") when every check of the case passed; (False, what was seen) when the full path
+    must decide ("" when nothing was wrong but this path could not tell)."""
+    dev = case.device
+    with _stage("run", dev):
+        first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0], prefill=True)
+    if first.error is not None:
+        return False, f"raised {first_line(first.error)}"
+    if first.redzone:
+        return False, "wrote into a red zone"
+    if opdef.guarded and not first.prefilled:
+        return False, ""
+    second = None
+    if rerun:  # the inputs are passed again; the check below covers both calls' effect on them
+        with _stage("rerun", dev):
+            second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1], reuse=first.inputs, prefill=True)
+        if second.error is not None:
+            return False, f"ran, and a second run raised {first_line(second.error)}"
+        if second.redzone:
+            return False, "ran, and a second run wrote into a red zone"
+        if opdef.guarded and not second.prefilled:
+            return False, ""
+    flags: list[tuple[str, torch.Tensor]] = []  # the fused check's first, then device bools
+    with _stage("oracle", dev):
+        both = second.outputs if second is not None and opdef.guarded else None
+        verdict = _quietly(lambda: opdef.fast_check(case, first.outputs, both), case.op, None)
+        if verdict is None:
+            return False, ""
+        flags.append(("gave outputs the fused check found different from the oracle's", verdict))
+    with _stage("inputs", dev):
+        for name, before in case.tensors.items():
+            after = first.inputs.get(name)
+            if before is not None and after is not None and name not in opdef.inplace:
+                flags.append((f"changed its input {name}", differ_flag(before, after)))
+    with _stage("guards", dev):
+        for call in (first, second) if second is not None else (first,):
+            flags += [(f"wrote into {name}'s guard zones", guard_flag(g)) for name, g in call.guards.items()]
+        if second is not None:
+            for name, a in (first.outputs or {}).items():
+                b = (second.outputs or {}).get(name)
+                if name not in first.guards and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                    flags.append((f"gave {name} a second run did not", differ_flag(a, b)))
+        # The one sync: the fused check's int flag first, then the bools.
+        rest = [f.reshape(()) for _, f in flags[1:]]
+        values = torch.cat([verdict.reshape(1).to(torch.int32)]
+                           + ([torch.stack(rest).to(torch.int32)] if rest else [])).tolist()
+    if not any(values):
+        return True, ""
+    # 2 from the fused check: a case it does not handle (not a sign of anything).
+    return False, "; ".join(what for (what, _), v in zip(flags, values) if v == 1)
+
+
+def _full_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, rerun: bool,
+               oracle: Callable[[Case], Mapping[str, Any]] | None, ctx: Context) -> list[Finding]:
+    """The first run against the oracle, its red zones, guard zones and inputs; then, for
+    guarded outputs (or a sampled re-run), a second run over the other fill: its guard zones,
+    the write map of the two runs, and the re-run's agreement with the first."""
     dev = case.device
     with _stage("run", dev):
         first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0])
@@ -205,15 +298,9 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
         with _stage("rerun", dev):
             second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1],
                                reuse=None if mutated else first.inputs)
-    if fast is None:  # by default only on the GPU: under Triton's CPU interpreter it is slower than the oracle
-        fast = dev.startswith("cuda")
-    both = second is not None and second.error is None and bool(first.guards)
     with _stage("oracle", dev):
-        vouched = (oracle is None and fast and opdef.fast_match is not None
-                   and _fast_says_match(opdef, case, first.outputs, second.outputs if both else None))
-        if not vouched:
-            expected = (oracle or opdef.oracle)(case)
-            findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
+        expected = (oracle or opdef.oracle)(case)
+        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
     findings = _review(opdef, case, first, findings, ctx)
     with _stage("guards", dev):
         for name, g in first.guards.items():
@@ -230,9 +317,8 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
                     findings += [f for f in oob_findings(name=name, g=g, op=case.op, impl=entry.name,
                                                          case_id=case.case_id)
                                  if not any(f.dedup_key == h.dedup_key for h in findings)]
-                    if not (vouched and both):
-                        findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=case.op,
-                                                       impl=entry.name, case_id=case.case_id)
+                    findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=case.op,
+                                                   impl=entry.name, case_id=case.case_id)
                 findings += _rerun_differs(first, second, ctx)
     return findings
 

@@ -48,30 +48,33 @@ def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_p
         valid_n += tl.sum(valid.to(tl.int32), axis=0)
     if HAS_COUNTS:
         bad += (tl.load(counts_ptr + row) != valid_n).to(tl.int32)
-    tl.store(bad_ptr + row, bad)
+    tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
 
 
-def convert_rows_match(*, req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor,
-                       block_size: int, has_prefill_workspace: bool, prefill_workspace_request_ids,
-                       prefill_workspace_starts, out: torch.Tensor, valid_counts: torch.Tensor | None) -> bool:
-    """True when out (and valid_counts) are exactly the oracle's; False: run the full check."""
+def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor,
+                      block_size: int, has_prefill_workspace: bool, prefill_workspace_request_ids,
+                      prefill_workspace_starts, out: torch.Tensor,
+                      valid_counts: torch.Tensor | None) -> torch.Tensor | None:
+    """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
+    check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization."""
     n, k = token_indices.shape
     if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
-        return False
+        return None
     if valid_counts is not None and (valid_counts.shape != (n,) or valid_counts.dtype != torch.int32
                                      or valid_counts.device != token_indices.device):
-        return False
+        return None
     if n == 0 or k == 0:
-        return valid_counts is None or bool((valid_counts == 0).all())
+        return ((valid_counts != 0).any() if valid_counts is not None
+                else torch.zeros((), dtype=torch.bool, device=out.device))
     if block_table.numel() == 0:
-        return False  # nothing to index: let the full path decide
+        return None  # nothing to index: let the full path decide
     tile = min(triton.next_power_of_2(k), 1024)
     if k % tile:
-        return False
+        return None
     pw = prefill_workspace_request_ids if has_prefill_workspace else req_id
     ps = prefill_workspace_starts if has_prefill_workspace and prefill_workspace_starts.numel() else req_id
     num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
-    bad = torch.empty(n, dtype=torch.int32, device=out.device)
+    bad = torch.zeros(1, dtype=torch.int32, device=out.device)
     outc = out.contiguous()
     _check_convert[(n,)](req_id.contiguous(), block_table, token_indices, outc,
                          valid_counts if valid_counts is not None else outc, pw.contiguous(), ps.contiguous(), bad,
@@ -79,4 +82,11 @@ def convert_rows_match(*, req_id: torch.Tensor, block_table: torch.Tensor, token
                          block_table.stride(1), token_indices.stride(0), token_indices.stride(1), outc.stride(0),
                          block_size, K=k, TILE=tile, HAS_PREFILL=bool(has_prefill_workspace),
                          HAS_COUNTS=valid_counts is not None)
-    return not bool(bad.any())
+    return bad
+
+
+def convert_rows_match(**kwargs) -> bool:
+    """True when out (and valid_counts) are exactly the oracle's; False: run the full check.
+    Arguments as ``convert_rows_flag``."""
+    flag = convert_rows_flag(**kwargs)
+    return flag is not None and not bool(flag)

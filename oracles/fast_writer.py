@@ -120,10 +120,10 @@ def _check_records(after8_ptr, after16_ptr, after32_ptr, before8_ptr, before16_p
     code = tl.load(after8_ptr + rec + cols).to(tl.int32)
     sc = tl.load(after32_ptr + (rec + 512) // 4 + tiles)
     rope = tl.load(after16_ptr + (rec + 528) // 2 + rcols)
-    bad = tl.sum(tl.sum((code != exp_code).to(tl.int32), axis=1), axis=0)
-    bad += tl.sum((sc != exp_scale).to(tl.int32), axis=0)
-    bad += tl.sum((rope != exp_rope).to(tl.int32), axis=0)
-    tl.store(bad_ptr + r, bad)
+    # A mismatch sets bad[0] = 1 (masked stores: no reductions, nothing to synchronize).
+    tl.store(bad_ptr + tl.zeros_like(code), 1, mask=code != exp_code)
+    tl.store(bad_ptr + tl.zeros_like(sc), 1, mask=sc != exp_scale)
+    tl.store(bad_ptr + tl.zeros_like(rope), 1, mask=rope != exp_rope)
 
 
 def _record_bytes(cache: torch.Tensor) -> torch.Tensor | None:
@@ -142,46 +142,66 @@ def _rows(t: torch.Tensor, width: int) -> torch.Tensor | None:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
-def writer_records_match(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_before: torch.Tensor,
-                         kv_cache_after: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+def writer_records_match(**kwargs) -> bool:
     """True when kv_cache_after is exactly codec.write_records(kv_c, k_pe, kv_cache_before, slot_mapping).
 
     False means "run the full oracle and comparator" (including every case this
     filter does not handle: duplicate or out-of-range slots, bad shapes or dtypes).
+    Arguments as ``writer_records_flag``.
     """
-    dev = kv_cache_after.device
-    if any(t.device != dev for t in (kv_c, k_pe, kv_cache_before, slot_mapping)):
-        return False
-    if kv_cache_after.dtype != torch.uint8 or kv_cache_before.shape != kv_cache_after.shape:
-        return False  # the oracle's cache is uint8 of the input's shape: anything else is the comparator's
-    if slot_mapping.dtype.is_floating_point:
-        return False
-    if slot_mapping.dtype == torch.bool or slot_mapping.is_complex():
-        return False
-    kv, pe = _rows(kv_c, 512), _rows(k_pe, 64)
+    flag = writer_records_flag(**kwargs)
+    return flag is not None and int(flag) == 0
+
+
+def slot_owners(*, slot_mapping: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inv, trouble): the token writing each cache slot (int32 [num_slots + 1], -1: none; the
+    extra last entry absorbs padding and bad slots), and a device bool "some slot is repeated
+    or out of range" (cases this check leaves to the full one). Depends on the slots only, so a
+    case computes it once (``owners=`` of writer_records_flag)."""
     slots = slot_mapping.reshape(-1).to(torch.int64)
-    n = slots.shape[0]
-    if kv is None or pe is None or n > min(kv.shape[0], pe.shape[0]) or n >= 2**31:
-        return False
-    after, before = _record_bytes(kv_cache_after), _record_bytes(kv_cache_before)
-    if after is None or before is None:
-        return False
-    num_slots = kv_cache_after.shape[0] * kv_cache_after.shape[1]
-    if num_slots == 0:
-        return False  # nothing to launch over: let the full path decide
-    # slot -> token (int32, -1: not written); the extra last entry absorbs padding and bad slots.
+    dev = slots.device
     valid = slots >= 0
     in_range = slots < num_slots
     idx = torch.where(valid & in_range, slots, num_slots)
-    tok = torch.arange(n, dtype=torch.int32, device=dev)
+    tok = torch.arange(slots.shape[0], dtype=torch.int32, device=dev)
     inv = torch.full((num_slots + 1,), -1, dtype=torch.int32, device=dev).scatter_(0, idx, tok)
     # A repeated slot loses all but one of its tokens in the scatter; the losers show here.
     trouble = (valid & ((inv[idx] != tok) | ~in_range)).any()
-    bad = torch.empty(num_slots, dtype=torch.int32, device=dev)
+    return inv, trouble
+
+
+def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_before: torch.Tensor,
+                        kv_cache_after: torch.Tensor, slot_mapping: torch.Tensor,
+                        owners: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+    """A device int32 flag: 0 when kv_cache_after is exactly the oracle's, 1 when it differs,
+    2 when the slots are ones this check does not handle (duplicate or out of range: the full
+    check decides); None when it cannot tell from the host side (shapes, dtypes, devices it
+    does not read). No host synchronization."""
+    dev = kv_cache_after.device
+    if any(t.device != dev for t in (kv_c, k_pe, kv_cache_before, slot_mapping)):
+        return None
+    if kv_cache_after.dtype != torch.uint8 or kv_cache_before.shape != kv_cache_after.shape:
+        return None  # the oracle's cache is uint8 of the input's shape: anything else is the comparator's
+    if slot_mapping.dtype.is_floating_point:
+        return None
+    if slot_mapping.dtype == torch.bool or slot_mapping.is_complex():
+        return None
+    kv, pe = _rows(kv_c, 512), _rows(k_pe, 64)
+    n = slot_mapping.numel()
+    if kv is None or pe is None or n > min(kv.shape[0], pe.shape[0]) or n >= 2**31:
+        return None
+    after, before = _record_bytes(kv_cache_after), _record_bytes(kv_cache_before)
+    if after is None or before is None:
+        return None
+    num_slots = kv_cache_after.shape[0] * kv_cache_after.shape[1]
+    if num_slots == 0:
+        return None  # nothing to launch over: let the full path decide
+    inv, trouble = owners if owners is not None else slot_owners(slot_mapping=slot_mapping, num_slots=num_slots)
+    bad = torch.zeros(1, dtype=torch.int32, device=dev)
     with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
         _check_records[(num_slots,)](after, after.view(torch.int16), after.view(torch.int32),
                                      before, before.view(torch.int16), before.view(torch.int32),
                                      kv.view(torch.int16), pe.view(torch.int16), inv, bad, kv.stride(0),
                                      pe.stride(0), IS_BF16=kv.dtype == torch.bfloat16,
                                      USE_ASM=use_asm(dev), num_warps=4)
-    return not bool(trouble | bad.any())
+    return torch.where(trouble, 2, bad)

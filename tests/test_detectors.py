@@ -102,3 +102,37 @@ def test_timed_stages_split_a_guarded_check_into_the_stages_bench_harness_prints
         assert run_case(case=case, entry=resolve("gather", "torch")).findings == ()
     assert set(split) == {"run", "inputs", "rerun", "oracle", "guards"}
     assert all(v > 0 for v in split.values())
+
+
+def _counting_gather(tmp_path, *, spoil_first: bool):
+    """A path-loaded gather that counts its calls; with spoil_first its first call leaves a
+    wrong element (a bug that shows in one run only)."""
+    path = tmp_path / f"counting_{int(spoil_first)}.py"
+    path.write_text(
+        "from mlafuzz.kernels.torch_impl import gather_torch\n"
+        "CALLS = []\n"
+        "def gather(src_cache, dst, *args):\n"
+        "    gather_torch(src_cache, dst, *args)\n"
+        "    CALLS.append(1)\n"
+        f"    if {spoil_first} and len(CALLS) == 1:\n"
+        "        dst.view(__import__('torch').int16)[0, 0] ^= 0x0100\n")
+    entry = resolve("gather", f"{path}:gather")
+    fn = entry.load(FAST_DEV)
+    return entry, fn, fn.__globals__["CALLS"]
+
+
+def test_on_the_fast_path_a_clean_case_runs_the_kernel_once_and_twice_with_a_sampled_rerun(tmp_path):
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV)
+    entry, fn, calls = _counting_gather(tmp_path, spoil_first=False)
+    assert run_case(case=case, entry=entry, fn=fn, fast=True).findings == ()
+    assert len(calls) == 1
+    assert run_case(case=case, entry=entry, fn=fn, rerun=True, fast=True).findings == ()
+    assert len(calls) == 3
+
+
+def test_a_wrong_result_in_one_run_only_is_nondeterminism_when_the_full_check_cannot_reproduce_it(tmp_path):
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV)
+    entry, fn, calls = _counting_gather(tmp_path, spoil_first=True)
+    (finding,) = run_case(case=case, entry=entry, fn=fn, fast=True).findings
+    assert finding.kind is Kind.NONDETERMINISM and finding.cause == "not_reproduced"
+    assert "fused check" in finding.message and len(calls) == 3  # one fast run, then the full path's two

@@ -114,3 +114,38 @@ def test_two_runs_that_differ_only_in_a_nan_payload_are_not_a_match():
                 batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
     assert gather_rows_match(dst=other.view(torch.bfloat16), **args)  # NaN by position vs the oracle
     assert not gather_rows_match(dst=dst, dst2=other.view(torch.bfloat16), **args)  # but the runs differ
+
+
+@pytest.mark.parametrize("values", [ValueMode.ALL_CODES, ValueMode.NAN, ValueMode.ACTIVATIONS])
+@given(seed=st.integers(0, 2**32 - 1), keep=st.integers(1, 2**20))
+@settings(max_examples=4, deadline=None)
+def test_a_prefilled_dst_is_a_match_only_once_every_byte_of_it_is_written(values, seed, keep):
+    """The one-run write map: after gather_prefill, a dst where a kernel wrote every byte with the
+    oracle's value matches; leave any byte (of any element, NaN ones included) unwritten and it
+    does not."""
+    from mlafuzz.oracles.fast_gather import gather_prefill
+
+    spec = GatherSpec(requests=(GatherRequest(context_len=30, seq_start=4, length=17), GatherRequest(context_len=0),
+                                GatherRequest(context_len=11)),
+                      paging=Paging(block_size=8, layout="shuffled"), values=values, ws_form="cumulative")
+    case = materialize(spec, seed, DEV)
+    t = case.tensors
+    args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
+                batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
+    expected = _expected(case)
+    dst = torch.empty_like(expected)
+    assert gather_prefill(dst=dst, **args)
+    assert not _match(case, dst)
+    fill, want = dst.view(torch.uint8), expected.view(torch.uint8)
+    assert bool((fill != want).all()) or bool(torch.isnan(expected).any())  # only NaN elements may share a byte
+    written = fill.clone()
+    written.copy_(want)
+    assert _match(case, written.view(torch.bfloat16))
+    # Leave some bytes as the fill left them: a byte of a NaN element, and bytes anywhere.
+    flat = written.reshape(-1)
+    nan_bytes = torch.isnan(expected).repeat_interleave(2, dim=1).reshape(-1).nonzero().reshape(-1)
+    candidates = [int(keep % flat.numel())] + ([int(nan_bytes[keep % nan_bytes.numel()])] if nan_bytes.numel() else [])
+    for i in candidates:
+        partial = flat.clone()
+        partial[i] = fill.reshape(-1)[i]
+        assert not _match(case, partial.view(torch.bfloat16).reshape(expected.shape)), i
