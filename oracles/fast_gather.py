@@ -42,16 +42,18 @@ ROW_DIM = 576
 
 
 @triton.jit
-def _fp8_value(code):
-    """f32 value of e4m3fn code (int32 0..255), exact: sign, 4 exponent bits (bias 7), 3 mantissa
-    bits; exponent 0 is subnormal (mant x 2^-9); 0x7F / 0xFF are NaN (e4m3fn has no inf)."""
-    sign = (code >> 7) << 31
-    e = (code >> 3) & 15
-    m = code & 7
-    normal = ((e + 120) << 23) | (m << 20)  # rebias 7 -> 127
-    # Subnormal: m x 2^-9, from m's exact f32 (m <= 7) by lowering its exponent field by 9.
-    sub = tl.where(m == 0, 0, m.to(tl.float32).to(tl.int32, bitcast=True) - (9 << 23))
-    bits = sign | tl.where(e == 0, sub, normal)
+def _fp8_value(code, USE_ASM: tl.constexpr):
+    """f32 value of e4m3fn code (int32 0..255), exact. The code's 7 magnitude bits placed at bit
+    20 of an f32 (4 exponent bits at the bottom of its exponent field, 3 mantissa bits at the top
+    of its mantissa) read as exactly 2^-120 times the code's magnitude: its exponent field is the
+    code's biased exponent e (bias 127 instead of 7), and for e = 0 the f32 is subnormal just as
+    the code is (m x 2^-129 = m x 2^-9 x 2^-120). One IEEE multiply by 2^120 (exact: a power of
+    two, subnormal input kept) scales it back; then the sign bit; 0x7F / 0xFF are NaN (e4m3fn
+    has no inf). About 8 operations where a field-by-field decode takes twice that: the fused
+    check is ALU-bound, not memory-bound, at the realistic size."""
+    mag = ((code & 0x7F) << 20).to(tl.float32, bitcast=True)
+    v = mul_rn(mag, tl.full(mag.shape, 2.0**120, tl.float32), USE_ASM)
+    bits = v.to(tl.int32, bitcast=True) | ((code << 24) & (-2147483648))
     bits = tl.where((code & 0x7F) == 0x7F, 0x7FC00000, bits)
     return bits.to(tl.float32, bitcast=True)
 
@@ -66,14 +68,15 @@ def _bf16_bits(x):
 
 @triton.jit
 def _is_nan_bf16(bits):
-    return ((bits & 0x7F80) == 0x7F80) & ((bits & 0x7F) != 0)
+    """bits (int32 0..0xFFFF) is a bf16 NaN: exponent all ones, mantissa not zero."""
+    return (bits & 0x7FFF) > 0x7F80
 
 
 @triton.jit
 def _differs(expected, actual):
-    """Elements whose bits differ, NaN compared by position (any payload matches any)."""
-    e_nan, a_nan = _is_nan_bf16(expected), _is_nan_bf16(actual)
-    return (e_nan != a_nan) | (~e_nan & ~a_nan & (expected != actual))
+    """Elements whose bits differ, NaN compared by position (any payload matches any): a NaN
+    and a non-NaN always differ in their bits, so only "both NaN" needs excusing."""
+    return (expected != actual) & ~(_is_nan_bf16(expected) & _is_nan_bf16(actual))
 
 
 @triton.jit
@@ -86,16 +89,17 @@ def _unlike(expected):
 
 
 @triton.jit
-def _part(dst_ptr, dst2_ptr, bad_ptr, rows, live, dst_stride, dst2_stride, col0, expected, width: tl.constexpr,
+def _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected, width: tl.constexpr,
           MODE: tl.constexpr):
     """One slice of ``width`` columns from col0 of ROWS rows: MODE 0 writes _unlike(expected)
-    there; 1 checks dst against expected; 2 also dst2, and dst2 bit-identical to dst.
-    A mismatch sets bad[0] = 1 (a masked store: no counting, nothing to synchronize)."""
+    there (and returns no mismatches); 1 returns where dst differs from expected; 2 also where
+    dst2 does, or differs from dst by a bit."""
     cols = col0 + tl.arange(0, width)
     m = live[:, None]
     ptrs = dst_ptr + rows[:, None] * dst_stride + cols[None, :]
     if MODE == 0:
         tl.store(ptrs, _unlike(expected).to(tl.int16), mask=m)
+        bad = expected != expected
     else:
         actual = tl.load(ptrs, mask=m, other=0).to(tl.int32) & 0xFFFF
         bad = _differs(expected, actual)
@@ -103,10 +107,7 @@ def _part(dst_ptr, dst2_ptr, bad_ptr, rows, live, dst_stride, dst2_stride, col0,
             actual2 = tl.load(dst2_ptr + rows[:, None] * dst2_stride + cols[None, :], mask=m,
                               other=0).to(tl.int32) & 0xFFFF
             bad = bad | _differs(expected, actual2) | (actual != actual2)
-        # Reduced within each row first (a row lies in one warp: shuffles, no barrier), so the
-        # flag's masked store is one value per row in the row's own layout.
-        row_bad = tl.max((bad & m).to(tl.int32), axis=1)
-        tl.store(bad_ptr + tl.zeros_like(row_bad), 1, mask=row_bad != 0)
+    return bad & m
 
 
 @triton.jit
@@ -114,22 +115,30 @@ def _rows(cache8_ptr, cache16_ptr, cache32_ptr, rec_ptr, dst_ptr, dst2_ptr, bad_
           total, dst_stride, dst2_stride, MODE: tl.constexpr, ROWS: tl.constexpr, USE_ASM: tl.constexpr):
     """ROWS dst rows per program, each rebuilt from its record (rec: byte offsets), one 128-code
     scale tile at a time (the tile's scale loaded once per row), then the 64 RoPE patterns as
-    they are; each slice filled or checked by _part (MODE 0 / 1 / 2)."""
+    they are; each slice filled or checked by _part (MODE 0 / 1 / 2). A mismatch sets bad[0] = 1
+    with a masked store: nothing counted, nothing synchronized across warps."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < total
     # Byte offset of each row's record: multiples of 16 (656 = 41 x 16), said so loads vectorize.
     rec = tl.multiple_of(tl.load(rec_ptr + rows, mask=live, other=0), 16)
     lanes = tl.arange(0, 128)
+    nope_bad = tl.zeros((ROWS, 128), dtype=tl.int1)  # the 4 tiles' mismatches, or-ed elementwise
     for t in tl.static_range(4):
         code = tl.load(cache8_ptr + rec[:, None] + t * 128 + lanes[None, :], mask=live[:, None],
                        other=0).to(tl.int32)
         scale = tl.load(cache32_ptr + rec // 4 + 128 + t, mask=live, other=0).to(tl.float32, bitcast=True)
-        expected = _bf16_bits(mul_rn(_fp8_value(code), scale[:, None], USE_ASM))
-        _part(dst_ptr, dst2_ptr, bad_ptr, rows, live, dst_stride, dst2_stride, t * 128, expected, 128, MODE)
+        expected = _bf16_bits(mul_rn(_fp8_value(code, USE_ASM), scale[:, None], USE_ASM))
+        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 128, expected,
+                                    128, MODE)
     rcols = tl.arange(0, 64)
     rope = tl.load(cache16_ptr + rec[:, None] // 2 + 264 + rcols[None, :], mask=live[:, None],
                    other=0).to(tl.int32) & 0xFFFF
-    _part(dst_ptr, dst2_ptr, bad_ptr, rows, live, dst_stride, dst2_stride, 512, rope, 64, MODE)
+    rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 512, rope, 64, MODE)
+    if MODE != 0:
+        # Reduced within each row (a row lies in one warp: shuffles, no barrier), so the flag's
+        # masked store is one value per row, in the row's own layout.
+        row_bad = tl.max(nope_bad.to(tl.int32), axis=1) | tl.max(rope_bad.to(tl.int32), axis=1)
+        tl.store(bad_ptr + tl.zeros_like(row_bad), 1, mask=row_bad != 0)
 
 
 ROWS_PER_PROGRAM = 2  # with one warp: 16-byte dst loads, no barriers, ~40 registers (sm_90)

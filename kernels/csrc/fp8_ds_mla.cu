@@ -3,9 +3,10 @@
 //   gather  - cp_gather_and_upconvert with seq_starts: paged 656-byte records -> bf16 [total, 576]
 //   writer  - concat_and_cache_mla for kv_cache_dtype "fp8_ds_mla"
 //
-// Design (gather, the bandwidth-bound one): one warp per output row, a persistent grid of one
-// wave that grid-strides over runs of `rows_per_warp` (1/2/4/8) consecutive rows per warp, all
-// of a run's loads in flight before its first store. The owner of a run's first row is found by
+// Design (gather, the bandwidth-bound one): one warp per output row, each warp one run of
+// `rows_per_warp` (1/2/4/8) consecutive rows, all of a run's loads in flight before its first
+// store; blocks of 4 warps, and a grid that covers every run (no persistent grid: on the H200 a
+// one-wave grid-striding grid measured 0.87x of a copy, this one 0.92x, .ci/gather_lab.cu). The owner of a run's first row is found by
 // a warp-cooperative 32-ary search over workspace_starts (one ballot round for B <= 32, two for
 // B <= 1024); the rest of the run walks forward from it, reloading the block id only when the
 // block changes. Each lane moves 8 codes per NoPE half with 8-byte loads and 16-byte stores
@@ -49,8 +50,9 @@ constexpr int kScaleOffset = 512;             // 4 x f32, 16-byte aligned inside
 constexpr int kRopeOffset = 528;              // 64 x bf16, 16-byte aligned inside the record
 constexpr int kTile = 128;
 constexpr int kWarp = 32;
-constexpr int kThreads = 256;  // 8 warps per block
+constexpr int kThreads = 256;  // 8 warps per block (scalar gather, writer)
 constexpr int kWarpsPerBlock = kThreads / kWarp;
+constexpr int kGatherThreads = 128;  // 4 warps per block (vector gather)
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // ---------------------------------------------------------------------------------------------
@@ -248,7 +250,7 @@ __device__ __forceinline__ void store16(uint8_t* ptr, uint4 v) {
 //   1024 + 16l). Every global access is fully coalesced; 16-byte alignment of records and dst
 //   rows is checked on the host.
 template <int ROWS, bool STREAM>
-__global__ void __launch_bounds__(kThreads) gather_vec_kernel(GatherParams p, uint8_t* __restrict__ dst,
+__global__ void __launch_bounds__(kGatherThreads) gather_vec_kernel(GatherParams p, uint8_t* __restrict__ dst,
                                                               int64_t dst_row_stride_bytes) {
   const int lane = threadIdx.x & (kWarp - 1);
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
@@ -501,9 +503,12 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
     const int64_t row_bytes = dst.stride(0) * 2;
     const int rpw = static_cast<int>(rows_per_warp);
     // One instantiation per (rows per warp, hints); see the bench's --variants for the sweep.
+    // A grid covering every run (the kernel still grid-strides, should it ever be capped).
     const auto launch = [&](auto kernel, int rows) {
-      const unsigned grid = grid_for(kernel, total, rows, device);
-      kernel<<<grid, kThreads, 0, stream>>>(p, dst_bytes, row_bytes);
+      const int64_t runs = (total + rows - 1) / rows;
+      const int64_t blocks = (runs + kGatherThreads / kWarp - 1) / (kGatherThreads / kWarp);
+      const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, INT32_MAX)));
+      kernel<<<grid, kGatherThreads, 0, stream>>>(p, dst_bytes, row_bytes);
     };
     switch (rpw * 2 + (stream_hints ? 1 : 0)) {
       case 2: launch(gather_vec_kernel<1, false>, 1); break;
