@@ -34,6 +34,7 @@ from mlafuzz.harness import redzone
 from mlafuzz.harness.bits import as_bits, differ_flag, same_bits
 from mlafuzz.harness.compare import Context, Policy, compare
 from mlafuzz.harness.findings import Finding, Kind, Severity
+from mlafuzz.harness.fingerprint import Snapshot
 from mlafuzz.harness.guards import PATTERNS, Guarded, guard_flag, oob_findings, write_map_findings
 from mlafuzz.harness.ops import OP_DEFS, OpDef
 from mlafuzz.kernels.registry import ImplEntry
@@ -70,11 +71,14 @@ def first_line(exc: BaseException) -> str:
 
 
 def call_impl(*, opdef: OpDef, fn: Callable, case: Case, fill: int,
-              reuse: Mapping[str, Any] | None = None, prefill: bool = False) -> Call:
+              reuse: Mapping[str, Any] | None = None, prefill: bool = False, share: bool = False) -> Call:
     """One call on fresh copies of the case's inputs; ``reuse``: inputs of an earlier call,
-    passed again instead of copied (the ops' in-place ones are always fresh copies).
-    ``prefill``: fill the guarded outputs with the op's fast_prefill (pattern ``fill`` where it
-    cannot; ``Call.prefilled`` says which)."""
+    passed again instead of copied; ``share``: views of the case's own tensors instead of
+    copies, for a caller that checks them by fingerprint (the ops' in-place inputs are always
+    fresh copies). ``prefill``: fill the guarded outputs with the op's fast_prefill (pattern
+    ``fill`` where it cannot; ``Call.prefilled`` says which)."""
+    if share:  # views: the impl can change their data (the fingerprints see it), not the case's tensor objects
+        reuse = {k: v.view(v.shape) for k, v in case.tensors.items() if v is not None}
     keep = {k: v for k, v in (reuse or {}).items() if k in case.tensors and k not in opdef.inplace}
     inputs = {**case.cloned_tensors(skip=keep.keys()), **keep}
     guards: dict[str, Guarded] = {}
@@ -209,9 +213,11 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
         fast = case.device.startswith("cuda")
     seen = ""
     if fast and oracle is None and opdef.fast_check is not None:
-        clear, seen = _fast_path(opdef=opdef, case=case, fn=fn, rerun=rerun)
+        clear, seen, found = _fast_path(opdef=opdef, case=case, entry=entry, fn=fn, rerun=rerun)
         if clear:
             return []
+        if found is not None:
+            return found
     findings = _full_path(opdef=opdef, case=case, entry=entry, fn=fn, policy=policy, rerun=rerun, oracle=oracle,
                           ctx=ctx)
     if seen and not any(f.severity is Severity.ERROR for f in findings):
@@ -223,56 +229,88 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
     return findings
 
 
-def _fast_path(*, opdef: OpDef, case: Case, fn: Callable, rerun: bool) -> tuple[bool, str]:
-    """(True, "") when every check of the case passed; (False, what was seen) when the full path
-    must decide ("" when nothing was wrong but this path could not tell)."""
+def _snapshot(opdef: OpDef, case: Case) -> Snapshot:
+    """The case's inputs before any call (fingerprints, small ones copied), taken once per case."""
+    if "inputs_snapshot" not in case.memo:
+        case.memo["inputs_snapshot"] = Snapshot(
+            {k: v for k, v in case.tensors.items() if v is not None and k not in opdef.inplace})
+    return case.memo["inputs_snapshot"]
+
+
+def _restore(case: Case, snap: Snapshot) -> bool:
+    """Rebuild the case's input tensors in place from its spec and seed (a call changed them) and
+    say whether they hold what they held before, fingerprints and copies agreeing."""
+    from mlafuzz.generators.materialize import materialize
+
+    try:
+        fresh = materialize(case.spec, case.seed, case.device)
+    except Exception:  # a hand-built case: nothing to rebuild it from
+        return False
+    for name in snap.large + snap.small:
+        t, f = case.tensors[name], fresh.tensors.get(name)
+        if f is None or f.shape != t.shape or f.dtype != t.dtype:
+            return False
+        t.copy_(f)
+    return not any(bool(flag.any()) for _, flag in snap.changed(dict(case.tensors)))
+
+
+def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
+               rerun: bool) -> tuple[bool, str, list[Finding] | None]:
+    """(True, "", None) when every check of the case passed; else (False, what was seen, None)
+    when the full path must decide ("" when nothing was wrong but this path could not tell), or
+    (False, ..., findings) when a call changed an input and the case could not be rebuilt for the
+    full path: then the INPUT_MUTATION findings are this path's own."""
     dev = case.device
+    snap = _snapshot(opdef, case)
     with _stage("run", dev):
-        first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0], prefill=True)
-    if first.error is not None:
-        return False, f"raised {first_line(first.error)}"
-    if first.redzone:
-        return False, "wrote into a red zone"
-    if opdef.guarded and not first.prefilled:
-        return False, ""
+        first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0], prefill=True, share=True)
     second = None
-    if rerun:  # the inputs are passed again; the check below covers both calls' effect on them
+    if first.error is None and not first.redzone and rerun:
         with _stage("rerun", dev):
-            second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1], reuse=first.inputs, prefill=True)
-        if second.error is not None:
-            return False, f"ran, and a second run raised {first_line(second.error)}"
-        if second.redzone:
-            return False, "ran, and a second run wrote into a red zone"
-        if opdef.guarded and not second.prefilled:
-            return False, ""
+            second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1], prefill=True, share=True)
     flags: list[tuple[str, torch.Tensor]] = []  # the fused check's first, then device bools
     with _stage("oracle", dev):
-        both = second.outputs if second is not None and opdef.guarded else None
-        verdict = _quietly(lambda: opdef.fast_check(case, first.outputs, both), case.op, None)
-        if verdict is None:
-            return False, ""
-        flags.append(("gave outputs the fused check found different from the oracle's", verdict))
-    with _stage("inputs", dev):
-        for name, before in case.tensors.items():
-            after = first.inputs.get(name)
-            if before is not None and after is not None and name not in opdef.inplace:
-                flags.append((f"changed its input {name}", differ_flag(before, after)))
+        verdict = None
+        if first.error is None and not first.redzone and (not opdef.guarded or first.prefilled) and (
+                second is None or (second.error is None and not second.redzone
+                                   and (not opdef.guarded or second.prefilled))):
+            both = second.outputs if second is not None and opdef.guarded else None
+            verdict = _quietly(lambda: opdef.fast_check(case, first.outputs, both), case.op, None)
+        flags.append(("gave outputs the fused check found different from the oracle's",
+                      verdict if verdict is not None else torch.full((1,), 2, dtype=torch.int32, device=dev)))
+    with _stage("inputs", dev):  # after both calls: the inputs are the case's own tensors, shared
+        inputs = [(f"changed its input {names}", flag) for names, flag in snap.changed(dict(case.tensors))]
+        flags += inputs
     with _stage("guards", dev):
         for call in (first, second) if second is not None else (first,):
             flags += [(f"wrote into {name}'s guard zones", guard_flag(g)) for name, g in call.guards.items()]
-        if second is not None:
+        if second is not None and second.error is None:
             for name, a in (first.outputs or {}).items():
                 b = (second.outputs or {}).get(name)
                 if name not in first.guards and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
                     flags.append((f"gave {name} a second run did not", differ_flag(a, b)))
-        # The one sync: the fused check's int flag first, then the bools.
-        rest = [f.reshape(()) for _, f in flags[1:]]
-        values = torch.cat([verdict.reshape(1).to(torch.int32)]
-                           + ([torch.stack(rest).to(torch.int32)] if rest else [])).tolist()
-    if not any(values):
-        return True, ""
-    # 2 from the fused check: a case it does not handle (not a sign of anything).
-    return False, "; ".join(what for (what, _), v in zip(flags, values) if v == 1)
+        rest = [f.reshape(1) for _, f in flags[1:]]
+        values = torch.cat([flags[0][1].reshape(1).to(torch.int32)]  # the one sync
+                           + ([torch.cat(rest).to(torch.int32)] if rest else [])).tolist()
+    seen = [what for (what, _), v in zip(flags, values) if v == 1]  # 2 from the fused check: "cannot tell"
+    if first.error is not None:
+        seen.insert(0, f"raised {first_line(first.error)}")
+    elif first.redzone:
+        seen.insert(0, "wrote into a red zone")
+    elif second is not None and second.error is not None:
+        seen.insert(0, f"ran, and a second run raised {first_line(second.error)}")
+    elif second is not None and second.redzone:
+        seen.insert(0, "ran, and a second run wrote into a red zone")
+    if not seen and not any(values):
+        return True, "", None
+    changed = [what.removeprefix("changed its input ") for (what, _), v in zip(inputs, values[1:]) if v]
+    if changed and not _restore(case, snap):
+        return False, "", [Finding(kind=Kind.INPUT_MUTATION, op=case.op, impl=entry.name, case_id=case.case_id,
+                                   tensor=names, cause=f"{names}:mutated",
+                                   message=f"input {names} changed during the call (its fingerprint moved; the "
+                                           "case could not be rebuilt from its spec and seed to say where)")
+                           for names in changed]
+    return False, "; ".join(seen), None
 
 
 def _full_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, rerun: bool,

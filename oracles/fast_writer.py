@@ -153,20 +153,32 @@ def writer_records_match(**kwargs) -> bool:
     return flag is not None and int(flag) == 0
 
 
+@triton.jit
+def _scatter_owners(slots_ptr, n, num_slots, inv_ptr, trouble_ptr, BLOCK: tl.constexpr):
+    """inv[slot] = token for each token with a slot in [0, num_slots); trouble[0] = 1 when a slot
+    is past the cache or taken twice (the exchange returns the earlier token)."""
+    tok = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = tok < n
+    slot = tl.load(slots_ptr + tok, mask=live, other=-1).to(tl.int64)
+    write = live & (slot >= 0) & (slot < num_slots)
+    old = tl.atomic_xchg(inv_ptr + tl.where(write, slot, 0), tok.to(tl.int32), mask=write)
+    bad = (write & (old != -1)) | (live & (slot >= num_slots))
+    tl.store(trouble_ptr + tl.zeros_like(tok), 1, mask=bad)
+
+
 def slot_owners(*, slot_mapping: torch.Tensor, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(inv, trouble): the token writing each cache slot (int32 [num_slots + 1], -1: none; the
-    extra last entry absorbs padding and bad slots), and a device bool "some slot is repeated
-    or out of range" (cases this check leaves to the full one). Depends on the slots only, so a
-    case computes it once (``owners=`` of writer_records_flag)."""
-    slots = slot_mapping.reshape(-1).to(torch.int64)
+    extra last entry is never written), and a device int32 [1], 1 when some slot is repeated or
+    out of range (cases this check leaves to the full one). Depends on the slots only, so a case
+    computes it once (``owners=`` of writer_records_flag). Two launches, no host sync."""
+    slots = slot_mapping.reshape(-1).contiguous()
     dev = slots.device
-    valid = slots >= 0
-    in_range = slots < num_slots
-    idx = torch.where(valid & in_range, slots, num_slots)
-    tok = torch.arange(slots.shape[0], dtype=torch.int32, device=dev)
-    inv = torch.full((num_slots + 1,), -1, dtype=torch.int32, device=dev).scatter_(0, idx, tok)
-    # A repeated slot loses all but one of its tokens in the scatter; the losers show here.
-    trouble = (valid & ((inv[idx] != tok) | ~in_range)).any()
+    inv = torch.full((num_slots + 1,), -1, dtype=torch.int32, device=dev)
+    trouble = torch.zeros(1, dtype=torch.int32, device=dev)
+    n = slots.numel()
+    if n:
+        block = 1024
+        _scatter_owners[(triton.cdiv(n, block),)](slots, n, num_slots, inv, trouble, BLOCK=block)
     return inv, trouble
 
 
@@ -198,10 +210,12 @@ def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_befo
         return None  # nothing to launch over: let the full path decide
     inv, trouble = owners if owners is not None else slot_owners(slot_mapping=slot_mapping, num_slots=num_slots)
     bad = torch.zeros(1, dtype=torch.int32, device=dev)
+    # One warp per record: the amax of each 128-code tile reduces within the warp (no barriers);
+    # on sm_90 that issues ~40% fewer instructions per record than 4 warps (1176 vs 2016).
     with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
         _check_records[(num_slots,)](after, after.view(torch.int16), after.view(torch.int32),
                                      before, before.view(torch.int16), before.view(torch.int32),
                                      kv.view(torch.int16), pe.view(torch.int16), inv, bad, kv.stride(0),
                                      pe.stride(0), IS_BF16=kv.dtype == torch.bfloat16,
-                                     USE_ASM=use_asm(dev), num_warps=4)
-    return torch.where(trouble, 2, bad)
+                                     USE_ASM=use_asm(dev), num_warps=1)
+    return torch.where(trouble != 0, 2, bad)

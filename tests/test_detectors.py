@@ -136,3 +136,24 @@ def test_a_wrong_result_in_one_run_only_is_nondeterminism_when_the_full_check_ca
     (finding,) = run_case(case=case, entry=entry, fn=fn, fast=True).findings
     assert finding.kind is Kind.NONDETERMINISM and finding.cause == "not_reproduced"
     assert "fused check" in finding.message and len(calls) == 3  # one fast run, then the full path's two
+
+
+def test_a_mutated_large_input_is_input_mutation_and_the_case_is_rebuilt_for_the_full_check(monkeypatch):
+    """The fast path shares the case's own tensors and fingerprints the large ones; a call that
+    changes one sends the case, rebuilt from its spec and seed, to the full path."""
+    import mlafuzz.harness.fingerprint as fp
+
+    monkeypatch.setattr(fp, "SMALL_BYTES", 1024)  # this case's cache is small: fingerprint it anyway
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV)
+    fresh = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV)
+    found = run_case(case=case, entry=resolve("gather", "gather_mutates_cache"), fast=True).findings
+    assert Kind.INPUT_MUTATION in {f.kind for f in found}, [f.message for f in found]
+    assert all(torch.equal(case.tensors[k], v) for k, v in fresh.tensors.items() if v is not None)
+    assert run_case(case=case, entry=resolve("gather", "torch"), fast=True).findings == ()
+
+
+def test_a_mutated_input_of_a_case_that_cannot_be_rebuilt_is_still_input_mutation():
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV)
+    orphan = dataclasses.replace(case, seed=case.seed + 1)  # its spec and seed make other tensors
+    (finding,) = run_case(case=orphan, entry=resolve("gather", "gather_mutates_cache"), fast=True).findings
+    assert finding.kind is Kind.INPUT_MUTATION and "could not be rebuilt" in finding.message
