@@ -38,11 +38,30 @@ def main(ops: list[str]) -> None:
         print(f"== {op}: check_call ms, five in a row:", " ".join(f"{check():.3f}" for _ in range(5)))
         prof = cProfile.Profile()
         prof.enable()
-        check()
+        for _ in range(100):  # pstats prints seconds to 3 decimals: 100 checks make those read as ms per check
+            check()
         prof.disable()
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
+        print(f"-- {op}: cProfile of 100 checks (times in seconds over all 100 = 10 x ms per check)")
         print("\n".join(line[:160] for line in out.getvalue().splitlines()[:45]))
+    # Host cost of the building blocks, 200 calls each, no sync in between except where named.
+    from mlafuzz.harness.fingerprint import fingerprints
+
+    small = torch.zeros(16, dtype=torch.int64, device="cuda")
+    blocks = {"torch.zeros(1)": lambda: torch.zeros(1, device="cuda"),
+              "a != b (small)": lambda: small != small,
+              "fingerprints (small, Triton)": lambda: fingerprints([small]),
+              "torch.cuda.synchronize": torch.cuda.synchronize,
+              "tolist (1 int)": lambda: small[:1].tolist()}
+    for name, fn in blocks.items():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        print(f"{name:<32} {(time.perf_counter() - t0) / 200 * 1e6:8.1f} us per call")
 
 
 if __name__ == "__main__":

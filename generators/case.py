@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import types
 from dataclasses import dataclass, field
@@ -36,8 +37,11 @@ class Case:
         object.__setattr__(self, "tensors", types.MappingProxyType(dict(self.tensors)))
         object.__setattr__(self, "params", types.MappingProxyType(dict(self.params)))
 
-    @property
+    @functools.cached_property
     def case_id(self) -> str:
+        # Cached: encoding a realistic spec to JSON is thousands of Python calls, more host time
+        # than the rest of a fast-path check (cached_property writes the instance dict directly,
+        # so the frozen dataclass allows it; dataclasses.replace makes a new case, a new id).
         return case_id_for(op=self.op, seed=self.seed, spec_json=spec_to_json(self.spec))
 
     def cloned_tensors(self, *, skip: Iterable[str] = ()) -> dict[str, torch.Tensor | None]:

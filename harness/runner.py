@@ -372,6 +372,7 @@ def run_case(*, case: Case, entry: ImplEntry, policy: Policy = Policy(), fn: Cal
     fn = fn if fn is not None else entry.load(case.device)
     findings = check_call(case=case, entry=entry, fn=fn, policy=policy, rerun=rerun,
                           oracle=opdef.oracle_slow if slow_oracle else None, fast=fast)
-    spec = spec_to_dict(case.spec)
-    findings = [dataclasses.replace(f, seed=case.seed, spec=spec) for f in findings]
+    if findings:  # the spec as a dict only when a finding carries it (thousands of calls at realistic sizes)
+        spec = spec_to_dict(case.spec)
+        findings = [dataclasses.replace(f, seed=case.seed, spec=spec) for f in findings]
     return CaseResult(case_id=case.case_id, findings=tuple(findings), seconds=time.perf_counter() - start)
