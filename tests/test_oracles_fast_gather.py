@@ -149,3 +149,45 @@ def test_a_prefilled_dst_is_a_match_only_once_every_byte_of_it_is_written(values
         partial = flat.clone()
         partial[i] = fill.reshape(-1)[i]
         assert not _match(case, partial.view(torch.bfloat16).reshape(expected.shape)), i
+
+
+@given(seed=st.integers(0, 2**32 - 1), reqs=st.lists(st.tuples(st.integers(0, 70), st.integers(0, 9)), min_size=1,
+                                                     max_size=7),
+       bs=st.sampled_from([1, 3, 16, 64]), ws_form=st.sampled_from(["cumulative", "exact"]))
+@settings(max_examples=12, deadline=None)
+def test_the_one_launch_row_to_record_map_is_the_oracles(seed, reqs, bs, ws_form):
+    """record_offsets (a binary search per row, in the fused check's kernel language) against
+    oracles.gather.row_records (torch.searchsorted): empty requests, seq_starts, any block size."""
+    from mlafuzz.oracles.fast_gather import record_offsets
+
+    requests = tuple(GatherRequest(context_len=ctx, seq_start=min(start, ctx), length=ctx - min(start, ctx))
+                     for ctx, start in reqs)
+    spec = GatherSpec(requests=requests, paging=Paging(block_size=bs, layout="shuffled"), ws_form=ws_form)
+    case = materialize(spec, seed, DEV)
+    t, p = case.tensors, case.params
+    args = dict(block_table=t["block_table"], workspace_starts=t["workspace_starts"], batch_size=p["batch_size"],
+                seq_starts=t["seq_starts"], total=p["total"])
+    block, entry = og.row_records(block_size=bs, device=t["src_cache"].device, **args)
+    assert torch.equal(record_offsets(src_cache=t["src_cache"], **args), (block * bs + entry) * 656)
+
+
+def test_a_one_launch_map_that_disagrees_with_the_oracles_on_first_use_is_not_trusted(monkeypatch):
+    """The map checks itself once per device and process; a wrong one (a miscompile, say) gives
+    way to the oracle's mapping with a warning instead of sending every case to the full path."""
+    import mlafuzz.oracles.fast_gather as fg
+
+    class Broken:
+        def __getitem__(self, grid):
+            return lambda ws, ss, table, out, *args, **kwargs: out.zero_()
+
+    spec = GatherSpec(requests=(GatherRequest(context_len=30, seq_start=2, length=20),), paging=Paging(block_size=8))
+    case = materialize(spec, 1, DEV)
+    t, p = case.tensors, case.params
+    args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
+                batch_size=p["batch_size"], seq_starts=t["seq_starts"], total=p["total"])
+    monkeypatch.setattr(fg, "_record_map", Broken())
+    monkeypatch.setattr(fg, "_MAP_TRUSTED", {})
+    with pytest.warns(RuntimeWarning, match="disagrees with the oracle"):
+        first = fg.record_offsets(**args)
+    assert torch.equal(first, fg._torch_offsets(**args)) and bool(first.any())
+    assert torch.equal(fg.record_offsets(**args), first)  # and from then on the oracle's map only
