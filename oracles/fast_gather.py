@@ -61,11 +61,11 @@ def _fp8_value(code, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _bf16_bits(x):
-    """bf16 bit pattern (int32 0..0xFFFF) of f32 x, round to nearest even; NaN -> 0x7FC0."""
+def _bf16_round(x):
+    """bf16 bit pattern (int32 0..0xFFFF) of f32 x, round to nearest even; meaningless for a
+    NaN x (the callers carry NaN-ness separately, compared by position)."""
     f = x.to(tl.uint32, bitcast=True)
-    b = ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).to(tl.int32)
-    return tl.where(x != x, 0x7FC0, b)
+    return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).to(tl.int32)
 
 
 @triton.jit
@@ -75,40 +75,43 @@ def _is_nan_bf16(bits):
 
 
 @triton.jit
-def _differs(expected, actual):
-    """Elements whose bits differ, NaN compared by position (any payload matches any): a NaN
-    and a non-NaN always differ in their bits, so only "both NaN" needs excusing."""
-    return (expected != actual) & ~(_is_nan_bf16(expected) & _is_nan_bf16(actual))
+def _differs(expected, e_nan, actual):
+    """Elements that are no match, NaN compared by position: where a NaN is expected, any NaN
+    payload matches and nothing else does; elsewhere the bits must be equal (a NaN never equals
+    the bits of a non-NaN)."""
+    # A canonical NaN where one is expected: its bits never equal a non-NaN's.
+    return (tl.where(e_nan, 0x7FC0, expected) != actual) & ~(e_nan & _is_nan_bf16(actual))
 
 
 @triton.jit
-def _unlike(expected):
-    """A 16-bit pattern that is not a match for ``expected`` however many of its two bytes a
-    kernel overwrites with the expected bytes: while either byte is left untouched it is still
-    no match. Not NaN: every byte complemented. NaN: 0x0000, and 0x00?? / ??00 with a NaN's high
-    byte (0x7F, 0xFF) or any low byte are never NaN (their exponent field is not all ones)."""
-    return tl.where(_is_nan_bf16(expected), 0, ~expected & 0xFFFF)
+def _unlike(expected, e_nan):
+    """A 16-bit pattern that is not a match for the expected element however many of its two
+    bytes a kernel overwrites with the expected bytes: while either byte is left untouched it is
+    still no match. Not NaN: every byte complemented. NaN: 0x0000, and 0x00?? / ??00 with a NaN's
+    high byte (0x7F, 0xFF) or any low byte are never NaN (their exponent field is not all ones)."""
+    return tl.where(e_nan, 0, ~expected & 0xFFFF)
 
 
 @triton.jit
-def _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected, width: tl.constexpr,
+def _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected, e_nan, width: tl.constexpr,
           MODE: tl.constexpr):
-    """One slice of ``width`` columns from col0 of ROWS rows: MODE 0 writes _unlike(expected)
-    there (and returns no mismatches); 1 returns where dst differs from expected; 2 also where
-    dst2 does, or differs from dst by a bit."""
+    """One slice of ``width`` columns from col0 of ROWS rows, expected bits ``expected`` (where
+    ``e_nan`` is false) or any NaN (where it is true): MODE 0 writes _unlike there (and returns no
+    mismatches); 1 returns where dst is no match; 2 also where dst2 is not, or differs from dst
+    by a bit."""
     cols = col0 + tl.arange(0, width)
     m = live[:, None]
     ptrs = dst_ptr + rows[:, None] * dst_stride + cols[None, :]
     if MODE == 0:
-        tl.store(ptrs, _unlike(expected).to(tl.int16), mask=m)
+        tl.store(ptrs, _unlike(expected, e_nan).to(tl.int16), mask=m)
         bad = expected != expected
     else:
         actual = tl.load(ptrs, mask=m, other=0).to(tl.int32) & 0xFFFF
-        bad = _differs(expected, actual)
+        bad = _differs(expected, e_nan, actual)
         if MODE == 2:
             actual2 = tl.load(dst2_ptr + rows[:, None] * dst2_stride + cols[None, :], mask=m,
                               other=0).to(tl.int32) & 0xFFFF
-            bad = bad | _differs(expected, actual2) | (actual != actual2)
+            bad = bad | _differs(expected, e_nan, actual2) | (actual != actual2)
     return bad & m
 
 
@@ -129,13 +132,14 @@ def _rows(cache8_ptr, cache16_ptr, cache32_ptr, rec_ptr, dst_ptr, dst2_ptr, bad_
         code = tl.load(cache8_ptr + rec[:, None] + t * 128 + lanes[None, :], mask=live[:, None],
                        other=0).to(tl.int32)
         scale = tl.load(cache32_ptr + rec // 4 + 128 + t, mask=live, other=0).to(tl.float32, bitcast=True)
-        expected = _bf16_bits(mul_rn(_fp8_value(code, USE_ASM), scale[:, None], USE_ASM))
-        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 128, expected,
-                                    128, MODE)
+        prod = mul_rn(_fp8_value(code, USE_ASM), scale[:, None], USE_ASM)
+        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 128,
+                                    _bf16_round(prod), prod != prod, 128, MODE)
     rcols = tl.arange(0, 64)
     rope = tl.load(cache16_ptr + rec[:, None] // 2 + 264 + rcols[None, :], mask=live[:, None],
                    other=0).to(tl.int32) & 0xFFFF
-    rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 512, rope, 64, MODE)
+    rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 512, rope, _is_nan_bf16(rope), 64,
+                     MODE)
     if MODE != 0:
         # Reduced within each row (a row lies in one warp: shuffles, no barrier), so the flag's
         # masked store is one value per row, in the row's own layout.
