@@ -1,7 +1,8 @@
 // gather_lab.cu -- standalone bandwidth lab for the fp8_ds_mla gather (kernels/csrc/fp8_ds_mla.cu).
 //
 // Question: can any gather design reach >= 0.90x the bandwidth of a device-to-device copy of the
-// same byte count? (gather_vec_kernel reaches 0.87-0.88x on the H200.)
+// same byte count? (gather_vec_kernel reached 0.87-0.88x on the H200 on a persistent one-wave
+// grid; this lab showed the grid was why: the shipped kernel now runs on a full grid, 0.92x.)
 //
 // Workload (the bench's, harness/bench.py _gather_workload): 64 requests x 4096 tokens, block size
 // 64, records of 656 bytes (512 fp8 e4m3fn codes | 4 f32 scales | 64 bf16 RoPE), a shuffled block
@@ -12,7 +13,7 @@
 //
 // Variant names:
 //   copy / mix_ceiling[_np] / write_only / read_only   baselines and context (no indirection)
-//   ours_rowsR          gather_vec_kernel<R, false> as shipped: warp per row, persistent one-wave grid
+//   ours_rowsR          gather_vec_kernel<R, false>'s warp code on the old persistent one-wave grid
 //   np_rowsR            the same kernel, grid covering every run (one run per warp)
 //   {ours,np}_ld16_rowsR   16-byte code loads (16 codes per lane), two 16-byte stores at 32l, 32l+16
 //   {ours,np}_ld16s_rowsR  16-byte code loads + shuffles back to ours' contiguous 16-byte stores
@@ -54,6 +55,14 @@
     }                                                                                     \
   } while (0)
 
+// The shipped kernel's own device code: record layout constants, exact conversions
+// (fp8x2_to_float2, dequant8), GatherParams, count_ws_le and locate_run, so "ours" here is the
+// extension's code, not a copy. (A variant spelling the bf16 rounding as one
+// __floats2bfloat162_rn per pair was tried and dropped: ptxas already packs the two
+// cvt.rn.bf16.f32, the kernels came out byte-identical.)
+#include "../kernels/csrc/gather_device.cuh"
+using namespace mlafuzz_ds_mla;
+
 // ---------------------------------------------------------------------------------------------
 // Workload constants
 // ---------------------------------------------------------------------------------------------
@@ -61,116 +70,12 @@ constexpr int kReq = 64, kCtx = 4096, kBs = 64;
 constexpr int kBlocksPerReq = kCtx / kBs;                // 64
 constexpr int kNumBlocks = kReq * kBlocksPerReq;         // 4096
 constexpr int64_t kTotal = int64_t(kReq) * kCtx;         // 262144 rows
-constexpr int kRecordBytes = 656, kRowBytes = 1152;      // 41 x 16, 72 x 16
-constexpr int kNopeDim = 512, kScaleOffset = 512, kRopeOffset = 528;
+constexpr int kRowBytes = 1152;                          // 72 x 16 (record layout: gather_device.cuh)
 constexpr int64_t kCacheBytes = int64_t(kNumBlocks) * kBs * kRecordBytes;  // 171,966,464
 constexpr int64_t kDstBytes = kTotal * kRowBytes;                          // 301,989,888
 constexpr int64_t kTableBytes = int64_t(kReq) * kBlocksPerReq * 4;         // 16,384
 constexpr int64_t kReadBytes = kTotal * kRecordBytes;
 constexpr int64_t kNBytes = kReadBytes + kDstBytes + kTableBytes;        // 473,972,736
-constexpr int kWarp = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
-
-// ---------------------------------------------------------------------------------------------
-// Exact conversions (verbatim from fp8_ds_mla.cu). Note: a variant spelling the bf16 rounding as
-// one __floats2bfloat162_rn per pair was tried and dropped: ptxas already packs the two
-// cvt.rn.bf16.f32 of ours, the kernels came out byte-identical.
-// ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ float2 fp8x2_to_float2(unsigned pair) {
-  const __half2_raw h =
-      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-  return make_float2(__half2float(__ushort_as_half(h.x)), __half2float(__ushort_as_half(h.y)));
-}
-__device__ __forceinline__ unsigned dequant_bits(float value, float scale) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(value, scale)));
-}
-__device__ __forceinline__ uint2 dequant4(unsigned codes, float scale) {
-  const float2 a = fp8x2_to_float2(codes);
-  const float2 b = fp8x2_to_float2(codes >> 16);
-  uint2 out;
-  out.x = dequant_bits(a.x, scale) | (dequant_bits(a.y, scale) << 16);
-  out.y = dequant_bits(b.x, scale) | (dequant_bits(b.y, scale) << 16);
-  return out;
-}
-// Eight codes (uint2, lowest address first) -> eight bf16 (uint4).
-__device__ __forceinline__ uint4 dequant8(uint2 codes, float scale) {
-  const uint2 lo = dequant4(codes.x, scale);
-  const uint2 hi = dequant4(codes.y, scale);
-  return make_uint4(lo.x, lo.y, hi.x, hi.y);
-}
-
-// ---------------------------------------------------------------------------------------------
-// ours: GatherParams / count_ws_le / locate_run verbatim from fp8_ds_mla.cu (seq_starts is a
-// real all-zeros array, as in the bench, so its load stays in the cost)
-// ---------------------------------------------------------------------------------------------
-struct GatherParams {
-  const uint8_t* cache;
-  const int32_t* block_table;
-  const int32_t* ws;
-  const int32_t* seq_starts;
-  int64_t total;
-  int32_t batch_size;
-  int32_t block_size;
-  int64_t bt_row_stride, bt_col_stride;
-  int64_t ws_stride, ss_stride;
-  int64_t cache_block_stride, cache_entry_stride;
-};
-
-__device__ __forceinline__ int count_ws_le(const GatherParams& p, int64_t row, int lane) {
-  int lo = 0;
-  int n = p.batch_size;
-  while (n > 0) {
-    const int step = (n + kWarp - 1) / kWarp;
-    const int off = lane * step;
-    const bool probe = off < n && static_cast<int64_t>(__ldg(p.ws + (lo + off) * p.ws_stride)) <= row;
-    const int k = __popc(__ballot_sync(kFullMask, probe));
-    if (k == 0) break;
-    const int last_le = lo + (k - 1) * step;
-    const int remaining = n - (k - 1) * step - 1;
-    lo = last_le + 1;
-    n = min(step - 1, remaining);
-  }
-  return lo;
-}
-
-template <int ROWS>
-__device__ __forceinline__ void locate_run(const GatherParams& p, int64_t base, int lane,
-                                           const uint8_t* (&rec)[ROWS]) {
-  int b = count_ws_le(p, base, lane) - 1;
-  const int last = p.batch_size - 1;
-  int64_t next = (b < last) ? static_cast<int64_t>(__ldg(p.ws + (b + 1) * p.ws_stride)) : INT64_MAX;
-  int64_t cur_ws = 0, start = 0;
-  int cached_b = -1;
-  uint32_t cached_blk = 0;
-  const uint8_t* block_base = nullptr;
-  const uint32_t ubs = static_cast<uint32_t>(p.block_size);
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int64_t row = base + r;
-    rec[r] = nullptr;
-    if (row >= p.total) continue;
-    while (row >= next) {
-      ++b;
-      next = (b < last) ? static_cast<int64_t>(__ldg(p.ws + (b + 1) * p.ws_stride)) : INT64_MAX;
-    }
-    if (b < 0) continue;
-    if (b != cached_b) {
-      cur_ws = __ldg(p.ws + b * p.ws_stride);
-      start = p.seq_starts ? static_cast<int64_t>(__ldg(p.seq_starts + b * p.ss_stride)) : 0;
-    }
-    const uint32_t pos = static_cast<uint32_t>(start + (row - cur_ws));
-    const uint32_t blk = pos / ubs;
-    const uint32_t off = pos - blk * ubs;
-    if (b != cached_b || blk != cached_blk) {
-      const int64_t block_id =
-          __ldg(p.block_table + b * p.bt_row_stride + static_cast<int64_t>(blk) * p.bt_col_stride);
-      block_base = p.cache + block_id * p.cache_block_stride;
-      cached_b = b;
-      cached_blk = blk;
-    }
-    rec[r] = block_base + static_cast<int64_t>(off) * p.cache_entry_stride;
-  }
-}
 
 // 16-byte global store with a cache hint. STM 0: plain (ours), 1: st.global.L1::no_allocate,
 // 2: st.global.L2::cache_hint with an L2 evict_first policy, 3: st.global.cs (__stcs).

@@ -15,7 +15,8 @@ def test_wheel_ships_every_source_file_the_gpu_paths_build_and_nothing_generic(t
                     str(tmp_path), str(ROOT)], check=True, capture_output=True, text=True)
     (wheel,) = tmp_path.glob("mlafuzz-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("mlafuzz/kernels/csrc/fp8_ds_mla.cu", "mlafuzz/harness/csrc/redzone_alloc.cpp",
+    for needed in ("mlafuzz/kernels/csrc/fp8_ds_mla.cu", "mlafuzz/kernels/csrc/gather_device.cuh",
+                   "mlafuzz/harness/csrc/redzone_alloc.cpp",
                    "mlafuzz/harness/cli.py", "mlafuzz/oracles/codec.py", "mlafuzz/generators/spec.py",
                    "mlafuzz/reports/jsonl.py", "mlafuzz/tests/conftest.py"):
         assert needed in names, needed
