@@ -121,16 +121,20 @@ def _gather_oracle(loop: bool) -> Callable[[Case], Outputs]:
 
 
 def _gather_fast_args(case: Case) -> dict[str, Any]:
-    """The fused gather check's arguments, with the case's row -> record map computed once."""
-    from mlafuzz.oracles.fast_gather import record_offsets
+    """The fused gather check's arguments, prepared once per case for its prefill and its check:
+    the cache contiguous and aligned (a copy only when it is not), and the row -> record map."""
+    from mlafuzz.oracles.fast_gather import contiguous_records, record_offsets
 
     t = case.tensors
-    args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
+    args = dict(block_table=t["block_table"], workspace_starts=t["workspace_starts"],
                 batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
-    if "gather_rec" not in case.memo:
-        total = case.params["total"]
-        case.memo["gather_rec"] = record_offsets(total=total, **args) if total and args["batch_size"] > 0 else None
-    return {**args, "rec": case.memo["gather_rec"]}
+    if "gather_fast" not in case.memo:
+        cache = contiguous_records(t["src_cache"])
+        rec = (record_offsets(src_cache=cache, total=case.params["total"], **args) if cache is not None
+               else None)  # a cache of another shape: prefill and check decline it themselves
+        case.memo["gather_fast"] = (cache if cache is not None else t["src_cache"], rec)
+    cache, rec = case.memo["gather_fast"]
+    return {**args, "src_cache": cache, "rec": rec}
 
 
 def _gather_fast_check(case: Case, outputs: Outputs, second: Outputs | None = None) -> torch.Tensor | None:

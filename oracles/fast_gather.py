@@ -234,9 +234,10 @@ def _launch(*, mode: int, cache: torch.Tensor, dst: torch.Tensor, dst2: torch.Te
             bits2.stride(0), MODE=mode, ROWS=ROWS_PER_PROGRAM, USE_ASM=use_asm(dst.device), num_warps=NUM_WARPS)
 
 
-def _records(src_cache: torch.Tensor) -> torch.Tensor | None:
+def contiguous_records(src_cache: torch.Tensor) -> torch.Tensor | None:
     """The cache as contiguous, 16-byte aligned uint8 [blocks, bs, 656] (a copy when it is not:
-    the typed views of the kernel need the alignment), or None for another shape."""
+    the typed views of the kernel need the alignment), or None for another shape. Already so:
+    the same tensor, no copy (a caller preparing a case once passes the result on)."""
     cache = src_cache.view(torch.uint8) if src_cache.dtype != torch.uint8 else src_cache
     if cache.dim() != 3 or cache.shape[2] != 656:
         return None
@@ -246,8 +247,8 @@ def _records(src_cache: torch.Tensor) -> torch.Tensor | None:
 
 
 def _usable(cache: torch.Tensor | None, *dsts: torch.Tensor | None) -> bool:
-    """The layouts this check handles: a cache from ``_records``, bf16 [total, 576] rows with
-    contiguous elements, on the cache's device."""
+    """The layouts this check handles: a cache from ``contiguous_records``, bf16 [total, 576]
+    rows with contiguous elements, on the cache's device."""
     return cache is not None and all(
         d is None or (d.dtype == torch.bfloat16 and d.dim() == 2 and d.shape[1] == ROW_DIM and d.stride(1) == 1
                       and d.device == cache.device) for d in dsts)
@@ -260,7 +261,7 @@ def gather_prefill(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: t
     is ``_unlike`` its expected value. Then a dst that ``gather_rows_flag`` finds equal to the
     oracle's was written at every byte, which is what the guards' two-run write map establishes;
     one run and one fill do it. False (nothing written) when the layout is not one it handles."""
-    cache = _records(src_cache)
+    cache = contiguous_records(src_cache)
     if batch_size <= 0 or not _usable(cache, dst):
         return False
     total = dst.shape[0]
@@ -280,7 +281,7 @@ def gather_rows_flag(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table:
     dequantized record or dst2 is not bit-identical to dst (see ``gather_rows_match``); None when
     this check cannot tell (a layout it does not read). No host synchronization: the caller
     reads the flag together with its other checks."""
-    cache = _records(src_cache)
+    cache = contiguous_records(src_cache)
     if batch_size <= 0 or (dst2 is not None and dst2.shape != dst.shape) or not _usable(cache, dst, dst2):
         return None
     total = dst.shape[0]
