@@ -265,17 +265,17 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
     with _stage("run", dev):
         first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0], prefill=True, share=True)
     second = None
-    if first.error is None and not first.redzone and rerun:
+    if rerun and first.error is None and not first.redzone:
         with _stage("rerun", dev):
             second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1], prefill=True, share=True)
+    # What keeps the fused check from judging a call: its error, its red-zone hits (the full path
+    # reports both), a guarded output that could not be prefilled ("": nothing wrong, just no say).
+    troubles = [t for t in (_trouble(opdef, c, label) for c, label in ((first, ""), (second, "ran, and a second run ")))
+                if t is not None]
     flags: list[tuple[str, torch.Tensor]] = []  # the fused check's first, then device bools
     with _stage("oracle", dev):
-        verdict = None
-        if first.error is None and not first.redzone and (not opdef.guarded or first.prefilled) and (
-                second is None or (second.error is None and not second.redzone
-                                   and (not opdef.guarded or second.prefilled))):
-            both = second.outputs if second is not None and opdef.guarded else None
-            verdict = _quietly(lambda: opdef.fast_check(case, first.outputs, both), case.op, None)
+        both = second.outputs if second is not None and opdef.guarded else None
+        verdict = None if troubles else _quietly(lambda: opdef.fast_check(case, first.outputs, both), case.op, None)
         flags.append(("gave outputs the fused check found different from the oracle's",
                       verdict if verdict is not None else torch.full((1,), 2, dtype=torch.int32, device=dev)))
     with _stage("inputs", dev):  # after both calls: the inputs are the case's own tensors, shared
@@ -292,18 +292,11 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
         rest = [f.reshape(1) for _, f in flags[1:]]
         values = torch.cat([flags[0][1].reshape(1).to(torch.int32)]  # the one sync
                            + ([torch.cat(rest).to(torch.int32)] if rest else [])).tolist()
-    seen = [what for (what, _), v in zip(flags, values) if v == 1]  # 2 from the fused check: "cannot tell"
-    if first.error is not None:
-        seen.insert(0, f"raised {first_line(first.error)}")
-    elif first.redzone:
-        seen.insert(0, "wrote into a red zone")
-    elif second is not None and second.error is not None:
-        seen.insert(0, f"ran, and a second run raised {first_line(second.error)}")
-    elif second is not None and second.redzone:
-        seen.insert(0, "ran, and a second run wrote into a red zone")
+    # 1: seen; 2 (the fused check only): a case it does not handle, a sign of nothing.
+    seen = [t for t in troubles if t] + [what for (what, _), v in zip(flags, values) if v == 1]
     if not seen and not any(values):
         return True, "", None
-    changed = [what.removeprefix("changed its input ") for (what, _), v in zip(inputs, values[1:]) if v]
+    changed = [what.removeprefix("changed its input ") for what, _ in inputs if what in seen]
     if changed and not _restore(case, snap):
         return False, "", [Finding(kind=Kind.INPUT_MUTATION, op=case.op, impl=entry.name, case_id=case.case_id,
                                    tensor=names, cause=f"{names}:mutated",
@@ -311,6 +304,20 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
                                            "case could not be rebuilt from its spec and seed to say where)")
                            for names in changed]
     return False, "; ".join(seen), None
+
+
+def _trouble(opdef: OpDef, call: Call | None, label: str) -> str | None:
+    """Why the fused check cannot judge this call: what it did wrong, "" when it did nothing wrong
+    but its guarded outputs could not be prefilled; None: it can (or there was no such call)."""
+    if call is None:
+        return None
+    if call.error is not None:
+        return f"{label}raised {first_line(call.error)}"
+    if call.redzone:
+        return f"{label}wrote into a red zone"
+    if opdef.guarded and not call.prefilled:
+        return ""
+    return None
 
 
 def _full_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, rerun: bool,
