@@ -43,7 +43,7 @@ def _fingerprint(words_ptr, n, out_ptr, BLOCK: tl.constexpr):
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as the widest unsigned-free integer words its size and address allow."""
+    """The tensor's bytes as the widest integer words (8, 4 or 1 bytes) its size and address allow."""
     raw = t.reshape(-1).view(torch.uint8)
     nbytes = raw.numel()
     if nbytes % 8 == 0 and raw.data_ptr() % 8 == 0:
