@@ -162,6 +162,9 @@ def realistic_spec(op: str):
     }[op]()
 
 
+REPEATS = 5  # timings of the kernel and of check_call per case, their median kept
+
+
 def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: bool = False) -> list[str]:
     """Time split of checking realistic cases (``realistic_spec``), in this process, on the GPU:
     case generation, the kernel alone, and the runner's own check_call with its stages."""
@@ -183,11 +186,13 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
     cols = ("generate", "kernel", "setup", "inputs", "rerun", "oracle", "guards", "first", "check_call")
     lines = [f"{'op':<8} {'cases/s':>8} " + " ".join(f"{c:>10}" for c in cols) + f" {'checks/kernel':>14}",
              "  ms per case, medians. setup: copying inputs and filling guarded outputs for the first run;"
-             " inputs: the input-mutation check; rerun: the second run (guarded ops) with its setup;"
+             " inputs: the input-mutation check (fast path: with the guard zones); rerun: the second run"
+             " (guarded ops) with its setup;"
              " oracle: the fused check (GPU) or oracle + comparator; guards: guard zones and write map."
              " first: the first check of the case (the CUDA caching allocator still growing);"
-             " check_call: the runner's whole check in the steady state (stages timed with a sync each,"
-             " so the columns add up to a little more); checks/kernel = (check_call - kernel) / kernel."]
+             f" kernel, check_call: medians of {REPEATS} in a row, check_call in the steady state (stages"
+             " timed with a sync each, so the columns add up to a little more);"
+             " checks/kernel = (check_call - kernel) / kernel."]
     profiles: list[str] = []
     for op in ops:
         entry = resolve(op, OURS[op])
@@ -203,7 +208,7 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             args = {**case.cloned_tensors(), **{k: g.view for k, g in (
                 opdef.guarded(case, PATTERNS[0]) if opdef.guarded else {}).items()}}
             opdef.invoke(fn, case, args)  # JIT-compile this case's kernel variant outside the timing
-            _, t_kernel = timed(lambda: opdef.invoke(fn, case, args))
+            t_kernel = statistics.median(timed(lambda: opdef.invoke(fn, case, args))[1] for _ in range(REPEATS))
             args = None
             check = lambda: check_call(case=case, entry=entry, fn=fn, policy=Policy(), rerun=False)  # noqa: E731
             # The first check of a case also pays the CUDA caching allocator growing to hold its
@@ -211,8 +216,11 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             # case's memo (row -> record map, slot owners) emptied so it is recomputed as a new
             # case would.
             findings, t_first = timed(check)
-            case.memo.clear()
-            _, t_check = timed(check)
+            t_checks = []
+            for _ in range(REPEATS):
+                case.memo.clear()
+                t_checks.append(timed(check)[1])
+            t_check = statistics.median(t_checks)
             case.memo.clear()
             with timed_stages() as split:
                 check()

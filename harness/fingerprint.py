@@ -1,12 +1,12 @@
 """Input fingerprints: "did the call change this input?" without a copy of it.
 
 The GPU fast path (harness.runner) hands an implementation views of the case's
-own input tensors instead of copies. Before the call it takes a fingerprint of
-each large input (one read of it) and a byte copy of the small ones (one
-``torch.cat``); after the call, the same again. Equal fingerprints say the
-input is unchanged; a changed one sends the case to the full path, which copies
-every input as before, after the case's tensors are rebuilt from its spec and
-seed.
+own input tensors instead of copies. Before the first call it takes a
+fingerprint of every input (one read of each); after a call, the same again.
+Equal fingerprints say the input is unchanged; a changed one sends the case to
+the full path, which copies every input as before, after the case's tensors are
+rebuilt from its spec and seed. The guard zones around a guarded output are
+fingerprinted the same way, against the fingerprint of their fill pattern.
 
 The fingerprint of a tensor's bytes, read as 8-byte words w_i (4- or 1-byte when
 its size or address does not allow 8), is the wrapping 64-bit sum of
@@ -17,34 +17,75 @@ changes the sum; changes to several words cancel only by a 2^-64 coincidence
 of pseudo-random terms. Exact comparison stays with the full path, which runs
 whenever the fingerprint moves.
 
-One read of the bytes per fingerprint, no host synchronization: each launch
-adds its sum into one int64 slot of a device vector.
+Host time, not the GPU's, is what a fast-path check spends most on (a Triton
+launch costs ~30 us of Python, a torch op ~8), so: up to PER_LAUNCH tensors are
+fingerprinted by one launch, each into its own int64 slot of a device vector;
+a snapshot keeps its fingerprints negated, so a vector that starts from them
+(``Snapshot.neg``) and has the later fingerprints added in holds 0 in the slot
+of every unchanged tensor. No host synchronization anywhere here.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
 BLOCK = 4096
-SMALL_BYTES = 1 << 20  # inputs below this are copied (one cat for all), not fingerprinted
+PER_LAUNCH = 8
 
 
 @triton.jit
-def _fingerprint(words_ptr, n, out_ptr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _fold(words_ptr, n, block, out_ptr, sign, BLOCK: tl.constexpr):
+    """Adds sign x (this block's share of the fingerprint of the n words at words_ptr) to out."""
+    offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     w = tl.load(words_ptr + offs, mask=offs < n, other=0).to(tl.int64).to(tl.uint64, bitcast=True)
     idx = offs.to(tl.uint64, bitcast=True)
     x = (w ^ (idx * 0x9E3779B97F4A7C15)) * 0xBF58476D1CE4E5B9
     x = x ^ (x >> 32)
     x = tl.where(offs < n, x, 0)
-    tl.atomic_add(out_ptr, tl.sum(x, axis=0).to(tl.int64, bitcast=True))
+    tl.atomic_add(out_ptr, tl.sum(x, axis=0).to(tl.int64, bitcast=True) * sign)
+
+
+@triton.jit
+def _fingerprints(out_ptr, sign,
+                  p0, n0, e0, s0, p1, n1, e1, s1, p2, n2, e2, s2, p3, n3, e3, s3,
+                  p4, n4, e4, s4, p5, n5, e5, s5, p6, n6, e6, s6, p7, n7, e7, s7,
+                  COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    """Tensor j (j < COUNT: n_j words at p_j) owns programs [e_{j-1}, e_j) and adds into
+    out[s_j]. A program's branch is uniform (one scalar compare per tensor)."""
+    pid = tl.program_id(0)
+    if pid < e0:
+        _fold(p0, n0, pid, out_ptr + s0, sign, BLOCK)
+    if COUNT > 1:
+        if (pid >= e0) & (pid < e1):
+            _fold(p1, n1, pid - e0, out_ptr + s1, sign, BLOCK)
+    if COUNT > 2:
+        if (pid >= e1) & (pid < e2):
+            _fold(p2, n2, pid - e1, out_ptr + s2, sign, BLOCK)
+    if COUNT > 3:
+        if (pid >= e2) & (pid < e3):
+            _fold(p3, n3, pid - e2, out_ptr + s3, sign, BLOCK)
+    if COUNT > 4:
+        if (pid >= e3) & (pid < e4):
+            _fold(p4, n4, pid - e3, out_ptr + s4, sign, BLOCK)
+    if COUNT > 5:
+        if (pid >= e4) & (pid < e5):
+            _fold(p5, n5, pid - e4, out_ptr + s5, sign, BLOCK)
+    if COUNT > 6:
+        if (pid >= e5) & (pid < e6):
+            _fold(p6, n6, pid - e5, out_ptr + s6, sign, BLOCK)
+    if COUNT > 7:
+        if (pid >= e6) & (pid < e7):
+            _fold(p7, n7, pid - e6, out_ptr + s7, sign, BLOCK)
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as the widest integer words (8, 4 or 1 bytes) its size and address allow."""
-    raw = t.reshape(-1).view(torch.uint8)
+    """The tensor's bytes as the widest integer words (8, 4 or 1 bytes) its size and address allow
+    (a non-contiguous tensor: the bytes of a contiguous copy of it)."""
+    raw = t.contiguous().view(-1).view(torch.uint8)
     nbytes = raw.numel()
     if nbytes % 8 == 0 and raw.data_ptr() % 8 == 0:
         return raw.view(torch.int64)
@@ -53,39 +94,62 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return raw
 
 
-def fingerprints(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """int64 [len(tensors)] on their device (contiguous tensors, all on one device): each
-    tensor's fingerprint. No host synchronization."""
+def add_fingerprints(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:
+    """out[slot] += sign x fingerprint(tensor) for each (tensor, slot) of ``items`` (tensors on
+    out's device, out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up."""
+    work = [(w, slot) for w, slot in ((_words(t), slot) for t, slot in items) if w.numel()]
+    for at in range(0, len(work), PER_LAUNCH):
+        chunk = work[at:at + PER_LAUNCH]
+        args: list = []
+        end = 0
+        for w, slot in chunk:
+            end += triton.cdiv(w.numel(), BLOCK)
+            args += [w, w.numel(), end, slot]
+        args += [out, 0, end, 0] * (PER_LAUNCH - len(chunk))  # unused: no programs reach them
+        _fingerprints[(end,)](out, sign, *args, COUNT=len(chunk), BLOCK=BLOCK)
+
+
+def fingerprints(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """int64 [len(tensors)] on their device (all on one device): each tensor's fingerprint."""
     out = torch.zeros(len(tensors), dtype=torch.int64, device=tensors[0].device)
-    for i, t in enumerate(tensors):
-        words = _words(t)
-        if words.numel():
-            _fingerprint[(triton.cdiv(words.numel(), BLOCK),)](words, words.numel(), out[i:], BLOCK=BLOCK)
+    add_fingerprints(out, [(t, i) for i, t in enumerate(tensors)])
     return out
 
 
-def byte_image(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """All the tensors' bytes, concatenated (a copy: one launch)."""
-    return torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
-
-
 class Snapshot:
-    """What a case's inputs held before a call: fingerprints of the large ones, a byte copy of
-    the others. ``changed(inputs)`` says, as device bools, which differ now."""
+    """What a case's inputs held before a call: ``neg``, int64 [len(names)] on their device, the
+    negated fingerprint of each (in ``names`` order). Add the fingerprints of the inputs after a
+    call into a copy of it (``add_fingerprints(board, snap.items(inputs))``): a nonzero slot is an
+    input the call changed."""
 
-    def __init__(self, inputs: dict[str, torch.Tensor]) -> None:
-        self.large = [k for k, t in inputs.items() if t.is_contiguous() and t.numel() * t.element_size() >= SMALL_BYTES]
-        self.small = [k for k in inputs if k not in self.large]
-        self.fp = fingerprints([inputs[k] for k in self.large]) if self.large else None
-        self.image = byte_image([inputs[k] for k in self.small]) if self.small else None
+    def __init__(self, inputs: dict[str, torch.Tensor], *, device: str | torch.device) -> None:
+        self.names = list(inputs)
+        self.neg = torch.zeros(len(self.names), dtype=torch.int64, device=device)
+        add_fingerprints(self.neg, self.items(inputs), sign=-1)
 
-    def changed(self, inputs: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-        """(names, device bool) pairs: one per large input, one for all the small ones."""
-        out: list[tuple[str, torch.Tensor]] = []
-        if self.fp is not None:
-            moved = fingerprints([inputs[k] for k in self.large]) != self.fp
-            out += [(k, moved[i]) for i, k in enumerate(self.large)]
-        if self.image is not None:
-            now = byte_image([inputs[k] for k in self.small])
-            out.append((", ".join(self.small), (now != self.image).any()))
-        return out
+    def items(self, inputs: dict[str, torch.Tensor], *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
+        """(tensor, slot) pairs of ``inputs`` for add_fingerprints, the slots from ``at``."""
+        return [(inputs[k], at + i) for i, k in enumerate(self.names)]
+
+    def changed(self, inputs: dict[str, torch.Tensor]) -> list[str]:
+        """The inputs whose bytes differ from the snapshot's (one host sync)."""
+        board = self.neg.clone()
+        add_fingerprints(board, self.items(inputs))
+        return [k for k, v in zip(self.names, board.tolist()) if v]
+
+
+_FILLED: dict[tuple, torch.Tensor] = {}
+
+
+def filled_fingerprint(like: torch.Tensor, fill: int) -> torch.Tensor:
+    """int64 [1] on like's device: the fingerprint ``like`` (a byte tensor) has when every byte
+    is ``fill``. Computed once per device, size, word width and fill, by the same kernel."""
+    w = _words(like)
+    key = (str(like.device), like.numel(), w.dtype, fill)
+    if key not in _FILLED:
+        # A start offset into a fresh (aligned) buffer that gives the same word width as like's.
+        start = {torch.int64: 0, torch.int32: 4, torch.uint8: 1}[w.dtype]
+        ref = torch.full((like.numel() + 8,), fill, dtype=torch.uint8, device=like.device)[start:start + like.numel()]
+        assert _words(ref).dtype == w.dtype
+        _FILLED[key] = fingerprints([ref])
+    return _FILLED[key]

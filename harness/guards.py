@@ -41,6 +41,10 @@ class Guarded:
     def region(self) -> torch.Tensor:
         return self.full[GUARD_BYTES:GUARD_BYTES + self.nbytes]
 
+    def zones(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The guard zones before and after the output (byte views)."""
+        return self.full[:GUARD_BYTES], self.full[GUARD_BYTES + self.nbytes:]
+
 
 def guarded_empty(*, shape: tuple[int, ...], dtype: torch.dtype, device: str, fill: int,
                   fill_region: bool = True) -> Guarded:
@@ -64,9 +68,20 @@ def _zones(full: torch.Tensor, nbytes: int) -> torch.Tensor:
     return full.as_strided((2, GUARD_BYTES), (GUARD_BYTES + nbytes, 1))
 
 
-def guard_flag(g: Guarded) -> torch.Tensor:
-    """A device bool: some guard byte differs from its fill (``oob_findings`` says which). No sync."""
-    return (_zones(g.full, g.nbytes) != g.fill).any()
+def untouched_zones(g: Guarded) -> torch.Tensor:
+    """int64 [1] on g's device: minus the summed fingerprints (harness.fingerprint) of g's two guard
+    zones while every byte holds the fill. Adding their fingerprints after a call gives 0 unless
+    a guard byte was written (``oob_findings`` then says which). No sync; cached per layout."""
+    from mlafuzz.harness.fingerprint import filled_fingerprint
+
+    a, b = g.zones()
+    key = (str(a.device), g.fill, a.numel(), a.data_ptr() % 8, b.numel(), b.data_ptr() % 8)
+    if key not in _UNTOUCHED:
+        _UNTOUCHED[key] = -(filled_fingerprint(a, g.fill) + filled_fingerprint(b, g.fill))
+    return _UNTOUCHED[key]
+
+
+_UNTOUCHED: dict[tuple, torch.Tensor] = {}
 
 
 def _byte_to_element(byte_index: int, view: torch.Tensor) -> list[int]:

@@ -32,13 +32,15 @@ class OpDef:
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None
-    # The GPU fast path (oracles/fast_*.py; harness.runner). fast_check(case, outputs, second):
-    # a fused exact check of the outputs against what the oracle would give, as a device int
-    # flag: 0 exactly the oracle's (and, given a guarded op's second run, that run's too, bit-
-    # identical to the first), 1 they differ, 2 a case this check does not handle; None when it
-    # can tell so on the host. The runner reads all of a case's flags in one sync and sends any
-    # case with a raised flag to the full path (oracle, comparator, two-run write map).
-    fast_check: Callable[[Case, Outputs, Outputs | None], torch.Tensor | None] | None = None
+    # The GPU fast path (oracles/fast_*.py; harness.runner). fast_check(case, outputs, second, flag):
+    # a fused exact check of the outputs against what the oracle would give, written into
+    # ``flag`` (a zeroed device int64 [2]; the larger of its elements counts): 0 exactly the
+    # oracle's (and, given a guarded op's second run, that run's too, bit-identical to the
+    # first), 1 they differ, 2 a case this check does not handle. It returns False, launching
+    # nothing, when it can tell so on the host. The runner reads all of a case's flags in one
+    # sync and sends any case with a raised flag to the full path (oracle, comparator, two-run
+    # write map).
+    fast_check: Callable[[Case, Outputs, Outputs | None, torch.Tensor], bool] | None = None
     # Fills the guarded outputs' regions so that no byte holds its expected value: then an output
     # the fast check passes was written at every byte, in one run. False: it cannot (the
     # regions are then filled with the constant pattern and the case takes the full path).
@@ -76,20 +78,20 @@ def _convert_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
-def _convert_fast_check(case: Case, outputs: Outputs, second: Outputs | None = None) -> torch.Tensor | None:
+def _convert_fast_check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor) -> bool:
     from mlafuzz.oracles.fast_convert import convert_rows_flag
 
     if second is not None:  # convert has no guarded outputs: never asked
-        return None
+        return False
     t, p = case.tensors, case.params
     out, counts = outputs.get("out"), outputs.get("valid_counts")
     if not isinstance(out, torch.Tensor) or (p["return_valid_counts"] and not isinstance(counts, torch.Tensor)):
-        return None
+        return False
     return convert_rows_flag(req_id=t["req_id"], block_table=t["block_table"], token_indices=t["token_indices"],
-                              block_size=p["BLOCK_SIZE"], has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
-                              prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-                              prefill_workspace_starts=t["prefill_workspace_starts"], out=out,
-                              valid_counts=counts if p["return_valid_counts"] else None)
+                             block_size=p["BLOCK_SIZE"], has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
+                             prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
+                             prefill_workspace_starts=t["prefill_workspace_starts"], out=out,
+                             valid_counts=counts if p["return_valid_counts"] else None, flag=flag) is not None
 
 
 # --- gather ----------------------------------------------------------------
@@ -137,14 +139,14 @@ def _gather_fast_args(case: Case) -> dict[str, Any]:
     return {**args, "src_cache": cache, "rec": rec}
 
 
-def _gather_fast_check(case: Case, outputs: Outputs, second: Outputs | None = None) -> torch.Tensor | None:
+def _gather_fast_check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor) -> bool:
     from mlafuzz.oracles.fast_gather import gather_rows_flag
 
     dst = outputs.get("dst")
     dst2 = second.get("dst") if second is not None else None
     if not isinstance(dst, torch.Tensor) or (second is not None and not isinstance(dst2, torch.Tensor)):
-        return None
-    return gather_rows_flag(dst=dst, dst2=dst2, **_gather_fast_args(case))
+        return False
+    return gather_rows_flag(dst=dst, dst2=dst2, flag=flag, **_gather_fast_args(case)) is not None
 
 
 def _gather_fast_prefill(case: Case, guards: Mapping[str, Guarded]) -> bool:
@@ -175,16 +177,17 @@ def _writer_oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
-def _writer_fast_check(case: Case, outputs: Outputs, second: Outputs | None = None) -> torch.Tensor | None:
+def _writer_fast_check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor) -> bool:
     from mlafuzz.oracles.fast_writer import writer_records_flag
 
     if second is not None:  # the writer has no guarded outputs: never asked
-        return None
+        return False
     t, after = case.tensors, outputs.get("kv_cache")
     if not isinstance(after, torch.Tensor):
-        return None
+        return False
     return writer_records_flag(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
-                               kv_cache_after=after, slot_mapping=t["slot_mapping"], owners=_writer_owners(case))
+                               kv_cache_after=after, slot_mapping=t["slot_mapping"], owners=_writer_owners(case),
+                               flag=flag) is not None
 
 
 def _writer_owners(case: Case) -> tuple[torch.Tensor, torch.Tensor] | None:

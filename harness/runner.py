@@ -34,8 +34,8 @@ from mlafuzz.harness import redzone
 from mlafuzz.harness.bits import as_bits, differ_flag, same_bits
 from mlafuzz.harness.compare import Context, Policy, compare
 from mlafuzz.harness.findings import Finding, Kind, Severity
-from mlafuzz.harness.fingerprint import Snapshot
-from mlafuzz.harness.guards import PATTERNS, Guarded, guard_flag, oob_findings, write_map_findings
+from mlafuzz.harness.fingerprint import Snapshot, add_fingerprints
+from mlafuzz.harness.guards import PATTERNS, Guarded, oob_findings, untouched_zones, write_map_findings
 from mlafuzz.harness.ops import OP_DEFS, OpDef
 from mlafuzz.kernels.registry import ImplEntry
 
@@ -71,12 +71,15 @@ def first_line(exc: BaseException) -> str:
 
 
 def call_impl(*, opdef: OpDef, fn: Callable, case: Case, fill: int,
-              reuse: Mapping[str, Any] | None = None, prefill: bool = False, share: bool = False) -> Call:
+              reuse: Mapping[str, Any] | None = None, prefill: bool = False, share: bool = False,
+              wait: bool = True) -> Call:
     """One call on fresh copies of the case's inputs; ``reuse``: inputs of an earlier call,
     passed again instead of copied; ``share``: views of the case's own tensors instead of
     copies, for a caller that checks them by fingerprint (the ops' in-place inputs are always
     fresh copies). ``prefill``: fill the guarded outputs with the op's fast_prefill (pattern
-    ``fill`` where it cannot; ``Call.prefilled`` says which)."""
+    ``fill`` where it cannot; ``Call.prefilled`` says which). ``wait=False``: no device sync after
+    the call (an asynchronous kernel error then surfaces at the caller's next sync; red-zone
+    checks always sync)."""
     if share:  # views: the impl can change their data (the fingerprints see it), not the case's tensor objects
         reuse = {k: v.view(v.shape) for k, v in case.tensors.items() if v is not None}
     keep = {k: v for k, v in (reuse or {}).items() if k in case.tensors and k not in opdef.inplace}
@@ -97,7 +100,8 @@ def call_impl(*, opdef: OpDef, fn: Callable, case: Case, fill: int,
         rz.check()  # start clean: only this call's writes count
     try:
         outputs = opdef.invoke(fn, case, args)
-        sync(case.device)
+        if wait or rz is not None:
+            sync(case.device)
     except Exception as exc:  # a refusal or a failure: the caller decides which it is
         return Call(outputs=None, inputs=inputs, guards=guards, error=exc,
                     redzone=tuple(rz.check()) if rz is not None else (), prefilled=prefilled)
@@ -230,10 +234,10 @@ def check_call(*, case: Case, entry: ImplEntry, fn: Callable, policy: Policy, re
 
 
 def _snapshot(opdef: OpDef, case: Case) -> Snapshot:
-    """The case's inputs before any call (fingerprints, small ones copied), taken once per case."""
+    """The fingerprints of the case's inputs before any call, taken once per case."""
     if "inputs_snapshot" not in case.memo:
         case.memo["inputs_snapshot"] = Snapshot(
-            {k: v for k, v in case.tensors.items() if v is not None and k not in opdef.inplace})
+            {k: v for k, v in case.tensors.items() if v is not None and k not in opdef.inplace}, device=case.device)
     return case.memo["inputs_snapshot"]
 
 
@@ -246,12 +250,12 @@ def _restore(case: Case, snap: Snapshot) -> bool:
         fresh = materialize(case.spec, case.seed, case.device)
     except Exception:  # a hand-built case: nothing to rebuild it from
         return False
-    for name in snap.large + snap.small:
+    for name in snap.names:
         t, f = case.tensors[name], fresh.tensors.get(name)
         if f is None or f.shape != t.shape or f.dtype != t.dtype:
             return False
         t.copy_(f)
-    return not any(bool(flag.any()) for _, flag in snap.changed(dict(case.tensors)))
+    return not snap.changed(dict(case.tensors))
 
 
 def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
@@ -259,51 +263,75 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
     """(True, "", None) when every check of the case passed; else (False, what was seen, None)
     when the full path must decide ("" when nothing was wrong but this path could not tell), or
     (False, ..., findings) when a call changed an input and the case could not be rebuilt for the
-    full path: then the INPUT_MUTATION findings are this path's own."""
+    full path: then the INPUT_MUTATION findings are this path's own.
+
+    Every check writes into one device int64 vector, the board, read by one sync: a slot per
+    input (starting from its negated fingerprint, the fingerprint after the calls added: 0 while
+    unchanged), a slot per guarded output of each call (the same, against its fill), and the
+    fused check's two slots. Host time is what this path spends most on, so: no sync between
+    the calls and the checks, one launch for all the fingerprints, one op to build the board."""
     dev = case.device
     snap = _snapshot(opdef, case)
     with _stage("run", dev):
-        first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0], prefill=True, share=True)
+        first = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[0], prefill=True, share=True, wait=False)
     second = None
     if rerun and first.error is None and not first.redzone:
         with _stage("rerun", dev):
-            second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1], prefill=True, share=True)
+            second = call_impl(opdef=opdef, fn=fn, case=case, fill=PATTERNS[1], prefill=True, share=True,
+                               wait=False)
     # What keeps the fused check from judging a call: its error, its red-zone hits (the full path
     # reports both), a guarded output that could not be prefilled ("": nothing wrong, just no say).
     troubles = [t for t in (_trouble(opdef, c, label) for c, label in ((first, ""), (second, "ran, and a second run ")))
                 if t is not None]
-    flags: list[tuple[str, torch.Tensor]] = []  # the fused check's first, then device bools
+    guards = [(f"wrote into {name}'s guard zones", g) for c in (first, second) if c is not None
+              for name, g in c.guards.items()]
+    at = len(snap.names) + len(guards)  # the fused check's two slots
+    board = torch.cat([snap.neg, *(untouched_zones(g) for _, g in guards), _zeros(2, dev)])
     with _stage("oracle", dev):
         both = second.outputs if second is not None and opdef.guarded else None
-        verdict = None if troubles else _quietly(lambda: opdef.fast_check(case, first.outputs, both), case.op, None)
-        flags.append(("gave outputs the fused check found different from the oracle's",
-                      verdict if verdict is not None else torch.full((1,), 2, dtype=torch.int32, device=dev)))
-    with _stage("inputs", dev):  # after both calls: the inputs are the case's own tensors, shared
-        inputs = [(f"changed its input {names}", flag) for names, flag in snap.changed(dict(case.tensors))]
-        flags += inputs
-    with _stage("guards", dev):
-        for call in (first, second) if second is not None else (first,):
-            flags += [(f"wrote into {name}'s guard zones", guard_flag(g)) for name, g in call.guards.items()]
-        if second is not None and second.error is None:
-            for name, a in (first.outputs or {}).items():
-                b = (second.outputs or {}).get(name)
-                if name not in first.guards and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-                    flags.append((f"gave {name} a second run did not", differ_flag(a, b)))
-        rest = [f.reshape(1) for _, f in flags[1:]]
-        values = torch.cat([flags[0][1].reshape(1).to(torch.int32)]  # the one sync
-                           + ([torch.cat(rest).to(torch.int32)] if rest else [])).tolist()
-    # 1: seen; 2 (the fused check only): a case it does not handle, a sign of nothing.
-    seen = [t for t in troubles if t] + [what for (what, _), v in zip(flags, values) if v == 1]
-    if not seen and not any(values):
+        judged = not troubles and _quietly(lambda: opdef.fast_check(case, first.outputs, both, board[at:]),
+                                           case.op, False)
+    with _stage("inputs", dev):  # after the calls: the inputs are the case's own tensors, shared
+        add_fingerprints(board, snap.items(dict(case.tensors))
+                         + [(z, len(snap.names) + j) for j, (_, g) in enumerate(guards) for z in g.zones()])
+    extra: list[tuple[str, torch.Tensor]] = []  # outputs the impl allocated, against a second run's
+    if second is not None and second.error is None:
+        for name, a in (first.outputs or {}).items():
+            b = (second.outputs or {}).get(name)
+            if name not in first.guards and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                extra.append((f"gave {name} a second run did not", differ_flag(a, b)))
+    try:  # the one sync
+        values = (torch.cat([board, *(f.reshape(1).to(torch.int64) for _, f in extra)]) if extra else board).tolist()
+    except RuntimeError:  # an asynchronous error of a call (no sync after it): the full path syncs each
+        return False, "", None
+    changed = [name for name, v in zip(snap.names, values) if v]
+    flagged = ([f"changed its input {name}" for name in changed]
+               + [what for (what, _), v in zip(guards, values[len(snap.names):at]) if v]
+               + [what for (what, _), v in zip(extra, values[at + 2:]) if v])
+    verdict = max(values[at:at + 2]) if judged else 2  # 2: a case it does not handle, a sign of nothing
+    if verdict == 1:
+        flagged.insert(0, "gave outputs the fused check found different from the oracle's")
+    seen = [t for t in troubles if t] + flagged
+    if not seen and verdict == 0:
         return True, "", None
-    changed = [what.removeprefix("changed its input ") for what, _ in inputs if what in seen]
     if changed and not _restore(case, snap):
         return False, "", [Finding(kind=Kind.INPUT_MUTATION, op=case.op, impl=entry.name, case_id=case.case_id,
-                                   tensor=names, cause=f"{names}:mutated",
-                                   message=f"input {names} changed during the call (its fingerprint moved; the "
+                                   tensor=name, cause=f"{name}:mutated",
+                                   message=f"input {name} changed during the call (its fingerprint moved; the "
                                            "case could not be rebuilt from its spec and seed to say where)")
-                           for names in changed]
+                           for name in changed]
     return False, "; ".join(seen), None
+
+
+_ZEROS: dict[str, torch.Tensor] = {}
+
+
+def _zeros(n: int, device: str) -> torch.Tensor:
+    """A cached int64 zero vector (only ever read: torch.cat copies it)."""
+    z = _ZEROS.get(device)
+    if z is None or z.numel() < n:
+        z = _ZEROS[device] = torch.zeros(max(n, 8), dtype=torch.int64, device=device)
+    return z[:n]
 
 
 def _trouble(opdef: OpDef, call: Call | None, label: str) -> str | None:

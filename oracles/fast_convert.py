@@ -54,9 +54,10 @@ def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_p
 def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor,
                       block_size: int, has_prefill_workspace: bool, prefill_workspace_request_ids,
                       prefill_workspace_starts, out: torch.Tensor,
-                      valid_counts: torch.Tensor | None) -> torch.Tensor | None:
+                      valid_counts: torch.Tensor | None, flag: torch.Tensor | None = None) -> torch.Tensor | None:
     """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
-    check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization."""
+    check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization.
+    ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one."""
     n, k = token_indices.shape
     if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
         return None
@@ -64,8 +65,13 @@ def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_
                                      or valid_counts.device != token_indices.device):
         return None
     if n == 0 or k == 0:
-        return ((valid_counts != 0).any() if valid_counts is not None
-                else torch.zeros((), dtype=torch.bool, device=out.device))
+        if valid_counts is None:
+            return flag if flag is not None else torch.zeros((), dtype=torch.bool, device=out.device)
+        nonzero = (valid_counts != 0).any()
+        if flag is None:
+            return nonzero
+        flag[:1].copy_(nonzero.reshape(1))
+        return flag
     if block_table.numel() == 0:
         return None  # nothing to index: let the full path decide
     tile = min(triton.next_power_of_2(k), 1024)
@@ -74,7 +80,7 @@ def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_
     pw = prefill_workspace_request_ids if has_prefill_workspace else req_id
     ps = prefill_workspace_starts if has_prefill_workspace and prefill_workspace_starts.numel() else req_id
     num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
-    bad = torch.zeros(1, dtype=torch.int32, device=out.device)
+    bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=out.device)
     outc = out.contiguous()
     _check_convert[(n,)](req_id.contiguous(), block_table, token_indices, outc,
                          valid_counts if valid_counts is not None else outc, pw.contiguous(), ps.contiguous(), bad,

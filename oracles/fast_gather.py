@@ -276,16 +276,18 @@ def gather_prefill(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: t
 
 def gather_rows_flag(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
                      workspace_starts: torch.Tensor, batch_size: int, seq_starts: torch.Tensor | None,
-                     dst2: torch.Tensor | None = None, rec: torch.Tensor | None = None) -> torch.Tensor | None:
+                     dst2: torch.Tensor | None = None, rec: torch.Tensor | None = None,
+                     flag: torch.Tensor | None = None) -> torch.Tensor | None:
     """A device int32 [1], nonzero when some dst row (or dst2 row) is not exactly its expected
     dequantized record or dst2 is not bit-identical to dst (see ``gather_rows_match``); None when
     this check cannot tell (a layout it does not read). No host synchronization: the caller
-    reads the flag together with its other checks."""
+    reads the flag together with its other checks. ``flag``: a zeroed int tensor on dst's device
+    to set (its element 0) instead of a new one."""
     cache = contiguous_records(src_cache)
     if batch_size <= 0 or (dst2 is not None and dst2.shape != dst.shape) or not _usable(cache, dst, dst2):
         return None
     total = dst.shape[0]
-    bad = torch.zeros(1, dtype=torch.int32, device=dst.device)
+    bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=dst.device)
     if total == 0:
         return bad
     if rec is None:

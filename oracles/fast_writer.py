@@ -86,9 +86,12 @@ def _f32_bits_of_16(h, IS_BF16: tl.constexpr):
 
 @triton.jit
 def _check_records(after8_ptr, after16_ptr, after32_ptr, before8_ptr, before16_ptr, before32_ptr,
-                   kv_ptr, pe_ptr, inv_ptr, bad_ptr, kv_stride, pe_stride, IS_BF16: tl.constexpr,
+                   kv_ptr, pe_ptr, inv_ptr, trouble_ptr, bad_ptr, kv_stride, pe_stride, IS_BF16: tl.constexpr,
                    USE_ASM: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
+    # Slots this check does not handle (repeated, past the cache): program 0 says so in bad[1],
+    # a slot of its own, so no mismatch store can overwrite it.
+    tl.store(bad_ptr + 1, 2, mask=(r == 0) & (tl.load(trouble_ptr) != 0))
     tok = tl.load(inv_ptr + r).to(tl.int64)
     written = tok >= 0
     t0 = tl.where(written, tok, 0)
@@ -184,11 +187,14 @@ def slot_owners(*, slot_mapping: torch.Tensor, num_slots: int) -> tuple[torch.Te
 
 def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_before: torch.Tensor,
                         kv_cache_after: torch.Tensor, slot_mapping: torch.Tensor,
-                        owners: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+                        owners: tuple[torch.Tensor, torch.Tensor] | None = None,
+                        flag: torch.Tensor | None = None) -> torch.Tensor | None:
     """A device int32 flag: 0 when kv_cache_after is exactly the oracle's, 1 when it differs,
     2 when the slots are ones this check does not handle (duplicate or out of range: the full
     check decides); None when it cannot tell from the host side (shapes, dtypes, devices it
-    does not read). No host synchronization."""
+    does not read). No host synchronization. ``flag``: a zeroed int tensor [2] on the cache's
+    device to set instead (element 0: 1 when it differs; element 1: 2 when the slots are not
+    handled); it is returned as it is, the caller reading the larger of the two."""
     dev = kv_cache_after.device
     if any(t.device != dev for t in (kv_c, k_pe, kv_cache_before, slot_mapping)):
         return None
@@ -209,13 +215,13 @@ def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_befo
     if num_slots == 0:
         return None  # nothing to launch over: let the full path decide
     inv, trouble = owners if owners is not None else slot_owners(slot_mapping=slot_mapping, num_slots=num_slots)
-    bad = torch.zeros(1, dtype=torch.int32, device=dev)
+    bad = flag if flag is not None else torch.zeros(2, dtype=torch.int32, device=dev)
     # One warp per record: the amax of each 128-code tile reduces within the warp (no barriers);
     # on sm_90 that issues ~40% fewer instructions per record than 4 warps (1176 vs 2016).
     with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
         _check_records[(num_slots,)](after, after.view(torch.int16), after.view(torch.int32),
                                      before, before.view(torch.int16), before.view(torch.int32),
-                                     kv.view(torch.int16), pe.view(torch.int16), inv, bad, kv.stride(0),
+                                     kv.view(torch.int16), pe.view(torch.int16), inv, trouble, bad, kv.stride(0),
                                      pe.stride(0), IS_BF16=kv.dtype == torch.bfloat16,
                                      USE_ASM=use_asm(dev), num_warps=1)
-    return torch.where(trouble != 0, 2, bad)
+    return flag if flag is not None else bad.max().reshape(1)

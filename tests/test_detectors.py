@@ -138,12 +138,9 @@ def test_a_wrong_result_in_one_run_only_is_nondeterminism_when_the_full_check_ca
     assert "fused check" in finding.message and len(calls) == 3  # one fast run, then the full path's two
 
 
-def test_a_mutated_large_input_is_input_mutation_and_the_case_is_rebuilt_for_the_full_check(monkeypatch):
-    """The fast path shares the case's own tensors and fingerprints the large ones; a call that
-    changes one sends the case, rebuilt from its spec and seed, to the full path."""
-    import mlafuzz.harness.fingerprint as fp
-
-    monkeypatch.setattr(fp, "SMALL_BYTES", 1024)  # this case's cache is small: fingerprint it anyway
+def test_a_mutated_input_is_input_mutation_and_the_case_is_rebuilt_for_the_full_check():
+    """The fast path shares the case's own tensors and fingerprints them; a call that changes
+    one sends the case, rebuilt from its spec and seed, to the full path."""
     case = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV)
     fresh = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV)
     found = run_case(case=case, entry=resolve("gather", "gather_mutates_cache"), fast=True).findings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -12,7 +13,7 @@ if not torch.cuda.is_available():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mlafuzz.harness.fingerprint import Snapshot, fingerprints  # noqa: E402
+from mlafuzz.harness.fingerprint import Snapshot, add_fingerprints, fingerprints  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -38,17 +39,49 @@ def test_swapping_two_words_moves_the_fingerprint():
     assert fingerprints([t]).item() != fingerprints([swapped]).item()
 
 
-def test_a_snapshot_names_the_changed_large_input_and_flags_the_small_ones_together(monkeypatch):
-    import mlafuzz.harness.fingerprint as fp
+def test_fingerprints_taken_together_in_one_launch_equal_each_taken_alone():
+    """More tensors than one launch takes, of every word width, two of them empty."""
+    gen = torch.Generator().manual_seed(7)
+    sizes = [8 * 300, 4 * 77, 1003, 0, 16, 8 * 5000, 3, 0, 4 * 1001, 8, 4096 * 3 + 8]
+    ts = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).to(DEV) for n in sizes]
+    ts[2] = ts[2][1:]  # an odd address: bytes
+    together = fingerprints(ts).tolist()
+    assert together == [fingerprints([t]).item() for t in ts]
+    assert together[3] == 0 and len(set(together)) == len(ts) - 1
 
-    monkeypatch.setattr(fp, "SMALL_BYTES", 4096)
+
+def test_tensors_sharing_a_slot_add_up_and_a_negated_snapshot_cancels():
+    a = torch.arange(1000, dtype=torch.int32, device=DEV)
+    b = torch.arange(33, dtype=torch.uint8, device=DEV)
+    out = torch.zeros(2, dtype=torch.int64, device=DEV)
+    add_fingerprints(out, [(a, 1), (b, 1)])
+    alone = fingerprints([a, b]).tolist()
+    assert out.tolist()[1] == (alone[0] + alone[1] + 2**63) % 2**64 - 2**63
+    add_fingerprints(out, [(a, 1), (b, 1)], sign=-1)
+    assert out.tolist() == [0, 0]
+
+
+def test_a_snapshot_names_each_changed_input_large_or_small():
     big = torch.zeros(2048, dtype=torch.int32, device=DEV)
     small_a = torch.ones(3, device=DEV)
     small_b = torch.zeros((), dtype=torch.int64, device=DEV)
-    inputs = {"big": big, "a": small_a, "b": small_b}
-    snap = Snapshot(inputs)
-    assert snap.large == ["big"] and snap.small == ["a", "b"]
-    assert [bool(f) for _, f in snap.changed(inputs)] == [False, False]
+    strided = torch.zeros(8, 6, dtype=torch.int16, device=DEV)[:, ::2]  # fingerprinted from a copy
+    inputs = {"big": big, "a": small_a, "b": small_b, "strided": strided}
+    snap = Snapshot(inputs, device=DEV)
+    assert snap.changed(inputs) == []
     big[77] = 5
     small_b.fill_(1)
-    assert [(names, bool(f)) for names, f in snap.changed(inputs)] == [("big", True), ("a, b", True)]
+    strided[3, 1] = 9
+    assert snap.changed(inputs) == ["big", "b", "strided"]
+
+
+@pytest.mark.parametrize("start, nbytes", [(0, 4096), (4, 4100), (1, 4096), (0, 1001)])
+def test_a_filled_zone_fingerprint_is_what_the_kernel_gives_that_zone_and_a_write_moves_it(start, nbytes):
+    """The guard zones' expected fingerprint, for each word width an address and size give."""
+    from mlafuzz.harness.fingerprint import filled_fingerprint
+
+    zone = torch.full((nbytes + 8,), 0xA5, dtype=torch.uint8, device=DEV)[start:start + nbytes]
+    expected = filled_fingerprint(zone, 0xA5)
+    assert expected.tolist() == fingerprints([zone]).tolist()
+    zone[nbytes // 2] = 0xA4
+    assert expected.tolist() != fingerprints([zone]).tolist()

@@ -237,7 +237,7 @@ _PTX_SCRIPT = textwrap.dedent("""
     for is_bf16 in (True, False):
         sig = {"after8_ptr": "*u8", "after16_ptr": "*i16", "after32_ptr": "*i32", "before8_ptr": "*u8",
                "before16_ptr": "*i16", "before32_ptr": "*i32", "kv_ptr": "*i16", "pe_ptr": "*i16",
-               "inv_ptr": "*i32", "bad_ptr": "*i32", "kv_stride": "i32", "pe_stride": "i32",
+               "inv_ptr": "*i32", "trouble_ptr": "*i32", "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32",
                "IS_BF16": "constexpr", "USE_ASM": "constexpr"}
         src = ASTSource(fn=_check_records, signature=sig, constexprs={"IS_BF16": is_bf16, "USE_ASM": True})
         try:
