@@ -49,7 +49,13 @@ def _fold(words_ptr, n, block, out_ptr, sign, BLOCK: tl.constexpr):
     tl.atomic_add(out_ptr, tl.sum(x, axis=0).to(tl.int64, bitcast=True) * sign)
 
 
-@triton.jit
+# The launch's scalars (sizes, ends, slots) change with every case: specializing on them (Triton's
+# default: == 1, divisible by 16) compiled a new variant for most new cases, seconds each; so did
+# the tensors' addresses (16-byte aligned or not). A variant per combination of word widths is left.
+_SCALARS = ["sign"] + [f"{c}{j}" for j in range(PER_LAUNCH) for c in "nes"]
+
+
+@triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=[f"p{j}" for j in range(PER_LAUNCH)])
 def _fingerprints(out_ptr, sign,
                   p0, n0, e0, s0, p1, n1, e1, s1, p2, n2, e2, s2, p3, n3, e3, s3,
                   p4, n4, e4, s4, p5, n5, e5, s5, p6, n6, e6, s6, p7, n7, e7, s7,
@@ -82,22 +88,27 @@ def _fingerprints(out_ptr, sign,
             _fold(p7, n7, pid - e6, out_ptr + s7, sign, BLOCK)
 
 
-def _words(t: torch.Tensor) -> torch.Tensor:
+def word_view(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bytes as the widest integer words (8, 4 or 1 bytes) its size and address allow
-    (a non-contiguous tensor: the bytes of a contiguous copy of it)."""
-    raw = t.contiguous().view(-1).view(torch.uint8)
-    nbytes = raw.numel()
-    if nbytes % 8 == 0 and raw.data_ptr() % 8 == 0:
-        return raw.view(torch.int64)
-    if nbytes % 4 == 0 and raw.data_ptr() % 4 == 0:
-        return raw.view(torch.int32)
-    return raw
+    (a non-contiguous tensor: the bytes of a contiguous copy of it). Each view costs a few us of
+    host time: as few as the tensor allows."""
+    flat = t.contiguous()
+    if flat.dim() != 1:
+        flat = flat.view(-1)
+    nbytes = flat.numel() * flat.element_size()
+    for width, dtype in ((8, torch.int64), (4, torch.int32)):
+        if nbytes % width == 0 and flat.data_ptr() % width == 0:
+            if flat.dtype == dtype:
+                return flat
+            if flat.element_size() <= width:
+                return flat.view(dtype)
+            return flat.view(torch.uint8).view(dtype)
+    return flat.view(torch.uint8)
 
 
-def add_fingerprints(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:
-    """out[slot] += sign x fingerprint(tensor) for each (tensor, slot) of ``items`` (tensors on
-    out's device, out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up."""
-    work = [(w, slot) for w, slot in ((_words(t), slot) for t, slot in items) if w.numel()]
+def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:
+    """``add_fingerprints`` of tensors already made ``word_view``."""
+    work = [(w, slot) for w, slot in items if w.numel()]
     for at in range(0, len(work), PER_LAUNCH):
         chunk = work[at:at + PER_LAUNCH]
         args: list = []
@@ -109,6 +120,12 @@ def add_fingerprints(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]
         _fingerprints[(end,)](out, sign, *args, COUNT=len(chunk), BLOCK=BLOCK)
 
 
+def add_fingerprints(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:
+    """out[slot] += sign x fingerprint(tensor) for each (tensor, slot) of ``items`` (tensors on
+    out's device, out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up."""
+    add_words(out, [(word_view(t), slot) for t, slot in items], sign=sign)
+
+
 def fingerprints(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """int64 [len(tensors)] on their device (all on one device): each tensor's fingerprint."""
     out = torch.zeros(len(tensors), dtype=torch.int64, device=tensors[0].device)
@@ -118,23 +135,28 @@ def fingerprints(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 class Snapshot:
     """What a case's inputs held before a call: ``neg``, int64 [len(names)] on their device, the
-    negated fingerprint of each (in ``names`` order). Add the fingerprints of the inputs after a
-    call into a copy of it (``add_fingerprints(board, snap.items(inputs))``): a nonzero slot is an
-    input the call changed."""
+    negated fingerprint of each (in ``names`` order). Add the fingerprints of the same input
+    tensors after a call into a copy of it (``add_words(board, snap.items())``): a nonzero slot
+    is an input the call changed."""
 
     def __init__(self, inputs: dict[str, torch.Tensor], *, device: str | torch.device) -> None:
         self.names = list(inputs)
+        # The word views of the inputs, kept for the fingerprints after each call: the same
+        # tensors, so the same views (a non-contiguous input's copy is taken again in changed()).
+        self._words = [word_view(t) if t.is_contiguous() else None for t in inputs.values()]
+        self._strided = {k: t for k, t in inputs.items() if not t.is_contiguous()}
         self.neg = torch.zeros(len(self.names), dtype=torch.int64, device=device)
-        add_fingerprints(self.neg, self.items(inputs), sign=-1)
+        add_fingerprints(self.neg, [(t, i) for i, t in enumerate(inputs.values())], sign=-1)
 
-    def items(self, inputs: dict[str, torch.Tensor], *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
-        """(tensor, slot) pairs of ``inputs`` for add_fingerprints, the slots from ``at``."""
-        return [(inputs[k], at + i) for i, k in enumerate(self.names)]
+    def items(self, *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
+        """(words, slot) pairs of the snapshot's input tensors now, for add_words, slots from ``at``."""
+        return [(w if w is not None else word_view(self._strided[k]), at + i)
+                for i, (k, w) in enumerate(zip(self.names, self._words))]
 
-    def changed(self, inputs: dict[str, torch.Tensor]) -> list[str]:
+    def changed(self) -> list[str]:
         """The inputs whose bytes differ from the snapshot's (one host sync)."""
         board = self.neg.clone()
-        add_fingerprints(board, self.items(inputs))
+        add_words(board, self.items())
         return [k for k, v in zip(self.names, board.tolist()) if v]
 
 
@@ -144,12 +166,12 @@ _FILLED: dict[tuple, torch.Tensor] = {}
 def filled_fingerprint(like: torch.Tensor, fill: int) -> torch.Tensor:
     """int64 [1] on like's device: the fingerprint ``like`` (a byte tensor) has when every byte
     is ``fill``. Computed once per device, size, word width and fill, by the same kernel."""
-    w = _words(like)
+    w = word_view(like)
     key = (str(like.device), like.numel(), w.dtype, fill)
     if key not in _FILLED:
         # A start offset into a fresh (aligned) buffer that gives the same word width as like's.
         start = {torch.int64: 0, torch.int32: 4, torch.uint8: 1}[w.dtype]
         ref = torch.full((like.numel() + 8,), fill, dtype=torch.uint8, device=like.device)[start:start + like.numel()]
-        assert _words(ref).dtype == w.dtype
+        assert word_view(ref).dtype == w.dtype
         _FILLED[key] = fingerprints([ref])
     return _FILLED[key]

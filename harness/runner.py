@@ -34,7 +34,7 @@ from mlafuzz.harness import redzone
 from mlafuzz.harness.bits import as_bits, differ_flag, same_bits
 from mlafuzz.harness.compare import Context, Policy, compare
 from mlafuzz.harness.findings import Finding, Kind, Severity
-from mlafuzz.harness.fingerprint import Snapshot, add_fingerprints
+from mlafuzz.harness.fingerprint import Snapshot, add_words, word_view
 from mlafuzz.harness.guards import PATTERNS, Guarded, oob_findings, untouched_zones, write_map_findings
 from mlafuzz.harness.ops import OP_DEFS, OpDef
 from mlafuzz.kernels.registry import ImplEntry
@@ -255,7 +255,7 @@ def _restore(case: Case, snap: Snapshot) -> bool:
         if f is None or f.shape != t.shape or f.dtype != t.dtype:
             return False
         t.copy_(f)
-    return not snap.changed(dict(case.tensors))
+    return not snap.changed()
 
 
 def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
@@ -292,8 +292,8 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
         judged = not troubles and _quietly(lambda: opdef.fast_check(case, first.outputs, both, board[at:]),
                                            case.op, False)
     with _stage("inputs", dev):  # after the calls: the inputs are the case's own tensors, shared
-        add_fingerprints(board, snap.items(dict(case.tensors))
-                         + [(z, len(snap.names) + j) for j, (_, g) in enumerate(guards) for z in g.zones()])
+        add_words(board, snap.items()  # one launch for all
+                  + [(word_view(z), len(snap.names) + j) for j, (_, g) in enumerate(guards) for z in g.zones()])
     extra: list[tuple[str, torch.Tensor]] = []  # outputs the impl allocated, against a second run's
     if second is not None and second.error is None:
         for name, a in (first.outputs or {}).items():

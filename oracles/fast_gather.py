@@ -6,18 +6,21 @@ answers yes the harness skips the vectorized oracle and the comparator; when it
 answers no, they run and produce the finding. So it must never say yes
 wrongly; each step is the SPEC's own arithmetic, spelled so nothing can bend it:
 
-- the fp8 code is decoded to its exact f32 bits with integer arithmetic (sign,
-  exponent rebias, mantissa; subnormals and the NaN codes spelled out);
+- the fp8 code is decoded to its exact value: on sm_89 and later GPUs by the PTX
+  conversion e4m3x2 -> f16x2 then f16 -> f32 (both exact: every e4m3fn value is
+  an f16, subnormals included), elsewhere with integer arithmetic (sign,
+  exponent, mantissa; subnormals and the NaN codes spelled out);
 - the product with the f32 scale is one IEEE multiply rounded to nearest even,
   subnormals kept: on the GPU written as the PTX instruction ``mul.rn.f32``
   (no ``.ftz``, no contraction possible), under the CPU interpreter numpy's f32
   multiply (IEEE, no flush);
-- f32 -> bf16 is the integer round-to-nearest-even on the bits (NaN is compared
-  by position, so its payload never matters).
+- f32 -> bf16 rounds to nearest even: the PTX ``cvt.rn.bf16x2.f32``, or the
+  integer rounding on the bits (NaN is compared by position, so its payload
+  never matters).
 
 Held bit-identical to ``oracles.codec.dequant_records`` by tests over all 256
 codes and random and extreme scale bit patterns, on the CPU (interpreter) and on
-the GPU (the mul.rn.f32 path) (tests/test_oracles_fast_gather.py).
+the GPU (the PTX path) (tests/test_oracles_fast_gather.py).
 
 Its second job, ``gather_prefill``: before the kernel runs, fill dst so that no
 byte already holds its expected value. A dst the check then finds equal to the
@@ -25,9 +28,10 @@ oracle's was written at every byte, so one run replaces the guards' two-run
 write map (the harness's GPU fast path; anything it flags goes to the full path).
 
 Cost: the fill and the check each read each record once and write or read each
-dst row once with vector loads, an integer decode and a multiply per element:
-about one pass over the bytes the kernel moved. A mismatch sets a flag with a
-masked store: nothing is counted, nothing synchronized across warps.
+dst row once with vector loads, two elements per 32-bit word: on the GPU about
+seven conversion and multiply instructions and a handful of integer ones per
+pair. A mismatch sets a flag with a masked store: nothing is counted, nothing
+synchronized across warps.
 """
 
 from __future__ import annotations
@@ -63,83 +67,129 @@ def _fp8_value(code, USE_ASM: tl.constexpr):
 @triton.jit
 def _bf16_round(x):
     """bf16 bit pattern (int32 0..0xFFFF) of f32 x, round to nearest even; meaningless for a
-    NaN x (the callers carry NaN-ness separately, compared by position)."""
+    NaN x (the callers put a NaN pattern there themselves)."""
     f = x.to(tl.uint32, bitcast=True)
     return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).to(tl.int32)
 
 
 @triton.jit
-def _is_nan_bf16(bits):
-    """bits (int32 0..0xFFFF) is a bf16 NaN: exponent all ones, mantissa not zero."""
-    return (bits & 0x7FFF) > 0x7F80
+def _expected_pairs(codes, scale, USE_ASM: tl.constexpr, USE_CVT: tl.constexpr):
+    """The two bf16 elements (uint32: the first in the low half) SPEC section 4 makes of two
+    e4m3fn codes (int16 ``codes``: the first in the low byte) and their tile's f32 scale: each
+    bf16(fp8 value x scale), a NaN pattern where that is NaN.
+
+    USE_CVT (sm_89 and later): the PTX conversions, seven instructions a pair: e4m3x2 -> f16x2
+    (exact: every e4m3fn value, subnormals included, is an f16; NaN stays NaN), f16 -> f32
+    (exact, no .ftz), ``mul.rn.f32`` (IEEE, no .ftz), f32x2 -> bf16x2 round to nearest even
+    (subnormals kept, NaN canonical). Else the integer decode and rounding of each element."""
+    if USE_CVT:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 h;
+            .reg .b16 lo, hi;
+            .reg .f32 a, b;
+            cvt.rn.f16x2.e4m3x2 h, $1;
+            mov.b32 {lo, hi}, h;
+            cvt.f32.f16 a, lo;
+            cvt.f32.f16 b, hi;
+            mul.rn.f32 a, a, $2;
+            mul.rn.f32 b, b, $2;
+            cvt.rn.bf16x2.f32 $0, b, a;
+            }""", "=r,h,f", [codes, scale], dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        c = codes.to(tl.int32) & 0xFFFF
+        lo = mul_rn(_fp8_value(c & 0xFF, USE_ASM), scale, USE_ASM)
+        hi = mul_rn(_fp8_value(c >> 8, USE_ASM), scale, USE_ASM)
+        lo_bits = tl.where(lo != lo, 0x7FC0, _bf16_round(lo)).to(tl.uint32)
+        hi_bits = tl.where(hi != hi, 0x7FC0, _bf16_round(hi)).to(tl.uint32)
+        return lo_bits | (hi_bits << 16)
+
+
+# Two bf16 elements per uint32 from here on: each helper works on both halves at once, with
+# carries that never cross from one half into the other (each half's sum stays below 0x10000).
+# (x ^ 0xFFFFFFFF rather than ~x: the CPU interpreter's ~ on uint32 overflows.)
+
+@triton.jit
+def _nan_halves(x):
+    """Bit 15 (31) set where the low (high) half of x is a bf16 NaN: |h| > 0x7F80, i.e.
+    (h & 0x7FFF) + 0x7F reaches 0x8000."""
+    return ((x & 0x7FFF7FFF) + 0x007F007F) & 0x80008000
 
 
 @triton.jit
-def _differs(expected, e_nan, actual):
-    """Elements that are no match, NaN compared by position: where a NaN is expected, any NaN
-    payload matches and nothing else does; elsewhere the bits must be equal (a NaN never equals
-    the bits of a non-NaN)."""
-    # A canonical NaN where one is expected: its bits never equal a non-NaN's.
-    return (tl.where(e_nan, 0x7FC0, expected) != actual) & ~(e_nan & _is_nan_bf16(actual))
+def _nonzero_halves(x):
+    """Bit 15 (31) set where the low (high) half of x is not 0."""
+    return (((x & 0x7FFF7FFF) + 0x7FFF7FFF) | x) & 0x80008000
 
 
 @triton.jit
-def _unlike(expected, e_nan):
-    """A 16-bit pattern that is not a match for the expected element however many of its two
+def _bad_pairs(expected, actual):
+    """Pairs with an element that is no match, NaN compared by position: where a NaN is expected,
+    any NaN payload matches and nothing else does; elsewhere the bits must be equal (a NaN
+    never equals the bits of a non-NaN)."""
+    both_nan = _nan_halves(expected) & _nan_halves(actual)
+    return (_nonzero_halves(expected ^ actual) & (both_nan ^ 0xFFFFFFFF)) != 0
+
+
+@triton.jit
+def _unlike_pairs(expected):
+    """Two 16-bit patterns, each no match for its expected element however many of its two
     bytes a kernel overwrites with the expected bytes: while either byte is left untouched it is
     still no match. Not NaN: every byte complemented. NaN: 0x0000, and 0x00?? / ??00 with a NaN's
     high byte (0x7F, 0xFF) or any low byte are never NaN (their exponent field is not all ones)."""
-    return tl.where(e_nan, 0, ~expected & 0xFFFF)
+    nan = (_nan_halves(expected) >> 15) * 0xFFFF  # 0xFFFF in each NaN half
+    return (expected | nan) ^ 0xFFFFFFFF  # ~expected where not NaN, 0 where NaN
 
 
 @triton.jit
-def _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected, e_nan, width: tl.constexpr,
+def _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected, width: tl.constexpr,
           MODE: tl.constexpr):
-    """One slice of ``width`` columns from col0 of ROWS rows, expected bits ``expected`` (where
-    ``e_nan`` is false) or any NaN (where it is true): MODE 0 writes _unlike there (and returns no
-    mismatches); 1 returns where dst is no match; 2 also where dst2 is not, or differs from dst
-    by a bit."""
+    """``width`` element pairs from pair column col0 of ROWS rows, expected pairs ``expected``:
+    MODE 0 writes _unlike_pairs there (and returns no mismatches); 1 returns where dst is no
+    match; 2 also where dst2 is not, or differs from dst by a bit."""
     cols = col0 + tl.arange(0, width)
     m = live[:, None]
     ptrs = dst_ptr + rows[:, None] * dst_stride + cols[None, :]
     if MODE == 0:
-        tl.store(ptrs, _unlike(expected, e_nan).to(tl.int16), mask=m)
+        tl.store(ptrs, _unlike_pairs(expected), mask=m)
         bad = expected != expected
     else:
-        actual = tl.load(ptrs, mask=m, other=0).to(tl.int32) & 0xFFFF
-        bad = _differs(expected, e_nan, actual)
+        actual = tl.load(ptrs, mask=m, other=0)
+        bad = _bad_pairs(expected, actual)
         if MODE == 2:
-            actual2 = tl.load(dst2_ptr + rows[:, None] * dst2_stride + cols[None, :], mask=m,
-                              other=0).to(tl.int32) & 0xFFFF
-            bad = bad | _differs(expected, e_nan, actual2) | (actual != actual2)
+            actual2 = tl.load(dst2_ptr + rows[:, None] * dst2_stride + cols[None, :], mask=m, other=0)
+            bad = bad | _bad_pairs(expected, actual2) | (actual != actual2)
     return bad & m
 
 
 @triton.jit
-def _rows(cache8_ptr, cache16_ptr, cache32_ptr, rec_ptr, dst_ptr, dst2_ptr, bad_ptr,
-          total, dst_stride, dst2_stride, MODE: tl.constexpr, ROWS: tl.constexpr, USE_ASM: tl.constexpr):
-    """ROWS dst rows per program, each rebuilt from its record (rec: byte offsets), one 128-code
-    scale tile at a time (the tile's scale loaded once per row), then the 64 RoPE patterns as
-    they are; each slice filled or checked by _part (MODE 0 / 1 / 2). A mismatch sets bad[0] = 1
-    with a masked store: nothing counted, nothing synchronized across warps."""
+def _rows(cache8_ptr, rec_ptr, dst_bf16_ptr, dst2_bf16_ptr, bad_ptr, total, dst_stride, dst2_stride,
+          MODE: tl.constexpr, ROWS: tl.constexpr, USE_ASM: tl.constexpr, USE_CVT: tl.constexpr):
+    """ROWS dst rows per program, each rebuilt from its record (rec: byte offsets) two elements
+    at a time: one 128-code scale tile at a time (the tile's scale loaded once per row), then
+    the 64 RoPE patterns as they are; each slice filled or checked by _part (MODE 0 / 1 / 2).
+    dst_stride, dst2_stride: in element pairs. A mismatch sets bad[0] = 1 with a masked store:
+    nothing counted, nothing synchronized across warps."""
+    # The cache's bytes read as 16- and 32-bit words, the rows as element pairs: pointer casts
+    # here rather than typed views on the host (a view costs a few us there).
+    cache16_ptr = cache8_ptr.to(tl.pointer_type(tl.int16))
+    cache32_ptr = cache8_ptr.to(tl.pointer_type(tl.uint32))
+    dst_ptr = dst_bf16_ptr.to(tl.pointer_type(tl.uint32))
+    dst2_ptr = dst2_bf16_ptr.to(tl.pointer_type(tl.uint32))
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < total
     # Byte offset of each row's record: multiples of 16 (656 = 41 x 16), said so loads vectorize.
     rec = tl.multiple_of(tl.load(rec_ptr + rows, mask=live, other=0), 16)
-    lanes = tl.arange(0, 128)
-    nope_bad = tl.zeros((ROWS, 128), dtype=tl.int1)  # the 4 tiles' mismatches, or-ed elementwise
+    pairs = tl.arange(0, 64)
+    nope_bad = tl.zeros((ROWS, 64), dtype=tl.int1)  # the 4 tiles' mismatches, or-ed elementwise
     for t in tl.static_range(4):
-        code = tl.load(cache8_ptr + rec[:, None] + t * 128 + lanes[None, :], mask=live[:, None],
-                       other=0).to(tl.int32)
+        codes = tl.load(cache16_ptr + rec[:, None] // 2 + t * 64 + pairs[None, :], mask=live[:, None], other=0)
         scale = tl.load(cache32_ptr + rec // 4 + 128 + t, mask=live, other=0).to(tl.float32, bitcast=True)
-        prod = mul_rn(_fp8_value(code, USE_ASM), scale[:, None], USE_ASM)
-        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 128,
-                                    _bf16_round(prod), prod != prod, 128, MODE)
-    rcols = tl.arange(0, 64)
-    rope = tl.load(cache16_ptr + rec[:, None] // 2 + 264 + rcols[None, :], mask=live[:, None],
-                   other=0).to(tl.int32) & 0xFFFF
-    rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 512, rope, _is_nan_bf16(rope), 64,
-                     MODE)
+        expected = _expected_pairs(codes, tl.broadcast_to(scale[:, None], (ROWS, 64)), USE_ASM, USE_CVT)
+        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 64, expected, 64,
+                                    MODE)
+    rope = tl.load(cache32_ptr + rec[:, None] // 4 + 132 + tl.arange(0, 32)[None, :], mask=live[:, None], other=0)
+    rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 256, rope, 32, MODE)
     if MODE != 0:
         # Reduced within each row (a row lies in one warp: shuffles, no barrier), so the flag's
         # masked store is one value per row, in the row's own layout.
@@ -224,14 +274,17 @@ def _torch_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, worksp
 
 def _launch(*, mode: int, cache: torch.Tensor, dst: torch.Tensor, dst2: torch.Tensor | None,
             rec: torch.Tensor, bad: torch.Tensor) -> None:
-    flat = cache.reshape(-1)
-    bits = dst.view(torch.int16)
-    bits2 = dst2.view(torch.int16) if dst2 is not None else bits
-    total = bits.shape[0]
+    other = dst2 if dst2 is not None else dst
+    total = dst.shape[0]
     with quiet():
         _rows[(triton.cdiv(total, ROWS_PER_PROGRAM),)](
-            flat, flat.view(torch.int16), flat.view(torch.int32), rec, bits, bits2, bad, total, bits.stride(0),
-            bits2.stride(0), MODE=mode, ROWS=ROWS_PER_PROGRAM, USE_ASM=use_asm(dst.device), num_warps=NUM_WARPS)
+            cache, rec, dst, other, bad, total, dst.stride(0) // 2, other.stride(0) // 2, MODE=mode,
+            ROWS=ROWS_PER_PROGRAM, USE_ASM=use_asm(dst.device), USE_CVT=use_cvt(dst.device), num_warps=NUM_WARPS)
+
+
+def use_cvt(device: torch.device) -> bool:
+    """The USE_CVT constexpr: the PTX e4m3x2 conversion exists from sm_89 on."""
+    return use_asm(device) and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def contiguous_records(src_cache: torch.Tensor) -> torch.Tensor | None:
@@ -248,17 +301,19 @@ def contiguous_records(src_cache: torch.Tensor) -> torch.Tensor | None:
 
 def _usable(cache: torch.Tensor | None, *dsts: torch.Tensor | None) -> bool:
     """The layouts this check handles: a cache from ``contiguous_records``, bf16 [total, 576]
-    rows with contiguous elements, on the cache's device."""
+    rows with contiguous elements, read two at a time (4-byte aligned rows), on the cache's
+    device."""
     return cache is not None and all(
         d is None or (d.dtype == torch.bfloat16 and d.dim() == 2 and d.shape[1] == ROW_DIM and d.stride(1) == 1
-                      and d.device == cache.device) for d in dsts)
+                      and d.stride(0) % 2 == 0 and d.data_ptr() % 4 == 0 and d.device == cache.device)
+        for d in dsts)
 
 
 def gather_prefill(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
                    workspace_starts: torch.Tensor, batch_size: int, seq_starts: torch.Tensor | None,
                    rec: torch.Tensor | None = None) -> bool:
     """Fill dst so that no byte of it already holds what SPEC section 4 puts there: each element
-    is ``_unlike`` its expected value. Then a dst that ``gather_rows_flag`` finds equal to the
+    is ``_unlike_pairs`` its expected value. Then a dst that ``gather_rows_flag`` finds equal to the
     oracle's was written at every byte, which is what the guards' two-run write map establishes;
     one run and one fill do it. False (nothing written) when the layout is not one it handles."""
     cache = contiguous_records(src_cache)

@@ -235,9 +235,9 @@ _PTX_SCRIPT = textwrap.dedent("""
         sys.exit(0)
     from mlafuzz.oracles.fast_writer import _check_records
     for is_bf16 in (True, False):
-        sig = {"after8_ptr": "*u8", "after16_ptr": "*i16", "after32_ptr": "*i32", "before8_ptr": "*u8",
-               "before16_ptr": "*i16", "before32_ptr": "*i32", "kv_ptr": "*i16", "pe_ptr": "*i16",
-               "inv_ptr": "*i32", "trouble_ptr": "*i32", "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32",
+        sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv_ptr": "*bf16" if is_bf16 else "*fp16",
+               "pe_ptr": "*bf16" if is_bf16 else "*fp16", "inv_ptr": "*i32", "trouble_ptr": "*i32",
+               "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32",
                "IS_BF16": "constexpr", "USE_ASM": "constexpr"}
         src = ASTSource(fn=_check_records, signature=sig, constexprs={"IS_BF16": is_bf16, "USE_ASM": True})
         try:
