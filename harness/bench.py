@@ -163,6 +163,7 @@ def realistic_spec(op: str):
 
 
 REPEATS = 5  # timings of the kernel and of check_call per case, their median kept
+WARM = 5  # untimed checks of each case before its timed ones
 
 
 def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: bool = False) -> list[str]:
@@ -190,7 +191,8 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
              " (guarded ops) with its setup;"
              " oracle: the fused check (GPU) or oracle + comparator; guards: guard zones and write map."
              " first: the first check of the case (the CUDA caching allocator still growing);"
-             f" kernel, check_call: medians of {REPEATS} in a row, check_call in the steady state (stages"
+             f" kernel, check_call: medians of {REPEATS} in a row, check_call in the steady state (after"
+             f" {WARM} untimed checks of the case, the kernel after {WARM} untimed calls; stages"
              " timed with a sync each, so the columns add up to a little more);"
              " checks/kernel = (check_call - kernel) / kernel."]
     profiles: list[str] = []
@@ -207,7 +209,8 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             # The kernel alone, on ready arguments; everything else is the harness's cost.
             args = {**case.cloned_tensors(), **{k: g.view for k, g in (
                 opdef.guarded(case, PATTERNS[0]) if opdef.guarded else {}).items()}}
-            opdef.invoke(fn, case, args)  # JIT-compile this case's kernel variant outside the timing
+            for _ in range(WARM):  # JIT-compile this case's kernel variant, and warm up as the checks are
+                opdef.invoke(fn, case, args)
             t_kernel = statistics.median(timed(lambda: opdef.invoke(fn, case, args))[1] for _ in range(REPEATS))
             args = None
             check = lambda: check_call(case=case, entry=entry, fn=fn, policy=Policy(), rerun=False)  # noqa: E731
@@ -217,10 +220,10 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             # case would.
             findings, t_first = timed(check)
             t_checks = []
-            for _ in range(REPEATS):
-                case.memo.clear()
+            for _ in range(WARM + REPEATS):  # the first WARM untimed: after generating a case, GPU and
+                case.memo.clear()             # CPU take a few checks to reach their steady clocks
                 t_checks.append(timed(check)[1])
-            t_check = statistics.median(t_checks)
+            t_check = statistics.median(t_checks[WARM:])
             case.memo.clear()
             with timed_stages() as split:
                 check()

@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mlafuzz.oracles.launch import launch
+
 BLOCK = 4096
 PER_LAUNCH = 8
 
@@ -117,7 +119,7 @@ def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, s
             end += triton.cdiv(w.numel(), BLOCK)
             args += [w, w.numel(), end, slot]
         args += [out, 0, end, 0] * (PER_LAUNCH - len(chunk))  # unused: no programs reach them
-        _fingerprints[(end,)](out, sign, *args, COUNT=len(chunk), BLOCK=BLOCK)
+        launch(_fingerprints, (end,), out, sign, *args, COUNT=len(chunk), BLOCK=BLOCK)
 
 
 def add_fingerprints(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:
