@@ -48,7 +48,6 @@ def main(ops: list[str]) -> None:
     # Host cost of the building blocks, 200 calls each, no sync in between except where named.
     from mlafuzz.harness.fingerprint import fingerprints
     from mlafuzz.oracles.fast_writer import _scatter_owners
-    from mlafuzz.oracles.launch import launch
 
     small = torch.zeros(16, dtype=torch.int64, device="cuda")
     slots, inv, trouble = small[:8], torch.full((9,), -1, dtype=torch.int32, device="cuda"), small[8:9]
@@ -56,8 +55,6 @@ def main(ops: list[str]) -> None:
               "a != b (small)": lambda: small != small,
               "fingerprints (small, Triton)": lambda: fingerprints([small]),
               "a Triton launch, kernel[grid]()": lambda: _scatter_owners[(1,)](slots, 8, 8, inv, trouble, BLOCK=1024),
-              "the same by oracles.launch": lambda: launch(_scatter_owners, (1,), slots, 8, 8, inv, trouble,
-                                                           BLOCK=1024),
               "torch.cuda.synchronize": torch.cuda.synchronize,
               "tolist (1 int)": lambda: small[:1].tolist()}
     for name, fn in blocks.items():

@@ -33,61 +33,68 @@ import torch
 import triton
 import triton.language as tl
 
-from mlafuzz.oracles.launch import launch
-
 BLOCK = 4096
 PER_LAUNCH = 8
 
 
 @triton.jit
-def _fold(words_ptr, n, block, out_ptr, sign, BLOCK: tl.constexpr):
-    """Adds sign x (this block's share of the fingerprint of the n words at words_ptr) to out."""
+def _fold(words_ptr, n, block, out_ptr, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Adds SIGN x (this block's share of the fingerprint of the n words at words_ptr) to out."""
     offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     w = tl.load(words_ptr + offs, mask=offs < n, other=0).to(tl.int64).to(tl.uint64, bitcast=True)
     idx = offs.to(tl.uint64, bitcast=True)
     x = (w ^ (idx * 0x9E3779B97F4A7C15)) * 0xBF58476D1CE4E5B9
     x = x ^ (x >> 32)
     x = tl.where(offs < n, x, 0)
-    tl.atomic_add(out_ptr, tl.sum(x, axis=0).to(tl.int64, bitcast=True) * sign)
+    tl.atomic_add(out_ptr, tl.sum(x, axis=0).to(tl.int64, bitcast=True) * SIGN)
 
 
-# The launch's scalars (sizes, ends, slots) change with every case: specializing on them (Triton's
+# The launch's scalars (sizes, slots) change with every case: specializing on them (Triton's
 # default: == 1, divisible by 16) compiled a new variant for most new cases, seconds each; so did
 # the tensors' addresses (16-byte aligned or not). A variant per combination of word widths is left.
-_SCALARS = ["sign"] + [f"{c}{j}" for j in range(PER_LAUNCH) for c in "nes"]
+# Each argument also costs host time at every launch (~1 us): the programs' split is computed here
+# from the sizes rather than passed, and the sign is a constexpr.
+_SCALARS = [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
 
 
 @triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=[f"p{j}" for j in range(PER_LAUNCH)])
-def _fingerprints(out_ptr, sign,
-                  p0, n0, e0, s0, p1, n1, e1, s1, p2, n2, e2, s2, p3, n3, e3, s3,
-                  p4, n4, e4, s4, p5, n5, e5, s5, p6, n6, e6, s6, p7, n7, e7, s7,
-                  COUNT: tl.constexpr, BLOCK: tl.constexpr):
-    """Tensor j (j < COUNT: n_j words at p_j) owns programs [e_{j-1}, e_j) and adds into
-    out[s_j]. A program's branch is uniform (one scalar compare per tensor)."""
+def _fingerprints(out_ptr, p0, n0, s0, p1, n1, s1, p2, n2, s2, p3, n3, s3, p4, n4, s4, p5, n5, s5, p6, n6, s6,
+                  p7, n7, s7, SIGN: tl.constexpr, COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    """Tensor j (j < COUNT: n_j words at p_j) owns programs [e_{j-1}, e_j), e_j the running sum
+    of cdiv(n_i, BLOCK), and adds SIGN x its fingerprint into out[s_j]. A program's branch is
+    uniform (one scalar compare per tensor)."""
     pid = tl.program_id(0)
+    e0 = tl.cdiv(n0, BLOCK)
     if pid < e0:
-        _fold(p0, n0, pid, out_ptr + s0, sign, BLOCK)
+        _fold(p0, n0, pid, out_ptr + s0, SIGN, BLOCK)
     if COUNT > 1:
+        e1 = e0 + tl.cdiv(n1, BLOCK)
         if (pid >= e0) & (pid < e1):
-            _fold(p1, n1, pid - e0, out_ptr + s1, sign, BLOCK)
-    if COUNT > 2:
-        if (pid >= e1) & (pid < e2):
-            _fold(p2, n2, pid - e1, out_ptr + s2, sign, BLOCK)
-    if COUNT > 3:
-        if (pid >= e2) & (pid < e3):
-            _fold(p3, n3, pid - e2, out_ptr + s3, sign, BLOCK)
-    if COUNT > 4:
-        if (pid >= e3) & (pid < e4):
-            _fold(p4, n4, pid - e3, out_ptr + s4, sign, BLOCK)
-    if COUNT > 5:
-        if (pid >= e4) & (pid < e5):
-            _fold(p5, n5, pid - e4, out_ptr + s5, sign, BLOCK)
-    if COUNT > 6:
-        if (pid >= e5) & (pid < e6):
-            _fold(p6, n6, pid - e5, out_ptr + s6, sign, BLOCK)
-    if COUNT > 7:
-        if (pid >= e6) & (pid < e7):
-            _fold(p7, n7, pid - e6, out_ptr + s7, sign, BLOCK)
+            _fold(p1, n1, pid - e0, out_ptr + s1, SIGN, BLOCK)
+        if COUNT > 2:
+            e2 = e1 + tl.cdiv(n2, BLOCK)
+            if (pid >= e1) & (pid < e2):
+                _fold(p2, n2, pid - e1, out_ptr + s2, SIGN, BLOCK)
+            if COUNT > 3:
+                e3 = e2 + tl.cdiv(n3, BLOCK)
+                if (pid >= e2) & (pid < e3):
+                    _fold(p3, n3, pid - e2, out_ptr + s3, SIGN, BLOCK)
+                if COUNT > 4:
+                    e4 = e3 + tl.cdiv(n4, BLOCK)
+                    if (pid >= e3) & (pid < e4):
+                        _fold(p4, n4, pid - e3, out_ptr + s4, SIGN, BLOCK)
+                    if COUNT > 5:
+                        e5 = e4 + tl.cdiv(n5, BLOCK)
+                        if (pid >= e4) & (pid < e5):
+                            _fold(p5, n5, pid - e4, out_ptr + s5, SIGN, BLOCK)
+                        if COUNT > 6:
+                            e6 = e5 + tl.cdiv(n6, BLOCK)
+                            if (pid >= e5) & (pid < e6):
+                                _fold(p6, n6, pid - e5, out_ptr + s6, SIGN, BLOCK)
+                            if COUNT > 7:
+                                e7 = e6 + tl.cdiv(n7, BLOCK)
+                                if (pid >= e6) & (pid < e7):
+                                    _fold(p7, n7, pid - e6, out_ptr + s7, SIGN, BLOCK)
 
 
 def word_view(t: torch.Tensor) -> torch.Tensor:
@@ -114,12 +121,12 @@ def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, s
     for at in range(0, len(work), PER_LAUNCH):
         chunk = work[at:at + PER_LAUNCH]
         args: list = []
-        end = 0
+        programs = 0
         for w, slot in chunk:
-            end += triton.cdiv(w.numel(), BLOCK)
-            args += [w, w.numel(), end, slot]
-        args += [out, 0, end, 0] * (PER_LAUNCH - len(chunk))  # unused: no programs reach them
-        launch(_fingerprints, (end,), out, sign, *args, COUNT=len(chunk), BLOCK=BLOCK)
+            programs += triton.cdiv(w.numel(), BLOCK)
+            args += [w, w.numel(), slot]
+        args += [out, 0, 0] * (PER_LAUNCH - len(chunk))  # unused: no program reaches them
+        _fingerprints[(programs,)](out, *args, SIGN=sign, COUNT=len(chunk), BLOCK=BLOCK)
 
 
 def add_fingerprints(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:

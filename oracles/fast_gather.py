@@ -43,7 +43,6 @@ import torch
 import triton
 import triton.language as tl
 from mlafuzz.oracles.gather import row_records
-from mlafuzz.oracles.launch import launch
 from mlafuzz.oracles.triton_ieee import mul_rn, quiet, use_asm
 
 ROW_DIM = 576
@@ -251,9 +250,9 @@ def record_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, worksp
     ws = workspace_starts.reshape(-1)
     ss = seq_starts.reshape(-1) if seq_starts is not None else ws
     block = 1024
-    launch(_record_map, (triton.cdiv(total, block),), ws, ss, block_table, out, total, batch_size, ws.stride(0),
-           ss.stride(0), block_table.stride(0), block_table.stride(1), src_cache.shape[1],
-           HAS_SS=seq_starts is not None, BLOCK=block)
+    _record_map[(triton.cdiv(total, block),)](
+        ws, ss, block_table, out, total, batch_size, ws.stride(0), ss.stride(0), block_table.stride(0),
+        block_table.stride(1), src_cache.shape[1], HAS_SS=seq_starts is not None, BLOCK=block)
     if str(dev) not in _MAP_TRUSTED:  # once per device and process: held to the oracle's mapping here too
         slow = _torch_offsets(src_cache=src_cache, block_table=block_table, workspace_starts=workspace_starts,
                               batch_size=batch_size, seq_starts=seq_starts, total=total)
@@ -281,9 +280,9 @@ def _launch(*, mode: int, cache: torch.Tensor, dst: torch.Tensor, dst2: torch.Te
     other = dst2 if dst2 is not None else dst
     total = dst.shape[0]
     with quiet():
-        launch(_rows, (triton.cdiv(total, ROWS_PER_PROGRAM),), cache, rec, dst, other, bad, total,
-               dst.stride(0) // 2, other.stride(0) // 2, MODE=mode, ROWS=ROWS_PER_PROGRAM,
-               USE_ASM=use_asm(dst.device), USE_CVT=use_cvt(dst.device), num_warps=NUM_WARPS)
+        _rows[(triton.cdiv(total, ROWS_PER_PROGRAM),)](
+            cache, rec, dst, other, bad, total, dst.stride(0) // 2, other.stride(0) // 2, MODE=mode,
+            ROWS=ROWS_PER_PROGRAM, USE_ASM=use_asm(dst.device), USE_CVT=use_cvt(dst.device), num_warps=NUM_WARPS)
 
 
 def use_cvt(device: torch.device) -> bool:

@@ -39,7 +39,6 @@ import torch
 import triton
 import triton.language as tl
 
-from mlafuzz.oracles.launch import launch
 from mlafuzz.oracles.triton_ieee import div_rn, quiet, use_asm
 
 RECORD_BYTES = 656
@@ -190,7 +189,7 @@ def slot_owners(*, slot_mapping: torch.Tensor, num_slots: int) -> tuple[torch.Te
     n = slots.numel()
     if n:
         block = 1024
-        launch(_scatter_owners, (triton.cdiv(n, block),), slots, n, num_slots, inv, trouble, BLOCK=block)
+        _scatter_owners[(triton.cdiv(n, block),)](slots, n, num_slots, inv, trouble, BLOCK=block)
     return inv, trouble
 
 
@@ -228,6 +227,6 @@ def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_befo
     # One warp per record: the amax of each 128-code tile reduces within the warp (no barriers);
     # on sm_90 that issues ~40% fewer instructions per record than 4 warps (1176 vs 2016).
     with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
-        launch(_check_records, (num_slots,), after, before, kv, pe, inv, trouble, bad, kv.stride(0), pe.stride(0),
-               IS_BF16=kv.dtype == torch.bfloat16, USE_ASM=use_asm(dev), num_warps=1)
+        _check_records[(num_slots,)](after, before, kv, pe, inv, trouble, bad, kv.stride(0), pe.stride(0),
+                                     IS_BF16=kv.dtype == torch.bfloat16, USE_ASM=use_asm(dev), num_warps=1)
     return flag if flag is not None else bad.max().reshape(1)
