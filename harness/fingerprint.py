@@ -8,8 +8,8 @@ the full path, which copies every input as before, after the case's tensors are
 rebuilt from its spec and seed. The guard zones around a guarded output are
 fingerprinted the same way, against the fingerprint of their fill pattern.
 
-The fingerprint of a tensor's bytes, read as 8-byte words w_i (4- or 1-byte when
-its size or address does not allow 8), is the wrapping 64-bit sum of
+The fingerprint of a tensor's bytes, read as 4-byte words w_i (bytes when its
+size or address does not allow 4), is the wrapping 64-bit sum of
 f(w_i, i) = xorshift32((w_i ^ (i * K1)) * K2), K1, K2 odd. For each i, f is a
 bijection of w_i (xor with a constant, multiply by an odd constant and an xor
 shift are each invertible mod 2^64), so a change to any single word always
@@ -98,21 +98,22 @@ def _fingerprints(out_ptr, p0, n0, s0, p1, n1, s1, p2, n2, s2, p3, n3, s3, p4, n
 
 
 def word_view(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as the widest integer words (8, 4 or 1 bytes) its size and address allow
-    (a non-contiguous tensor: the bytes of a contiguous copy of it). Each view costs a few us of
-    host time: as few as the tensor allows."""
+    """The tensor's bytes as 4-byte words, or bytes where its size or address does not allow
+    that (a non-contiguous tensor: the bytes of a contiguous copy of it). One word width for
+    (nearly) every tensor: the launch compiles a variant per combination of its tensors' word
+    types, and fuzzing with 8- or 4-byte words by size compiled twenty-odd variants of the gather
+    inputs' launch (seconds each, in every worker). Each view costs a few us of host time: as
+    few as the tensor allows."""
     flat = t.contiguous()
     if flat.dim() != 1:
         flat = flat.view(-1)
-    nbytes = flat.numel() * flat.element_size()
-    for width, dtype in ((8, torch.int64), (4, torch.int32)):
-        if nbytes % width == 0 and flat.data_ptr() % width == 0:
-            if flat.dtype == dtype:
-                return flat
-            if flat.element_size() <= width:
-                return flat.view(dtype)
-            return flat.view(torch.uint8).view(dtype)
-    return flat.view(torch.uint8)
+    if (flat.numel() * flat.element_size()) % 4 or flat.data_ptr() % 4:
+        return flat.view(torch.uint8)
+    if flat.dtype == torch.int32:
+        return flat
+    if flat.element_size() <= 4:
+        return flat.view(torch.int32)
+    return flat.view(torch.uint8).view(torch.int32)
 
 
 def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:
@@ -179,7 +180,7 @@ def filled_fingerprint(like: torch.Tensor, fill: int) -> torch.Tensor:
     key = (str(like.device), like.numel(), w.dtype, fill)
     if key not in _FILLED:
         # A start offset into a fresh (aligned) buffer that gives the same word width as like's.
-        start = {torch.int64: 0, torch.int32: 4, torch.uint8: 1}[w.dtype]
+        start = {torch.int32: 0, torch.uint8: 1}[w.dtype]
         ref = torch.full((like.numel() + 8,), fill, dtype=torch.uint8, device=like.device)[start:start + like.numel()]
         assert word_view(ref).dtype == w.dtype
         _FILLED[key] = fingerprints([ref])
