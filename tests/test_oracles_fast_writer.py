@@ -22,7 +22,9 @@ from mlafuzz.generators.materialize import materialize  # noqa: E402
 from mlafuzz.generators.spec import Paging  # noqa: E402
 from mlafuzz.generators.writer import InputDtype, WriterSpec, WriterValues  # noqa: E402
 from mlafuzz.oracles import codec  # noqa: E402
-from mlafuzz.oracles.fast_writer import _e4m3fn_satfinite, _f32_bits_of_16, writer_records_match  # noqa: E402
+from mlafuzz.oracles.fast_writer import (  # noqa: E402
+    _e4m3fn_satfinite, _f32_bits_of_16, writer_records_flag, writer_records_match,
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -171,6 +173,13 @@ def test_duplicate_out_of_range_and_short_inputs_say_no_without_raising():
     dup["slot_mapping"][3] = dup["slot_mapping"][7]
     assert _match(dup, _expected(dup)) is False  # the oracle's last-token-wins cache: still a no
     assert _match(dup, after) is False
+    # ... and a "cannot tell" (2), never a "differs" (1): the runner reports a fast-path "differs"
+    # the full check cannot reproduce as nondeterminism. In the runner's own flag too.
+    args = dict(kv_c=dup["kv_c"], k_pe=dup["k_pe"], kv_cache_before=dup["kv_cache"],
+                kv_cache_after=_expected(dup), slot_mapping=dup["slot_mapping"])
+    assert writer_records_flag(**args).tolist() == [2]
+    board = torch.zeros(2, dtype=torch.int64, device=DEV)
+    assert writer_records_flag(**args, flag=board) is board and board.tolist() == [0, 2]
     oob = dict(t, slot_mapping=t["slot_mapping"].clone())
     oob["slot_mapping"][2] = t["kv_cache"].shape[0] * t["kv_cache"].shape[1]
     assert _match(oob, after) is False
