@@ -156,7 +156,7 @@ class Snapshot:
         self._words = [word_view(t) if t.is_contiguous() else None for t in inputs.values()]
         self._strided = {k: t for k, t in inputs.items() if not t.is_contiguous()}
         self.neg = torch.zeros(len(self.names), dtype=torch.int64, device=device)
-        add_fingerprints(self.neg, [(t, i) for i, t in enumerate(inputs.values())], sign=-1)
+        add_words(self.neg, self.items(), sign=-1)
 
     def items(self, *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
         """(words, slot) pairs of the snapshot's input tensors now, for add_words, slots from ``at``."""
