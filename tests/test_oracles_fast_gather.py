@@ -9,7 +9,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -17,7 +20,7 @@ from mlafuzz.generators import GatherRequest, GatherSpec, Paging, ValueMode  # n
 from mlafuzz.generators.catalog import EXTREME_SCALES, NONFINITE_SCALES, SUBNORMAL_SCALES  # noqa: E402
 from mlafuzz.generators.materialize import materialize  # noqa: E402
 from mlafuzz.oracles import gather as og  # noqa: E402
-from mlafuzz.oracles.fast_gather import gather_rows_match  # noqa: E402
+from mlafuzz.oracles.fast_gather import _bad_pairs, _nan_halves, _unlike_pairs, gather_rows_match  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -191,3 +194,70 @@ def test_a_one_launch_map_that_disagrees_with_the_oracles_on_first_use_is_not_tr
         first = fg.record_offsets(**args)
     assert torch.equal(first, fg._torch_offsets(**args)) and bool(first.any())
     assert torch.equal(fg.record_offsets(**args), first)  # and from then on the oracle's map only
+
+
+@triton.jit
+def _probe_pairs(e_ptr, a_ptr, bad_ptr, unlike_ptr, nan_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    e = tl.load(e_ptr + offs, mask=m, other=0)
+    a = tl.load(a_ptr + offs, mask=m, other=0)
+    tl.store(bad_ptr + offs, _bad_pairs(e, a).to(tl.int32), mask=m)
+    tl.store(unlike_ptr + offs, _unlike_pairs(e), mask=m)
+    tl.store(nan_ptr + offs, _nan_halves(e), mask=m)
+
+
+def _pairs_probe(e: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The packed helpers of the fused check on element pairs e (expected) and a (actual)."""
+    n = e.size
+    et = torch.from_numpy(e.astype(np.uint32).view(np.int32)).to(DEV).view(torch.uint32)
+    at = torch.from_numpy(a.astype(np.uint32).view(np.int32)).to(DEV).view(torch.uint32)
+    bad = torch.empty(n, dtype=torch.int32, device=DEV)
+    unlike = torch.empty_like(et)
+    nan = torch.empty_like(et)
+    block = 4096
+    _probe_pairs[(triton.cdiv(n, block),)](et, at, bad, unlike, nan, n, BLOCK=block)
+    as_np = lambda t: t.view(torch.int32).cpu().numpy().view(np.uint32)  # noqa: E731
+    return bad.cpu().numpy() != 0, as_np(unlike), as_np(nan)
+
+
+def _is_nan16(h: np.ndarray) -> np.ndarray:
+    return (h & 0x7FFF) > 0x7F80
+
+
+def _no_match16(e: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """SPEC's comparison of one bf16 element, spelled on 16-bit patterns: NaN by position."""
+    return np.where(_is_nan16(e), ~_is_nan16(a), e != a)
+
+
+def test_the_packed_pair_helpers_agree_with_the_elementwise_rule_on_every_pattern():
+    """Every 16-bit pattern in each half: the NaN test, and "no match" against the actual value
+    equal, off by one bit, a NaN of another payload, or random."""
+    gen = np.random.default_rng(0)
+    lo = np.arange(65536, dtype=np.uint32)
+    hi = gen.permutation(65536).astype(np.uint32)
+    e = (hi << 16) | lo
+    _, _, nan = _pairs_probe(e, e)
+    assert np.array_equal((nan >> 15) & 1, _is_nan16(lo)) and np.array_equal(nan >> 31, _is_nan16(hi))
+    for a in (e, e ^ 0x00010000, e ^ 0x00000001, e ^ 0x80008000, (e & 0xFFC0FFC0) | 0x7F817F81,
+              gen.integers(0, 2**32, e.size, dtype=np.uint64).astype(np.uint32), e ^ 0x00400040):
+        bad, _, _ = _pairs_probe(e, a)
+        truth = _no_match16(lo, a & 0xFFFF) | _no_match16(hi, a >> 16)
+        assert np.array_equal(bad, truth)
+
+
+def test_an_unlike_prefill_is_no_match_while_any_byte_of_an_element_is_left_unwritten():
+    """For every expected pattern in each half: the fill alone, and the fill with either byte of
+    an element (or of both elements) replaced by the expected byte, are no match; the expected
+    pair itself is one."""
+    gen = np.random.default_rng(1)
+    lo = np.arange(65536, dtype=np.uint32)
+    hi = gen.permutation(65536).astype(np.uint32)
+    e = (hi << 16) | lo
+    _, fill, _ = _pairs_probe(e, e)
+    assert not _pairs_probe(e, e)[0].any()
+    for keep_from_expected in (0x00000000, 0x000000FF, 0x0000FF00, 0x00FF0000, 0xFF000000, 0x00FF00FF,
+                               0xFF00FF00, 0xFFFF0000, 0x0000FFFF):
+        mixed = (e & keep_from_expected) | (fill & ~np.uint32(keep_from_expected))
+        bad, _, _ = _pairs_probe(e, mixed)
+        assert bad.all(), hex(keep_from_expected)
