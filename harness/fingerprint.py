@@ -107,7 +107,8 @@ def word_view(t: torch.Tensor) -> torch.Tensor:
     flat = t.contiguous()
     if flat.dim() != 1:
         flat = flat.view(-1)
-    if (flat.numel() * flat.element_size()) % 4 or flat.data_ptr() % 4:
+    # An empty tensor reports address 0 whatever its storage offset: wider views could refuse it.
+    if flat.numel() == 0 or (flat.numel() * flat.element_size()) % 4 or flat.data_ptr() % 4:
         return flat.view(torch.uint8)
     if flat.dtype == torch.int32:
         return flat

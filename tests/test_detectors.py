@@ -154,3 +154,21 @@ def test_a_mutated_input_of_a_case_that_cannot_be_rebuilt_is_still_input_mutatio
     orphan = dataclasses.replace(case, seed=case.seed + 1)  # its spec and seed make other tensors
     (finding,) = run_case(case=orphan, entry=resolve("gather", "gather_mutates_cache"), fast=True).findings
     assert finding.kind is Kind.INPUT_MUTATION and "could not be rebuilt" in finding.message
+
+
+def test_with_a_ulp_tolerance_an_output_within_it_draws_no_finding_on_either_path():
+    """The fused checks are bit-exact; a tolerance leaves every case to the comparator (a fused
+    "differs" the comparator then accepted was reported as nondeterminism)."""
+    from mlafuzz.harness.compare import Policy
+    from mlafuzz.kernels.torch_impl import gather_torch
+
+    def one_ulp_off(src_cache, dst, *args):
+        gather_torch(src_cache, dst, *args)
+        bits = dst.view(torch.int16)
+        bits[0, 0] = bits[0, 0] + 1
+
+    entry = resolve("gather", "torch")
+    for fast in (False, True):
+        case = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV if fast else "cpu")
+        assert run_case(case=case, entry=entry, fn=one_ulp_off, policy=Policy(ulp=1), fast=fast).findings == ()
+        assert run_case(case=case, entry=entry, fn=one_ulp_off, fast=fast).findings != ()

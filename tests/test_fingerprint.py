@@ -111,3 +111,14 @@ def test_fuzzed_cases_share_a_handful_of_fingerprint_launch_variants(op, most):
             words += [word_view(z) for z in g.zones()]
         variants.add(("after",) + tuple(w.dtype for w in words))
     assert len(variants) <= most, sorted(map(str, variants))
+
+
+def test_empty_inputs_at_any_storage_offset_are_fingerprinted_without_error():
+    """An empty view reports address 0 whatever its offset; a wider word view of it is refused."""
+    base_bf16 = torch.zeros(8, 512, dtype=torch.bfloat16, device=DEV)
+    base_u8 = torch.zeros(16, dtype=torch.uint8, device=DEV)
+    inputs = {"rows": base_bf16.view(-1)[1:1].view(0, 512), "bytes": base_u8[2:2], "full": base_u8}
+    snap = Snapshot(inputs, device=DEV)
+    assert snap.changed() == []
+    base_u8[5] = 1
+    assert snap.changed() == ["full"]
