@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mlafuzz.harness.bits import word_view
+
 BLOCK = 4096
 PER_LAUNCH = 8
 
@@ -57,68 +59,35 @@ def _fold(words_ptr, n, block, out_ptr, SIGN: tl.constexpr, BLOCK: tl.constexpr)
 _SCALARS = [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
 
 
+@triton.jit
+def _share(words_ptr, n, out_ptr, pid, start, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """The programs [start, start + cdiv(n, BLOCK)) fold the n words at words_ptr into out;
+    returns where the next tensor's programs start (n = 0: an unused slot, no programs)."""
+    stop = start + tl.cdiv(n, BLOCK)
+    if (pid >= start) & (pid < stop):
+        _fold(words_ptr, n, pid - start, out_ptr, SIGN, BLOCK)
+    return stop
+
+
 @triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=[f"p{j}" for j in range(PER_LAUNCH)])
 def _fingerprints(out_ptr, p0, n0, s0, p1, n1, s1, p2, n2, s2, p3, n3, s3, p4, n4, s4, p5, n5, s5, p6, n6, s6,
-                  p7, n7, s7, SIGN: tl.constexpr, COUNT: tl.constexpr, BLOCK: tl.constexpr):
-    """Tensor j (j < COUNT: n_j words at p_j) owns programs [e_{j-1}, e_j), e_j the running sum
-    of cdiv(n_i, BLOCK), and adds SIGN x its fingerprint into out[s_j]. A program's branch is
-    uniform (one scalar compare per tensor)."""
+                  p7, n7, s7, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Tensor j (n_j words at p_j) owns the programs after tensor j - 1's and adds SIGN x its
+    fingerprint into out[s_j]. A program's branch is uniform (one scalar compare per tensor)."""
     pid = tl.program_id(0)
-    e0 = tl.cdiv(n0, BLOCK)
-    if pid < e0:
-        _fold(p0, n0, pid, out_ptr + s0, SIGN, BLOCK)
-    if COUNT > 1:
-        e1 = e0 + tl.cdiv(n1, BLOCK)
-        if (pid >= e0) & (pid < e1):
-            _fold(p1, n1, pid - e0, out_ptr + s1, SIGN, BLOCK)
-        if COUNT > 2:
-            e2 = e1 + tl.cdiv(n2, BLOCK)
-            if (pid >= e1) & (pid < e2):
-                _fold(p2, n2, pid - e1, out_ptr + s2, SIGN, BLOCK)
-            if COUNT > 3:
-                e3 = e2 + tl.cdiv(n3, BLOCK)
-                if (pid >= e2) & (pid < e3):
-                    _fold(p3, n3, pid - e2, out_ptr + s3, SIGN, BLOCK)
-                if COUNT > 4:
-                    e4 = e3 + tl.cdiv(n4, BLOCK)
-                    if (pid >= e3) & (pid < e4):
-                        _fold(p4, n4, pid - e3, out_ptr + s4, SIGN, BLOCK)
-                    if COUNT > 5:
-                        e5 = e4 + tl.cdiv(n5, BLOCK)
-                        if (pid >= e4) & (pid < e5):
-                            _fold(p5, n5, pid - e4, out_ptr + s5, SIGN, BLOCK)
-                        if COUNT > 6:
-                            e6 = e5 + tl.cdiv(n6, BLOCK)
-                            if (pid >= e5) & (pid < e6):
-                                _fold(p6, n6, pid - e5, out_ptr + s6, SIGN, BLOCK)
-                            if COUNT > 7:
-                                e7 = e6 + tl.cdiv(n7, BLOCK)
-                                if (pid >= e6) & (pid < e7):
-                                    _fold(p7, n7, pid - e6, out_ptr + s7, SIGN, BLOCK)
-
-
-def word_view(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as 4-byte words, or bytes where its size or address does not allow
-    that (a non-contiguous tensor: the bytes of a contiguous copy of it). One word width for
-    (nearly) every tensor: the launch compiles a variant per combination of its tensors' word
-    types, and fuzzing with 8- or 4-byte words by size compiled twenty-odd variants of the gather
-    inputs' launch (seconds each, in every worker). Each view costs a few us of host time: as
-    few as the tensor allows."""
-    flat = t.contiguous()
-    if flat.dim() != 1:
-        flat = flat.view(-1)
-    # An empty tensor reports address 0 whatever its storage offset: wider views could refuse it.
-    if flat.numel() == 0 or (flat.numel() * flat.element_size()) % 4 or flat.data_ptr() % 4:
-        return flat.view(torch.uint8)
-    if flat.dtype == torch.int32:
-        return flat
-    if flat.element_size() <= 4:
-        return flat.view(torch.int32)
-    return flat.view(torch.uint8).view(torch.int32)
+    end = _share(p0, n0, out_ptr + s0, pid, 0, SIGN, BLOCK)
+    end = _share(p1, n1, out_ptr + s1, pid, end, SIGN, BLOCK)
+    end = _share(p2, n2, out_ptr + s2, pid, end, SIGN, BLOCK)
+    end = _share(p3, n3, out_ptr + s3, pid, end, SIGN, BLOCK)
+    end = _share(p4, n4, out_ptr + s4, pid, end, SIGN, BLOCK)
+    end = _share(p5, n5, out_ptr + s5, pid, end, SIGN, BLOCK)
+    end = _share(p6, n6, out_ptr + s6, pid, end, SIGN, BLOCK)
+    _share(p7, n7, out_ptr + s7, pid, end, SIGN, BLOCK)
 
 
 def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:
-    """``add_fingerprints`` of tensors already made ``word_view``."""
+    """out[slot] += sign x fingerprint for each (words, slot) of ``items`` (``word_view``s, on
+    out's device; out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up."""
     work = [(w, slot) for w, slot in items if w.numel()]
     for at in range(0, len(work), PER_LAUNCH):
         chunk = work[at:at + PER_LAUNCH]
@@ -128,19 +97,13 @@ def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, s
             programs += triton.cdiv(w.numel(), BLOCK)
             args += [w, w.numel(), slot]
         args += [out, 0, 0] * (PER_LAUNCH - len(chunk))  # unused: no program reaches them
-        _fingerprints[(programs,)](out, *args, SIGN=sign, COUNT=len(chunk), BLOCK=BLOCK)
-
-
-def add_fingerprints(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:
-    """out[slot] += sign x fingerprint(tensor) for each (tensor, slot) of ``items`` (tensors on
-    out's device, out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up."""
-    add_words(out, [(word_view(t), slot) for t, slot in items], sign=sign)
+        _fingerprints[(programs,)](out, *args, SIGN=sign, BLOCK=BLOCK)
 
 
 def fingerprints(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """int64 [len(tensors)] on their device (all on one device): each tensor's fingerprint."""
     out = torch.zeros(len(tensors), dtype=torch.int64, device=tensors[0].device)
-    add_fingerprints(out, [(t, i) for i, t in enumerate(tensors)])
+    add_words(out, [(word_view(t), i) for i, t in enumerate(tensors)])
     return out
 
 
@@ -171,18 +134,12 @@ class Snapshot:
         return [k for k, v in zip(self.names, board.tolist()) if v]
 
 
-_FILLED: dict[tuple, torch.Tensor] = {}
-
-
 def filled_fingerprint(like: torch.Tensor, fill: int) -> torch.Tensor:
     """int64 [1] on like's device: the fingerprint ``like`` (a byte tensor) has when every byte
-    is ``fill``. Computed once per device, size, word width and fill, by the same kernel."""
-    w = word_view(like)
-    key = (str(like.device), like.numel(), w.dtype, fill)
-    if key not in _FILLED:
-        # A start offset into a fresh (aligned) buffer that gives the same word width as like's.
-        start = {torch.int32: 0, torch.uint8: 1}[w.dtype]
-        ref = torch.full((like.numel() + 8,), fill, dtype=torch.uint8, device=like.device)[start:start + like.numel()]
-        assert word_view(ref).dtype == w.dtype
-        _FILLED[key] = fingerprints([ref])
-    return _FILLED[key]
+    is ``fill``, by the same kernel (callers cache it: ``guards.untouched_zones``)."""
+    dtype = word_view(like).dtype
+    # A start offset into a fresh (aligned) buffer that gives the same word width as like's.
+    start = {torch.int32: 0, torch.uint8: 1}[dtype]
+    ref = torch.full((like.numel() + 8,), fill, dtype=torch.uint8, device=like.device)[start:start + like.numel()]
+    assert word_view(ref).dtype == dtype
+    return fingerprints([ref])

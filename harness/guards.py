@@ -75,7 +75,7 @@ def untouched_zones(g: Guarded) -> torch.Tensor:
     from mlafuzz.harness.fingerprint import filled_fingerprint
 
     a, b = g.zones()
-    key = (str(a.device), g.fill, a.numel(), a.data_ptr() % 8, b.numel(), b.data_ptr() % 8)
+    key = (str(a.device), g.fill, a.numel(), a.data_ptr() % 4, b.numel(), b.data_ptr() % 4)  # word_view's widths
     if key not in _UNTOUCHED:
         _UNTOUCHED[key] = -(filled_fingerprint(a, g.fill) + filled_fingerprint(b, g.fill))
     return _UNTOUCHED[key]
@@ -94,9 +94,9 @@ def _byte_to_element(byte_index: int, view: torch.Tensor) -> list[int]:
 
 
 def oob_findings(*, name: str, g: Guarded, op: str, impl: str, case_id: str) -> list[Finding]:
-    full = g.full  # stays on its device: only counts and a few indices cross to the host
-    before = full[:GUARD_BYTES] != g.fill
-    after = full[GUARD_BYTES + g.nbytes:] != g.fill
+    zone_before, zone_after = g.zones()  # stay on their device: only counts and a few indices cross to the host
+    before = zone_before != g.fill
+    after = zone_after != g.fill
     counts = torch.stack((before.sum(), after.sum())).tolist()  # one sync, not two
     n_before, n_after = int(counts[0]), int(counts[1])
     if not (n_before or n_after):

@@ -31,10 +31,10 @@ import torch
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness import redzone
-from mlafuzz.harness.bits import as_bits, differ_flag, same_bits
+from mlafuzz.harness.bits import as_bits, differ_flag, same_bits, word_view
 from mlafuzz.harness.compare import Context, Policy, compare
 from mlafuzz.harness.findings import Finding, Kind, Severity
-from mlafuzz.harness.fingerprint import Snapshot, add_words, word_view
+from mlafuzz.harness.fingerprint import Snapshot, add_words
 from mlafuzz.harness.guards import PATTERNS, Guarded, oob_findings, untouched_zones, write_map_findings
 from mlafuzz.harness.ops import OP_DEFS, OpDef
 from mlafuzz.kernels.registry import ImplEntry

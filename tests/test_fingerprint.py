@@ -13,7 +13,8 @@ if not torch.cuda.is_available():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mlafuzz.harness.fingerprint import Snapshot, add_fingerprints, fingerprints  # noqa: E402
+from mlafuzz.harness.bits import word_view  # noqa: E402
+from mlafuzz.harness.fingerprint import Snapshot, add_words, fingerprints  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -54,10 +55,10 @@ def test_tensors_sharing_a_slot_add_up_and_a_negated_snapshot_cancels():
     a = torch.arange(1000, dtype=torch.int32, device=DEV)
     b = torch.arange(33, dtype=torch.uint8, device=DEV)
     out = torch.zeros(2, dtype=torch.int64, device=DEV)
-    add_fingerprints(out, [(a, 1), (b, 1)])
+    add_words(out, [(word_view(a), 1), (word_view(b), 1)])
     alone = fingerprints([a, b]).tolist()
     assert out.tolist()[1] == (alone[0] + alone[1] + 2**63) % 2**64 - 2**63
-    add_fingerprints(out, [(a, 1), (b, 1)], sign=-1)
+    add_words(out, [(word_view(a), 1), (word_view(b), 1)], sign=-1)
     assert out.tolist() == [0, 0]
 
 
@@ -95,7 +96,6 @@ def test_fuzzed_cases_share_a_handful_of_fingerprint_launch_variants(op, most):
     half speed on the H200."""
     from mlafuzz.generators.draw import draw_spec
     from mlafuzz.generators.materialize import materialize
-    from mlafuzz.harness.fingerprint import word_view
     from mlafuzz.harness.fuzz import case_seed
     from mlafuzz.harness.ops import OP_DEFS
 
@@ -122,3 +122,15 @@ def test_empty_inputs_at_any_storage_offset_are_fingerprinted_without_error():
     assert snap.changed() == []
     base_u8[5] = 1
     assert snap.changed() == ["full"]
+
+
+def test_equal_bytes_at_addresses_of_different_alignment_are_the_same_bits():
+    """One view's words may be 4 bytes and the other's bytes: compared as bytes then."""
+    from mlafuzz.harness.bits import differ_flag, same_bits
+
+    base = torch.arange(40, dtype=torch.uint8, device=DEV)
+    aligned = base[8:24]
+    odd = base.clone()[7:25][1:17]  # the same 16 bytes, one byte past an aligned address
+    assert same_bits(aligned, odd) and not bool(differ_flag(aligned, odd))
+    odd[3] ^= 1
+    assert not same_bits(aligned, odd) and bool(differ_flag(aligned, odd))
