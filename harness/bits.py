@@ -18,23 +18,26 @@ def word_view(t: torch.Tensor) -> torch.Tensor:
     with 8- or 4-byte words chosen by size, fuzzing compiled twenty-odd variants of the gather
     inputs' launch (seconds each, in every worker). Each view costs a few us of host time: as
     few as the tensor allows."""
-    flat = t.contiguous()
-    if flat.dim() != 1:
-        flat = flat.view(-1)
+    flat = t if t.is_contiguous() else t.contiguous()
+    n = flat.numel()
     # An empty tensor reports address 0 whatever its storage offset: wider views could refuse it.
-    if flat.numel() == 0 or (flat.numel() * flat.element_size()) % 4 or flat.data_ptr() % 4:
-        return flat.view(torch.uint8)
+    if n == 0 or (n * flat.element_size()) % 4 or flat.data_ptr() % 4:
+        return flat.reshape(-1).view(torch.uint8)
+    # Words in the tensor's own shape where torch allows it (one view op, or none): the
+    # fingerprint reads numel() words from the address, whatever the shape.
     if flat.dtype == torch.int32:
         return flat
-    if flat.element_size() <= 4:
+    if flat.dim() and (flat.shape[-1] * flat.element_size()) % 4 == 0:
         return flat.view(torch.int32)
-    return flat.view(torch.uint8).view(torch.int32)
+    return flat.reshape(-1).view(torch.uint8).view(torch.int32)
 
 
 def _alike(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a's and b's bytes as words of one width (b moved to a's device): bytes when their
     addresses allow different widths."""
     wa, wb = word_view(a), word_view(b.to(a.device))
+    if wa.shape != wb.shape or wa.dtype != wb.dtype:  # word views keep their tensor's shape
+        wa, wb = wa.reshape(-1), wb.reshape(-1)
     if wa.dtype != wb.dtype:
         return wa.view(torch.uint8), wb.view(torch.uint8)
     return wa, wb

@@ -34,21 +34,26 @@ import triton
 import triton.language as tl
 
 from mlafuzz.harness.bits import word_view
+from mlafuzz.oracles.launch import Launcher
 
 BLOCK = 4096
 PER_LAUNCH = 8
 
 
 @triton.jit
-def _fold(words_ptr, n, block, out_ptr, SIGN: tl.constexpr, BLOCK: tl.constexpr):
-    """Adds SIGN x (this block's share of the fingerprint of the n words at words_ptr) to out."""
+def _fold(words_ptr, n, block, out_ptr, mirror, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Adds SIGN x (this block's share of the fingerprint of the n words at words_ptr) to out[0],
+    and to out[mirror] too when mirror is not 0."""
     offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     w = tl.load(words_ptr + offs, mask=offs < n, other=0).to(tl.int64).to(tl.uint64, bitcast=True)
     idx = offs.to(tl.uint64, bitcast=True)
     x = (w ^ (idx * 0x9E3779B97F4A7C15)) * 0xBF58476D1CE4E5B9
     x = x ^ (x >> 32)
     x = tl.where(offs < n, x, 0)
-    tl.atomic_add(out_ptr, tl.sum(x, axis=0).to(tl.int64, bitcast=True) * SIGN)
+    share = tl.sum(x, axis=0).to(tl.int64, bitcast=True) * SIGN
+    tl.atomic_add(out_ptr, share)
+    if mirror != 0:
+        tl.atomic_add(out_ptr + mirror, share)
 
 
 # The launch's scalars (sizes, slots) change with every case: specializing on them (Triton's
@@ -56,48 +61,57 @@ def _fold(words_ptr, n, block, out_ptr, SIGN: tl.constexpr, BLOCK: tl.constexpr)
 # the tensors' addresses (16-byte aligned or not). A variant per combination of word widths is left.
 # Each argument also costs host time at every launch (~1 us): the programs' split is computed here
 # from the sizes rather than passed, and the sign is a constexpr.
-_SCALARS = [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
+_SCALARS = [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"] + ["mirror"]
 
 
 @triton.jit
-def _share(words_ptr, n, out_ptr, pid, start, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+def _share(words_ptr, n, out_ptr, mirror, pid, start, SIGN: tl.constexpr, BLOCK: tl.constexpr):
     """The programs [start, start + cdiv(n, BLOCK)) fold the n words at words_ptr into out;
     returns where the next tensor's programs start (n = 0: an unused slot, no programs)."""
     stop = start + tl.cdiv(n, BLOCK)
     if (pid >= start) & (pid < stop):
-        _fold(words_ptr, n, pid - start, out_ptr, SIGN, BLOCK)
+        _fold(words_ptr, n, pid - start, out_ptr, mirror, SIGN, BLOCK)
     return stop
 
 
 @triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=[f"p{j}" for j in range(PER_LAUNCH)])
 def _fingerprints(out_ptr, p0, n0, s0, p1, n1, s1, p2, n2, s2, p3, n3, s3, p4, n4, s4, p5, n5, s5, p6, n6, s6,
-                  p7, n7, s7, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+                  p7, n7, s7, mirror, SIGN: tl.constexpr, BLOCK: tl.constexpr):
     """Tensor j (n_j words at p_j) owns the programs after tensor j - 1's and adds SIGN x its
-    fingerprint into out[s_j]. A program's branch is uniform (one scalar compare per tensor)."""
+    fingerprint into out[s_j] (and out[s_j + mirror] when mirror is not 0). A program's branch
+    is uniform (one scalar compare per tensor)."""
     pid = tl.program_id(0)
-    end = _share(p0, n0, out_ptr + s0, pid, 0, SIGN, BLOCK)
-    end = _share(p1, n1, out_ptr + s1, pid, end, SIGN, BLOCK)
-    end = _share(p2, n2, out_ptr + s2, pid, end, SIGN, BLOCK)
-    end = _share(p3, n3, out_ptr + s3, pid, end, SIGN, BLOCK)
-    end = _share(p4, n4, out_ptr + s4, pid, end, SIGN, BLOCK)
-    end = _share(p5, n5, out_ptr + s5, pid, end, SIGN, BLOCK)
-    end = _share(p6, n6, out_ptr + s6, pid, end, SIGN, BLOCK)
-    _share(p7, n7, out_ptr + s7, pid, end, SIGN, BLOCK)
+    end = _share(p0, n0, out_ptr + s0, mirror, pid, 0, SIGN, BLOCK)
+    end = _share(p1, n1, out_ptr + s1, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p2, n2, out_ptr + s2, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p3, n3, out_ptr + s3, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p4, n4, out_ptr + s4, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p5, n5, out_ptr + s5, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p6, n6, out_ptr + s6, mirror, pid, end, SIGN, BLOCK)
+    _share(p7, n7, out_ptr + s7, mirror, pid, end, SIGN, BLOCK)
 
 
-def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1) -> None:
+_LAUNCH = Launcher(_fingerprints)
+
+
+def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1,
+              mirror: int = 0) -> None:
     """out[slot] += sign x fingerprint for each (words, slot) of ``items`` (``word_view``s, on
-    out's device; out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up."""
+    out's device; out int64), and out[slot + mirror] too when mirror is not 0: one launch per
+    PER_LAUNCH tensors. Tensors sharing a slot add up."""
     work = [(w, slot) for w, slot in items if w.numel()]
     for at in range(0, len(work), PER_LAUNCH):
         chunk = work[at:at + PER_LAUNCH]
         args: list = []
         programs = 0
         for w, slot in chunk:
-            programs += triton.cdiv(w.numel(), BLOCK)
+            programs += -(-w.numel() // BLOCK)  # not triton.cdiv: ~5 us a call from the host
             args += [w, w.numel(), slot]
         args += [out, 0, 0] * (PER_LAUNCH - len(chunk))  # unused: no program reaches them
-        _fingerprints[(programs,)](out, *args, SIGN=sign, BLOCK=BLOCK)
+        # The variant: out's alignment (specialized), each slot's word dtype and int width (the
+        # rest is do_not_specialize); the unused slots follow from the count.
+        key = (out.dtype, out.data_ptr() % 16 == 0, tuple((w.dtype, w.numel() < 2**31) for w, _ in chunk))
+        _LAUNCH(key, programs, [out, *args, mirror], {"SIGN": sign, "BLOCK": BLOCK})
 
 
 def fingerprints(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -110,8 +124,14 @@ def fingerprints(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 class Snapshot:
     """What a case's inputs held before a call: ``neg``, int64 [len(names)] on their device, the
     negated fingerprint of each (in ``names`` order). Add the fingerprints of the same input
-    tensors after a call into a copy of it (``add_words(board, snap.items())``): a nonzero slot
-    is an input the call changed."""
+    tensors after a call into a copy of it (``board``, then ``add_words(board, snap.items())``):
+    a nonzero slot is an input the call changed.
+
+    The snapshot's one launch also writes the negated fingerprints into a first board (a mirror
+    of ``neg`` in the same allocation, with BOARD_EXTRA zeroed slots after it), handed out by the
+    first ``board()``: a fresh case's check then makes its board without another device op."""
+
+    BOARD_EXTRA = 16
 
     def __init__(self, inputs: dict[str, torch.Tensor], *, device: str | torch.device) -> None:
         self.names = list(inputs)
@@ -119,8 +139,18 @@ class Snapshot:
         # tensors, so the same views (a non-contiguous input's copy is taken again in changed()).
         self._words = [word_view(t) if t.is_contiguous() else None for t in inputs.values()]
         self._strided = {k: t for k, t in inputs.items() if not t.is_contiguous()}
-        self.neg = torch.zeros(len(self.names), dtype=torch.int64, device=device)
-        add_words(self.neg, self.items(), sign=-1)
+        n = len(self.names)
+        buf = torch.zeros(2 * n + self.BOARD_EXTRA, dtype=torch.int64, device=device)
+        self.neg, self._first = buf[:n], buf[n:]
+        add_words(buf, self.items(), sign=-1, mirror=n)
+
+    def board(self, extra: int) -> torch.Tensor:
+        """A fresh int64 [len(names) + extra] on the device: ``neg``, then ``extra`` zeros."""
+        n = len(self.names)
+        if self._first is not None and extra <= self.BOARD_EXTRA:
+            first, self._first = self._first, None
+            return first[:n + extra]
+        return torch.cat([self.neg, _zeros(extra, self.neg.device)])
 
     def items(self, *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
         """(words, slot) pairs of the snapshot's input tensors now, for add_words, slots from ``at``."""
@@ -132,6 +162,17 @@ class Snapshot:
         board = self.neg.clone()
         add_words(board, self.items())
         return [k for k, v in zip(self.names, board.tolist()) if v]
+
+
+_ZEROS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _zeros(n: int, device: torch.device) -> torch.Tensor:
+    """A cached int64 zero vector of n elements (only ever read: torch.cat copies it)."""
+    z = _ZEROS.get((str(device), n))
+    if z is None:
+        z = _ZEROS[(str(device), n)] = torch.zeros(n, dtype=torch.int64, device=device)
+    return z
 
 
 def filled_fingerprint(like: torch.Tensor, fill: int) -> torch.Tensor:

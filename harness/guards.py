@@ -68,20 +68,21 @@ def _zones(full: torch.Tensor, nbytes: int) -> torch.Tensor:
     return full.as_strided((2, GUARD_BYTES), (GUARD_BYTES + nbytes, 1))
 
 
-def untouched_zones(g: Guarded) -> torch.Tensor:
-    """int64 [1] on g's device: minus the summed fingerprints (harness.fingerprint) of g's two guard
-    zones while every byte holds the fill. Adding their fingerprints after a call gives 0 unless
-    a guard byte was written (``oob_findings`` then says which). No sync; cached per layout."""
+def untouched_zones(g: Guarded) -> int:
+    """The summed fingerprints (harness.fingerprint) of g's two guard zones while every byte
+    holds the fill: the zones' fingerprint after a call differs unless no guard byte was written
+    (``oob_findings`` then says which). Cached per layout, as a host int: the one sync is the
+    first use of a layout's, and a check compares its board's value with it on the host."""
     from mlafuzz.harness.fingerprint import filled_fingerprint
 
     a, b = g.zones()
     key = (str(a.device), g.fill, a.numel(), a.data_ptr() % 4, b.numel(), b.data_ptr() % 4)  # word_view's widths
     if key not in _UNTOUCHED:
-        _UNTOUCHED[key] = -(filled_fingerprint(a, g.fill) + filled_fingerprint(b, g.fill))
+        _UNTOUCHED[key] = int(filled_fingerprint(a, g.fill) + filled_fingerprint(b, g.fill))
     return _UNTOUCHED[key]
 
 
-_UNTOUCHED: dict[tuple, torch.Tensor] = {}
+_UNTOUCHED: dict[tuple, int] = {}
 
 
 def _byte_to_element(byte_index: int, view: torch.Tensor) -> list[int]:

@@ -186,21 +186,8 @@ def _writer_fast_check(case: Case, outputs: Outputs, second: Outputs | None, fla
     if not isinstance(after, torch.Tensor):
         return False
     return writer_records_flag(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
-                               kv_cache_after=after, slot_mapping=t["slot_mapping"], owners=_writer_owners(case),
+                               kv_cache_after=after, slot_mapping=t["slot_mapping"],
                                flag=flag) is not None
-
-
-def _writer_owners(case: Case) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The case's slot -> token map for the fused writer check, computed once per case."""
-    from mlafuzz.oracles.fast_writer import slot_owners
-
-    if "writer_owners" not in case.memo:
-        cache, slots = case.tensors["kv_cache"], case.tensors["slot_mapping"]
-        ok = (cache.dim() == 3 and not slots.dtype.is_floating_point and not slots.is_complex()
-              and slots.dtype != torch.bool and slots.device == cache.device)
-        case.memo["writer_owners"] = (slot_owners(slot_mapping=slots, num_slots=cache.shape[0] * cache.shape[1])
-                                      if ok else None)
-    return case.memo["writer_owners"]
 
 
 OP_DEFS: dict[str, OpDef] = {

@@ -24,7 +24,7 @@ import time
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import torch
 
@@ -81,7 +81,7 @@ def call_impl(*, opdef: OpDef, fn: Callable, case: Case, fill: int,
     the call (an asynchronous kernel error then surfaces at the caller's next sync; red-zone
     checks always sync)."""
     if share:  # views: the impl can change their data (the fingerprints see it), not the case's tensor objects
-        reuse = {k: v.view(v.shape) for k, v in case.tensors.items() if v is not None}
+        reuse = {k: v.view(v.shape) for k, v in case.tensors.items() if v is not None and k not in opdef.inplace}
     keep = {k: v for k, v in (reuse or {}).items() if k in case.tensors and k not in opdef.inplace}
     inputs = {**case.cloned_tensors(skip=keep.keys()), **keep}
     guards: dict[str, Guarded] = {}
@@ -179,13 +179,18 @@ _FAST_FAILED: list[str] = []  # warn once per op and process
 _STAGES: dict[str, float] | None = None  # set by timed_stages() (mlafuzz bench --harness)
 
 
-@contextlib.contextmanager
-def _stage(name: str, device: str) -> Iterator[None]:
+def _stage(name: str, device: str) -> ContextManager[None]:
     """Adds the (device-synchronized) seconds of the block to stage ``name`` while a
-    ``timed_stages()`` is open; otherwise does nothing."""
-    if _STAGES is None:
-        yield
-        return
+    ``timed_stages()`` is open; otherwise does nothing (a shared null context: the fast path
+    enters several per case, and a generator-based one costs a few us each)."""
+    return _NULL if _STAGES is None else _timed_stage(name, device)
+
+
+_NULL = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _timed_stage(name: str, device: str) -> Iterator[None]:
     sync(device)
     t0 = time.perf_counter()
     yield
@@ -269,9 +274,10 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
 
     Every check writes into one device int64 vector, the board, read by one sync: a slot per
     input (starting from its negated fingerprint, the fingerprint after the calls added: 0 while
-    unchanged), a slot per guarded output of each call (the same, against its fill), and the
-    fused check's two slots. Host time is what this path spends most on, so: no sync between
-    the calls and the checks, one launch for all the fingerprints, one op to build the board."""
+    unchanged), the fused check's two slots, and a slot per guarded output of each call (its
+    zones' fingerprint, against their fill's). Host time is what this path spends most on, so:
+    no sync between the calls and the checks, one launch for all the fingerprints, and a fresh
+    case's board comes from its snapshot's launch (``Snapshot.board``)."""
     dev = case.device
     snap = _snapshot(opdef, case)
     with _stage("run", dev):
@@ -290,15 +296,18 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
                 if t is not None]
     guards = [(f"wrote into {name}'s guard zones", g) for c in (first, second) if c is not None
               for name, g in c.guards.items()]
-    at = len(snap.names) + len(guards)  # the fused check's two slots
-    board = torch.cat([snap.neg, *(untouched_zones(g) for _, g in guards), _zeros(2, dev)])
+    # The board: the inputs' slots, the fused check's two, then one per guarded output of each call.
+    at = len(snap.names)
+    zones_at = at + 2
+    board = snap.board(2 + len(guards))
+    with _stage("inputs", dev):  # after the calls: the inputs are the case's own tensors, shared
+        # Launched before the fused check: the GPU runs it while the host prepares that one.
+        add_words(board, snap.items()  # one launch for all
+                  + [(word_view(z), zones_at + j) for j, (_, g) in enumerate(guards) for z in g.zones()])
     with _stage("oracle", dev):
         both = second.outputs if second is not None and opdef.guarded else None
-        judged = not troubles and _quietly(lambda: opdef.fast_check(case, first.outputs, both, board[at:]),
+        judged = not troubles and _quietly(lambda: opdef.fast_check(case, first.outputs, both, board[at:zones_at]),
                                            case.op, False)
-    with _stage("inputs", dev):  # after the calls: the inputs are the case's own tensors, shared
-        add_words(board, snap.items()  # one launch for all
-                  + [(word_view(z), len(snap.names) + j) for j, (_, g) in enumerate(guards) for z in g.zones()])
     extra: list[tuple[str, torch.Tensor]] = []  # outputs the impl allocated, against a second run's
     if second is not None and second.error is None:
         for name, a in (first.outputs or {}).items():
@@ -310,9 +319,11 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
     except RuntimeError:  # an asynchronous error of a call (no sync after it): the full path syncs each
         return False, "", None
     changed = [name for name, v in zip(snap.names, values) if v]
+    # A guarded output's zones against their fill's fingerprint (a host int, cached per layout:
+    # asked for after the sync, so a new layout's own sync cannot meet a call's pending error).
     flagged = ([f"changed its input {name}" for name in changed]
-               + [what for (what, _), v in zip(guards, values[len(snap.names):at]) if v]
-               + [what for (what, _), v in zip(extra, values[at + 2:]) if v])
+               + [what for j, (what, g) in enumerate(guards) if values[zones_at + j] != untouched_zones(g)]
+               + [what for (what, _), v in zip(extra, values[zones_at + len(guards):]) if v])
     verdict = max(values[at:at + 2]) if judged else 2  # 2: a case it does not handle, a sign of nothing
     if verdict == 1:
         flagged.insert(0, "gave outputs the fused check found different from the oracle's")
@@ -326,17 +337,6 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
                                            "case could not be rebuilt from its spec and seed to say where)")
                            for name in changed]
     return False, "; ".join(seen), None
-
-
-_ZEROS: dict[str, torch.Tensor] = {}
-
-
-def _zeros(n: int, device: str) -> torch.Tensor:
-    """A cached int64 zero vector (only ever read: torch.cat copies it)."""
-    z = _ZEROS.get(device)
-    if z is None or z.numel() < n:
-        z = _ZEROS[device] = torch.zeros(max(n, 8), dtype=torch.int64, device=device)
-    return z[:n]
 
 
 def _trouble(opdef: OpDef, call: Call | None, label: str) -> str | None:

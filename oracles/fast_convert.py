@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mlafuzz.oracles.launch import Launcher, args_key
+
 
 @triton.jit
 def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_ptr, bad_ptr,
@@ -51,6 +53,9 @@ def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_p
     tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
 
 
+_CHECK = Launcher(_check_convert)
+
+
 def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor,
                       block_size: int, has_prefill_workspace: bool, prefill_workspace_request_ids,
                       prefill_workspace_starts, out: torch.Tensor,
@@ -82,12 +87,12 @@ def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_
     num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
     bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=out.device)
     outc = out.contiguous()
-    _check_convert[(n,)](req_id.contiguous(), block_table, token_indices, outc,
-                         valid_counts if valid_counts is not None else outc, pw.contiguous(), ps.contiguous(), bad,
-                         block_table.shape[0], block_table.shape[1], num_starts, block_table.stride(0),
-                         block_table.stride(1), token_indices.stride(0), token_indices.stride(1), outc.stride(0),
-                         block_size, K=k, TILE=tile, HAS_PREFILL=bool(has_prefill_workspace),
-                         HAS_COUNTS=valid_counts is not None)
+    args = (req_id.contiguous(), block_table, token_indices, outc,
+            valid_counts if valid_counts is not None else outc, pw.contiguous(), ps.contiguous(), bad,
+            block_table.shape[0], block_table.shape[1], num_starts, block_table.stride(0),
+            block_table.stride(1), token_indices.stride(0), token_indices.stride(1), outc.stride(0), block_size)
+    _CHECK(args_key(args), n, args, {"K": k, "TILE": tile, "HAS_PREFILL": bool(has_prefill_workspace),
+                                     "HAS_COUNTS": valid_counts is not None})
     return bad
 
 

@@ -36,14 +36,14 @@ synchronized across warps.
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import torch
 import triton
 import triton.language as tl
 from mlafuzz.oracles.gather import row_records
-from mlafuzz.oracles.triton_ieee import mul_rn, quiet, use_asm
+from mlafuzz.oracles.launch import Launcher, args_key
+from mlafuzz.oracles.triton_ieee import mul_rn, quiet, use_asm, use_cvt
 
 ROW_DIM = 576
 
@@ -250,9 +250,10 @@ def record_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, worksp
     ws = workspace_starts.reshape(-1)
     ss = seq_starts.reshape(-1) if seq_starts is not None else ws
     block = 1024
-    _record_map[(triton.cdiv(total, block),)](
-        ws, ss, block_table, out, total, batch_size, ws.stride(0), ss.stride(0), block_table.stride(0),
-        block_table.stride(1), src_cache.shape[1], HAS_SS=seq_starts is not None, BLOCK=block)
+    args = (ws, ss, block_table, out, total, batch_size, ws.stride(0), ss.stride(0), block_table.stride(0),
+            block_table.stride(1), src_cache.shape[1])
+    _MAP(args_key(args), -(-total // block), args,  # not triton.cdiv: ~5 us a call from the host
+         {"HAS_SS": seq_starts is not None, "BLOCK": block})
     if str(dev) not in _MAP_TRUSTED:  # once per device and process: held to the oracle's mapping here too
         slow = _torch_offsets(src_cache=src_cache, block_table=block_table, workspace_starts=workspace_starts,
                               batch_size=batch_size, seq_starts=seq_starts, total=total)
@@ -275,24 +276,18 @@ def _torch_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, worksp
     return (block * bs + entry) * 656
 
 
+_ROWS, _MAP = Launcher(_rows), Launcher(_record_map)
+
+
 def _launch(*, mode: int, cache: torch.Tensor, dst: torch.Tensor, dst2: torch.Tensor | None,
             rec: torch.Tensor, bad: torch.Tensor) -> None:
     other = dst2 if dst2 is not None else dst
     total = dst.shape[0]
     with quiet():
-        _rows[(triton.cdiv(total, ROWS_PER_PROGRAM),)](
-            cache, rec, dst, other, bad, total, dst.stride(0) // 2, other.stride(0) // 2, MODE=mode,
-            ROWS=ROWS_PER_PROGRAM, USE_ASM=use_asm(dst.device), USE_CVT=use_cvt(dst.device), num_warps=NUM_WARPS)
-
-
-def use_cvt(device: torch.device) -> bool:
-    """The USE_CVT constexpr: the PTX e4m3x2 conversion exists from sm_89 on."""
-    return use_asm(device) and _capability(device.index if device.index is not None else -1) >= (8, 9)
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index if index >= 0 else None)
+        args = (cache, rec, dst, other, bad, total, dst.stride(0) // 2, other.stride(0) // 2)
+        _ROWS(args_key(args), -(-total // ROWS_PER_PROGRAM), args,
+              {"MODE": mode, "ROWS": ROWS_PER_PROGRAM, "USE_ASM": use_asm(dst.device), "USE_CVT": use_cvt(dst.device)},
+              num_warps=NUM_WARPS)
 
 
 def contiguous_records(src_cache: torch.Tensor) -> torch.Tensor | None:

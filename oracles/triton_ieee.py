@@ -8,6 +8,7 @@ under the CPU interpreter it is numpy's f32 arithmetic, which is IEEE and keeps 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import ContextManager
 
@@ -22,6 +23,16 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 def use_asm(device: torch.device) -> bool:
     """The USE_ASM constexpr of a launch on ``device``: PTX on a compiled GPU kernel only."""
     return device.type == "cuda" and not INTERPRETED
+
+
+def use_cvt(device: torch.device) -> bool:
+    """The USE_CVT constexpr: the PTX e4m3x2 conversions exist from sm_89 on."""
+    return use_asm(device) and _capability(device.index if device.index is not None else -1) >= (8, 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index if index >= 0 else None)
 
 
 def quiet() -> ContextManager:

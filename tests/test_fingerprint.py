@@ -76,6 +76,24 @@ def test_a_snapshot_names_each_changed_input_large_or_small():
     assert snap.changed() == ["big", "b", "strided"]
 
 
+def test_every_board_of_a_snapshot_starts_from_its_negated_fingerprints_and_zeros():
+    """The first board (written by the snapshot's own launch) and the later ones (copies) are
+    alike, and a check writing into one changes neither the snapshot nor the next board."""
+    inputs = {"a": torch.arange(5000, dtype=torch.int32, device=DEV), "b": torch.ones(7, device=DEV)}
+    snap = Snapshot(inputs, device=DEV)
+    neg = snap.neg.tolist()
+    assert all(neg) and neg == [-v for v in fingerprints(list(inputs.values())).tolist()]
+    first = snap.board(3)
+    assert first.tolist() == neg + [0, 0, 0]
+    first.fill_(7)
+    add_words(first, snap.items())
+    assert snap.neg.tolist() == neg
+    assert snap.board(2).tolist() == neg + [0, 0] and snap.board(Snapshot.BOARD_EXTRA + 4).tolist()[:2] == neg
+    later = snap.board(2)
+    add_words(later, snap.items())
+    assert later.tolist() == [0, 0, 0, 0] and snap.changed() == []
+
+
 @pytest.mark.parametrize("start, nbytes", [(0, 4096), (4, 4100), (1, 4096), (0, 1001)])
 def test_a_filled_zone_fingerprint_is_what_the_kernel_gives_that_zone_and_a_write_moves_it(start, nbytes):
     """The guard zones' expected fingerprint, for each word width an address and size give."""

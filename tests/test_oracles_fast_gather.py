@@ -21,6 +21,7 @@ from mlafuzz.generators.catalog import EXTREME_SCALES, NONFINITE_SCALES, SUBNORM
 from mlafuzz.generators.materialize import materialize  # noqa: E402
 from mlafuzz.oracles import gather as og  # noqa: E402
 from mlafuzz.oracles.fast_gather import _bad_pairs, _nan_halves, _unlike_pairs, gather_rows_match  # noqa: E402
+from mlafuzz.oracles.launch import Launcher  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -188,7 +189,7 @@ def test_a_one_launch_map_that_disagrees_with_the_oracles_on_first_use_is_not_tr
     t, p = case.tensors, case.params
     args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
                 batch_size=p["batch_size"], seq_starts=t["seq_starts"], total=p["total"])
-    monkeypatch.setattr(fg, "_record_map", Broken())
+    monkeypatch.setattr(fg, "_MAP", Launcher(Broken()))
     monkeypatch.setattr(fg, "_MAP_TRUSTED", {})
     with pytest.warns(RuntimeWarning, match="disagrees with the oracle"):
         first = fg.record_offsets(**args)

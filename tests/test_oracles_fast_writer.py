@@ -189,6 +189,28 @@ def test_duplicate_out_of_range_and_short_inputs_say_no_without_raising():
     assert _match(t, after[:, :2]) is False
 
 
+def test_checks_of_interleaved_cases_and_a_smaller_cache_after_a_bigger_see_only_their_own_slots():
+    """The slot -> token map is one buffer per device, reused without clearing: entries left by
+    earlier checks (other slots, a larger cache, a duplicate's trouble mark) must read as empty."""
+    a = _case(WriterValues.NORMAL, InputDtype.BF16, 11, padding=False)
+    b = _case(WriterValues.NORMAL, InputDtype.BF16, 12, padding=False)
+    big = _tensors(a["kv_c"], a["k_pe"], a["slot_mapping"] + 256, 40, 16)  # slots past a's cache
+    dup = dict(b, slot_mapping=b["slot_mapping"].clone())
+    dup["slot_mapping"][1] = dup["slot_mapping"][0]
+    for t in (a, big, dup, b, a, b):
+        args = dict(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"], kv_cache_after=_expected(t),
+                    slot_mapping=t["slot_mapping"])
+        if t is dup:
+            assert writer_records_flag(**args).tolist() == [2]
+            continue
+        assert _match(t, _expected(t)), "a correct cache read as wrong"  # dup's trouble mark is not this check's
+        wrong = _expected(t)
+        wrong.view(-1, 656)[int(t["slot_mapping"][0]), 5] ^= 1
+        assert not _match(t, wrong)
+    untouched = dict(a, slot_mapping=torch.full_like(a["slot_mapping"], -1))  # writes nothing
+    assert _match(untouched, untouched["kv_cache"].clone())
+
+
 def test_layouts_extra_rows_int32_slots_and_fp8_input_cache():
     t = _case(WriterValues.WIDE, InputDtype.BF16, 5)
     after = _expected(t)
@@ -244,24 +266,27 @@ _PTX_SCRIPT = textwrap.dedent("""
         sys.exit(0)
     from mlafuzz.oracles.fast_writer import _check_records
     for is_bf16 in (True, False):
-        sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv_ptr": "*bf16" if is_bf16 else "*fp16",
-               "pe_ptr": "*bf16" if is_bf16 else "*fp16", "inv_ptr": "*i32", "trouble_ptr": "*i32",
-               "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32",
-               "IS_BF16": "constexpr", "USE_ASM": "constexpr"}
-        src = ASTSource(fn=_check_records, signature=sig, constexprs={"IS_BF16": is_bf16, "USE_ASM": True})
-        try:
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-        except ImportError as exc:
-            print("SKIP", exc)
-            sys.exit(0)
-        ptx = k.asm["ptx"]
-        assert "div.rn.f32" in ptx, "no div.rn.f32"
-        assert "div.full" not in ptx and "div.approx" not in ptx, "an inexact division"
+        for use_cvt in (True, False):
+            sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv_ptr": "*bf16" if is_bf16 else "*fp16",
+                   "pe_ptr": "*bf16" if is_bf16 else "*fp16", "inv_ptr": "*i64", "gen": "i32",
+                   "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32",
+                   "IS_BF16": "constexpr", "USE_ASM": "constexpr", "USE_CVT": "constexpr"}
+            src = ASTSource(fn=_check_records, signature=sig,
+                            constexprs={"IS_BF16": is_bf16, "USE_ASM": True, "USE_CVT": use_cvt})
+            try:
+                k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+            except ImportError as exc:
+                print("SKIP", exc)
+                sys.exit(0)
+            ptx = k.asm["ptx"]
+            assert "div.rn.f32" in ptx, "no div.rn.f32"
+            assert "div.full" not in ptx and "div.approx" not in ptx, "an inexact division"
+            assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == use_cvt, "the e4m3 encode is not the one asked for"
     print("OK")
 """)
 
 
-def test_the_gpu_build_compiles_offline_with_ieee_division():
+def test_the_gpu_build_compiles_offline_with_ieee_division_and_the_asked_e4m3_encode():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     if res.stdout.startswith("SKIP"):

@@ -1,0 +1,75 @@
+"""Cheaper host-side launches of the fused checks' Triton kernels, for the GPU fast path.
+
+A fast-path check is host-bound: on the H200's host, ``kernel[grid](...)`` costs ~28 us for the
+25-argument fingerprint launch, of which ~14 us is Triton binding the arguments, specializing
+each and looking the variant up. ``Launcher`` asks Triton once per variant (the normal launch,
+which compiles or finds it) and from then on calls that compiled kernel's own launcher,
+``CompiledKernel[grid](*args)``, which takes the same positional arguments.
+
+The variant is the caller's ``key``, and it must determine everything Triton specializes the
+kernel on. ``arg_key`` spells that for an argument:
+
+- a tensor: its dtype, and for a pointer Triton may specialize on alignment, whether its address
+  is a multiple of 16;
+- an int: whether it fits in int32 (Triton's i32 / i64 choice), and, unless the parameter is in
+  ``do_not_specialize``, whether it is 1 and whether it is a multiple of 16.
+
+Constexprs, launch options (num_warps) and the device go into the key too. A coarser key
+would launch a variant compiled for other arguments (say, aligned loads on an unaligned
+pointer), so the keys are computed from the arguments each time, never assumed.
+
+Under the CPU interpreter there is no compiled kernel: every launch is Triton's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+import torch
+
+from mlafuzz.oracles.triton_ieee import INTERPRETED
+
+_I32 = 2**31
+
+
+def arg_key(arg: Any, *, specialized: bool = True) -> Hashable:
+    """What Triton can specialize a kernel on for this argument (see the module docstring);
+    ``specialized=False`` for parameters in do_not_specialize / do_not_specialize_on_alignment."""
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0) if specialized else arg.dtype
+    if isinstance(arg, bool) or not isinstance(arg, int):
+        return (type(arg), arg)
+    fits = -_I32 <= arg < _I32
+    return (fits, arg == 1, arg % 16 == 0) if specialized else fits
+
+
+class Launcher:
+    """``Launcher(jit_fn)(key, grid, args, constexprs, **options)``: launch jit_fn on a 1-D grid
+    with positional ``args`` followed by ``constexprs`` (the kernel's last parameters, in
+    order). ``key`` names the compiled variant; see the module docstring for what it must hold
+    (the device, the constexprs and options are added here)."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+        self._kernels: dict[Hashable, Any] = {}
+
+    def __call__(self, key: tuple, grid: int, args: tuple | list, constexprs: dict[str, Any],
+                 **options: Any) -> None:
+        if INTERPRETED:
+            self._fn[(grid,)](*args, **constexprs, **options)
+            return
+        full = (torch.cuda.current_device(), key, *constexprs.values(), *options.values())
+        kernel = self._kernels.get(full)
+        if kernel is not None:
+            kernel[(grid, 1, 1)](*args, *constexprs.values())
+            return
+        kernel = self._fn[(grid,)](*args, **constexprs, **options)  # Triton's own: compiles or finds it
+        if hasattr(kernel, "result"):  # compiled asynchronously: keep the outcome
+            kernel = kernel.result()
+        if hasattr(kernel, "packed_metadata"):  # a CompiledKernel (a stand-in in a test launches only so)
+            self._kernels[full] = kernel
+
+
+def args_key(args: tuple | list) -> tuple:
+    """The key of a launch whose every argument Triton may specialize on (no do_not_specialize)."""
+    return tuple(arg_key(a) for a in args)
