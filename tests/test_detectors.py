@@ -149,6 +149,16 @@ def test_a_mutated_input_is_input_mutation_and_the_case_is_rebuilt_for_the_full_
     assert run_case(case=case, entry=resolve("gather", "torch"), fast=True).findings == ()
 
 
+def test_on_the_fast_path_a_write_past_dst_moves_its_guard_zones_fingerprint_and_is_oob_write():
+    """The fused check reads dst only; a write into the guard zones shows in their board slot
+    (against the fill's fingerprint), and the full path names it."""
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV)
+    found = run_case(case=case, entry=resolve("gather", "gather_one_row_too_far"), fast=True).findings
+    assert Kind.OOB_WRITE in {f.kind for f in found}, [f.message for f in found]
+    assert Kind.NONDETERMINISM not in {f.kind for f in found}
+    assert run_case(case=case, entry=resolve("gather", "torch"), fast=True, rerun=True).findings == ()
+
+
 def test_a_mutated_input_of_a_case_that_cannot_be_rebuilt_is_still_input_mutation():
     case = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV)
     orphan = dataclasses.replace(case, seed=case.seed + 1)  # its spec and seed make other tensors
