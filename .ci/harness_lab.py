@@ -50,11 +50,11 @@ def main(ops: list[str]) -> None:
     from mlafuzz.oracles.fast_writer import _scatter_owners
 
     small = torch.zeros(16, dtype=torch.int64, device="cuda")
-    slots, inv = small[:8], torch.full((9,), -1, dtype=torch.int32, device="cuda")
+    slots, inv = small[:8], torch.zeros(9, dtype=torch.int64, device="cuda")
     blocks = {"torch.zeros(1)": lambda: torch.zeros(1, device="cuda"),
               "a != b (small)": lambda: small != small,
               "fingerprints (small, Triton)": lambda: fingerprints([small]),
-              "a Triton launch, kernel[grid]()": lambda: _scatter_owners[(1,)](slots, 8, 8, inv, BLOCK=1024),
+              "a Triton launch, kernel[grid]()": lambda: _scatter_owners[(1,)](slots, 8, 8, inv, 1, BLOCK=1024),
               "torch.cuda.synchronize": torch.cuda.synchronize,
               "tolist (1 int)": lambda: small[:1].tolist()}
     for name, fn in blocks.items():
