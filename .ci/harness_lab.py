@@ -57,14 +57,23 @@ def main(ops: list[str]) -> None:
               "a Triton launch, kernel[grid]()": lambda: _scatter_owners[(1,)](slots, 8, 8, inv, 1, BLOCK=1024),
               "torch.cuda.synchronize": torch.cuda.synchronize,
               "tolist (1 int)": lambda: small[:1].tolist()}
+    per_call(blocks)
+
+
+def per_call(blocks: dict, *, calls: int = 200, host_only: bool = False) -> None:
+    """Prints us per call of each block, ``calls`` in a row with no sync between; the time
+    ends after a final sync, or (``host_only``) when the host has issued the last call."""
     for name, fn in blocks.items():
         fn()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(200):
+        for _ in range(calls):
             fn()
+        if not host_only:
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
         torch.cuda.synchronize()
-        print(f"{name:<32} {(time.perf_counter() - t0) / 200 * 1e6:8.1f} us per call")
+        print(f"{name:<34} {(t1 - t0) / calls * 1e6:8.1f} us per call{' (host)' if host_only else ''}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import sys
 import time
 
 import torch
+from harness_lab import per_call  # .ci/, this script's directory
 
 import mlafuzz.harness.runner as runner
 from mlafuzz.generators.materialize import materialize
@@ -124,15 +125,7 @@ def primitives() -> None:
         "fingerprints launch, direct": lambda: direct(out, *args, 1, BLOCK),
         "tolist (8 ints)": lambda: out.tolist(),
     }
-    for name, f in blocks.items():
-        f()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(300):
-            f()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        print(f"{name:<34} {(t1 - t0) / 300 * 1e6:8.1f} us per call (host)")
+    per_call(blocks, calls=300, host_only=True)
 
 
 def writer_check_variants() -> None:

@@ -108,10 +108,11 @@ def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, s
             programs += -(-w.numel() // BLOCK)  # not triton.cdiv: ~5 us a call from the host
             args += [w, w.numel(), slot]
         args += [out, 0, 0] * (PER_LAUNCH - len(chunk))  # unused: no program reaches them
-        # The variant: out's alignment (specialized), each slot's word dtype and int width (the
-        # rest is do_not_specialize); the unused slots follow from the count.
+        # Launcher.key's content, spelled cheaply (26 arguments, twice a check): out's alignment
+        # (specialized), each slot's word dtype and int width (the rest is do_not_specialize);
+        # the unused slots follow from the count.
         key = (out.dtype, out.data_ptr() % 16 == 0, tuple((w.dtype, w.numel() < 2**31) for w, _ in chunk))
-        _LAUNCH(key, programs, [out, *args, mirror], {"SIGN": sign, "BLOCK": BLOCK})
+        _LAUNCH(programs, [out, *args, mirror], {"SIGN": sign, "BLOCK": BLOCK}, key=key)
 
 
 def fingerprints(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -150,7 +151,7 @@ class Snapshot:
         if self._first is not None and extra <= self.BOARD_EXTRA:
             first, self._first = self._first, None
             return first[:n + extra]
-        return torch.cat([self.neg, _zeros(extra, self.neg.device)])
+        return torch.nn.functional.pad(self.neg, (0, extra))  # one op: a copy, zeros after it
 
     def items(self, *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
         """(words, slot) pairs of the snapshot's input tensors now, for add_words, slots from ``at``."""
@@ -162,17 +163,6 @@ class Snapshot:
         board = self.neg.clone()
         add_words(board, self.items())
         return [k for k, v in zip(self.names, board.tolist()) if v]
-
-
-_ZEROS: dict[tuple[str, int], torch.Tensor] = {}
-
-
-def _zeros(n: int, device: torch.device) -> torch.Tensor:
-    """A cached int64 zero vector of n elements (only ever read: torch.cat copies it)."""
-    z = _ZEROS.get((str(device), n))
-    if z is None:
-        z = _ZEROS[(str(device), n)] = torch.zeros(n, dtype=torch.int64, device=device)
-    return z
 
 
 def filled_fingerprint(like: torch.Tensor, fill: int) -> torch.Tensor:

@@ -140,14 +140,21 @@ def input_mutations(case: Case, inputs: Mapping[str, Any], ctx: Context) -> list
     return out
 
 
+def _rerun_pairs(first: Call, second: Call) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, first run's, second run's) of each output the impl allocated, alike in shape and
+    dtype: the ones whose bits a re-run is held to (guarded outputs answer to the write map)."""
+    for name, a in (first.outputs or {}).items():
+        b = (second.outputs or {}).get(name)
+        if (name not in first.guards and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.shape == b.shape and a.dtype == b.dtype):
+            yield name, a, b
+
+
 def _rerun_differs(first: Call, second: Call, ctx: Context) -> list[Finding]:
     """Nondeterminism of outputs the impl allocated (guarded ones use the write map)."""
     out = []
-    for name, a in (first.outputs or {}).items():
-        b = (second.outputs or {}).get(name)
-        if name in first.guards or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-            continue
-        if a.shape == b.shape and a.dtype == b.dtype and not same_bits(a, b):
+    for name, a, b in _rerun_pairs(first, second):
+        if not same_bits(a, b):
             n = int((as_bits(a) != as_bits(b)).sum())
             out.append(Finding(kind=Kind.NONDETERMINISM, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
                                tensor=name, cause=f"{name}:rerun", count=n, total=as_bits(a).numel(),
@@ -308,12 +315,8 @@ def _fast_path(*, opdef: OpDef, case: Case, entry: ImplEntry, fn: Callable,
         both = second.outputs if second is not None and opdef.guarded else None
         judged = not troubles and _quietly(lambda: opdef.fast_check(case, first.outputs, both, board[at:zones_at]),
                                            case.op, False)
-    extra: list[tuple[str, torch.Tensor]] = []  # outputs the impl allocated, against a second run's
-    if second is not None and second.error is None:
-        for name, a in (first.outputs or {}).items():
-            b = (second.outputs or {}).get(name)
-            if name not in first.guards and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-                extra.append((f"gave {name} a second run did not", differ_flag(a, b)))
+    extra = ([(f"gave {name} a second run did not", differ_flag(a, b)) for name, a, b in _rerun_pairs(first, second)]
+             if second is not None and second.error is None else [])  # outputs the impl allocated
     try:  # the one sync
         values = (torch.cat([board, *(f.reshape(1).to(torch.int64) for _, f in extra)]) if extra else board).tolist()
     except RuntimeError:  # an asynchronous error of a call (no sync after it): the full path syncs each

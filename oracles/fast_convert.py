@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mlafuzz.oracles.launch import Launcher, args_key
+from mlafuzz.oracles.launch import Launcher
 
 
 @triton.jit
@@ -91,8 +91,8 @@ def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_
             valid_counts if valid_counts is not None else outc, pw.contiguous(), ps.contiguous(), bad,
             block_table.shape[0], block_table.shape[1], num_starts, block_table.stride(0),
             block_table.stride(1), token_indices.stride(0), token_indices.stride(1), outc.stride(0), block_size)
-    _CHECK(args_key(args), n, args, {"K": k, "TILE": tile, "HAS_PREFILL": bool(has_prefill_workspace),
-                                     "HAS_COUNTS": valid_counts is not None})
+    _CHECK(n, args, {"K": k, "TILE": tile, "HAS_PREFILL": bool(has_prefill_workspace),
+                     "HAS_COUNTS": valid_counts is not None})
     return bad
 
 

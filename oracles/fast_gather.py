@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 from mlafuzz.oracles.gather import row_records
-from mlafuzz.oracles.launch import Launcher, args_key
+from mlafuzz.oracles.launch import Launcher
 from mlafuzz.oracles.triton_ieee import mul_rn, quiet, use_asm, use_cvt
 
 ROW_DIM = 576
@@ -252,7 +252,7 @@ def record_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, worksp
     block = 1024
     args = (ws, ss, block_table, out, total, batch_size, ws.stride(0), ss.stride(0), block_table.stride(0),
             block_table.stride(1), src_cache.shape[1])
-    _MAP(args_key(args), -(-total // block), args,  # not triton.cdiv: ~5 us a call from the host
+    _MAP(-(-total // block), args,  # not triton.cdiv: ~5 us a call from the host
          {"HAS_SS": seq_starts is not None, "BLOCK": block})
     if str(dev) not in _MAP_TRUSTED:  # once per device and process: held to the oracle's mapping here too
         slow = _torch_offsets(src_cache=src_cache, block_table=block_table, workspace_starts=workspace_starts,
@@ -285,7 +285,7 @@ def _launch(*, mode: int, cache: torch.Tensor, dst: torch.Tensor, dst2: torch.Te
     total = dst.shape[0]
     with quiet():
         args = (cache, rec, dst, other, bad, total, dst.stride(0) // 2, other.stride(0) // 2)
-        _ROWS(args_key(args), -(-total // ROWS_PER_PROGRAM), args,
+        _ROWS(-(-total // ROWS_PER_PROGRAM), args,
               {"MODE": mode, "ROWS": ROWS_PER_PROGRAM, "USE_ASM": use_asm(dst.device), "USE_CVT": use_cvt(dst.device)},
               num_warps=NUM_WARPS)
 

@@ -6,8 +6,8 @@ makes from ``kv_cache_before`` (SPEC section 2, "Writer"); no sends the harness
 to the oracle and the comparator. Anything outside the simple case (duplicate
 slots, a slot past the cache, odd dtypes or shapes, mixed devices) is a no.
 
-One program per cache record. A slot -> token map (``inv``, built with one
-scatter) says whether the record is written; if it is, the program recomputes
+One program per cache record. A slot -> token map (``slot_owners``: one
+scatter into a per-device buffer, entries tagged with the check's generation) says whether the record is written; if it is, the program recomputes
 the token's record, else the expected record is the one in ``kv_cache_before``;
 either way it is compared with ``kv_cache_after`` byte for byte (NaN payloads
 included: the writer's bytes are exact). So the whole check reads the cache
@@ -24,7 +24,8 @@ Each step is codec.encode_rows's arithmetic, spelled so nothing can bend it:
   even (on the GPU the PTX ``div.rn.f32``, no ``.ftz``; under the CPU
   interpreter numpy's f32 divide), then the max taken on the bits (the
   quotient is never NaN), so a zero or subnormal quotient becomes FLT_MIN;
-- code = satfinite e4m3fn RNE of x / scale (same IEEE division), done with
+- code = satfinite e4m3fn RNE of x / scale (same IEEE division); on sm_89+ the
+  PTX ``cvt.rn.satfinite.e4m3x2.f32`` with NaN made 0x7F, elsewhere done with
   integer arithmetic on the f32 bits: NaN -> 0x7F whatever its sign; |y|
   clamped to 448 (inf -> 448, code 0x7E); normals (|y| >= 2**-6) round the
   significand to 3 bits with ``+ 0x7FFFF + lsb`` and rebias; below, the code
@@ -39,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mlafuzz.oracles.launch import Launcher, arg_key, args_key
+from mlafuzz.oracles.launch import Launcher
 from mlafuzz.oracles.triton_ieee import div_rn, quiet, use_asm, use_cvt
 
 RECORD_BYTES = 656
@@ -224,9 +225,7 @@ def slot_owners(*, slot_mapping: torch.Tensor, num_slots: int) -> tuple[torch.Te
     n = slots.numel()
     if n:
         block = 1024
-        args = (slots, n, num_slots, inv, gen)
-        key_args = (*args_key(args[:4]), arg_key(gen, specialized=False))
-        _SCATTER(key_args, -(-n // block), args, {"BLOCK": block})  # not triton.cdiv: ~5 us a call
+        _SCATTER(-(-n // block), (slots, n, num_slots, inv, gen), {"BLOCK": block})  # not triton.cdiv: ~5 us a call
     return inv, gen
 
 
@@ -267,7 +266,6 @@ def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_befo
     # on sm_90 that issues ~40% fewer instructions per record than 4 warps (1176 vs 2016).
     with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
         args = (after, before, kv, pe, inv, gen, bad, kv.stride(0), pe.stride(0))
-        key = (*args_key(args[:5]), arg_key(gen, specialized=False), *args_key(args[6:]))
-        _CHECK(key, num_slots, args,
+        _CHECK(num_slots, args,
                {"IS_BF16": kv.dtype == torch.bfloat16, "USE_ASM": use_asm(dev), "USE_CVT": use_cvt(dev)}, num_warps=1)
     return flag if flag is not None else bad.max().reshape(1)

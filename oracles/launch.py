@@ -6,8 +6,9 @@ each and looking the variant up. ``Launcher`` asks Triton once per variant (the 
 which compiles or finds it) and from then on calls that compiled kernel's own launcher,
 ``CompiledKernel[grid](*args)``, which takes the same positional arguments.
 
-The variant is the caller's ``key``, and it must determine everything Triton specializes the
-kernel on. ``arg_key`` spells that for an argument:
+The variant's key must determine everything Triton specializes the kernel on. ``arg_key``
+spells that for an argument, and ``Launcher.key`` for a launch, from the kernel's own
+do_not_specialize lists:
 
 - a tensor: its dtype, and for a pointer Triton may specialize on alignment, whether its address
   is a multiple of 16;
@@ -44,21 +45,33 @@ def arg_key(arg: Any, *, specialized: bool = True) -> Hashable:
 
 
 class Launcher:
-    """``Launcher(jit_fn)(key, grid, args, constexprs, **options)``: launch jit_fn on a 1-D grid
-    with positional ``args`` followed by ``constexprs`` (the kernel's last parameters, in
-    order). ``key`` names the compiled variant; see the module docstring for what it must hold
-    (the device, the constexprs and options are added here)."""
+    """``Launcher(jit_fn)(grid, args, constexprs, **options)``: launch jit_fn on a 1-D grid with
+    positional ``args`` followed by ``constexprs`` (the kernel's last parameters, in order). The
+    variant is keyed by ``arg_key`` of each argument, as the kernel's do_not_specialize and
+    do_not_specialize_on_alignment lists say (the device, constexprs and options are added
+    here); ``key=`` gives a caller's own, cheaper spelling of the same key."""
 
     def __init__(self, fn: Any) -> None:
         self._fn = fn
         self._kernels: dict[Hashable, Any] = {}
+        self._specialized: list[tuple[bool, bool]] | None = None  # per argument: (value, alignment)
 
-    def __call__(self, key: tuple, grid: int, args: tuple | list, constexprs: dict[str, Any],
+    def key(self, args: tuple | list) -> tuple:
+        """What Triton can specialize this kernel on for these arguments."""
+        if self._specialized is None:
+            params = [p for p in getattr(self._fn, "params", ()) if not p.is_constexpr]
+            self._specialized = [(not p.do_not_specialize, not p.do_not_specialize_on_alignment) for p in params]
+        flags = self._specialized or [(True, True)] * len(args)  # a stand-in with no params: everything
+        return tuple(arg_key(a, specialized=align if isinstance(a, torch.Tensor) else value)
+                     for a, (value, align) in zip(args, flags))
+
+    def __call__(self, grid: int, args: tuple | list, constexprs: dict[str, Any], *, key: tuple | None = None,
                  **options: Any) -> None:
         if INTERPRETED:
             self._fn[(grid,)](*args, **constexprs, **options)
             return
-        full = (torch.cuda.current_device(), key, *constexprs.values(), *options.values())
+        full = (torch.cuda.current_device(), self.key(args) if key is None else key, *constexprs.values(),
+                *options.values())
         kernel = self._kernels.get(full)
         if kernel is not None:
             kernel[(grid, 1, 1)](*args, *constexprs.values())
@@ -69,7 +82,3 @@ class Launcher:
         if hasattr(kernel, "packed_metadata"):  # a CompiledKernel (a stand-in in a test launches only so)
             self._kernels[full] = kernel
 
-
-def args_key(args: tuple | list) -> tuple:
-    """The key of a launch whose every argument Triton may specialize on (no do_not_specialize)."""
-    return tuple(arg_key(a) for a in args)

@@ -13,7 +13,9 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from mlafuzz.oracles.launch import Launcher, arg_key, args_key  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+from mlafuzz.oracles.launch import Launcher, arg_key  # noqa: E402
 
 
 def test_keys_tell_apart_what_triton_specializes_on():
@@ -26,7 +28,24 @@ def test_keys_tell_apart_what_triton_specializes_on():
     assert arg_key(2**31 - 1, specialized=False) != arg_key(2**31, specialized=False)
     assert arg_key(3, specialized=False) == arg_key(5, specialized=False)
     assert arg_key(True) != arg_key(1)
-    assert args_key((base, 16)) != args_key((base[1:], 16)) and args_key((base, 16)) == args_key((base[4:8], 16))
+
+
+def _two_params(p, q, n, m, BLOCK):  # the parameters of a kernel, for Launcher.key
+    pass
+
+
+def test_a_launchers_key_follows_the_kernels_do_not_specialize_lists():
+    base = torch.zeros(64, dtype=torch.int32)
+    plain = Launcher(JITFunction(_two_params))
+    loose = Launcher(JITFunction(_two_params, do_not_specialize=["n"], do_not_specialize_on_alignment=["q"]))
+    for launch in (plain, loose):  # specialized on p's alignment and m's value either way
+        assert launch.key((base, base, 16, 16)) != launch.key((base[1:], base, 16, 16))
+        assert launch.key((base, base, 16, 16)) != launch.key((base, base, 16, 17))
+        assert launch.key((base, base, 16, 16)) == launch.key((base[4:8], base, 16, 16))
+    assert plain.key((base, base, 16, 2)) != plain.key((base, base[1:], 16, 2))
+    assert plain.key((base, base, 16, 2)) != plain.key((base, base, 17, 2))
+    assert loose.key((base, base, 16, 2)) == loose.key((base, base[1:], 17, 2))  # q, n: not specialized
+    assert loose.key((base, base, 16, 2)) != loose.key((base, base, 2**31, 2))  # but n's width is
 
 
 @triton.jit
@@ -50,7 +69,7 @@ def test_direct_launches_match_tritons_own_for_every_alignment_and_int_class():
                     s = src[shift:shift + n]
                     got = torch.full((n + shift,), -1, dtype=torch.int32, device="cuda")[shift:]
                     args = (s, got, n, mul)
-                    launch(args_key(args), -(-n // 256), args, {"BLOCK": 256})
+                    launch(-(-n // 256), args, {"BLOCK": 256})
                     assert torch.equal(got, s * mul), (shift, n, mul)
     assert len(launch._kernels) > 1  # variants were told apart, not one reused for all
     assert all(hasattr(k, "packed_metadata") for k in launch._kernels.values())
