@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mlafuzz.harness.bench import WORKLOADS
+from mlafuzz.harness.bench.kernels import WORKLOADS
 from mlafuzz.kernels import cuda_ext
 
 

@@ -1,13 +1,8 @@
-"""mlafuzz.generators: frozen specs, materialize(spec, seed, device), spec strategies, edge catalogs.
+"""mlafuzz.generators: frozen specs, their drawers and materializers, edge-value catalogs.
 
-Must not import mlafuzz.kernels (the generator never knows which implementation runs).
+Shared pieces at this level (spec enums and codec, drawers, cases, paging,
+records, shrink steps, error-input classes); each op's own in ops/<op>.py.
+Importing a module registers nothing: the op table (harness/ops) lists what
+each op uses. Must not import mlafuzz.kernels (the generator never knows
+which implementation runs) nor mlafuzz.harness.
 """
-
-from mlafuzz.generators.spec import (  # noqa: F401
-    SCHEMA_VERSION, ConvertRequest, ConvertSpec, GatherRequest, GatherSpec, Layout, Paging, SpecError,
-    TopkMode, ValueMode, WsForm, spec_from_dict, spec_from_json, spec_to_dict, spec_to_json,
-)
-
-# Ops defined in their own modules register their spec, materializer and drawer on import.
-import mlafuzz.generators.writer  # noqa: E402,F401
-import mlafuzz.generators.step  # noqa: E402,F401

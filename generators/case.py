@@ -28,10 +28,6 @@ class Case:
     device: str
     tensors: Mapping[str, torch.Tensor | None]
     params: Mapping[str, Any] = field(default_factory=dict)
-    # Tensors derived from the case once and reused by its checks (the fused gather check's
-    # row -> record map): the case's tensors never change, so neither do these. Not an init field,
-    # so dataclasses.replace (which makes a case with other tensors) starts an empty one.
-    memo: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensors", types.MappingProxyType(dict(self.tensors)))
@@ -49,6 +45,19 @@ class Case:
         the names in ``skip``."""
         skip = frozenset(skip)
         return {k: _clone_keep_strides(v) for k, v in self.tensors.items() if k not in skip}
+
+
+def local_generator(seed: int) -> torch.Generator:
+    """The case's own CPU generator: all of a case's randomness, never the global RNG."""
+    return torch.Generator(device="cpu").manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def built(*, op: str, spec: Any, seed: int, device: str | torch.device,
+          tensors: Mapping[str, torch.Tensor | None], params: Mapping[str, Any]) -> Case:
+    """The case whose tensors were built (on the CPU) as ``tensors``, moved to ``device``."""
+    dev = torch.device(device)
+    moved = {k: (v.to(dev) if v is not None else None) for k, v in tensors.items()}
+    return Case(op=op, spec=spec, seed=int(seed), device=str(dev), tensors=moved, params=params)
 
 
 def case_id_for(*, op: str, seed: int, spec_json: str) -> str:

@@ -1,6 +1,7 @@
 """Drawing specs: one description, two sources of choices.
 
-The spec drawers are written once against the small ``Drawer`` protocol. The
+Each op's spec drawer (generators/ops/<op>.py ``draw``) is written once against
+the small ``Drawer`` protocol. The
 fuzz loop drives them with ``RandomDrawer`` (a seeded ``random.Random``: cheap,
 deterministic per case seed, shardable); tests and the shrinker drive them with
 ``HypothesisDrawer`` so Hypothesis can shrink every choice towards its minimum
@@ -16,9 +17,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from hypothesis import strategies as st
 
-from mlafuzz.generators.spec import (
-    ConvertRequest, ConvertSpec, GatherRequest, GatherSpec, Layout, Paging, TopkMode, ValueMode, WsForm,
-)
+from mlafuzz.generators.spec import Layout, Paging
 
 T = TypeVar("T")
 
@@ -105,67 +104,24 @@ def draw_paging(d: Drawer, knobs: Knobs) -> Paging:
     )
 
 
-def draw_convert_spec(d: Drawer, knobs: Knobs = SMALL) -> ConvertSpec:
-    prefill_workspace = d.boolean()
-    n = d.integer(1, knobs.max_requests)
-    requests = tuple(
-        ConvertRequest(
-            seq_len=d.integer(0, knobs.max_seq_len),
-            num_tokens=d.integer(1 if i == 0 else 0, knobs.max_tokens_per_request),
-            prefill=prefill_workspace and d.boolean(),
-        )
-        for i in range(n)
-    )
-    block_n = d.choice(knobs.block_ns)
-    return ConvertSpec(
-        requests=requests,
-        paging=draw_paging(d, knobs),
-        topk=block_n * d.choice(knobs.topk_multiples),
-        block_n=block_n,
-        topk_mode=d.choice(list(TopkMode)),
-        prefill_workspace=prefill_workspace,
-        return_valid_counts=not d.boolean(),
-    )
+SpecDrawer = Callable[[Drawer, Knobs], Any]  # an op's ``draw`` (generators/ops/<op>.py)
 
 
-def draw_gather_spec(d: Drawer, knobs: Knobs = SMALL) -> GatherSpec:
-    pass_seq_starts = not d.boolean()
-    n = d.integer(1, knobs.max_requests)
-    requests = []
-    for _ in range(n):
-        ctx = d.integer(0, knobs.max_seq_len)
-        start = d.integer(0, ctx) if pass_seq_starts else 0
-        requests.append(GatherRequest(context_len=ctx, seq_start=start, length=d.integer(0, ctx - start)))
-    return GatherSpec(
-        requests=tuple(requests),
-        paging=draw_paging(d, knobs),
-        values=d.choice(list(ValueMode)),
-        ws_form=d.choice(list(WsForm)),
-        pass_seq_starts=pass_seq_starts,
-    )
+def draw_with_seed(draw: SpecDrawer, *, seed: int, knobs: Knobs = SMALL) -> Any:
+    """The spec of one fuzz case: a pure function of (the op's drawer, seed, knobs)."""
+    return draw(RandomDrawer(seed), knobs)
 
 
-SPEC_DRAWERS: dict[str, Callable[[Drawer, Knobs], Any]] = {
-    "convert": draw_convert_spec,
-    "gather": draw_gather_spec,
-}
-
-
-def draw_spec(op: str, *, seed: int, knobs: Knobs = SMALL) -> Any:
-    """The spec of one fuzz case: a pure function of (op, seed, knobs)."""
-    return SPEC_DRAWERS[op](RandomDrawer(seed), knobs)
-
-
-def specs(op: str, knobs: Knobs = SMALL) -> st.SearchStrategy[Any]:
-    """Hypothesis strategy of specs for ``op``; shrinks towards small, simple batches."""
+def specs(draw: SpecDrawer, knobs: Knobs = SMALL) -> st.SearchStrategy[Any]:
+    """Hypothesis strategy of the specs an op's drawer makes; shrinks towards small, simple batches."""
 
     @st.composite
-    def _specs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> Any:
-        return SPEC_DRAWERS[op](HypothesisDrawer(draw), knobs)
+    def _specs(hyp_draw: Callable[[st.SearchStrategy[Any]], Any]) -> Any:
+        return draw(HypothesisDrawer(hyp_draw), knobs)
 
     return _specs()
 
 
-def cases_strategy(op: str, knobs: Knobs = SMALL) -> st.SearchStrategy[tuple[Any, int]]:
+def cases_strategy(draw: SpecDrawer, knobs: Knobs = SMALL) -> st.SearchStrategy[tuple[Any, int]]:
     """(spec, seed) pairs: what a property test needs to materialize a case."""
-    return st.tuples(specs(op, knobs), st.integers(0, 2**32 - 1))
+    return st.tuples(specs(draw, knobs), st.integers(0, 2**32 - 1))

@@ -1,4 +1,10 @@
-"""The expected-failures ledger: known finding buckets that do not fail a run.
+"""The expected-failures ledger, and the one verdict (``judge``) every edge uses.
+
+``judge`` decides, for the CLI's exit code, the pytest plugin's items and every
+report format alike, which finding buckets fail: an error-severity bucket no
+ledger entry waives. Reports only render its ``Judgement``.
+
+A ledger holds known finding buckets that do not fail a run.
 
 A ledger is a file in the user's repository, TOML (``[[expected]]`` tables) or
 JSON (``{"expected": [...]}`` or a bare list). Each entry names one finding
@@ -25,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from mlafuzz.harness.findings import Finding, Kind, Severity
+from mlafuzz.reports.findings import Finding, Kind, Severity
+from mlafuzz.reports.model import Judgement, Waiver
 
 try:
     import tomllib
@@ -75,14 +82,6 @@ class Ledger:
         hits.sort(key=lambda e: e.cause == WILDCARD)
         return hits[0] if hits else None
 
-    def split(self, findings: Iterable[Finding]) -> tuple[list[Finding], list[Finding]]:
-        """(unexpected, expected): the findings no entry waives, and those one does."""
-        unexpected: list[Finding] = []
-        expected: list[Finding] = []
-        for f in findings:
-            (expected if self.match(f) is not None else unexpected).append(f)
-        return unexpected, expected
-
     def stale(self, findings: Iterable[Finding], *, ran: Iterable[tuple[str, str]] | None = None
               ) -> list[LedgerEntry]:
         """Entries that matched none of ``findings``.
@@ -97,37 +96,34 @@ class Ledger:
                 if id(e) not in matched and (pairs is None or (e.op, e.impl) in pairs)]
 
 
-    def verdict(self, findings: Iterable[Finding], *, ran: Iterable[tuple[str, str]] | None = None) -> "Verdict":
-        """What the ledger makes of a run: error findings it doesn't expect fail; INFO ones never do."""
-        found = list(findings)
-        unexpected, expected = self.split(f for f in found if f.severity is Severity.ERROR)
-        return Verdict(unexpected=tuple(unexpected), expected=tuple(expected),
-                       stale=tuple(self.stale(found, ran=ran)), path=self.path)
+    def waiver(self, entry: LedgerEntry) -> Waiver:
+        return Waiver(index=entry.index, kind=entry.kind, op=entry.op, impl=entry.impl, cause=entry.cause,
+                      issue=entry.issue, note=entry.note, ledger=str(self.path))
 
 
-@dataclass(frozen=True, kw_only=True)
-class Verdict:
-    unexpected: tuple[Finding, ...]
-    expected: tuple[Finding, ...]
-    stale: tuple[LedgerEntry, ...]
-    path: Path
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.unexpected)
-
-    def lines(self) -> list[str]:
-        """For stderr: the expected/unexpected split, then one line per stale entry."""
-        buckets = len({f.dedup_key for f in self.unexpected})
-        head = (f"mlafuzz: ledger {self.path}: {len(self.expected)} expected findings,"
-                f" {len(self.unexpected)} unexpected in {buckets} buckets")
-        return [head, *format_stale(self.stale)]
-
-
-def format_stale(entries: Iterable[LedgerEntry]) -> list[str]:
-    """One line per stale entry, for stderr or a terminal summary."""
-    return [f"mlafuzz: stale ledger entry {e.label()} ({e.issue}) matched no finding; remove it if fixed"
-            for e in entries]
+def judge(findings: Iterable[Finding], *, ledger: Ledger | None = None,
+          ran: Iterable[tuple[str, str]] | None = None) -> Judgement:
+    """The verdict: each finding bucket (``Finding.dedup_key``) is "failure" (an error no ledger
+    entry waives), "expected" (waived) or "info" (only INFO findings: never fails); the run passed
+    when no bucket failed. ``ran``: the (op, impl) pairs fuzzed, for the stale entries."""
+    found = list(findings)
+    groups: dict[tuple[str, str, str, str], list[Finding]] = {}
+    for f in found:
+        groups.setdefault(f.dedup_key, []).append(f)
+    statuses: dict[tuple[str, str, str, str], str] = {}
+    waivers: dict[tuple[str, str, str, str], Waiver] = {}
+    for key, members in groups.items():
+        if not any(f.severity is Severity.ERROR for f in members):
+            statuses[key] = "info"
+            continue
+        entry = next((e for e in map(ledger.match, members) if e is not None), None) if ledger else None
+        if entry is not None:
+            waivers[key] = ledger.waiver(entry)
+        statuses[key] = "expected" if entry is not None else "failure"
+    stale = tuple(ledger.waiver(e) for e in ledger.stale(found, ran=ran)) if ledger else ()
+    matched = tuple(sorted({e.index for f in found for e in ledger.entries if e.matches(f)})) if ledger else ()
+    return Judgement(statuses=statuses, waivers=waivers, stale=stale, matched=matched,
+                     ledger=str(ledger.path) if ledger else None)
 
 
 # --- loading ----------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from mlafuzz.harness.findings import Finding
-    from mlafuzz.harness.fuzz import FuzzSummary
+    from mlafuzz.harness.check.session import Session
     from mlafuzz.harness.ledger import Ledger
-    from mlafuzz.kernels.registry import ImplEntry
+    from mlafuzz.kernels.entry import ImplEntry
 
 SESSION_PLUGIN = "mlafuzz-session"
 MAX_BUCKETS_SHOWN = 5
@@ -107,7 +105,7 @@ class FuzzItem(pytest.Item):
         self.config.pluginmanager.get_plugin(SESSION_PLUGIN).run_item(self)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
-        from mlafuzz.kernels.registry import ImplError
+        from mlafuzz.kernels.entry import ImplError
 
         if isinstance(excinfo.value, (FuzzFailure, ImplError)):
             return str(excinfo.value)
@@ -145,6 +143,7 @@ class FuzzSession:
         self.out_root = Path(out) if out else Path(config.invocation_params.dir) / "mlafuzz-out"
         self.device = self._pick_device(config.getoption("mlafuzz_device"))
         self.ledger = self._load_ledger(config.getoption("mlafuzz_ledger"))
+        self.session = self._session()
         self.specs = self._resolve(config.getoption("mlafuzz_impl") or [])
         self.shrink_budget = float(config.getoption("mlafuzz_shrink_budget"))
         self.isolate = bool(config.getoption("mlafuzz_isolate"))
@@ -157,14 +156,21 @@ class FuzzSession:
 
     @staticmethod
     def _pick_device(asked: str | None) -> str:
-        import torch
+        from mlafuzz.harness.drive.environment import EnvironmentProblem, default_device, prepare
 
-        device = asked or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "cuda" and not torch.cuda.is_available():
-            raise pytest.UsageError("--mlafuzz-device cuda but no CUDA device is available here")
-        if device == "cpu":
-            os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
+        device = asked or default_device()
+        try:
+            prepare(device)  # before any kernel module imports triton
+        except EnvironmentProblem as exc:
+            raise pytest.UsageError(f"mlafuzz: {exc}") from None
         return device
+
+    @staticmethod
+    def _session() -> "Session":
+        from mlafuzz.harness.check.session import Session
+        from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
+
+        return Session(table=table_from_ref(DEFAULT_TABLE))
 
     @staticmethod
     def _load_ledger(path: str | None) -> "Ledger | None":
@@ -176,19 +182,14 @@ class FuzzSession:
             raise pytest.UsageError(f"--mlafuzz-ledger: {exc}") from None
 
     def _resolve(self, texts: list[str]) -> list[tuple[str, str, "ImplEntry"]]:
-        from mlafuzz.harness.cli import DEFAULT_IMPLS
-        from mlafuzz.harness.ops import fuzzable_ops
-        from mlafuzz.kernels.registry import ImplError, parse_impl_arg, resolve
+        from mlafuzz.kernels.entry import ImplError
+        from mlafuzz.kernels.registry import parse_impl_arg
 
+        s = self.session
         try:
-            pairs = [parse_impl_arg(t) for t in texts] or [
-                (op, DEFAULT_IMPLS[self.device][op]) for op in fuzzable_ops() if op in DEFAULT_IMPLS[self.device]]
-            fuzzable = fuzzable_ops()
-            for op, _ in pairs:
-                if op not in fuzzable:
-                    raise ImplError(f"--mlafuzz-impl {op}=...: op {op!r} cannot be fuzzed"
-                                    f" (fuzzable: {', '.join(fuzzable)})")
-            return [(op, ref, resolve(op, ref)) for op, ref in dict.fromkeys(pairs)]
+            pairs = ([parse_impl_arg(t, ops=s.table.names) for t in texts]
+                     or [(op, s.default_ref(op, self.device)) for op in s.table.names])
+            return [(op, ref, s.entry(op, ref)) for op, ref in dict.fromkeys(pairs)]
         except ImplError as exc:
             raise pytest.UsageError(f"mlafuzz: {exc}") from None
 
@@ -215,20 +216,11 @@ class FuzzSession:
     def item_dir(self, item: FuzzItem) -> Path:
         return self.out_root / f"{item.op}-{item.label.replace(':', '_')}-{self.worker.name}"
 
-    def rerun(self, finding: "Finding", summary: "FuzzSummary", out: Path) -> str:
-        """Without a repro bundle: a re-run of exactly this item's cases (case i is a pure function of seed, i)."""
-        parts = ["mlafuzz", "fuzz", "--op", finding.op, "--impl", f"{finding.op}={finding.impl}",
-                 "--device", self.device, "--seed", str(self.seed), "--cases", str(summary.cases + summary.skipped)]
-        if self.worker.count > 1:
-            parts += ["--shard", f"{self.worker.index}/{self.worker.count}"]
-        parts += ["--out", str(out / "replay")]
-        return " ".join(shlex.quote(p) for p in parts)
-
     def _executor(self, device: str):
-        from mlafuzz.harness.workers import InProcess, WorkerPool
+        from mlafuzz.harness.drive.workers import InProcess, WorkerPool
 
         if not self.isolate:
-            return InProcess()
+            return InProcess(session=self.session)
         slot = device if device == "cpu" else f"cuda:{gpu_for(self.worker, self._device_count())}"
         return WorkerPool(devices=[slot], timeout=self.timeout)
 
@@ -239,19 +231,20 @@ class FuzzSession:
         return torch.cuda.device_count()
 
     def run_item(self, item: FuzzItem) -> None:
-        from mlafuzz.harness.findings import Severity
-        from mlafuzz.harness.fuzz import FuzzConfig, Shard, fuzz
+        from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard, fuzz
+        from mlafuzz.harness.ledger import judge
+        from mlafuzz.reports import console
         from mlafuzz.reports.model import group_buckets
 
         device = self._device_for_worker()
-        item.entry.load(device)  # an impl that can't run here fails the item with one line
+        self.session.load(item.entry, device)  # an impl that can't run here fails the item with one line
         out = self.item_dir(item)
         for stale_file in ("findings.jsonl", "summary.json"):  # this item's previous run, not appended to
             (out / stale_file).unlink(missing_ok=True)
-        found: list[Finding] = []
+        found: list = []
         config = FuzzConfig(ops=(item.op,), impls={item.op: item.ref}, device=device, budget=self.budget,
                             seed=self.seed, out_dir=out, shard=Shard(index=self.worker.index, count=self.worker.count),
-                            shrink_budget=self.shrink_budget)
+                            shrink_budget=self.shrink_budget, table=self.session.table)
         executor = self._executor(device)
         try:
             summary = fuzz(config, executor=executor, on_finding=found.append)
@@ -259,33 +252,30 @@ class FuzzSession:
             executor.close()
         if summary.interrupted:
             raise KeyboardInterrupt
-        item.add_report_section("call", "mlafuzz", f"{summary.line()}\nfindings: {out}")
+        totals = summary.to_json()
+        item.add_report_section("call", "mlafuzz", f"{console.summary_line(totals)}\nfindings: {out}")
         item.user_properties.append(("mlafuzz_item", [item.op, item.ref]))
-        errors = [f for f in found if f.severity is Severity.ERROR]
+        judgement = judge(found, ledger=self.ledger)
         if self.ledger is not None:
-            unexpected, expected = self.ledger.split(errors)
-            matched = sorted({e.index for f in found for e in self.ledger.entries if e.matches(f)})
-            item.user_properties.append(("mlafuzz_ledger_matched", matched))
-        else:
-            unexpected, expected = errors, []
-        if not unexpected:
+            item.user_properties.append(("mlafuzz_ledger_matched", list(judgement.matched)))
+        if judgement.passed:
             return
-        buckets = group_buckets(unexpected)
+        failing = set(judgement.failing())
+        unexpected = [f for f in found if f.dedup_key in failing]
+        expected = [f for f in found if judgement.statuses.get(f.dedup_key) == "expected"]
+        buckets = [b for b in group_buckets(unexpected, judgement)]
         bundles = {tuple(b.get("bucket", ())): b.get("replay") for b in summary.bundles if isinstance(b, dict)}
-        lines = [f"mlafuzz: {item.op}={item.ref} on {device} (seed {self.seed}, shard {self.worker.index}/"
+        rerun = console.rerun_command(op=item.op, impl=item.ref, device=self.device, seed=self.seed,
+                                      cases=summary.cases + summary.skipped,
+                                      shard=(self.worker.index, self.worker.count), out=str(out / "replay"))
+        title = (f"mlafuzz: {item.op}={item.ref} on {device} (seed {self.seed}, shard {self.worker.index}/"
                  f"{self.worker.count}, {self.budget:g} s): {len(unexpected)} unexpected findings in"
-                 f" {len(buckets)} buckets" + (f", {len(expected)} expected per ledger" if expected else ""),
-                 summary.line()]
-        for b in buckets[:MAX_BUCKETS_SHOWN]:
-            f = b.first
-            lines += ["", f"{b.kind} cause={b.cause or '-'} ({len(b.findings)} findings), first case {f.case_id}:",
-                      f"  {f.message}"]
-            lines += [f"  at {list(m.index)}: expected {m.expected}, got {m.actual}" for m in f.mismatches[:3]]
-            lines.append(f"  replay: {f.repro or bundles.get(b.key) or self.rerun(f, summary, out)}")
-        if len(buckets) > MAX_BUCKETS_SHOWN:
-            lines.append(f"... {len(buckets) - MAX_BUCKETS_SHOWN} more buckets")
-        lines.append(f"findings: {out / 'findings.jsonl'}  (mlafuzz report {out} --format html -o report.html)")
-        raise FuzzFailure("\n".join(lines))
+                 f" {console.plural(len(buckets), 'bucket')}"
+                 + (f", {len(expected)} expected per ledger" if expected else ""))
+        raise FuzzFailure(console.plugin_failure(
+            title=title, summary=totals, buckets=buckets, shown=MAX_BUCKETS_SHOWN,
+            replay_for=lambda b: b.first.repro or bundles.get(b.key) or rerun,
+            findings_path=str(out / "findings.jsonl"), run_dir=str(out)))
 
     # --- summing up (on the controller under xdist; reports carry user_properties) ---
 
@@ -301,12 +291,13 @@ class FuzzSession:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.ledger is None or not self._ran:
             return
-        from mlafuzz.harness.ledger import format_stale
+        from mlafuzz.reports.console import stale_lines
 
-        stale = [e for e in self.ledger.entries if e.index not in self._matched and (e.op, e.impl) in self._ran]
+        stale = [self.ledger.waiver(e) for e in self.ledger.entries
+                 if e.index not in self._matched and (e.op, e.impl) in self._ran]
         if stale:
             terminalreporter.section("mlafuzz: stale ledger entries")
-            for line in format_stale(stale):
+            for line in stale_lines(stale):
                 terminalreporter.line(line)
 
 

@@ -35,6 +35,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from mlafuzz.kernels.entry import ImplEntry, module_attr
+
 __all__ = ["StepPipeline", "step", "step_full_req_id", "step_no_seq_starts", "step_second_split",
            "step_ws_not_restarted"]
 
@@ -301,18 +303,13 @@ _MUTANTS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _register() -> None:
-    from mlafuzz.kernels.registry import REGISTRY, register_builtin
-
-    if REGISTRY.get("step", "ours") is not None:
-        return
-    module = __name__
-    register_builtin(op="step", name="ours", module=module, attr="step", devices=("cpu", "cuda"), rejects=(),
-                     description="our step pipeline (split once, 5.3/5.2 metadata, decode-subset convert,"
-                                 " chunked gather); convert/gather sub-impls chosen by the step OpDef")
-    for name, (attr, kind, text) in _MUTANTS.items():
-        register_builtin(op="step", name=name, module=module, attr=attr, devices=("cpu", "cuda"), rejects=(),
-                         description=text, is_mutant=True, expected_kind=kind)
+def _entry(name: str, attr: str, description: str, kind: str | None = None) -> ImplEntry:
+    return ImplEntry(op="step", name=name, loader=module_attr(__name__, attr), devices=frozenset({"cpu", "cuda"}),
+                     rejects=frozenset(), description=description, is_mutant=kind is not None, expected_kind=kind)
 
 
-_register()
+STEP_ENTRIES: tuple[ImplEntry, ...] = (
+    _entry("ours", "step", "our step pipeline (split once, 5.3/5.2 metadata, decode-subset convert, chunked"
+                           " gather); its convert/gather sub-impls chosen by the step op"),
+    *(_entry(name, attr, text, kind) for name, (attr, kind, text) in _MUTANTS.items()),
+)

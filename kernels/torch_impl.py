@@ -215,6 +215,20 @@ def gather_torch(
 # ---------------------------------------------------------------- writer (§2)
 
 
+def check_writer_call(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_cache_dtype: str) -> None:
+    """Everything ``writer_torch`` refuses (``WRITER_TORCH_REJECTS``), before anything is written:
+    the host checks, then a slot past the cache (a host read of slot_mapping)."""
+    check_writer_args(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
+    num_blocks, bs, _ = kv_cache.shape
+    if slot_mapping.shape[0] and bool((slot_mapping >= 0).any()):
+        hi = int(slot_mapping.max())
+        if hi >= num_blocks * bs:
+            raise InvalidInputError(
+                "slot_past_cache", f"slot_mapping max={hi} >= num_blocks*block_size={num_blocks * bs}"
+            )
+
+
 def writer_torch(
     kv_c: torch.Tensor,
     k_pe: torch.Tensor,
@@ -234,19 +248,13 @@ def writer_torch(
     device (a GPU kernel races there; we pick the oracle's reading).
     """
     del scale  # the fp8_ds_mla path computes its own per-tile scales
-    check_writer_args(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
+    check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
     num_blocks, bs, _ = kv_cache.shape
     t = slot_mapping.shape[0]
     if t == 0:
         return
     slots = slot_mapping.long()
     keep = slots >= 0
-    if keep.any():
-        hi = int(slots.max())
-        if hi >= num_blocks * bs:
-            raise InvalidInputError(
-                "slot_past_cache", f"slot_mapping max={hi} >= num_blocks*block_size={num_blocks * bs}"
-            )
     idx = torch.nonzero(keep).flatten()
     if idx.numel() == 0:
         return

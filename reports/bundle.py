@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from mlafuzz.reports.atomic import atomic_write
-from mlafuzz.harness.findings import Finding
+from mlafuzz.reports.findings import Finding
 
 BUNDLE_SCHEMA = 1
 
@@ -101,6 +101,24 @@ def _field(case: dict[str, Any], name: str, tp: type) -> Any:
     return value
 
 
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{path}: malformed JSON: {exc}") from None
+
+
+def read_case_json(path: Path) -> dict[str, Any]:
+    """A bundle's case.json (BundleError when it has none or it is not a JSON object)."""
+    path = Path(path)
+    if not (path / "case.json").is_file():
+        raise BundleError(f"bundle {str(path)!r} has no case.json")
+    case = _json(path / "case.json")
+    if not isinstance(case, dict):
+        raise BundleError(f"{path / 'case.json'}: must hold a JSON object")
+    return case
+
+
 def read_bundle(path: Path) -> Bundle:
     path = Path(path)
     if not path.is_dir():
@@ -108,13 +126,8 @@ def read_bundle(path: Path) -> Bundle:
     for name in ("case.json", "inputs.pt", "finding.json"):
         if not (path / name).is_file():
             raise BundleError(f"bundle {str(path)!r} has no {name}")
-    try:
-        case = json.loads((path / "case.json").read_text())
-        finding_data = json.loads((path / "finding.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"bundle {str(path)!r}: malformed JSON: {exc}") from None
-    if not isinstance(case, dict):
-        raise BundleError("case.json: must hold a JSON object")
+    case = read_case_json(path)
+    finding_data = _json(path / "finding.json")
     version = case.get("schema_version")
     if version != BUNDLE_SCHEMA:
         raise BundleError(f"case.json: schema_version={version!r} is not supported (this mlafuzz reads {BUNDLE_SCHEMA})")

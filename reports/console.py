@@ -1,46 +1,152 @@
-"""Rich console rendering of findings for the CLI: one row per bucket, failures first."""
+"""The CLI's and the pytest plugin's words: every line they print is made here.
+
+The harness decides and counts; these functions only turn its records (a
+finding, summary.json's dict, a judgement, a mutant's result) into text. Long
+runs' live panel is in progress.py.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+import shlex
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
-from mlafuzz.harness.findings import Finding
-from mlafuzz.reports.model import group_buckets, replay_command
-from mlafuzz.reports.text import one_line
-
-if TYPE_CHECKING:
-    from mlafuzz.harness.ledger import Ledger
-
-_STYLE = {"failure": "bold red", "expected": "yellow", "info": "cyan"}
+from mlafuzz.reports.findings import Finding
+from mlafuzz.reports.model import Bucket, Judgement, Waiver, group_buckets, replay_command
 
 
-def print_findings_table(findings: Iterable[Finding], console: Console, *, ledger: "Ledger | None" = None,
-                         max_rows: int = 30, replay: bool = True, bundles: list | None = None) -> int:
-    """Print a findings table (a row per dedup bucket); returns the number of failing buckets.
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 bucket', '2 buckets' (``words`` for an irregular plural)."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
 
-    ``bundles`` is FuzzSummary.bundles (or summary.json's): their replay commands are printed per bucket.
-    """
-    buckets = group_buckets(findings, ledger)
+
+def finding_line(f: Finding) -> str:
+    """One new bucket's first finding, as the fuzz loop announces it."""
+    return f"  {f.kind.value} {f.op}={f.impl} {f.case_id}: {f.message}"
+
+
+def start_line(*, impls: Mapping[str, str], device: str, seed: int, cases: int | None, budget: float | None,
+               out: str, revision: str | None = None) -> str:
+    limit = " / ".join(x for x in (f"{cases} cases" if cases is not None else "",
+                                    f"{budget:.0f} s budget" if budget is not None else "") if x)
+    impl_text = ", ".join(f"{op}={ref}" for op, ref in impls.items())
+    rev = f", contract revision {revision}" if revision else ""
+    return (f"mlafuzz: fuzzing {impl_text} on {device}, seed {seed}, {limit}{rev};"
+            f" findings -> {out}/findings.jsonl")
+
+
+def summary_line(s: Mapping[str, Any]) -> str:
+    """summary.json's counts in one line (the fuzz run's last line, and the progress lines)."""
+    ops = ", ".join(f"{op} {n}" for op, n in sorted((s.get("per_op") or {}).items()))
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted((s.get("by_kind") or {}).items()))
+    rate = s.get("cases_per_second") or 0.0
+    quarantined = s.get("quarantined") or []
+    return (f"mlafuzz: {s.get('cases', 0)} cases ({ops or 'none'}), {plural(s.get('findings', 0), 'finding')}"
+            f"{' (' + kinds + ')' if kinds else ''} in {plural(s.get('buckets', 0), 'bucket')},"
+            f" {s.get('skipped', 0)} skipped"
+            f"{', ' + plural(len(quarantined), 'error-input class', 'error-input classes') + ' quarantined' if quarantined else ''},"
+            f" {float(s.get('seconds', 0.0)):.1f} s ({rate:.1f} cases/s){' [interrupted]' if s.get('interrupted') else ''}")
+
+
+def bundle_lines(bundles: Iterable[Mapping[str, Any]]) -> list[str]:
+    out = []
+    for b in bundles:
+        size = ", ".join(f"{k} {v}" for k, v in (b.get("size") or {}).items())
+        out.append(f"  repro ({size}): {b.get('replay')}")
+    return out
+
+
+def stale_lines(stale: Iterable[Waiver]) -> list[str]:
+    """One line per stale ledger entry, for stderr or a terminal summary."""
+    return [f"mlafuzz: stale ledger entry {e.label()} ({e.issue}) matched no finding; remove it if fixed"
+            for e in stale]
+
+
+def verdict_lines(judgement: Judgement, findings: Sequence[Finding]) -> list[str]:
+    """The ledger's split of a run's findings, then one line per stale entry."""
+    if judgement.ledger is None:
+        return []
+    failing = set(judgement.failing())
+    expected = sum(1 for f in findings if judgement.statuses.get(f.dedup_key) == "expected")
+    unexpected = sum(1 for f in findings if f.dedup_key in failing)
+    head = (f"mlafuzz: ledger {judgement.ledger}: {plural(expected, 'expected finding')},"
+            f" {unexpected} unexpected in {plural(len(failing), 'bucket')}")
+    return [head, *stale_lines(judgement.stale)]
+
+
+class MutantRow(Protocol):
+    op: str
+    name: str
+    expected: str
+    killed: bool
+    found: tuple[str, ...]
+    cases: int
+    seconds: float
+    size: str
+
+
+def mutants_table(results: Sequence[MutantRow]) -> list[str]:
+    lines = [f"{'mutant':<28} {'expected':<23} {'result':<9} {'kind found':<40} {'cases':>6} {'s':>6}  minimized"]
+    for r in results:
+        lines.append(f"{r.name:<28} {r.expected:<23} {'killed' if r.killed else 'SURVIVED':<9} "
+                     f"{','.join(r.found) or '-':<40} {r.cases:>6} {r.seconds:>6.1f}  {r.size}")
+    killed = sum(r.killed for r in results)
+    lines.append(f"mutation score: {killed}/{len(results)} killed"
+                 f" ({100.0 * killed / len(results) if results else 0:.0f}%)")
+    return lines
+
+
+def replay_lines(*, op: str, impl_ref: str, device: str, recorded: Finding,
+                 found: Sequence[tuple[Finding, bool]]) -> list[str]:
+    if not found:
+        return [f"mlafuzz replay: passes on {op}={impl_ref} ({device}); the bundle recorded "
+                f"{recorded.kind.value}: {recorded.message}"]
+    return [f"mlafuzz replay: {'reproduces' if same else 'other finding'}: {f.kind.value} {f.op}={f.impl}: {f.message}"
+            for f, same in found]
+
+
+def rerun_command(*, op: str, impl: str, device: str, seed: int, cases: int, shard: tuple[int, int] | None,
+                  out: str) -> str:
+    """A re-run of exactly a run's cases (case i is a pure function of seed and i)."""
+    parts = ["mlafuzz", "fuzz", "--op", op, "--impl", f"{op}={impl}", "--device", device, "--seed", str(seed),
+             "--cases", str(cases)]
+    if shard is not None and shard[1] > 1:
+        parts += ["--shard", f"{shard[0]}/{shard[1]}"]
+    parts += ["--out", out]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def plugin_failure(*, title: str, summary: Mapping[str, Any], buckets: Sequence[Bucket], shown: int,
+                   replay_for: Any, findings_path: str, run_dir: str) -> str:
+    """A failing pytest item's text: the first ``shown`` buckets, each with its replay command."""
+    lines = [title, summary_line(summary)]
+    counts = summary.get("bucket_counts") or {}
+    for b in buckets[:shown]:
+        f = b.first
+        n = counts.get("\x1f".join(b.key), len(b.findings))
+        lines += ["", f"{b.kind} cause={b.cause or '-'} ({plural(n, 'finding')}), first case {f.case_id}:",
+                  f"  {f.message}"]
+        lines += [f"  at {list(m.index)}: expected {m.expected}, got {m.actual}" for m in f.mismatches[:3]]
+        lines.append(f"  replay: {replay_for(b)}")
+    if len(buckets) > shown:
+        lines.append(f"... {plural(len(buckets) - shown, 'more bucket')}")
+    lines.append(f"findings: {findings_path}  (mlafuzz report {run_dir} --format html -o report.html)")
+    return "\n".join(lines)
+
+
+def findings_table(findings: Iterable[Finding], judgement: Judgement, *, bundles: list | None = None,
+                   max_rows: int = 30) -> list[str]:
+    """A plain table of buckets (failures first) with their replay commands: the end of a run."""
+    buckets = group_buckets(findings, judgement)
     if not buckets:
-        console.print(Text("mlafuzz: no findings", style="green"))
-        return 0
-    table = Table(title=f"mlafuzz findings: {len(buckets)} bucket(s)", title_justify="left", show_lines=False)
-    for name, kw in (("status", {}), ("kind", {}), ("op", {}), ("impl", {"overflow": "fold", "max_width": 40}),
-                     ("cause", {}), ("n", {"justify": "right"}), ("first message", {"overflow": "fold"})):
-        table.add_column(name, **kw)
+        return ["mlafuzz: no findings"]
+    lines = [f"{'status':<9} {'kind':<23} {'op':<8} {'impl':<24} {'cause':<28} {'n':>5}  first message"]
     for b in buckets[:max_rows]:
-        table.add_row(Text(b.status, style=_STYLE[b.status]), b.kind, b.op, b.impl, b.cause or "-",
-                      str(len(b.findings)), Text(one_line(b.first.message, 160)))
-    console.print(table)
+        lines.append(f"{b.status:<9} {b.kind:<23} {b.op:<8} {b.impl[:24]:<24} {(b.cause or '-')[:28]:<28}"
+                     f" {len(b.findings):>5}  {' '.join(b.first.message.split())[:120]}")
     if len(buckets) > max_rows:
-        console.print(f"... {len(buckets) - max_rows} more bucket(s)")
-    if replay:
-        for b in buckets[:max_rows]:
-            cmd = replay_command(b.first, bundles=bundles)
-            if cmd and b.is_failure:
-                console.print(Text(f"replay {b.kind} {b.op} {b.cause}: ", style="dim") + Text(cmd))
-    return sum(1 for b in buckets if b.is_failure)
+        lines.append(f"... {plural(len(buckets) - max_rows, 'more bucket')}")
+    for b in buckets[:max_rows]:
+        cmd = replay_command(b.first, bundles=bundles)
+        if cmd and b.is_failure:
+            lines.append(f"replay {b.kind} {b.op} {b.cause}: {cmd}")
+    return lines

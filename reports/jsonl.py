@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from mlafuzz.harness.findings import Finding
+from mlafuzz.reports.findings import Finding
 
 FINDINGS_FILE = "findings.jsonl"
 

@@ -3,10 +3,10 @@
 A run directory holds ``findings.jsonl`` (one finding per line, appended as
 found) and ``summary.json``; later also ``run.json`` (the config) and
 ``bundles/``. Any of them may be missing (a killed run has no summary): the
-view says what it could read and never guesses a verdict the files don't
-support. Buckets group findings by ``Finding.dedup_key``; a bucket fails the
-run when it holds an ERROR finding that no ledger entry waives. INFO findings
-are shown and never fail.
+view says what it could read and never guesses what the files don't support.
+Buckets group findings by ``Finding.dedup_key``. Which buckets fail is not
+decided here: the harness's verdict (harness/ledger.py ``judge``) hands its
+``Judgement`` in, and every format renders that.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
-from mlafuzz.harness.findings import Finding, Severity
+from mlafuzz.reports.findings import Finding, Severity
 from mlafuzz.reports.jsonl import FINDINGS_FILE, read_findings
 
-if TYPE_CHECKING:
-    from mlafuzz.harness.ledger import Ledger, LedgerEntry
+BucketKey = tuple[str, str, str, str]  # Finding.dedup_key: kind, op, impl, cause
 
 SUMMARY_FILE = "summary.json"
 RUN_FILE = "run.json"
@@ -34,10 +33,51 @@ class ReportError(ValueError):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Waiver:
+    """The ledger entry that waives a bucket (or matched nothing: stale), as reports show it."""
+
+    index: int
+    kind: str
+    op: str
+    impl: str
+    cause: str
+    issue: str
+    note: str = ""
+    ledger: str = ""
+
+    def label(self) -> str:
+        return f"expected[{self.index}] {self.kind} {self.op}={self.impl} cause={self.cause}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "kind": self.kind, "op": self.op, "impl": self.impl, "cause": self.cause,
+                "issue": self.issue, "note": self.note}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Judgement:
+    """The harness's verdict on a run's findings (harness/ledger.py ``judge`` makes it): each
+    bucket's status ("failure", "expected", "info"), the waivers, the stale ledger entries."""
+
+    statuses: Mapping[BucketKey, str] = field(default_factory=dict)
+    waivers: Mapping[BucketKey, Waiver] = field(default_factory=dict)
+    stale: tuple[Waiver, ...] = ()
+    matched: tuple[int, ...] = ()  # indices of the ledger entries some finding matched
+    ledger: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return "failure" not in self.statuses.values()
+
+    def failing(self) -> list[BucketKey]:
+        return [k for k, v in self.statuses.items() if v == "failure"]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Bucket:
-    key: tuple[str, str, str, str]  # Finding.dedup_key: kind, op, impl, cause
+    key: BucketKey
     findings: tuple[Finding, ...]
-    waiver: "LedgerEntry | None" = None
+    status: str  # the judgement's: failure | expected | info
+    waiver: Waiver | None = None
 
     kind = property(lambda self: self.key[0])
     op = property(lambda self: self.key[1])
@@ -54,14 +94,7 @@ class Bucket:
 
     @property
     def is_failure(self) -> bool:
-        return self.severity is Severity.ERROR and self.waiver is None
-
-    @property
-    def status(self) -> str:
-        """failure | expected | info: how every format labels the bucket."""
-        if self.severity is Severity.INFO:
-            return "info"
-        return "expected" if self.waiver is not None else "failure"
+        return self.status == "failure"
 
     @property
     def slug(self) -> str:
@@ -110,7 +143,7 @@ class RunReport:
     testcases: tuple[TestCase, ...]
     summary: Mapping[str, Any] = field(default_factory=dict)  # summary.json, {} when missing
     run: Mapping[str, Any] = field(default_factory=dict)  # run.json, {} when missing
-    stale: tuple["LedgerEntry", ...] = ()
+    stale: tuple[Waiver, ...] = ()
     notes: tuple[str, ...] = ()  # what could not be read, said once
 
     @property
@@ -122,8 +155,16 @@ class RunReport:
         return not self.failures
 
     def count(self, status: str) -> int:
-        """Findings lines (not buckets) in buckets of ``status``."""
-        return sum(len(b.findings) for b in self.buckets if b.status == status)
+        """Findings in buckets of ``status``: summary.json's count of each bucket where it has one
+        (findings.jsonl holds at most a sample per bucket), else the lines read."""
+        counts = self.summary.get("bucket_counts") if isinstance(self.summary, Mapping) else None
+        total = 0
+        for b in self.buckets:
+            if b.status != status:
+                continue
+            n = counts.get("\x1f".join(b.key)) if isinstance(counts, Mapping) else None
+            total += n if isinstance(n, int) and n >= len(b.findings) else len(b.findings)
+        return total
 
     def buckets_with(self, status: str) -> tuple[Bucket, ...]:
         return tuple(b for b in self.buckets if b.status == status)
@@ -189,17 +230,17 @@ def configured_impls(run: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def group_buckets(findings: Iterable[Finding], ledger: "Ledger | None" = None) -> tuple[Bucket, ...]:
-    """Findings grouped by dedup key, in order of first appearance; failures first, then expected, then info."""
-    groups: dict[tuple[str, str, str, str], list[Finding]] = {}
+def group_buckets(findings: Iterable[Finding], judgement: Judgement) -> tuple[Bucket, ...]:
+    """Findings grouped by dedup key, in order of first appearance, with the judgement's status;
+    failures first, then expected, then info."""
+    groups: dict[BucketKey, list[Finding]] = {}
     for f in findings:
         groups.setdefault(f.dedup_key, []).append(f)
     buckets = []
     for key, members in groups.items():
-        waiver = None
-        if ledger is not None:
-            waiver = next((w for w in map(ledger.match, members) if w is not None), None)
-        buckets.append(Bucket(key=key, findings=tuple(members), waiver=waiver))
+        default = "failure" if any(f.severity is Severity.ERROR for f in members) else "info"
+        buckets.append(Bucket(key=key, findings=tuple(members), status=judgement.statuses.get(key, default),
+                              waiver=judgement.waivers.get(key)))
     order = {"failure": 0, "expected": 1, "info": 2}
     return tuple(sorted(buckets, key=lambda b: order[b.status]))
 
@@ -246,7 +287,23 @@ def _testcases(buckets: tuple[Bucket, ...], summary: Mapping[str, Any], run: Map
     return tuple(sorted(out, key=lambda t: (t.op, t.impl)))
 
 
-def load_run(run_dir: Path | str, *, ledger: "Ledger | None" = None) -> RunReport:
+@dataclass(frozen=True, kw_only=True)
+class RunView:
+    """What a run directory holds, read once: its findings, summary, config and reading notes."""
+
+    run_dir: Path
+    findings: tuple[Finding, ...]
+    summary: Mapping[str, Any]
+    run: Mapping[str, Any]
+    notes: tuple[str, ...]
+
+    def pairs(self) -> set[tuple[str, str]]:
+        """The (op, impl) pairs the run fuzzed (from its config, else its findings)."""
+        raw = group_buckets(self.findings, Judgement())
+        return {(t.op, t.impl) for t in _testcases(raw, self.summary, self.run)}
+
+
+def load_run(run_dir: Path | str) -> RunView:
     """Read a run directory; a ReportError (one line) if it is not one."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -265,13 +322,15 @@ def load_run(run_dir: Path | str, *, ledger: "Ledger | None" = None) -> RunRepor
     if not summary:
         notes.append(f"no {SUMMARY_FILE}: the run was killed or is still running; counts come from {FINDINGS_FILE}")
     run = _read_json(run_dir / RUN_FILE, notes)
-    buckets = group_buckets(findings, ledger)
-    testcases = _testcases(buckets, summary, run)
-    stale: tuple = ()
-    if ledger is not None:
-        stale = tuple(ledger.stale(findings, ran={(t.op, t.impl) for t in testcases}))
-    return RunReport(run_dir=run_dir, findings=findings, buckets=buckets, testcases=testcases, summary=summary,
-                     run=run, stale=stale, notes=tuple(notes))
+    return RunView(run_dir=run_dir, findings=findings, summary=summary, run=run, notes=tuple(notes))
+
+
+def build_report(view: RunView, judgement: Judgement) -> RunReport:
+    """The run as every format renders it, under the harness's judgement."""
+    buckets = group_buckets(view.findings, judgement)
+    testcases = _testcases(buckets, view.summary, view.run)
+    return RunReport(run_dir=view.run_dir, findings=view.findings, buckets=buckets, testcases=testcases,
+                     summary=view.summary, run=view.run, stale=judgement.stale, notes=view.notes)
 
 
 # --- replay -----------------------------------------------------------------

@@ -16,12 +16,12 @@ def test_wheel_ships_every_source_file_the_gpu_paths_build_and_nothing_generic(t
     (wheel,) = tmp_path.glob("mlafuzz-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("mlafuzz/kernels/csrc/fp8_ds_mla.cu", "mlafuzz/kernels/csrc/gather_device.cuh",
-                   "mlafuzz/harness/csrc/redzone_alloc.cpp",
-                   "mlafuzz/harness/cli.py", "mlafuzz/oracles/codec.py", "mlafuzz/generators/spec.py",
+                   "mlafuzz/harness/memory/csrc/redzone_alloc.cpp",
+                   "mlafuzz/harness/cli/main.py", "mlafuzz/oracles/codec.py", "mlafuzz/generators/spec.py",
                    "mlafuzz/reports/jsonl.py", "mlafuzz/tests/conftest.py"):
         assert needed in names, needed
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"mlafuzz"}, top  # no top-level `kernels`, `harness`, ...
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "mlafuzz = mlafuzz.harness.cli:main" in text and "pytest11" in text
+    assert "mlafuzz = mlafuzz.harness.cli.main:main" in text and "pytest11" in text

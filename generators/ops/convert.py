@@ -1,0 +1,246 @@
+"""The ``convert`` op's inputs (SPEC.md section 3): spec, drawer, materializer, features, shrink
+steps and error-input classes. The op table (harness/ops) wires them to the oracle and the call."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator
+
+import torch
+
+from mlafuzz.generators import catalog
+from mlafuzz.generators.case import Case, built, local_generator
+from mlafuzz.generators.draw import Drawer, Knobs, draw_paging
+from mlafuzz.generators.invalid import InvalidClass, with_
+from mlafuzz.generators.paging import build_block_table
+from mlafuzz.generators.records import randint
+from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
+from mlafuzz.generators.spec import (
+    Paging, TopkMode, check_int, check_topk_tiling, coerce_enum, coerce_tuple, fail,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvertRequest:
+    """A request as the convert kernel sees it: its length and its query rows."""
+
+    seq_len: int  # tokens the request holds (context + this step's query)
+    num_tokens: int  # query rows of this request in token_indices
+    prefill: bool = False  # rows use the prefill workspace (HAS_PREFILL_WORKSPACE)
+
+    def __post_init__(self) -> None:
+        check_int("ConvertRequest", "seq_len", self.seq_len, lo=0, hi=1 << 24)
+        check_int("ConvertRequest", "num_tokens", self.num_tokens, lo=0, hi=1 << 20)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvertSpec:
+    """A convert call (SPEC section 3)."""
+
+    op: ClassVar[str] = "convert"
+    requests: tuple[ConvertRequest, ...]
+    paging: Paging = Paging()
+    topk: int = 128  # NUM_TOPK_TOKENS (K)
+    block_n: int = 128  # BLOCK_N; K must be a multiple of it
+    topk_mode: TopkMode = TopkMode.PADDED
+    prefill_workspace: bool = False
+    return_valid_counts: bool = True
+
+    def __post_init__(self) -> None:
+        coerce_tuple(self, "requests", ConvertRequest)
+        coerce_enum(self, "topk_mode", TopkMode)
+        if not self.requests:
+            fail("ConvertSpec", "requests", self.requests, "must hold at least one request")
+        check_topk_tiling("ConvertSpec", topk=self.topk, block_n=self.block_n)
+        if self.prefill_workspace is False and any(r.prefill for r in self.requests):
+            fail("ConvertSpec", "prefill_workspace", False, "but a request has prefill=True")
+
+
+# --- drawing ---------------------------------------------------------------
+
+def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
+    prefill_workspace = d.boolean()
+    n = d.integer(1, knobs.max_requests)
+    requests = tuple(
+        ConvertRequest(
+            seq_len=d.integer(0, knobs.max_seq_len),
+            num_tokens=d.integer(1 if i == 0 else 0, knobs.max_tokens_per_request),
+            prefill=prefill_workspace and d.boolean(),
+        )
+        for i in range(n)
+    )
+    block_n = d.choice(knobs.block_ns)
+    return ConvertSpec(
+        requests=requests,
+        paging=draw_paging(d, knobs),
+        topk=block_n * d.choice(knobs.topk_multiples),
+        block_n=block_n,
+        topk_mode=d.choice(list(TopkMode)),
+        prefill_workspace=prefill_workspace,
+        return_valid_counts=not d.boolean(),
+    )
+
+
+# --- materializing -----------------------------------------------------------
+
+def _topk_row(*, mode: TopkMode, seq_len: int, width: int, bs: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """One row of request-local top-k indices (int64, cast by the caller)."""
+    if seq_len > 0 and mode is TopkMode.VALID:
+        return randint(gen, 0, seq_len, (k,))
+    row = torch.full((k,), -1, dtype=torch.int64)
+    n_valid = int(randint(gen, 0, min(k, seq_len) + 1)) if seq_len > 0 else 0
+    if n_valid:
+        row[:n_valid] = torch.randperm(seq_len, generator=gen)[:n_valid]
+        row = row[torch.randperm(k, generator=gen)]  # the indexer's order is not sorted
+    if mode in (TopkMode.VALID, TopkMode.PADDED):
+        return row
+    classes = {
+        TopkMode.NEGATIVE: (0,), TopkMode.PAST_TABLE: (1,), TopkMode.PAST_SEQ_LEN: (2,), TopkMode.MIXED: (0, 1, 2),
+    }[mode]
+    hit = randint(gen, 0, 4, (k,)) == 0
+    which = torch.tensor(classes)[randint(gen, 0, len(classes), (k,))]
+    past_table_lo = width * bs
+    negative = torch.tensor([-2, -bs, -k, catalog.INT32_MIN, -(2 ** 20)])[randint(gen, 0, 5, (k,))]
+    past_table = past_table_lo + randint(gen, 0, 2 * bs + 1, (k,))
+    past_table = torch.where(randint(gen, 0, 5, (k,)) == 0, torch.full_like(past_table, catalog.INT32_MAX), past_table)
+    if past_table_lo > seq_len:
+        past_seq = randint(gen, seq_len, past_table_lo, (k,))
+    else:
+        past_seq = row  # no room between seq_len and the table's end: keep the row
+    fill = torch.where(which == 0, negative, torch.where(which == 1, past_table, past_seq))
+    return torch.where(hit, fill, row)
+
+
+def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
+    gen = local_generator(seed)
+    seq_lens = [r.seq_len for r in spec.requests]
+    table, _pool = build_block_table(paging=spec.paging, seq_lens=seq_lens, gen=gen)
+    bs = spec.paging.block_size
+    rows, req_ids, ws_ids = [], [], []
+    prefill_local = {}
+    for r, req in enumerate(spec.requests):
+        if req.prefill:
+            prefill_local[r] = len(prefill_local)
+        for _ in range(req.num_tokens):
+            rows.append(_topk_row(mode=spec.topk_mode, seq_len=req.seq_len, width=table.shape[1], bs=bs,
+                                  k=spec.topk, gen=gen))
+            req_ids.append(r)
+            ws_ids.append(prefill_local.get(r, -1))
+    indices = torch.stack(rows) if rows else torch.zeros((0, spec.topk), dtype=torch.int64)
+    tensors: dict[str, torch.Tensor | None] = {
+        "req_id": torch.tensor(req_ids, dtype=torch.int32),
+        "block_table": table,
+        "token_indices": indices.to(torch.int32),
+        "prefill_workspace_request_ids": None,
+        "prefill_workspace_starts": None,
+    }
+    if spec.prefill_workspace:
+        prefill_lens = [spec.requests[r].seq_len for r in prefill_local]
+        starts = torch.tensor([0] + prefill_lens, dtype=torch.int64).cumsum(0)[:-1]
+        tensors["prefill_workspace_request_ids"] = torch.tensor(ws_ids, dtype=torch.int32)
+        tensors["prefill_workspace_starts"] = starts.to(torch.int32)
+    params = {
+        "BLOCK_SIZE": bs, "NUM_TOPK_TOKENS": spec.topk, "BLOCK_N": spec.block_n,
+        "HAS_PREFILL_WORKSPACE": spec.prefill_workspace, "return_valid_counts": spec.return_valid_counts,
+    }
+    return built(op="convert", spec=spec, seed=seed, device=device, tensors=tensors, params=params)
+
+
+# --- features, size, shrinking -------------------------------------------------
+
+_TOPK_FEATURES = {
+    TopkMode.PADDED: {"idx:-1"}, TopkMode.NEGATIVE: {"idx:-1", "idx:negative"},
+    TopkMode.PAST_TABLE: {"idx:-1", "idx:past_table"}, TopkMode.PAST_SEQ_LEN: {"idx:-1", "idx:past_seq_len"},
+    TopkMode.MIXED: {"idx:-1", "idx:negative", "idx:past_table", "idx:past_seq_len"}, TopkMode.VALID: set(),
+}
+
+
+def features(spec: ConvertSpec) -> set[str]:
+    prefill = [r.prefill for r in spec.requests if r.num_tokens]
+    out = {f"layout:{spec.paging.layout.value}", f"bs:{'1' if spec.paging.block_size == 1 else 'n'}"}
+    out |= {"batch:prefill-only"} if prefill and all(prefill) else {"batch:mixed"} if any(prefill) else {
+        "batch:decode-only"}
+    out |= _TOPK_FEATURES[spec.topk_mode]
+    if any(r.seq_len > spec.paging.block_size for r in spec.requests):
+        out.add("block-boundary")
+    if any(r.num_tokens == 0 for r in spec.requests):
+        out.add("empty-request")
+    return out
+
+
+def size(spec: ConvertSpec) -> dict[str, int]:
+    return {"requests": len(spec.requests), "rows": sum(r.num_tokens for r in spec.requests), "topk": spec.topk}
+
+
+def reduce(s: ConvertSpec) -> Iterator[ConvertSpec]:
+    for reqs in drop_each(s.requests):
+        if any(r.num_tokens for r in reqs):
+            yield from attempt(lambda: dataclasses.replace(s, requests=reqs))
+    for j, r in enumerate(s.requests):
+        for v in halvings(r.num_tokens):
+            yield from attempt(lambda: with_request(s, j, num_tokens=v))
+        for v in halvings(r.seq_len):
+            yield from attempt(lambda: with_request(s, j, seq_len=v))
+        if r.prefill:
+            yield from attempt(lambda: with_request(s, j, prefill=False))
+    if s.prefill_workspace and not any(r.prefill for r in s.requests):
+        yield dataclasses.replace(s, prefill_workspace=False)
+    if s.topk > s.block_n:
+        yield from attempt(lambda: dataclasses.replace(s, topk=s.block_n))
+    for p in paging_steps(s.paging):
+        yield dataclasses.replace(s, paging=p)
+    for mode in (TopkMode.VALID, TopkMode.PADDED):
+        if s.topk_mode is not mode:
+            yield dataclasses.replace(s, topk_mode=mode)
+
+
+# --- error inputs (SPEC section 3: "must reject with a clear exception before launching") ---
+
+def _length_mismatch(case: Case) -> Case | None:
+    # The PR #48642 bug: the full req_id (T rows) passed with the decode-only indices.
+    req = case.tensors["req_id"]
+    extra = req[:1].repeat(3) if req.numel() else torch.zeros(3, dtype=req.dtype, device=req.device)
+    return with_(case, tensors={"req_id": torch.cat([req, extra])})
+
+
+def _convert_wrong_dtype(case: Case) -> Case | None:
+    return with_(case, tensors={"req_id": case.tensors["req_id"].to(torch.int64)})
+
+
+def _k_mismatch(case: Case) -> Case | None:
+    k, bn = case.params["NUM_TOPK_TOKENS"], case.params["BLOCK_N"]
+    return with_(case, params={"NUM_TOPK_TOKENS": k - bn}) if k > bn else None
+
+
+def _k_not_multiple(case: Case) -> Case | None:
+    k = case.params["NUM_TOPK_TOKENS"]
+    return with_(case, params={"BLOCK_N": 2 * k})
+
+
+def _bad_block_size(case: Case) -> Case | None:
+    return with_(case, params={"BLOCK_SIZE": 0})
+
+
+def _req_out_of_range(case: Case) -> Case | None:
+    req = case.tensors["req_id"].clone()
+    if not req.numel():
+        return None
+    req[0] = case.tensors["block_table"].shape[0]
+    return with_(case, tensors={"req_id": req})
+
+
+INVALID: tuple[InvalidClass, ...] = (
+    InvalidClass(name="length_mismatch", memory_safe=False, make=_length_mismatch,
+                 description="req_id has more rows than token_indices (full req_id with decode-only indices)"),
+    InvalidClass(name="wrong_dtype", memory_safe=True, make=_convert_wrong_dtype,
+                 description="req_id is int64"),
+    InvalidClass(name="k_mismatch", memory_safe=True, make=_k_mismatch,
+                 description="NUM_TOPK_TOKENS != token_indices.shape[1]"),
+    InvalidClass(name="k_not_multiple_of_block_n", memory_safe=False, make=_k_not_multiple,
+                 description="NUM_TOPK_TOKENS is not a multiple of BLOCK_N"),
+    InvalidClass(name="bad_block_size", memory_safe=True, make=_bad_block_size,
+                 description="BLOCK_SIZE == 0"),
+    InvalidClass(name="req_out_of_range", memory_safe=False, make=_req_out_of_range,
+                 description="a req_id >= the block table's rows (not checked by vLLM)"),
+)

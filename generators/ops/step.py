@@ -1,0 +1,313 @@
+"""The ``step`` op: a whole scheduler step (SPEC.md sections 1 and 5).
+
+A ``StepSpec`` lists the step's requests in the scheduler's order (decode ->
+extend -> prefill, SPEC section 1) plus everything the step's metadata depends
+on: paging, K and BLOCK_N, the split's threshold and uniformity rule, and the
+workspace size that bounds the chunked context. This module holds the spec,
+its drawer, materializer, features and shrink steps.
+
+Readings chosen where SPEC is silent (the oracle and the pipeline share them):
+
+- Token count. ``num_tokens`` (vLLM's num_actual_tokens) is ``R * q0`` when
+  the batch is a uniform decode batch padded for CUDA graphs (every
+  query_len equals q0 = query_len[0] or is 0, and q0 <= threshold), else
+  ``query_start_loc[-1]``. That is exactly what SPEC 5.1's "T must equal R *
+  query_len[0]" asks of a padded batch.
+- Padding tokens (the tokens past ``query_start_loc[-1]``) belong to the
+  zero-length requests, q0 each, in request order: ``req_id_per_token`` lays
+  them out as if every request had q0 tokens. Zero-length requests form the
+  tail of the batch.
+- ``topk_indices`` rows are request-local positions ``< seq_len`` of the
+  token's request (``-1`` padded when ``topk_padded``); a request with
+  seq_len 0 gets an all ``-1`` row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
+
+import torch
+
+from mlafuzz.generators.case import Case, built, local_generator
+from mlafuzz.generators.draw import Drawer, Knobs, SMALL, draw_paging
+from mlafuzz.generators.paging import build_block_table
+from mlafuzz.generators.records import make_cache
+from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
+from mlafuzz.generators.spec import (
+    Layout, Paging, SpecError, ValueMode, check_int, check_topk_tiling, coerce_enum, coerce_tuple, fail,
+)
+from mlafuzz.oracles.metadata import split_decodes_and_prefills
+
+__all__ = ["RequestKind", "StepRequest", "StepSpec", "draw", "materialize", "features", "reduce", "size"]
+
+
+class RequestKind(int, enum.Enum):
+    """SPEC section 1's classes, valued by their rank in the scheduler's order."""
+
+    DECODE = 0
+    EXTEND = 1
+    PREFILL = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRequest:
+    context_len: int  # tokens already in the cache (num_computed_tokens)
+    query_len: int  # tokens scheduled this step; 0 for a CUDA-graph padding request
+
+    def __post_init__(self) -> None:
+        check_int("StepRequest", "context_len", self.context_len, lo=0, hi=1 << 24)
+        check_int("StepRequest", "query_len", self.query_len, lo=0, hi=1 << 20)
+
+    @property
+    def seq_len(self) -> int:
+        return self.context_len + self.query_len
+
+    def kind(self, threshold: int) -> RequestKind:
+        if self.context_len == 0:
+            return RequestKind.PREFILL
+        return RequestKind.DECODE if self.query_len <= threshold else RequestKind.EXTEND
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSpec:
+    """One scheduler step (SPEC sections 1 and 5)."""
+
+    op: ClassVar[str] = "step"
+    requests: tuple[StepRequest, ...]
+    paging: Paging = Paging()
+    topk: int = 64  # K (NUM_TOPK_TOKENS)
+    block_n: int = 16  # BLOCK_N of the convert launch; K must be a multiple of it
+    threshold: int = 1  # decode threshold of the split (5.1)
+    require_uniform: bool = True  # the FlashMLA sparse builder's rule
+    workspace_rows: int = 256  # W: bounds the chunked context (5.2) and the prefill chunks (5.3)
+    values: ValueMode = ValueMode.ACTIVATIONS
+    topk_padded: bool = True  # top-k rows: distinct positions then -1 (else K positions, repeats allowed)
+
+    def __post_init__(self) -> None:
+        coerce_tuple(self, "requests", StepRequest)
+        coerce_enum(self, "values", ValueMode)
+        if not self.requests:
+            fail("StepSpec", "requests", self.requests, "must hold at least one request")
+        if self.requests[0].query_len == 0:
+            fail("StepSpec", "requests[0].query_len", 0, "must be >= 1 (decode_query_len is read off it)")
+        check_topk_tiling("StepSpec", topk=self.topk, block_n=self.block_n)
+        check_int("StepSpec", "threshold", self.threshold, lo=0, hi=1 << 20)
+        check_int("StepSpec", "workspace_rows", self.workspace_rows, lo=1, hi=1 << 24)
+        self._check_order()
+        self._check_metadata()
+
+    # -- validation ---------------------------------------------------------
+
+    def _check_order(self) -> None:
+        kinds = [r.kind(self.threshold) for r in self.requests]
+        for i in range(1, len(kinds)):
+            if kinds[i] < kinds[i - 1]:
+                fail("StepSpec", f"requests[{i}]", self.requests[i],
+                      f"is a {kinds[i].name.lower()} after a {kinds[i - 1].name.lower()} (threshold="
+                      f"{self.threshold}): the scheduler orders decode -> extend -> prefill")
+        first_pad = next((i for i, r in enumerate(self.requests) if r.query_len == 0), len(self.requests))
+        if any(r.query_len for r in self.requests[first_pad:]):
+            fail("StepSpec", f"requests[{first_pad}].query_len", 0,
+                  "but a later request has tokens: zero-length (padding) requests form the tail")
+
+    def _check_metadata(self) -> None:
+        nd, _np, ndt, _npt = self.split()
+        if nd:
+            dql = self.requests[0].query_len
+            if ndt % dql:
+                fail("StepSpec", "require_uniform", self.require_uniform,
+                      f"gives decodes of unequal query_len: num_decode_tokens={ndt} is not a multiple of "
+                      f"decode_query_len={dql} (SPEC 5.3)")
+        with_ctx = sum(1 for r in self.requests[nd:] if r.context_len > 0)
+        if with_ctx and (self.workspace_rows // with_ctx) // self.paging.block_size == 0:
+            fail("StepSpec", "workspace_rows", self.workspace_rows,
+                  f"is too small: {with_ctx} prefill requests with context need >= "
+                  f"{with_ctx * self.paging.block_size} rows (one block each, SPEC 5.2)")
+
+    # -- derived quantities (pure functions of the spec) --------------------
+
+    @property
+    def query_start_loc(self) -> tuple[int, ...]:
+        out = [0]
+        for r in self.requests:
+            out.append(out[-1] + r.query_len)
+        return tuple(out)
+
+    @property
+    def num_tokens(self) -> int:
+        """T (module docstring): R * q0 for a padded uniform decode batch, else query_start_loc[-1]."""
+        q0 = self.requests[0].query_len
+        if q0 <= self.threshold and all(r.query_len in (0, q0) for r in self.requests):
+            return len(self.requests) * q0
+        return self.query_start_loc[-1]
+
+    def split(self) -> tuple[int, int, int, int]:
+        """SPEC 5.1 on this batch (the oracle's reading): (decodes, prefills, decode tokens, prefill tokens)."""
+        try:
+            return split_decodes_and_prefills(query_start_loc=list(self.query_start_loc),
+                                              threshold=self.threshold, require_uniform=self.require_uniform,
+                                              num_tokens=self.num_tokens)
+        except ValueError as exc:  # cannot happen given num_tokens; keep the one-line contract anyway
+            raise SpecError(f"StepSpec: requests={self.requests!r} cannot be split: {exc}") from None
+
+    def dense_route(self) -> bool:
+        """SPEC 5.4: every prefill (after the split) has seq_len <= K."""
+        nd = self.split()[0]
+        return all(r.seq_len <= self.topk for r in self.requests[nd:])
+
+
+# --- drawing ---------------------------------------------------------------
+
+def draw(d: Drawer, knobs: Knobs = SMALL) -> StepSpec:
+    """A valid step: options are ordered so Hypothesis shrinks towards a small plain batch."""
+    paging = draw_paging(d, knobs)
+    bs = paging.block_size
+    block_n = d.choice(knobs.block_ns)
+    k = block_n * d.choice(knobs.topk_multiples)
+    threshold = d.choice((1, 2, 4))
+    require_uniform = not d.boolean()
+    dense = not d.boolean()
+    max_q = max(1, knobs.max_tokens_per_request)
+    max_ctx = max(1, knobs.max_seq_len)
+    n_req = max(1, knobs.max_requests)
+
+    n_dec = d.integer(0, n_req)
+    n_ext = d.integer(0, max(0, min(2, n_req - n_dec)))
+    n_pre = d.integer(0 if n_dec + n_ext else 1, max(0 if n_dec + n_ext else 1, min(2, n_req - n_dec - n_ext)))
+    n_pad = d.integer(0, 2) if d.boolean() else 0
+
+    def upto(lo: int, hi: int) -> int:  # anywhere in [lo, hi], or near hi (long contexts make several chunks)
+        hi = max(lo, hi)
+        return d.integer(lo, hi) if not d.boolean() else hi - d.integer(0, (hi - lo) // 4)
+
+    q_dec = d.integer(1, threshold)  # > 1 is speculative decoding
+    reqs = [StepRequest(context_len=d.integer(1, max_ctx), query_len=q_dec) for _ in range(n_dec)]
+    for _ in range(n_ext):
+        q = d.integer(threshold + 1, threshold + max_q)
+        # Sparse route: the sequence is longer than K through its context (cheap: no extra tokens).
+        ctx = upto(1, k - q) if dense else upto(max(1, k + 1 - q), max_ctx)
+        reqs.append(StepRequest(context_len=ctx, query_len=q))
+    lo = 1 if require_uniform else threshold + 1  # else a short prefill joins the decodes with another length
+    for i in range(n_pre):
+        long = not dense and ((n_ext == 0 and i == 0) or d.integer(0, 3) == 0)
+        q_lo = max(lo, k + 1) if long else lo
+        q = d.integer(q_lo, q_lo + max_q) if long else d.integer(lo, max(lo, min(k, lo + 4 * max_q)))
+        reqs.append(StepRequest(context_len=0, query_len=q))
+    reqs += [StepRequest(context_len=0, query_len=0) for _ in range(n_pad)]
+
+    with_ctx = max(1, n_ext + (n_dec if n_ext + n_pre == 0 else 0))
+    workspace_rows = with_ctx * bs * d.choice((1, 2, 3, 8))
+    spec_kw = dict(requests=tuple(reqs), paging=paging, topk=k, block_n=block_n, threshold=threshold,
+                   require_uniform=require_uniform, values=d.choice(list(ValueMode)),
+                   topk_padded=not d.boolean())
+    try:
+        return StepSpec(workspace_rows=workspace_rows, **spec_kw)
+    except SpecError:
+        # The split put more requests with context on the prefill side than drawn for (a decode batch
+        # without the uniform rule): a workspace large enough for every request is always valid.
+        return StepSpec(workspace_rows=len(reqs) * bs * 8, **spec_kw)
+
+
+
+# --- materializing ---------------------------------------------------------
+
+def _topk_row(*, seq_len: int, k: int, padded: bool, gen: torch.Generator) -> torch.Tensor:
+    if seq_len == 0:
+        return torch.full((k,), -1, dtype=torch.int64)
+    if not padded:
+        return torch.randint(0, seq_len, (k,), generator=gen, dtype=torch.int64)
+    n_valid = int(torch.randint(0, min(k, seq_len) + 1, (), generator=gen))
+    row = torch.full((k,), -1, dtype=torch.int64)
+    row[:n_valid] = torch.randperm(seq_len, generator=gen)[:n_valid]
+    return row[torch.randperm(k, generator=gen)]  # the indexer's order is not sorted
+
+
+def token_owners(spec: StepSpec) -> list[int]:
+    """req_id_per_token as a list (module docstring: padding tokens go to the zero-length requests)."""
+    owners = [r for r, req in enumerate(spec.requests) for _ in range(req.query_len)]
+    pads = [r for r, req in enumerate(spec.requests) if req.query_len == 0]
+    extra = spec.num_tokens - len(owners)
+    q0 = spec.requests[0].query_len
+    owners += [pads[j // q0] for j in range(extra)]
+    return owners
+
+
+def materialize(spec: StepSpec, *, seed: int, device: str) -> Case:
+    gen = local_generator(seed)
+    seq_lens = [r.seq_len for r in spec.requests]
+    table, pool = build_block_table(paging=spec.paging, seq_lens=seq_lens, gen=gen)
+    cache = make_cache(mode=spec.values, num_blocks=pool, block_size=spec.paging.block_size, gen=gen)
+    owners = token_owners(spec)
+    rows = [_topk_row(seq_len=seq_lens[r], k=spec.topk, padded=spec.topk_padded, gen=gen) for r in owners]
+    indices = torch.stack(rows) if rows else torch.zeros((0, spec.topk), dtype=torch.int64)
+    tensors = {
+        "kv_cache": cache,
+        "block_table": table,
+        "query_start_loc": torch.tensor(spec.query_start_loc, dtype=torch.int32),
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+        "req_id_per_token": torch.tensor(owners, dtype=torch.int32),
+        "topk_indices": indices.to(torch.int32),
+    }
+    params = {
+        "num_tokens": spec.num_tokens, "threshold": spec.threshold, "require_uniform": spec.require_uniform,
+        "workspace_rows": spec.workspace_rows, "topk": spec.topk, "block_n": spec.block_n,
+        "block_size": spec.paging.block_size,
+    }
+    return built(op="step", spec=spec, seed=seed, device=device, tensors=tensors, params=params)
+
+
+# --- features --------------------------------------------------------------
+
+def features(spec: StepSpec) -> set[str]:
+    nd, n_pre, ndt, npt = spec.split()
+    out = {f"layout:{spec.paging.layout.value}", f"bs:{'1' if spec.paging.block_size == 1 else 'n'}",
+           f"values:{spec.values.value}"}
+    out.add("batch:decode-only" if n_pre == 0 else "batch:prefill-only" if nd == 0 else "batch:mixed")
+    if nd and spec.requests[0].query_len > 1:
+        out.add("spec-decode")
+    if any(r.query_len == 0 for r in spec.requests):
+        out.add("padded-requests")
+    prefills = spec.requests[nd:]
+    if prefills:
+        out.add("dense-prefill" if spec.dense_route() else "sparse-prefill")
+    ctx = [r.context_len for r in prefills]
+    with_ctx = sum(1 for c in ctx if c > 0)
+    if with_ctx:
+        chunk = (spec.workspace_rows // with_ctx) // spec.paging.block_size * spec.paging.block_size
+        if max(ctx) > chunk:
+            out.add("multi-chunk")
+    running, groups = 0, 0
+    for r in prefills:  # SPEC 5.3's greedy grouping, for the "several prefill chunks" corner
+        if groups == 0 or running + r.seq_len > spec.workspace_rows:
+            groups, running = groups + 1, 0
+        running += r.seq_len
+    if groups > 1:
+        out.add("prefill-chunks>1")
+    return out
+
+
+def size(spec: StepSpec) -> dict[str, int]:
+    return {"requests": len(spec.requests), "tokens": spec.num_tokens}
+
+
+def reduce(s: StepSpec) -> Iterator[StepSpec]:
+    for reqs in drop_each(s.requests):
+        yield from attempt(lambda: dataclasses.replace(s, requests=reqs))
+    for j, r in enumerate(s.requests):
+        for v in halvings(r.context_len):
+            yield from attempt(lambda: with_request(s, j, context_len=v))
+        for v in halvings(r.query_len):
+            yield from attempt(lambda: with_request(s, j, query_len=v))
+    if s.topk > s.block_n:
+        yield from attempt(lambda: dataclasses.replace(s, topk=s.block_n))
+    for p in paging_steps(s.paging):
+        yield from attempt(lambda: dataclasses.replace(s, paging=p))
+    if s.paging.block_size != 1 and s.paging.layout is Layout.CONTIGUOUS:
+        yield from attempt(lambda: dataclasses.replace(s, paging=dataclasses.replace(s.paging, block_size=1)))
+    if s.values is not ValueMode.ACTIVATIONS:
+        yield dataclasses.replace(s, values=ValueMode.ACTIVATIONS)
+    if not s.topk_padded:
+        yield dataclasses.replace(s, topk_padded=True)

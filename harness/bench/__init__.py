@@ -1,0 +1,1 @@
+"""`mlafuzz bench`: kernel bandwidth (kernels.py) and the harness's cost per case (harness.py)."""

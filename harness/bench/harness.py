@@ -1,0 +1,135 @@
+"""`mlafuzz bench --harness`: what checking a realistic case costs, end to end and by stage.
+
+For each op, cases at the realistic shape (``realistic_spec``) are generated on
+the GPU and checked the way a fuzz run checks them, in this process. Printed
+per op, medians over the cases: cases/s end to end (generate + check), the time
+to generate a case, the kernel alone, the check (``check_call``: everything a
+fuzz run does for a case but generate it), and each stage's host time (a
+profiled check's ``mlafuzz::<stage>`` scopes, harness/check/stages.py);
+checks/kernel = (check - kernel) / kernel and generate/kernel.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+REPEATS = 5  # timings of the kernel and of check_call per case, their median kept
+WARM = 5  # untimed checks of each case before its timed ones
+OURS = {"gather": "cuda", "convert": "triton", "writer": "cuda"}
+STAGES = ("run", "rerun", "inputs", "oracle", "guards")
+
+
+def realistic_spec(op: str) -> Any:
+    """DeepSeek V3.2 shapes (K 2048, bs 64, BLOCK_N 128)."""
+    from mlafuzz.generators.ops.convert import ConvertRequest, ConvertSpec
+    from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
+    from mlafuzz.generators.ops.writer import WriterSpec
+    from mlafuzz.generators.spec import Paging, TopkMode, ValueMode
+
+    paging = Paging(block_size=64, layout="shuffled")
+    return {
+        "gather": lambda: GatherSpec(requests=(GatherRequest(context_len=4096, length=4096),) * 64,
+                                     paging=paging, values=ValueMode.ALL_CODES),
+        "convert": lambda: ConvertSpec(requests=(ConvertRequest(seq_len=8192, num_tokens=64),) * 64, paging=paging,
+                                       topk=2048, block_n=128, topk_mode=TopkMode.PADDED),
+        "writer": lambda: WriterSpec(num_tokens=65536, paging=paging),
+    }[op]()
+
+
+def _timed(fn: Callable[[], object]) -> tuple[object, float]:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def _stage_ms(check: Callable[[], object]) -> dict[str, float]:
+    """Host ms of each stage of one profiled check (the second: the first pays the profiler's start)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mlafuzz.harness.check.stages import PREFIX
+
+    for _ in range(2):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            check()
+            torch.cuda.synchronize()
+    out = {s: 0.0 for s in STAGES}
+    for ev in prof.key_averages():
+        if ev.key.startswith(PREFIX) and ev.key[len(PREFIX):] in out:
+            out[ev.key[len(PREFIX):]] += ev.cpu_time_total / 1e3
+    return out
+
+
+def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: bool = False) -> list[str]:
+    from mlafuzz.harness.check.compare import Policy
+    from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.drive.fuzz import case_seed
+    from mlafuzz.harness.drive.run import check_call
+    from mlafuzz.harness.memory.guards import PATTERNS
+    from mlafuzz.harness.ops.table import OPS
+
+    session = Session(table=OPS)
+    cols = ("cases/s", "generate", "kernel", "check", *STAGES)
+    lines = [f"{'op':<8} " + " ".join(f"{c:>9}" for c in cols) + f" {'gen/kernel':>11} {'checks/kernel':>14}",
+             "  ms per case, medians. cases/s: end to end (generate + check) over the timed cases. check: the"
+             " runner's check_call in the steady state (after WARM untimed checks), the kernel timed alone on ready"
+             " arguments; stages: host ms of a profiled check. checks/kernel = (check - kernel) / kernel."]
+    profiles: list[str] = []
+    for op_name in ops:
+        op = OPS.get(op_name)
+        entry = session.entry(op_name, OURS[op_name])
+        fn = session.load(entry, "cuda")
+        rows: dict[str, list[float]] = {k: [] for k in cols}
+        walls = []
+        for i in range(cases + 1):  # case 0 warms up (JIT, extension load)
+            s = case_seed(seed, op_name, i)
+            t_start = time.perf_counter()
+            case, t_gen = _timed(lambda: op.materialize(realistic_spec(op_name), seed=s, device="cuda"))
+            check = lambda: check_call(session=session, op=op, case=case, entry=entry, fn=fn,  # noqa: E731
+                                       policy=Policy(), rerun=False)
+            findings, t_first = _timed(check)
+            walls_case = time.perf_counter() - t_start
+            if findings:
+                raise RuntimeError(f"bench --harness: our {op_name} drew findings on a realistic case: "
+                                   f"{findings[0].message}")
+            # The kernel alone, on ready arguments; everything else is the harness's cost.
+            args = {**case.cloned_tensors(), **{k: g.view for k, g in (
+                op.guarded(case, PATTERNS[0]) if op.guarded else {}).items()}}
+            sub = session.sub("cuda")
+            for _ in range(WARM):
+                op.invoke(fn, case, args, sub)
+            t_kernel = statistics.median(_timed(lambda: op.invoke(fn, case, args, sub))[1] for _ in range(REPEATS))
+            args = None
+            t_checks = [_timed(check)[1] for _ in range(WARM + REPEATS)][WARM:]
+            stages = _stage_ms(check)
+            if i == 0:
+                continue
+            walls.append(walls_case)
+            values = {"generate": t_gen * 1e3, "kernel": t_kernel * 1e3,
+                      "check": statistics.median(t_checks) * 1e3, **stages}
+            for k, v in values.items():
+                rows[k].append(v)
+        med = {k: statistics.median(v) for k, v in rows.items() if v}
+        med["cases/s"] = cases / sum(walls)
+        checks = (med["check"] - med["kernel"]) / max(med["kernel"], 1e-9)
+        gen = med["generate"] / max(med["kernel"], 1e-9)
+        if profile:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            for _ in range(2):  # the first profile pays the profiler's own start-up: keep the second
+                with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    check()
+                    torch.cuda.synchronize()
+            table = prof.key_averages()
+            profiles.append(f"--- {op_name}: one check_call, by self CUDA time ---")
+            profiles.append(table.table(sort_by="self_cuda_time_total", row_limit=12))
+            profiles.append(f"--- {op_name}: by CPU time (total) ---")
+            profiles.append(table.table(sort_by="cpu_time_total", row_limit=15))
+        lines.append(f"{op_name:<8} " + " ".join(f"{med[c]:>9.2f}" for c in cols) + f" {gen:>11.2f} {checks:>14.2f}")
+    return lines + profiles

@@ -1,0 +1,3 @@
+"""One case, the full path: calls (calls.py), the comparator (compare.py), the detectors beyond
+values (detectors.py), the full path itself (full.py), error-input contracts (contracts.py) and the
+per-process session that loads implementations once (session.py)."""

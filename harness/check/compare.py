@@ -1,0 +1,166 @@
+"""The one comparator: expected vs actual tensors -> structured findings.
+
+Order of checks follows FlashMLA's kernelkit: shape and dtype, then NaN
+positions, then values. Floats are compared as bit patterns: bit-exact by
+default, or within ``Policy.ulp`` units in the last place. Integers are exact.
+Messages follow torch.testing: ``Mismatched elements: 12 / 4096 (0.3%)``,
+``greatest ulp distance 7 at [3, 129] (expected 0x3f80, got 0x3f81)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from mlafuzz.harness.memory.bits import same_bits
+from mlafuzz.reports.findings import Finding, Kind, Mismatch
+
+MAX_SHOWN = 5
+
+_BITS_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+# Smallest normal magnitude per dtype, as bits (exponent field == 1).
+_MIN_NORMAL_BITS = {torch.bfloat16: 0x0080, torch.float16: 0x0400, torch.float32: 0x00800000}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """How close is equal. ulp=0 is bit-exact (the default: SPEC asks for exact results)."""
+
+    ulp: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ulp, bool) or not isinstance(self.ulp, int) or self.ulp < 0:
+            raise ValueError(f"Policy: ulp={self.ulp!r} must be an int >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    op: str
+    impl: str
+    case_id: str
+
+
+def _fmt_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    idx = []
+    for dim in reversed(shape):
+        idx.append(flat % dim if dim else 0)
+        flat //= dim if dim else 1
+    return tuple(reversed(idx))
+
+
+def _hex(v: int, width: int) -> str:
+    return f"0x{v & ((1 << width) - 1):0{width // 4}x}"
+
+
+def _ordered(bits: torch.Tensor, width: int) -> torch.Tensor:
+    """Map float bit patterns to integers whose difference is the ulp distance.
+
+    Sign-magnitude to two's-complement order; -0 maps to -1 and +0 to 0, so a
+    sign flip on zero counts as one ulp (bit-exact mode must see it).
+    """
+    b = bits.to(torch.int64) & ((1 << width) - 1)
+    mag = b & ((1 << (width - 1)) - 1)
+    neg = (b >> (width - 1)) & 1
+    return torch.where(neg == 1, -mag - 1, mag)
+
+
+def _shape_finding(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor) -> Finding:
+    return Finding(kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
+                   cause=f"{name}:shape",
+                   message=f"{name}: expected shape {tuple(exp.shape)} dtype {exp.dtype}, "
+                           f"got shape {tuple(act.shape)} dtype {act.dtype}")
+
+
+def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, policy: Policy) -> list[Finding]:
+    # Masks and counts stay on the tensors' device; only the few shown mismatches cross to the host.
+    width = 16 if exp.dtype in (torch.bfloat16, torch.float16) else 32
+    view = _BITS_VIEW[exp.dtype]
+    e_bits = exp.contiguous().view(view).reshape(-1)
+    a_bits = act.contiguous().view(view).reshape(-1).to(e_bits.device)
+    if same_bits(e_bits, a_bits):  # the common case, in one pass: same bits, same NaNs
+        return []
+    e_nan = torch.isnan(exp.contiguous().reshape(-1))
+    a_nan = torch.isnan(act.contiguous().reshape(-1)).to(e_nan.device)
+    total = e_bits.numel()
+    shape = tuple(exp.shape)
+    out: list[Finding] = []
+
+    def shown(idx: torch.Tensor) -> tuple[Mismatch, ...]:
+        idx = idx[:MAX_SHOWN].tolist()
+        return tuple(Mismatch(index=_fmt_index(i, shape), expected=_hex(int(e_bits[i]), width),
+                              actual=_hex(int(a_bits[i]), width)) for i in idx)
+
+    nan_bad_mask = e_nan != a_nan
+    n = int(nan_bad_mask.sum())
+    if n:
+        sample = shown(nan_bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
+        out.append(Finding(
+            kind=Kind.NAN_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
+            cause=f"{name}:nan", mismatches=sample, count=n, total=total,
+            message=f"{name}: NaN positions differ at {n} / {total} elements ({100.0 * n / total:.1f}%);"
+                    f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"))
+
+    dist = (_ordered(e_bits, width) - _ordered(a_bits, width)).abs()
+    bad_mask = ~(e_nan | a_nan) & (dist > policy.ulp)
+    n = int(bad_mask.sum())
+    if n:
+        masked = torch.where(bad_mask, dist, torch.zeros_like(dist))
+        worst = int(masked.argmax())
+        worst_dist = int(masked[worst])
+        e_mag = e_bits.to(torch.int64) & ((1 << (width - 1)) - 1)
+        # Flushing happens on the f32 product, which may round up to the smallest
+        # normal in bf16: count that value as "where the exact result is subnormal".
+        subnormal = (e_mag > 0) & (e_mag <= _MIN_NORMAL_BITS[exp.dtype])
+        only_subnormal = not bool((bad_mask & ~subnormal).any())
+        kind = Kind.SUBNORMAL_FLUSH if only_subnormal else Kind.VALUE_MISMATCH
+        sample = shown(bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
+        detail = " (every mismatch is where the exact result is subnormal)" if only_subnormal else ""
+        out.append(Finding(
+            kind=kind, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
+            cause=f"{name}:{'subnormal' if only_subnormal else 'value'}", mismatches=sample, count=n, total=total,
+            max_ulp=worst_dist,
+            message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
+                    f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape))}"
+                    f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"))
+    return out
+
+
+def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor) -> list[Finding]:
+    e = exp.reshape(-1)
+    a = act.reshape(-1).to(e.device)
+    if e.dtype == a.dtype and same_bits(e, a):
+        return []
+    bad = (e != a).nonzero()[:MAX_SHOWN].reshape(-1).cpu()
+    n, total, shape = int((e != a).sum()), e.numel(), tuple(exp.shape)
+    shown = tuple(Mismatch(index=_fmt_index(int(i), shape), expected=str(int(e[i])), actual=str(int(a[i])))
+                  for i in bad[:MAX_SHOWN])
+    return [Finding(
+        kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
+        cause=f"{name}:value", mismatches=shown, count=n, total=total,
+        message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
+                f" first at {list(shown[0].index)} (expected {shown[0].expected}, got {shown[0].actual})")]
+
+
+def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str, torch.Tensor | None],
+            policy: Policy, ctx: Context) -> list[Finding]:
+    """All differences between two output dicts, as findings (empty when equal)."""
+    findings: list[Finding] = []
+    for name, exp in expected.items():
+        act = actual.get(name)
+        if exp is None and act is None:
+            continue
+        if exp is None or act is None or not isinstance(act, torch.Tensor):
+            findings.append(Finding(kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
+                                    tensor=name, cause=f"{name}:missing",
+                                    message=f"{name}: expected {'a tensor' if exp is not None else 'nothing'},"
+                                            f" got {type(act).__name__}"))
+            continue
+        if exp.shape != act.shape or exp.dtype != act.dtype:
+            findings.append(_shape_finding(ctx, name, exp, act))
+        elif exp.dtype in _BITS_VIEW:
+            findings.extend(_float_findings(ctx, name, exp, act, policy))
+        else:
+            findings.extend(_exact_findings(ctx, name, exp, act))
+    return findings

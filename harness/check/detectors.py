@@ -1,0 +1,75 @@
+"""Findings of one call beyond its outputs' values: red zones, input bytes, a re-run, pending errors."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from mlafuzz.generators.case import Case
+from mlafuzz.harness.check.calls import Call
+from mlafuzz.harness.check.compare import Context
+from mlafuzz.harness.memory.bits import as_bits, same_bits
+from mlafuzz.reports.findings import Finding, Kind
+
+
+def redzone_findings(call: Call, ctx: Context) -> list[Finding]:
+    """OOB_WRITE for red-zone canaries the call changed, named by the tensor they guard."""
+    names = {}
+    for name, t in {**call.inputs, **(call.outputs or {})}.items():
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            names[t.data_ptr()] = name
+    out = []
+    for v in call.redzone:
+        name = names.get(v.ptr, f"an allocation of {v.size} bytes")
+        out.append(Finding(kind=Kind.OOB_WRITE, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=names.get(v.ptr),
+                           cause=f"{names.get(v.ptr, 'alloc')}:oob_{v.side}", count=v.count,
+                           message=f"{name}: {v.count} bytes written {v.side} it (nearest {v.offset} bytes "
+                                   f"{'before its start' if v.side == 'before' else 'past its end'}; "
+                                   f"red-zone allocator)"))
+    return out
+
+
+def launch_error_findings(call: Call, ctx: Context) -> list[Finding]:
+    """LAUNCH_ERROR: the call returned (or raised) with a CUDA error left pending."""
+    if call.launch_error is None:
+        return []
+    return [Finding(kind=Kind.LAUNCH_ERROR, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, cause="pending_cuda_error",
+                    message=f"the call left a CUDA error pending ({call.launch_error}): a launch it did not check;"
+                            " the next CUDA call anywhere in the process would have raised it")]
+
+
+def input_mutations(case: Case, inputs: Mapping[str, Any], ctx: Context, *, inplace: frozenset[str]) -> list[Finding]:
+    out = []
+    for name, before in case.tensors.items():
+        after = inputs.get(name)
+        if before is None or after is None or name in inplace:
+            continue
+        if not same_bits(before, after):
+            changed = int((as_bits(before) != as_bits(after)).sum())
+            out.append(Finding(kind=Kind.INPUT_MUTATION, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
+                               tensor=name, cause=f"{name}:mutated", count=changed, total=as_bits(before).numel(),
+                               message=f"input {name} changed during the call ({changed} elements)"))
+    return out
+
+
+def rerun_pairs(first: Call, second: Call) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, first run's, second run's) of each output the impl allocated, alike in shape and
+    dtype: the ones whose bits a re-run is held to (guarded outputs answer to the write map)."""
+    for name, a in (first.outputs or {}).items():
+        b = (second.outputs or {}).get(name)
+        if (name not in first.guards and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.shape == b.shape and a.dtype == b.dtype):
+            yield name, a, b
+
+
+def rerun_differs(first: Call, second: Call, ctx: Context) -> list[Finding]:
+    """Nondeterminism of outputs the impl allocated (guarded ones use the write map)."""
+    out = []
+    for name, a, b in rerun_pairs(first, second):
+        if not same_bits(a, b):
+            n = int((as_bits(a) != as_bits(b)).sum())
+            out.append(Finding(kind=Kind.NONDETERMINISM, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
+                               tensor=name, cause=f"{name}:rerun", count=n, total=as_bits(a).numel(),
+                               message=f"{name}: a second run of the same case differs in {n} elements"))
+    return out

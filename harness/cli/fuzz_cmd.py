@@ -1,0 +1,177 @@
+"""``mlafuzz fuzz``: fuzz implementations against the oracles.
+
+Exit 0: nothing found (or only what the ledger expects); 1: findings; 2: a
+usage or environment error (one line); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from mlafuzz.harness.cli.args import (
+    EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, UsageError, nonneg_int, nonneg_seconds, positive_int, positive_seconds,
+    shard,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
+    f = sub.add_parser("fuzz", help="fuzz implementations against the oracles",
+                       description="Fuzz implementations against the oracles. Exit 0: nothing found; 1: findings "
+                       "(appended to OUT/findings.jsonl as they happen); 2: usage or environment error.")
+    f.add_argument("--op", action="append", choices=names,
+                   help="op to fuzz (repeatable); default: every op with an --impl, else all ops")
+    f.add_argument("--impl", action="append", metavar="OP=REF",
+                   help="implementation per op: a registered name (see `mlafuzz list`), vllm, module:attr or "
+                        "path/to/file.py:attr (repeatable); default: ours for the device")
+    f.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
+    f.add_argument("--cases", type=positive_int, help="number of cases to run (this shard)")
+    f.add_argument("--budget", type=positive_seconds, metavar="SECONDS",
+                   help="wall-clock budget; default 60 s when --cases is not given either")
+    f.add_argument("--seed", type=nonneg_int, default=0, help="run seed: same seed, same cases (default 0)")
+    f.add_argument("--out", default="mlafuzz-out", metavar="DIR", help="run directory (default ./mlafuzz-out)")
+    f.add_argument("--spec", metavar="FILE", help="run this spec (JSON, as in a repro bundle) with varying seeds")
+    f.add_argument("--size", choices=("small", "large"), default="small",
+                   help="case size knobs: small (CPU, interpreter) or large (realistic GPU sizes)")
+    f.add_argument("--ulp", type=nonneg_int, default=0, help="bf16 ulp budget (default 0: bit-exact)")
+    f.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N", help="run only shard K of N (0-based)")
+    f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
+    f.add_argument("--workers", type=positive_int, default=None,
+                   help="worker processes (default: one per GPU with --device cuda, 1 on cpu)")
+    f.add_argument("--in-process", action="store_true",
+                   help="run cases in this process: faster start, but a crashing impl takes the run down")
+    f.add_argument("--timeout", type=positive_seconds, default=120.0, metavar="SECONDS",
+                   help="per-case limit before a worker is killed and the case reported as TIMEOUT (default 120)")
+    f.add_argument("--shrink-budget", type=nonneg_seconds, default=20.0, metavar="SECONDS",
+                   help="time to minimize each new finding bucket before writing its repro bundle "
+                        "(default 20; 0 disables shrinking and bundles)")
+    f.add_argument("--redzone", action="store_true",
+                   help="GPU fast mode: a red-zone allocator pads every CUDA allocation with canaries, so writes "
+                        "past outputs the impl allocates itself are OOB_WRITE findings")
+    f.add_argument("--sanitizer", action="store_true",
+                   help="GPU exact mode: run cases under compute-sanitizer memcheck with the caching allocator "
+                        "off; its reports become findings (slow)")
+    f.add_argument("--contract", action="append", metavar="OP=CLASS,...",
+                   help="hold an external impl to this (weaker) contract instead of SPEC's must-reject list")
+    f.add_argument("--ledger", metavar="FILE",
+                   help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
+                        "entries that matched nothing are printed as stale")
+    f.set_defaults(func=cmd_fuzz)
+
+
+def executor_for(args: argparse.Namespace, *, table_ref: str):
+    from mlafuzz.harness.drive.workers import InProcess, WorkerPool, device_slots
+
+    if (args.redzone or args.sanitizer) and args.device != "cuda":
+        raise UsageError("mlafuzz: --redzone and --sanitizer check GPU memory: use them with --device cuda")
+    if args.sanitizer:
+        from mlafuzz.harness.drive.sanitizer import SanitizerExecutor
+
+        try:
+            return SanitizerExecutor(device=args.device)
+        except RuntimeError as exc:
+            raise UsageError(f"mlafuzz: {exc}") from None
+    if args.in_process:
+        return InProcess(redzone=args.redzone)
+    return WorkerPool(devices=device_slots(device=args.device, workers=args.workers), timeout=args.timeout,
+                      redzone=args.redzone, table_ref=table_ref)
+
+
+def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: str) -> dict[str, str]:
+    """op -> --impl reference, each resolved and loaded once here so mistakes surface as one line."""
+    from mlafuzz.kernels.entry import ImplError
+    from mlafuzz.kernels.registry import parse_impl_arg
+
+    chosen: dict[str, str] = {}
+    for text in texts or ():
+        op, ref = parse_impl_arg(text, ops=session.table.names)
+        chosen[op] = ref
+    refs = {}
+    for op in ops:
+        ref = chosen.get(op) or session.default_ref(op, device)
+        entry = session.entry(op, ref)
+        try:
+            session.load(entry, device)
+        except ImplError:
+            raise
+        except Exception as exc:  # e.g. the CUDA extension failed to build: one line, exit 2
+            text = str(exc).strip()
+            raise ImplError(f"--impl {op}={ref}: cannot load on {device}: {type(exc).__name__}: "
+                            f"{text.splitlines()[0] if text else ''}") from None
+        refs[op] = ref
+    return refs
+
+
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from mlafuzz.generators.draw import KNOB_PRESETS
+    from mlafuzz.generators.spec import spec_from_json
+    from mlafuzz.harness.check.compare import Policy
+    from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard, fuzz
+    from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
+    from mlafuzz.harness.ledger import LedgerError, judge, load_ledger
+    from mlafuzz.kernels.registry import parse_impl_arg
+    from mlafuzz.reports import console
+    from mlafuzz.reports.progress import Progress
+
+    table = table_from_ref(DEFAULT_TABLE)
+    fixed_spec = None
+    if args.spec:
+        path = Path(args.spec)
+        if not path.is_file():
+            raise UsageError(f"mlafuzz: --spec {args.spec!r}: no such file")
+        fixed_spec = spec_from_json(path.read_text(), types=table.spec_types)
+        ops = [fixed_spec.op]
+    elif args.op:
+        ops = list(dict.fromkeys(args.op))
+    elif args.impl:
+        ops = list(dict.fromkeys(parse_impl_arg(t, ops=table.names)[0] for t in args.impl))
+    else:
+        ops = list(table.names)
+    cases, budget = args.cases, args.budget
+    if cases is None and budget is None:
+        budget = 60.0
+    try:
+        ledger = load_ledger(args.ledger) if args.ledger else None
+    except LedgerError as exc:
+        raise UsageError(f"mlafuzz: --ledger: {exc}") from None
+    rejects = {}
+    for text in args.contract or ():
+        op, _, classes = text.partition("=")
+        rejects[op] = tuple(c for c in classes.split(",") if c)
+    session = Session(table=table)
+    config = FuzzConfig(ops=tuple(ops), impls=select_impls(session, args.impl, ops, args.device), device=args.device,
+                        cases=cases, budget=budget, seed=args.seed, out_dir=Path(args.out),
+                        knobs=KNOB_PRESETS[args.size], policy=Policy(ulp=args.ulp), fixed_spec=fixed_spec,
+                        shard=Shard(index=args.shard[0], count=args.shard[1]), shrink_budget=args.shrink_budget,
+                        rejects=rejects, table=table)
+    if not args.quiet:
+        print(console.start_line(impls=config.impls, device=args.device, seed=args.seed, cases=cases, budget=budget,
+                                 out=str(config.out_dir)), file=sys.stderr)
+    seen: set = set()
+    found: list = []  # for the verdict
+
+    def show(finding) -> None:
+        found.append(finding)
+        if not args.quiet and finding.dedup_key not in seen:  # one line per new bucket
+            seen.add(finding.dedup_key)
+            print(console.finding_line(finding), file=sys.stderr)
+
+    executor = executor_for(args, table_ref=DEFAULT_TABLE)
+    progress = Progress(budget=budget, quiet=args.quiet)
+    try:
+        summary = fuzz(config, executor=executor, on_finding=show, on_progress=progress)
+    finally:
+        progress.close()
+        executor.close()
+    for line in console.bundle_lines(summary.bundles):
+        print(line)
+    print(console.summary_line(summary.to_json()))
+    judgement = judge(found, ledger=ledger, ran=config.impls.items())
+    for line in console.verdict_lines(judgement, found):
+        print(line, file=sys.stderr)
+    if not judgement.passed:
+        return EXIT_FINDINGS
+    return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK

@@ -1,0 +1,60 @@
+"""``mlafuzz mutants``: fuzz the catalog of planted bugs and report the mutation score.
+
+Exit 1 if a mutant survives or a correct implementation draws a finding.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mlafuzz.harness.cli.args import EXIT_FINDINGS, EXIT_OK, nonneg_int, nonneg_seconds, positive_int, positive_seconds
+
+
+def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
+    m = sub.add_parser("mutants", help="fuzz the catalog of planted bugs and report the mutation score",
+                       description="Fuzz every planted-bug mutant until it draws its expected finding kind "
+                                   "(killed) or its budget ends (survived), and the correct implementations in the "
+                                   "same run. Exit 1 if a mutant survives or a correct implementation draws a finding.")
+    m.add_argument("--op", action="append", choices=names, help="only the mutants of this op (repeatable)")
+    m.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
+    m.add_argument("--budget-per-mutant", type=positive_seconds, default=None, metavar="SECONDS",
+                   help="wall-clock budget per mutant and per correct implementation (default 30 unless"
+                        " --cases-per-mutant is given)")
+    m.add_argument("--cases-per-mutant", type=positive_int, default=None, metavar="N",
+                   help="at most N cases per mutant and per correct implementation (machine-independent)")
+    m.add_argument("--shrink-budget", type=nonneg_seconds, default=5.0, metavar="SECONDS",
+                   help="time to minimize each kill, for the table's last column (0: skip)")
+    m.add_argument("--seed", type=nonneg_int, default=0, help="run seed (default 0)")
+    m.add_argument("--out", default="mlafuzz-mutants", metavar="DIR", help="run directories, one per mutant")
+    m.set_defaults(func=cmd_mutants)
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.drive.mutants import run_mutants
+    from mlafuzz.harness.drive.workers import DEFAULT_TABLE, InProcess, WorkerPool, table_from_ref
+    from mlafuzz.reports import console
+
+    table = table_from_ref(DEFAULT_TABLE)
+    session = Session(table=table)
+    # On the GPU a mutant may write out of bounds: isolate it, with the red-zone allocator on.
+    executor = (WorkerPool(devices=["cuda:0"], timeout=120.0, redzone=True, table_ref=DEFAULT_TABLE)
+                if args.device == "cuda" else InProcess(session=session))
+    budget = args.budget_per_mutant
+    if budget is None and args.cases_per_mutant is None:
+        budget = 30.0
+    ops = list(dict.fromkeys(args.op or table.names))
+    try:  # one warm executor for the whole catalog; a dead worker is replaced
+        results, clean = run_mutants(session=session, ops=ops, device=args.device, budget=budget,
+                                     cases=args.cases_per_mutant, out=Path(args.out), seed=args.seed,
+                                     shrink_budget=args.shrink_budget, executor=executor)
+    finally:
+        executor.close()
+    for line in console.mutants_table(results):
+        print(line)
+    for problem in clean:
+        print(f"correct implementation drew findings: {problem}")
+    if not clean:
+        print(f"correct implementations ({', '.join(ops)}): no findings")
+    return EXIT_FINDINGS if clean or not all(r.killed for r in results) else EXIT_OK

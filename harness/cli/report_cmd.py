@@ -1,0 +1,83 @@
+"""The ``report`` and ``merge`` subcommands.
+
+Both exit 0 when they wrote what was asked (a report never decides pass/fail:
+``fuzz`` does, with its ledger) and 2 with one line on a bad directory,
+format, ledger or output path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mlafuzz.harness.cli.args import EXIT_OK, UsageError
+from mlafuzz.reports.atomic import atomic_write
+from mlafuzz.reports.formats.render import FORMATS
+
+
+def _usage(message: str) -> Exception:
+    return UsageError(message)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mlafuzz.harness.ledger import LedgerError, judge, load_ledger
+    from mlafuzz.reports.formats.render import render
+    from mlafuzz.reports.model import ReportError, build_report, load_run
+
+    try:
+        ledger = load_ledger(args.ledger) if args.ledger else None
+        view = load_run(Path(args.run_dir))
+        judgement = judge(view.findings, ledger=ledger, ran=view.pairs())
+        text = render(build_report(view, judgement), args.format)
+    except (ReportError, LedgerError) as exc:
+        raise _usage(f"mlafuzz report: {exc}") from None
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        atomic_write(Path(args.output), text)
+    except OSError as exc:
+        raise _usage(f"mlafuzz report: -o {args.output}: cannot write: {exc.strerror or exc}") from None
+    print(f"mlafuzz: {args.format} report of {args.run_dir} -> {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from mlafuzz.reports.merge import merge_runs
+    from mlafuzz.reports.model import ReportError
+
+    try:
+        result = merge_runs([Path(d) for d in args.run_dirs], Path(args.out))
+    except ReportError as exc:
+        raise _usage(f"mlafuzz {exc}") from None
+    except OSError as exc:
+        raise _usage(f"mlafuzz merge: --out {args.out}: cannot write: {exc.strerror or exc}") from None
+    s = result.summary
+    print(f"mlafuzz: merged {result.shards} run directories into {result.out}: {s['cases']} cases,"
+          f" {s['findings']} findings in {s['buckets']} buckets ({result.findings_lines} findings lines)"
+          f"{' [partial: a shard has no summary.json]' if s.get('partial') else ''}")
+    return EXIT_OK
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``report`` and ``merge`` to the ``mlafuzz`` subcommands."""
+    r = subparsers.add_parser(
+        "report", help="render a run directory as JUnit XML, Markdown, HTML or JSON",
+        description="Render a run directory (findings.jsonl, summary.json) as a report. JUnit: a testcase per op "
+        "and implementation, a failure per failing finding bucket. md suits a CI step summary: "
+        "mlafuzz report DIR --format md >> \"$GITHUB_STEP_SUMMARY\". Exit 0 when written, 2 on a bad directory.")
+    r.add_argument("run_dir", metavar="DIR", help="run directory (a fuzz --out, or a merge --out)")
+    r.add_argument("--format", choices=tuple(FORMATS), default="md", help="report format (default md)")
+    r.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    r.add_argument("--ledger", metavar="FILE",
+                   help="expected-failures ledger (TOML or JSON): waived buckets are shown, not failed")
+    r.set_defaults(func=cmd_report)
+
+    m = subparsers.add_parser(
+        "merge", help="merge shard run directories into one",
+        description="Concatenate the findings of shard run directories (nothing deduplicated, each line keeps "
+        "its shard), sum their summary counts, and write OUT/findings.jsonl and OUT/summary.json.")
+    m.add_argument("run_dirs", nargs="+", metavar="DIR", help="shard run directories")
+    m.add_argument("--out", required=True, metavar="DIR", help="merged run directory (created)")
+    m.set_defaults(func=cmd_merge)

@@ -1,0 +1,246 @@
+"""The fuzz driver: draw tasks, run them on an executor, record, shrink, bundle.
+
+Case i of a run is a pure function of (seed, i): its op, its spec and its
+tensors. That makes a run reproducible from its seed and lets ``--shard K/N``
+split the case space into disjoint, deterministic slices. Findings are
+appended to findings.jsonl as they arrive; new buckets are shrunk and written
+as repro bundles after the main loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from mlafuzz.generators.draw import Knobs
+from mlafuzz.generators.spec import spec_to_dict
+from mlafuzz.harness.check.compare import Policy
+from mlafuzz.harness.drive.tasks import Task, TaskResult
+from mlafuzz.harness.drive.workers import Executor
+from mlafuzz.harness.ops.op import OpTable
+from mlafuzz.harness.ops.table import OPS
+from mlafuzz.reports.atomic import atomic_write
+from mlafuzz.reports.findings import Finding, Kind, Severity
+from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlSink
+
+MAX_LINES_PER_BUCKET = 50  # a broken impl fails every case; keep the file readable
+
+
+def case_seed(seed: int, op: str, index: int) -> int:
+    """The seed of case ``index`` of ``op`` in a run seeded ``seed`` (63 bits, stable across Pythons)."""
+    digest = hashlib.sha256(f"mlafuzz:{seed}:{op}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shard:
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not (self.count >= 1 and 0 <= self.index < self.count):
+            raise ValueError(f"shard={self.index}/{self.count} must satisfy 0 <= K < N")
+
+    def owns(self, i: int) -> bool:
+        return i % self.count == self.index
+
+
+@dataclass(frozen=True, kw_only=True)
+class FuzzConfig:
+    ops: tuple[str, ...]
+    impls: Mapping[str, str]  # op -> --impl reference (resolved again inside workers)
+    device: str = "cpu"
+    cases: int | None = None  # per run (this shard), None = until the budget
+    budget: float | None = None  # seconds
+    seed: int = 0
+    out_dir: Path = Path("mlafuzz-out")
+    knobs: Knobs = Knobs()
+    policy: Policy = Policy()
+    fixed_spec: Any | None = None  # run this spec with varying seeds instead of drawing
+    shard: Shard = Shard()
+    rerun_every: int = 4  # every Nth case runs twice, compared bit for bit (NONDETERMINISM)
+    contract_every: int = 3  # every Nth case also runs one error-input class (ACCEPTED_INVALID_INPUT)
+    shrink_budget: float = 0.0  # seconds per new bucket; 0: no shrinking and no bundles
+    rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # weaker contracts per op
+    table: OpTable = OPS
+
+    def __post_init__(self) -> None:
+        if self.cases is None and self.budget is None:
+            raise ValueError("FuzzConfig: give cases=N or budget=SECONDS (or both)")
+        missing = [op for op in self.ops if op not in self.impls]
+        if missing:
+            raise ValueError(f"FuzzConfig: ops={missing!r} have no implementation selected")
+
+    def task(self, i: int) -> Task:
+        """Case i: its op, seed and error-input class are pure functions of (seed, i); its spec is
+        drawn from them where it runs (``Task.spec_obj``), unless the run has a fixed one."""
+        op = self.ops[i % len(self.ops)]
+        seed = case_seed(self.seed, op, i)
+        spec = spec_to_dict(self.fixed_spec) if self.fixed_spec is not None else None
+        classes = self.table.get(op).invalid
+        contract = (classes[(i // self.contract_every) % len(classes)].name
+                    if classes and i % self.contract_every == 1 else None)
+        return Task(index=i, op=op, seed=seed, spec=spec, knobs=self.knobs, impl_ref=self.impls[op],
+                    device=self.device, ulp=self.policy.ulp, rerun=i % self.rerun_every == 0, contract=contract,
+                    rejects=self.rejects.get(op))
+
+
+@dataclass(kw_only=True)
+class FuzzSummary:
+    cases: int = 0
+    skipped: int = 0
+    per_op: collections.Counter = field(default_factory=collections.Counter)
+    by_kind: collections.Counter = field(default_factory=collections.Counter)
+    coverage: collections.Counter = field(default_factory=collections.Counter)
+    findings: int = 0  # error-severity findings
+    infos: int = 0
+    buckets: dict = field(default_factory=dict)  # dedup key -> (task, first finding)
+    bundles: list = field(default_factory=list)
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def rate(self) -> float:
+        return self.cases / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cases": self.cases, "skipped": self.skipped, "per_op": dict(self.per_op),
+                "by_kind": dict(self.by_kind), "coverage": dict(self.coverage), "findings": self.findings,
+                "infos": self.infos, "buckets": len(self.buckets), "bundles": self.bundles,
+                "seconds": round(self.seconds, 3), "cases_per_second": round(self.rate, 3),
+                "interrupted": self.interrupted}
+
+
+class Recorder:
+    """Counts results and appends findings to findings.jsonl as they arrive."""
+
+    def __init__(self, sink: JsonlSink, summary: FuzzSummary, on_finding: Callable[[Finding], None] | None) -> None:
+        self.sink, self.summary, self.on_finding = sink, summary, on_finding
+        self.per_bucket: collections.Counter = collections.Counter()
+
+    def record(self, task: Task, result: TaskResult) -> None:
+        s = self.summary
+        if result.skipped:
+            s.skipped += 1
+            return
+        s.cases += 1
+        s.per_op[task.op] += 1
+        s.coverage.update(result.features)
+        for f in result.findings:
+            if f.severity is Severity.ERROR:
+                s.findings += 1
+                s.by_kind[f.kind.value] += 1
+                if f.dedup_key not in s.buckets:  # the task as it ran, its spec written out for shrinking
+                    spec = result.spec if result.spec is not None else task.spec
+                    s.buckets[f.dedup_key] = (dataclasses.replace(task, spec=spec) if spec is not None else task, f)
+            else:
+                s.infos += 1
+            self.per_bucket[f.dedup_key] += 1
+            if self.per_bucket[f.dedup_key] <= MAX_LINES_PER_BUCKET:
+                line = f.to_json()
+                line["extra"] = {**line["extra"], "features": sorted(result.features)}  # for reports' coverage
+                self.sink.write(line)
+            if self.on_finding:
+                self.on_finding(f)
+
+
+def evaluate_sync(executor: Executor, task: Task) -> TaskResult:
+    """Run one task to completion on an otherwise idle executor."""
+    while not executor.free_slots():
+        executor.wait(0.05)
+    executor.submit(task)
+    while True:
+        for done_task, result in executor.wait(0.05):
+            if done_task.index == task.index and done_task.spec == task.spec:
+                return result
+
+
+def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Finding], None] | None = None,
+         on_progress: Callable[[dict[str, Any], float], None] | None = None,
+         stop_when: Callable[[FuzzSummary], bool] | None = None) -> FuzzSummary:
+    """Run until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl."""
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    run = {"ops": list(config.ops), "impls": dict(config.impls), "device": config.device, "seed": config.seed,
+           "shard": f"{config.shard.index}/{config.shard.count}", "cases": config.cases, "budget": config.budget,
+           "ulp": config.policy.ulp}
+    atomic_write(config.out_dir / "run.json", json.dumps(run, indent=2) + "\n")
+    summary = FuzzSummary()
+    start = time.monotonic()
+    index = submitted = 0
+    with JsonlSink(config.out_dir / FINDINGS_FILE) as sink:
+        recorder = Recorder(sink, summary, on_finding)
+        try:
+            while True:
+                elapsed = time.monotonic() - start
+                budget_left = (config.budget is None or elapsed < config.budget) and not (
+                    stop_when is not None and stop_when(summary))
+                while (budget_left and (config.cases is None or submitted < config.cases)
+                       and executor.free_slots()):
+                    while not config.shard.owns(index):
+                        index += 1
+                    executor.submit(config.task(index))
+                    index += 1
+                    submitted += 1
+                more = budget_left and (config.cases is None or submitted < config.cases)
+                if stop_when is not None and stop_when(summary):
+                    more = False
+                if not more and not executor.in_flight():
+                    break
+                for task, result in executor.wait(0.1):
+                    recorder.record(task, result)
+                if on_progress:
+                    summary.seconds = time.monotonic() - start
+                    on_progress(summary.to_json(), summary.seconds)
+        except KeyboardInterrupt:
+            summary.interrupted = True
+        summary.seconds = time.monotonic() - start
+        _write_summary(config, summary)
+        if config.shrink_budget > 0 and not summary.interrupted:
+            try:
+                shrink_and_bundle(config, summary, executor)
+            except KeyboardInterrupt:
+                summary.interrupted = True
+            _write_summary(config, summary)
+    return summary
+
+
+def _write_summary(config: FuzzConfig, summary: FuzzSummary) -> None:
+    atomic_write(config.out_dir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
+
+
+def shrink_and_bundle(config: FuzzConfig, summary: FuzzSummary, executor: Executor) -> None:
+    from mlafuzz.harness.drive.shrink import shrink
+    from mlafuzz.reports.bundle import replay_command, slug, write_bundle
+
+    table = config.table
+    for key, (task, finding) in list(summary.buckets.items()):
+        if finding.cause == "harness_error":
+            continue
+        result = shrink(task=task.with_spec(table), finding=finding, evaluate=lambda t: evaluate_sync(executor, t),
+                        budget=config.shrink_budget, table=table)
+        small = result.task
+        spec = table.decode(small.spec)
+        size = table.get(small.op).size(spec)
+        # The loop oracle confirms the minimized case (the vectorized one found it).
+        verified = None
+        if finding.kind not in (Kind.CRASH, Kind.TIMEOUT):
+            check = evaluate_sync(executor, dataclasses.replace(small, slow_oracle=True, index=-1))
+            verified = any(f.kind == finding.kind and f.cause == finding.cause for f in check.findings)
+        case = table.materialize(spec, small.seed, "cpu")
+        name = "-".join(key)
+        path = config.out_dir / "bundles" / slug(name)
+        final = dataclasses.replace(result.finding, repro=replay_command(path))
+        write_bundle(root=config.out_dir / "bundles", name=name, op=small.op, spec=small.spec, seed=small.seed,
+                     impl=small.impl_ref, device=config.device, ulp=small.ulp, rerun=small.rerun,
+                     contract=small.contract, finding=final, inputs=dict(case.tensors),
+                     extra={"shrink": {"attempts": result.attempts, "accepted": result.accepted,
+                                       "seconds": round(result.seconds, 2), "size": size,
+                                       "loop_oracle_agrees": verified}})
+        summary.bundles.append({"bucket": list(key), "path": str(path), "replay": final.repro,
+                                "size": size, "shrink_seconds": round(result.seconds, 2)})

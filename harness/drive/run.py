@@ -1,0 +1,111 @@
+"""Run one case through one implementation: the GPU fast path where it can judge, else the full path.
+
+Two paths, the same findings (harness/fast/path.py, harness/check/full.py).
+Should the full path find nothing where the fast path saw something, what the
+fast path saw happened in one run only: NONDETERMINISM. The fast room is
+optional: without triton, on the CPU, or with ``MLAFUZZ_FAST=0``, every case
+takes the full path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Mapping
+
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.spec import spec_to_dict
+from mlafuzz.harness.check.compare import Context, Policy
+from mlafuzz.harness.check.full import full_path
+from mlafuzz.harness.check.session import Session
+from mlafuzz.harness.ops.op import Op
+from mlafuzz.kernels.entry import ImplEntry
+from mlafuzz.reports.findings import Finding, Kind, Severity
+
+FAST_SWITCH = "MLAFUZZ_FAST"  # "0": the fast path is off (the detector suite runs without it too)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaseResult:
+    case_id: str
+    findings: tuple[Finding, ...] = ()
+    skipped: str | None = None  # why the case was not run (a capability the impl lacks)
+    seconds: float = 0.0
+
+
+def fast_room() -> ModuleType | None:
+    """The fast path (harness/fast/path.py), or None where it cannot be imported (no triton, or the
+    room deleted): then every case takes the full path."""
+    if os.environ.get(FAST_SWITCH) == "0":
+        return None
+    try:
+        from mlafuzz.harness.fast import path
+    except ImportError:
+        return None
+    return path
+
+
+def fast_resources(session: Session) -> Any:
+    """The session's fast-path resources, made on first use (None: no fast path here)."""
+    if session.fast is None:
+        room = fast_room()
+        if room is None:
+            return None
+        from mlafuzz.harness.fast.state import Resources
+
+        session.fast = Resources()
+    return session.fast
+
+
+def check_call(*, session: Session, op: Op, case: Case, entry: ImplEntry, fn: Callable, policy: Policy,
+               rerun: bool, oracle: Callable[[Case], Mapping[str, Any]] | None = None, fast: bool | None = None,
+               wait: bool = False) -> list[Finding]:
+    """Findings of one case. ``fast``: take the fast path where the op has one (default: on the GPU
+    only; under Triton's CPU interpreter it is slower than the oracle); an explicit ``oracle``
+    always takes the full path."""
+    ctx = Context(op=op.name, impl=entry.name, case_id=case.case_id)
+    sub = session.sub(case.device)
+    if fast is None:
+        fast = case.device.startswith("cuda")
+    room = fast_room() if fast else None
+    seen = ""
+    # The fused checks are bit-exact: with a ulp tolerance the comparator judges every case (a
+    # fused "differs" the full path then accepts would read as nondeterminism).
+    if room is not None and room.handles(op) and oracle is None and policy.ulp == 0:
+        result = room.fast_path(op=op, case=case, fn=fn, ctx=ctx, rerun=rerun, sub=sub,
+                                res=fast_resources(session), redzone=session.redzone, wait=wait)
+        if isinstance(result, room.Clear):
+            return []
+        if isinstance(result, room.Found):
+            return list(result.findings)
+        seen = result.seen
+    findings = full_path(op=op, case=case, fn=fn, ctx=ctx, policy=policy, rerun=rerun, sub=sub, oracle=oracle,
+                         redzone=session.redzone)
+    if seen and not any(f.severity is Severity.ERROR for f in findings):
+        findings.append(Finding(kind=Kind.NONDETERMINISM, op=op.name, impl=entry.name, case_id=case.case_id,
+                                cause="not_reproduced",
+                                message=f"the implementation {seen} in one check of this case; the full "
+                                        "check's runs right after did not reproduce it: the result changes "
+                                        "from run to run"))
+    return findings
+
+
+def run_case(*, session: Session, case: Case, entry: ImplEntry, policy: Policy = Policy(),
+             fn: Callable | None = None, rerun: bool = False, slow_oracle: bool = False,
+             fast: bool | None = None) -> CaseResult:
+    """Findings of one implementation on one case (empty tuple: it agreed with the oracle)."""
+    start = time.perf_counter()
+    op = session.table.get(case.op)
+    missing = op.needs(case) - entry.capabilities
+    if missing:
+        return CaseResult(case_id=case.case_id, skipped=f"impl lacks capability: {', '.join(sorted(missing))}")
+    fn = fn if fn is not None else session.load(entry, case.device)
+    findings = check_call(session=session, op=op, case=case, entry=entry, fn=fn, policy=policy, rerun=rerun,
+                          oracle=op.oracle_slow if slow_oracle else None, fast=fast)
+    if findings:  # the spec as a dict only when a finding carries it (thousands of calls at realistic sizes)
+        spec = spec_to_dict(case.spec)
+        findings = [dataclasses.replace(f, seed=case.seed, spec=spec) for f in findings]
+    return CaseResult(case_id=case.case_id, findings=tuple(findings), seconds=time.perf_counter() - start)

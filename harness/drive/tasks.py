@@ -1,0 +1,132 @@
+"""A task: one case for one implementation, as plain picklable data, and ``execute``.
+
+Tasks cross process boundaries (spawned workers), so they carry the
+implementation as its ``--impl`` reference (resolved once per worker by its
+session) and the spec either as its dict (shrinking, replay, ``--spec``) or
+not at all: then the worker draws it from (op, seed, knobs), as the parent
+would, so a run's parent never builds or decodes a spec per case.
+``execute`` is the same function in-process and in a worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from mlafuzz.generators.case import case_id_for
+from mlafuzz.generators.draw import SMALL, Knobs
+from mlafuzz.generators.spec import spec_to_dict, spec_to_json
+from mlafuzz.harness.check.compare import Context, Policy
+from mlafuzz.harness.check.contracts import check_contract
+from mlafuzz.harness.check.session import Session
+from mlafuzz.harness.drive.run import run_case
+from mlafuzz.harness.memory.cuda_errors import looks_like_cuda_error
+from mlafuzz.harness.ops.op import OpTable
+from mlafuzz.reports.findings import Finding, Kind
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    index: int
+    op: str
+    seed: int
+    impl_ref: str
+    device: str
+    spec: dict[str, Any] | None = None  # spec_to_dict form; None: drawn from (op, seed, knobs)
+    knobs: Knobs = SMALL
+    ulp: int = 0
+    rerun: bool = False
+    contract: str | None = None  # an invalid-input class to check as well
+    rejects: tuple[str, ...] | None = None  # a weaker contract given on the command line
+    slow_oracle: bool = False
+
+    def spec_obj(self, table: OpTable) -> Any:
+        """The task's spec (decoded, or drawn from its seed)."""
+        if self.spec is not None:
+            return table.decode(self.spec)
+        return table.draw_spec(self.op, seed=self.seed, knobs=self.knobs)
+
+    def with_spec(self, table: OpTable) -> "Task":
+        """This task with its spec written out (for bundles, shrinking, findings of a lost worker)."""
+        return self if self.spec is not None else dataclasses.replace(self, spec=spec_to_dict(self.spec_obj(table)))
+
+    def case_id(self, table: OpTable) -> str:
+        return case_id_for(op=self.op, seed=self.seed, spec_json=spec_to_json(self.spec_obj(table)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskResult:
+    findings: tuple[Finding, ...] = ()
+    skipped: str | None = None
+    seconds: float = 0.0
+    features: tuple[str, ...] = ()  # the case's features (coverage), computed where its spec was
+    spec: dict[str, Any] | None = None  # the spec as drawn, when a finding needs it
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"findings": [f.to_json() for f in self.findings], "skipped": self.skipped, "seconds": self.seconds,
+                "features": list(self.features), "spec": self.spec}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> "TaskResult":
+        return cls(findings=tuple(Finding.from_json(f) for f in data["findings"]), skipped=data["skipped"],
+                   seconds=data["seconds"], features=tuple(data.get("features") or ()), spec=data.get("spec"))
+
+
+def execute(task: Task, session: Session, *, on_phase: Callable[[str], None] | None = None) -> TaskResult:
+    """Run one task here and now. Harness errors become a finding, never an exception.
+    ``on_phase`` hears "valid" before the case and "contract:<class>" before its error input (a
+    worker publishes them, so a crash is charged to the part that caused it)."""
+    start = time.perf_counter()
+    called = False  # whether an implementation's call has been made (a CUDA error after it is its own)
+    try:
+        table = session.table
+        op = table.get(task.op)
+        spec = task.spec_obj(table)
+        features = tuple(sorted(op.features(spec)))
+        entry = session.entry(task.op, task.impl_ref, rejects=task.rejects)
+        case = op.materialize(spec, seed=task.seed, device=task.device)
+        if on_phase is not None:
+            on_phase("valid")
+        called = True
+        result = run_case(session=session, case=case, entry=entry, policy=Policy(ulp=task.ulp), rerun=task.rerun,
+                          slow_oracle=task.slow_oracle)
+        findings = list(result.findings)
+        if task.contract and not result.skipped:
+            if on_phase is not None:
+                on_phase(f"contract:{task.contract}")
+            extra = check_contract(op=op, case=case, entry=entry, fn=session.load(entry, task.device),
+                                   klass=op.invalid_class(task.contract), sub=session.sub(task.device),
+                                   ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
+                                   redzone=session.redzone)
+            spec_dict = spec_to_dict(spec)
+            findings += [dataclasses.replace(f, seed=task.seed, spec=spec_dict) for f in extra]
+        return TaskResult(findings=tuple(findings), skipped=result.skipped, seconds=time.perf_counter() - start,
+                          features=features, spec=spec_to_dict(spec) if findings and task.spec is None else None)
+    except Exception as exc:
+        return TaskResult(findings=(_unexpected(task, session, exc, called=called),),
+                          seconds=time.perf_counter() - start)
+
+
+def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool) -> Finding:
+    """The finding for an exception that escaped a case. A CUDA error after an implementation's
+    call is that call's (a pending launch error or a fault it caused surfacing in a harness op);
+    anything else with no call in flight is the harness's own bug: loud, and the run goes on."""
+    tb = traceback.format_exc(limit=6).strip().splitlines()
+    try:
+        spec = task.with_spec(session.table).spec
+        case_id = task.case_id(session.table)
+    except Exception:
+        spec, case_id = task.spec, f"{task.op}-{task.seed}"
+    if called and looks_like_cuda_error(exc):
+        return Finding(kind=Kind.LAUNCH_ERROR, op=task.op, impl=task.impl_ref, case_id=case_id, seed=task.seed,
+                       spec=spec, cause="cuda_error_after_call",
+                       message=f"a CUDA error surfaced after the implementation's call, in the harness's next "
+                               f"CUDA operation: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}",
+                       extra={"traceback": tb})
+    return Finding(kind=Kind.CRASH, op=task.op, impl=task.impl_ref, case_id=case_id, cause="harness_error",
+                   seed=task.seed, spec=spec,
+                   message=f"harness error (not the implementation's fault): {type(exc).__name__}: {exc}",
+                   extra={"traceback": tb})

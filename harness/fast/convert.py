@@ -1,0 +1,116 @@
+"""A fused fast path for checking convert: recompute each row's slots and valid count, compare, one pass.
+
+Like harness/fast/gather.py, a filter: ``convert_rows_flag`` says "the
+oracle's" only when ``out`` (and ``valid_counts``, when given) are exactly
+what SPEC section 3 (as oracles.convert reads it) gives; anything else sends
+the harness to the oracle and comparator. Integer arithmetic only: int64,
+wrapped to int32 like the oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mlafuzz.generators.case import Case
+from mlafuzz.harness.fast.launch import Launchers
+from mlafuzz.harness.fast.state import CaseState
+from mlafuzz.harness.ops.op import Outputs
+
+
+@triton.jit
+def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_ptr, bad_ptr,
+                   num_reqs, max_blocks, num_starts, table_s0, table_s1, ti_s0, ti_s1, out_s0, block_size,
+                   K: tl.constexpr, TILE: tl.constexpr, HAS_PREFILL: tl.constexpr, HAS_COUNTS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    req = tl.load(req_ptr + row).to(tl.int64)
+    row_ok = (req >= 0) & (req < num_reqs)
+    is_pf = req != req  # a false scalar; prefill rows exist only with HAS_PREFILL
+    start = req * 0
+    if HAS_PREFILL:
+        pw = tl.load(pw_ptr + row).to(tl.int64)
+        is_pf = pw >= 0
+        pf_ok = pw < num_starts
+        start = tl.load(ps_ptr + tl.where(is_pf & pf_ok, pw, 0), mask=is_pf & pf_ok, other=0).to(tl.int64)
+        row_ok = tl.where(is_pf, pf_ok, row_ok)
+    cols = tl.arange(0, TILE)
+    bad = 0
+    valid_n = 0
+    for c0 in tl.range(0, K, TILE):
+        c = c0 + cols
+        tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1).to(tl.int64)
+        nonneg = tok >= 0
+        t0 = tl.where(nonneg, tok, 0)
+        blk = t0 // block_size
+        off = t0 - blk * block_size
+        valid = nonneg & (blk < max_blocks) & row_ok
+        base = tl.load(table_ptr + tl.where(row_ok & ~is_pf, req, 0) * table_s0 + blk * table_s1,
+                       mask=valid & ~is_pf, other=0).to(tl.int64)
+        value = tl.where(is_pf, start + tok, base * block_size + off)
+        expected = tl.where(valid, value.to(tl.int32), -1)
+        actual = tl.load(out_ptr + row * out_s0 + c)
+        bad += tl.sum((expected != actual).to(tl.int32), axis=0)
+        valid_n += tl.sum(valid.to(tl.int32), axis=0)
+    if HAS_COUNTS:
+        bad += (tl.load(counts_ptr + row) != valid_n).to(tl.int32)
+    tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
+
+
+def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor,
+                      block_size: int, has_prefill_workspace: bool, prefill_workspace_request_ids,
+                      prefill_workspace_starts, out: torch.Tensor,
+                      valid_counts: torch.Tensor | None, flag: torch.Tensor | None = None,
+                      launchers: Launchers | None = None) -> torch.Tensor | None:
+    """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
+    check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization.
+    ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one."""
+    n, k = token_indices.shape
+    if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
+        return None
+    if valid_counts is not None and (valid_counts.shape != (n,) or valid_counts.dtype != torch.int32
+                                     or valid_counts.device != token_indices.device):
+        return None
+    if n == 0 or k == 0:
+        if valid_counts is None:
+            return flag if flag is not None else torch.zeros((), dtype=torch.bool, device=out.device)
+        nonzero = (valid_counts != 0).any()
+        if flag is None:
+            return nonzero
+        flag[:1].copy_(nonzero.reshape(1))
+        return flag
+    if block_table.numel() == 0:
+        return None  # nothing to index: let the full path decide
+    tile = min(triton.next_power_of_2(k), 1024)
+    if k % tile:
+        return None
+    pw = prefill_workspace_request_ids if has_prefill_workspace else req_id
+    ps = prefill_workspace_starts if has_prefill_workspace and prefill_workspace_starts.numel() else req_id
+    num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
+    bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=out.device)
+    outc = out.contiguous()
+    args = (req_id.contiguous(), block_table, token_indices, outc,
+            valid_counts if valid_counts is not None else outc, pw.contiguous(), ps.contiguous(), bad,
+            block_table.shape[0], block_table.shape[1], num_starts, block_table.stride(0),
+            block_table.stride(1), token_indices.stride(0), token_indices.stride(1), outc.stride(0), block_size)
+    (launchers or Launchers())(_check_convert)(n, args, {"K": k, "TILE": tile,
+                                                         "HAS_PREFILL": bool(has_prefill_workspace),
+                                                         "HAS_COUNTS": valid_counts is not None})
+    return bad
+
+
+def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
+    """The fast path's check of a convert call (convert has no guarded outputs: ``second`` is
+    never given). False: it cannot tell from the host, nothing launched."""
+    if second is not None:
+        return False
+    t, p = case.tensors, case.params
+    out, counts = outputs.get("out"), outputs.get("valid_counts")
+    if not isinstance(out, torch.Tensor) or (p["return_valid_counts"] and not isinstance(counts, torch.Tensor)):
+        return False
+    return convert_rows_flag(req_id=t["req_id"], block_table=t["block_table"], token_indices=t["token_indices"],
+                             block_size=p["BLOCK_SIZE"], has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
+                             prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
+                             prefill_workspace_starts=t["prefill_workspace_starts"], out=out,
+                             valid_counts=counts if p["return_valid_counts"] else None, flag=flag,
+                             launchers=state.launchers) is not None

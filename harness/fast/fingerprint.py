@@ -1,0 +1,156 @@
+"""Input fingerprints: "did the call change this input?" without a copy of it.
+
+The GPU fast path (harness.runner) hands an implementation views of the case's
+own input tensors instead of copies. Before the first call it takes a
+fingerprint of every input (one read of each); after a call, the same again.
+Equal fingerprints say the input is unchanged; a changed one sends the case to
+the full path, which copies every input as before, after the case's tensors are
+rebuilt from its spec and seed. The guard zones around a guarded output are
+fingerprinted the same way, against the fingerprint of their fill pattern.
+
+The fingerprint of a tensor's bytes, read as 4-byte words w_i (bytes when its
+size or address does not allow 4), is the wrapping 64-bit sum of
+f(w_i, i) = xorshift32((w_i ^ (i * K1)) * K2), K1, K2 odd. For each i, f is a
+bijection of w_i (xor with a constant, multiply by an odd constant and an xor
+shift are each invertible mod 2^64), so a change to any single word always
+changes the sum; changes to several words cancel only by a 2^-64 coincidence
+of pseudo-random terms. Exact comparison stays with the full path, which runs
+whenever the fingerprint moves.
+
+Host time, not the GPU's, is what a fast-path check spends most on (a Triton
+launch costs ~30 us of Python, a torch op ~8), so: up to PER_LAUNCH tensors are
+fingerprinted by one launch, each into its own int64 slot of a device vector;
+a snapshot keeps its fingerprints negated, so a vector that starts from them
+(``Snapshot.board``) and has the later fingerprints added in holds 0 in the slot
+of every unchanged tensor. No host synchronization anywhere here.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from mlafuzz.harness.memory.bits import word_view
+from mlafuzz.harness.fast.launch import Launchers
+
+BLOCK = 4096
+PER_LAUNCH = 8
+
+
+@triton.jit
+def _fold(words_ptr, n, block, out_ptr, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Adds SIGN x (this block's share of the fingerprint of the n words at words_ptr) to out[0]."""
+    offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    w = tl.load(words_ptr + offs, mask=offs < n, other=0).to(tl.int64).to(tl.uint64, bitcast=True)
+    idx = offs.to(tl.uint64, bitcast=True)
+    x = (w ^ (idx * 0x9E3779B97F4A7C15)) * 0xBF58476D1CE4E5B9
+    x = x ^ (x >> 32)
+    x = tl.where(offs < n, x, 0)
+    share = tl.sum(x, axis=0).to(tl.int64, bitcast=True) * SIGN
+    tl.atomic_add(out_ptr, share)
+
+
+# The launch's scalars (sizes, slots) change with every case: specializing on them (Triton's
+# default: == 1, divisible by 16) compiled a new variant for most new cases, seconds each; so did
+# the tensors' addresses (16-byte aligned or not). A variant per combination of word widths is left.
+# Each argument also costs host time at every launch (~1 us): the programs' split is computed here
+# from the sizes rather than passed, and the sign is a constexpr.
+_SCALARS = [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
+
+
+@triton.jit
+def _share(words_ptr, n, out_ptr, pid, start, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """The programs [start, start + cdiv(n, BLOCK)) fold the n words at words_ptr into out;
+    returns where the next tensor's programs start (n = 0: an unused slot, no programs)."""
+    stop = start + tl.cdiv(n, BLOCK)
+    if (pid >= start) & (pid < stop):
+        _fold(words_ptr, n, pid - start, out_ptr, SIGN, BLOCK)
+    return stop
+
+
+@triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=[f"p{j}" for j in range(PER_LAUNCH)])
+def _fingerprints(out_ptr, p0, n0, s0, p1, n1, s1, p2, n2, s2, p3, n3, s3, p4, n4, s4, p5, n5, s5, p6, n6, s6,
+                  p7, n7, s7, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Tensor j (n_j words at p_j) owns the programs after tensor j - 1's and adds SIGN x its
+    fingerprint into out[s_j]. A program's branch is uniform (one scalar compare per tensor)."""
+    pid = tl.program_id(0)
+    end = _share(p0, n0, out_ptr + s0, pid, 0, SIGN, BLOCK)
+    end = _share(p1, n1, out_ptr + s1, pid, end, SIGN, BLOCK)
+    end = _share(p2, n2, out_ptr + s2, pid, end, SIGN, BLOCK)
+    end = _share(p3, n3, out_ptr + s3, pid, end, SIGN, BLOCK)
+    end = _share(p4, n4, out_ptr + s4, pid, end, SIGN, BLOCK)
+    end = _share(p5, n5, out_ptr + s5, pid, end, SIGN, BLOCK)
+    end = _share(p6, n6, out_ptr + s6, pid, end, SIGN, BLOCK)
+    _share(p7, n7, out_ptr + s7, pid, end, SIGN, BLOCK)
+
+
+def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1,
+              launchers: Launchers | None = None) -> None:
+    """out[slot] += sign x fingerprint for each (words, slot) of ``items`` (``word_view``s, on
+    out's device; out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up."""
+    launch = (launchers or Launchers())(_fingerprints)
+    work = [(w, slot) for w, slot in items if w.numel()]
+    for at in range(0, len(work), PER_LAUNCH):
+        chunk = work[at:at + PER_LAUNCH]
+        args: list = [out]
+        programs = 0
+        for w, slot in chunk:
+            programs += -(-w.numel() // BLOCK)  # not triton.cdiv: ~5 us a call from the host
+            args += [w, w.numel(), slot]
+        args += [out, 0, 0] * (PER_LAUNCH - len(chunk))  # unused: no program reaches them
+        launch(programs, args, {"SIGN": sign, "BLOCK": BLOCK})
+
+
+def fingerprints(tensors: Sequence[torch.Tensor], *, launchers: Launchers | None = None) -> torch.Tensor:
+    """int64 [len(tensors)] on their device (all on one device): each tensor's fingerprint."""
+    out = torch.zeros(len(tensors), dtype=torch.int64, device=tensors[0].device)
+    add_words(out, [(word_view(t), i) for i, t in enumerate(tensors)], launchers=launchers)
+    return out
+
+
+class Snapshot:
+    """What a case's inputs held before a call: the negated fingerprint of each (in ``names``
+    order), int64 on their device. Add the fingerprints of the same input tensors after a call
+    into a board (``board``, then ``add_words(board, snap.items())``): a nonzero slot is an input
+    the call changed."""
+
+    def __init__(self, inputs: dict[str, torch.Tensor], *, device: str | torch.device,
+                 launchers: Launchers | None = None) -> None:
+        self.names = list(inputs)
+        self._launchers = launchers
+        # The word views of the inputs, kept for the fingerprints after each call: the same
+        # tensors, so the same views (a non-contiguous input's copy is taken again in changed()).
+        self._words = [word_view(t) if t.is_contiguous() else None for t in inputs.values()]
+        self._strided = {k: t for k, t in inputs.items() if not t.is_contiguous()}
+        self.neg = torch.zeros(len(self.names), dtype=torch.int64, device=device)
+        add_words(self.neg, self.items(), sign=-1, launchers=launchers)
+
+    def board(self, extra: int) -> torch.Tensor:
+        """A fresh int64 [len(names) + extra] on the device: the negated fingerprints, then
+        ``extra`` zeros."""
+        return torch.nn.functional.pad(self.neg, (0, extra))  # one op: a copy, zeros after it
+
+    def items(self, *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
+        """(words, slot) pairs of the snapshot's input tensors now, for add_words, slots from ``at``."""
+        return [(w if w is not None else word_view(self._strided[k]), at + i)
+                for i, (k, w) in enumerate(zip(self.names, self._words))]
+
+    def changed(self) -> list[str]:
+        """The inputs whose bytes differ from the snapshot's (one host sync)."""
+        board = self.neg.clone()
+        add_words(board, self.items(), launchers=self._launchers)
+        return [k for k, v in zip(self.names, board.tolist()) if v]
+
+
+def filled_fingerprint(like: torch.Tensor, fill: int, *, launchers: Launchers | None = None) -> torch.Tensor:
+    """int64 [1] on like's device: the fingerprint ``like`` (a byte tensor) has when every byte
+    is ``fill``, by the same kernel (the fast path caches it per guard-zone layout)."""
+    dtype = word_view(like).dtype
+    # A start offset into a fresh (aligned) buffer that gives the same word width as like's.
+    start = {torch.int32: 0, torch.uint8: 1}[dtype]
+    ref = torch.full((like.numel() + 8,), fill, dtype=torch.uint8, device=like.device)[start:start + like.numel()]
+    assert word_view(ref).dtype == dtype
+    return fingerprints([ref], launchers=launchers)

@@ -1,0 +1,216 @@
+"""The GPU fast path: one run into prefilled outputs, every check read as device flags in one sync.
+
+The implementation gets views of the case's own inputs, fingerprinted before
+and after the calls instead of copied and compared (fingerprint.py). A guarded
+output (gather's ``dst``) is prefilled so that no byte already holds its
+expected value, so an output the fused check then passes was written at every
+byte: one run settles the write map. A fused exact kernel per op
+(convert.py, gather.py, writer.py) says "outputs are the oracle's" or "look
+closer". All of a case's checks (fused check, fingerprints, guard zones, a
+sampled re-run) write into one device int64 vector, the board, read by one
+host sync.
+
+The result is named (``Clear``, ``Undecided``, ``Found``): all clear means
+exactly what the full path would conclude with no finding; anything raised
+sends the case to the full path (harness/check/full.py) for the exact finding,
+its inputs rebuilt from spec and seed if a call changed them. Deleting this
+room loses only speed: the runner then sends every case down the full path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Union
+
+import torch
+
+from mlafuzz.generators.case import Case
+from mlafuzz.harness.check.calls import Call, call_shared, first_line
+from mlafuzz.harness.check.compare import Context
+from mlafuzz.harness.check.detectors import rerun_pairs
+from mlafuzz.harness.check.stages import stage
+from mlafuzz.harness.fast import convert, gather, writer
+from mlafuzz.harness.fast.fingerprint import Snapshot, add_words, filled_fingerprint
+from mlafuzz.harness.fast.state import CaseState, Resources
+from mlafuzz.harness.memory.bits import differ_flag, word_view
+from mlafuzz.harness.memory.guards import PATTERNS, Guarded
+from mlafuzz.harness.memory.redzone import RedZone
+from mlafuzz.harness.ops.op import Op, Outputs
+from mlafuzz.reports.findings import Finding, Kind
+
+
+@dataclass(frozen=True)
+class FastOp:
+    """An op's fused check, and the prefill of its guarded outputs (None: it has none)."""
+
+    check: Callable[[Case, Outputs, Outputs | None, torch.Tensor, CaseState], bool]
+    prefill: Callable[[Case, Mapping[str, Guarded], CaseState], bool] | None = None
+
+
+# The ops this room accelerates, by name; any other op takes the full path.
+FAST_OPS: dict[str, FastOp] = {
+    "convert": FastOp(check=convert.check),
+    "gather": FastOp(check=gather.check, prefill=gather.prefill),
+    "writer": FastOp(check=writer.check),
+}
+
+
+@dataclass(frozen=True)
+class Clear:
+    """Every check of the case passed."""
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """The full path must decide; ``seen`` is what this path saw go wrong ("" when nothing did, but
+    it could not tell)."""
+
+    seen: str
+
+
+@dataclass(frozen=True)
+class Found:
+    """Decided here: a call changed an input and the case could not be rebuilt for the full path."""
+
+    findings: tuple[Finding, ...]
+
+
+FastResult = Union[Clear, Undecided, Found]
+
+
+def handles(op: Op) -> bool:
+    return op.name in FAST_OPS
+
+
+def _quietly(res: Resources, op: str, fn: Callable[[], object], default: object) -> object:
+    """One step of this path; a failure of the step itself (not of the implementation under test)
+    must never become a finding or a crash: it means "take the full path"."""
+    try:
+        return fn()
+    except Exception as exc:
+        if op not in res.failed:
+            res.failed.add(op)
+            import warnings
+
+            warnings.warn(f"fast check for {op} failed ({first_line(exc)}); using the full oracle",
+                          RuntimeWarning, stacklevel=3)
+        return default
+
+
+def _untouched(res: Resources, g: Guarded) -> int:
+    """The summed fingerprints of g's two guard zones while every byte holds the fill, cached per
+    layout as a host int (the one sync is the first use of a layout's)."""
+    a, b = g.zones()
+    key = (str(a.device), g.fill, a.numel(), a.data_ptr() % 4, b.numel(), b.data_ptr() % 4)  # word_view's widths
+    if key not in res.untouched:
+        res.untouched[key] = int(filled_fingerprint(a, g.fill, launchers=res.launchers)
+                                 + filled_fingerprint(b, g.fill, launchers=res.launchers))
+    return res.untouched[key]
+
+
+def _call(*, op: Op, fast: FastOp, fn: Callable, state: CaseState, fill: int, sub: Callable[[str], Callable],
+          wait: bool, redzone: RedZone | None) -> tuple[Call, bool]:
+    """(the call, whether its guarded outputs were prefilled by the op's prefill)."""
+    case = state.case
+    guards: dict[str, Guarded] = {}
+    prefilled = True
+    if op.guarded:
+        guards = op.guarded(case, fill, fill_region=False)
+        prefilled = bool(fast.prefill is not None
+                         and _quietly(state.res, op.name, lambda: fast.prefill(case, guards, state), False))
+        if not prefilled:
+            for g in guards.values():
+                g.region().fill_(g.fill)
+    return call_shared(op=op, fn=fn, case=case, guards=guards, sub=sub, wait=wait, redzone=redzone), prefilled
+
+
+def _trouble(call: Call | None, prefilled: bool, label: str) -> str | None:
+    """Why the fused check cannot judge this call: what it did wrong, "" when it did nothing wrong
+    but its guarded outputs could not be prefilled; None: it can (or there was no such call)."""
+    if call is None:
+        return None
+    if call.error is not None:
+        return f"{label}raised {first_line(call.error)}"
+    if call.launch_error is not None:
+        return f"{label}left a CUDA error pending ({call.launch_error})"
+    if call.redzone:
+        return f"{label}wrote into a red zone"
+    return None if prefilled else ""
+
+
+def _restore(op: Op, case: Case, snap: Snapshot) -> bool:
+    """Rebuild the case's input tensors in place from its spec and seed (a call changed them) and
+    say whether they hold what they held before, fingerprints and copies agreeing."""
+    try:
+        fresh = op.materialize(case.spec, seed=case.seed, device=case.device)
+    except Exception:  # a hand-built case: nothing to rebuild it from
+        return False
+    for name in snap.names:
+        t, f = case.tensors[name], fresh.tensors.get(name)
+        if f is None or f.shape != t.shape or f.dtype != t.dtype:
+            return False
+        t.copy_(f)
+    return not snap.changed()
+
+
+def fast_path(*, op: Op, case: Case, fn: Callable, ctx: Context, rerun: bool, sub: Callable[[str], Callable],
+              res: Resources, redzone: RedZone | None = None, wait: bool = False) -> FastResult:
+    """Check ``case`` on ``fn`` (see the module docstring). ``wait``: a device sync inside each call
+    (a profiled check: an asynchronous error is then still the call's own).
+
+    The board: a slot per input (starting from its negated fingerprint, the fingerprint after the
+    calls added: 0 while unchanged), the fused check's two, then one per guarded output of each
+    call (its zones' fingerprint, against their fill's). Host time is what this path spends most
+    on, so: no sync between the calls and the checks, and one launch for all the fingerprints."""
+    fast = FAST_OPS[op.name]
+    state = CaseState(case=case, res=res)
+    snap = Snapshot({k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace},
+                    device=case.device, launchers=res.launchers)
+    with stage("run"):
+        first, pre1 = _call(op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[0], sub=sub, wait=wait,
+                            redzone=redzone)
+    second, pre2 = None, True
+    if rerun and first.error is None and not first.redzone and first.launch_error is None:
+        with stage("rerun"):
+            second, pre2 = _call(op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[1], sub=sub, wait=wait,
+                                 redzone=redzone)
+    troubles = [t for t in (_trouble(first, pre1, ""), _trouble(second, pre2, "ran, and a second run "))
+                if t is not None]
+    guards = [(f"wrote into {name}'s guard zones", g) for c in (first, second) if c is not None
+              for name, g in c.guards.items()]
+    at = len(snap.names)
+    zones_at = at + 2
+    board = snap.board(2 + len(guards))
+    with stage("inputs"):  # after the calls: the inputs are the case's own tensors, shared
+        # Launched before the fused check: the GPU runs it while the host prepares that one.
+        add_words(board, snap.items() + [(word_view(z), zones_at + j) for j, (_, g) in enumerate(guards)
+                                         for z in g.zones()], launchers=res.launchers)
+    with stage("oracle"):
+        both = second.outputs if second is not None and op.guarded else None
+        judged = not troubles and bool(_quietly(res, op.name, lambda: fast.check(case, first.outputs, both,
+                                                                                 board[at:zones_at], state), False))
+    extra = ([(f"gave {name} a second run did not", differ_flag(a, b)) for name, a, b in rerun_pairs(first, second)]
+             if second is not None and second.error is None else [])  # outputs the impl allocated
+    try:  # the one sync
+        values = (torch.cat([board, *(f.reshape(1).to(torch.int64) for _, f in extra)]) if extra else board).tolist()
+    except RuntimeError:  # an asynchronous error of a call (no sync after it): the full path syncs each
+        return Undecided(seen="")
+    changed = [name for name, v in zip(snap.names, values) if v]
+    # A guarded output's zones against their fill's fingerprint (a host int, cached per layout:
+    # asked for after the sync, so a new layout's own sync cannot meet a call's pending error).
+    flagged = ([f"changed its input {name}" for name in changed]
+               + [what for j, (what, g) in enumerate(guards) if values[zones_at + j] != _untouched(res, g)]
+               + [what for (what, _), v in zip(extra, values[zones_at + len(guards):]) if v])
+    verdict = max(values[at:at + 2]) if judged else 2  # 2: a case it does not handle, a sign of nothing
+    if verdict == 1:
+        flagged.insert(0, "gave outputs the fused check found different from the oracle's")
+    seen = [t for t in troubles if t] + flagged
+    if not seen and verdict == 0:
+        return Clear()
+    if changed and not _restore(op, case, snap):
+        return Found(tuple(Finding(kind=Kind.INPUT_MUTATION, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
+                                   tensor=name, cause=f"{name}:mutated",
+                                   message=f"input {name} changed during the call (its fingerprint moved; the "
+                                           "case could not be rebuilt from its spec and seed to say where)")
+                           for name in changed))
+    return Undecided(seen="; ".join(seen))

@@ -1,0 +1,33 @@
+"""The fast path's state: one ``Resources`` per process, one ``CaseState`` per case checked.
+
+Resources hold what is worth keeping between cases (the compiled launches, the
+fingerprint of each guard-zone layout's fill, which ops' checks failed);
+a CaseState what one case's calls share (its input fingerprints, the fused
+gather check's row -> record map), dropped with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlafuzz.generators.case import Case
+from mlafuzz.harness.fast.launch import Launchers
+
+
+class Resources:
+    def __init__(self) -> None:
+        self.launchers = Launchers()
+        self.untouched: dict[tuple, int] = {}  # guard-zone layout -> fingerprint of its fill (host int)
+        self.failed: set[str] = set()  # ops whose fast check raised (warned once, then the full path)
+
+
+@dataclass
+class CaseState:
+    case: Case
+    res: Resources
+    memo: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def launchers(self) -> Launchers:
+        return self.res.launchers

@@ -1,0 +1,126 @@
+"""Guard zones around outputs the harness allocates, and the two-pattern write map.
+
+An output (gather's ``dst``) is a view into the middle of a larger byte buffer.
+The buffer is filled with pattern A for the first run and pattern B for the
+second. After both runs:
+
+- a guard byte that differs from its run's fill was written out of bounds
+  (OOB_WRITE);
+- an output byte still equal to A after run 1 *and* to B after run 2 was never
+  written (MISSING_WRITE): a kernel cannot write the fill value in both runs;
+- an output byte written in both runs with different values is NONDETERMINISM.
+
+Works on any device, so CPU runs of the torch implementations are guarded too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mlafuzz.harness.memory.bits import same_bits
+from mlafuzz.reports.findings import Finding, Kind, Mismatch
+
+GUARD_BYTES = 4096  # a multiple of 16, so the output after the zone keeps 16-byte vector alignment
+PATTERNS = (0xA5, 0x5A)  # bf16 0xA5A5 / 0x5A5A: normal finite numbers, unlike any sentinel NaN
+
+
+@dataclass(frozen=True, kw_only=True)
+class Guarded:
+    """One guarded output: the full byte buffer and the view the impl receives."""
+
+    full: torch.Tensor  # uint8 [GUARD_BYTES + nbytes + GUARD_BYTES]
+    view: torch.Tensor  # the output tensor handed to the implementation
+    fill: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.view.numel() * self.view.element_size()
+
+    def region(self) -> torch.Tensor:
+        return self.full[GUARD_BYTES:GUARD_BYTES + self.nbytes]
+
+    def zones(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The guard zones before and after the output (byte views)."""
+        return self.full[:GUARD_BYTES], self.full[GUARD_BYTES + self.nbytes:]
+
+
+def guarded_empty(*, shape: tuple[int, ...], dtype: torch.dtype, device: str, fill: int,
+                  fill_region: bool = True) -> Guarded:
+    """A guarded output filled with ``fill``; with ``fill_region=False`` only its guard zones are,
+    and the output's own bytes are left for the caller to fill (the fast path's prefill)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = itemsize
+    for d in shape:
+        nbytes *= d
+    if fill_region:
+        full = torch.full((GUARD_BYTES * 2 + nbytes,), fill, dtype=torch.uint8, device=device)
+    else:
+        full = torch.empty((GUARD_BYTES * 2 + nbytes,), dtype=torch.uint8, device=device)
+        _zones(full, nbytes).fill_(fill)
+    view = full[GUARD_BYTES:GUARD_BYTES + nbytes].view(dtype).reshape(shape)
+    return Guarded(full=full, view=view, fill=fill)
+
+
+def _zones(full: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """Both guard zones of a buffer as one [2, GUARD_BYTES] view (one launch per operation)."""
+    return full.as_strided((2, GUARD_BYTES), (GUARD_BYTES + nbytes, 1))
+
+
+def _byte_to_element(byte_index: int, view: torch.Tensor) -> list[int]:
+    flat = byte_index // view.element_size()
+    idx = []
+    for dim in reversed(view.shape):
+        idx.append(flat % dim if dim else 0)
+        flat //= dim if dim else 1
+    return list(reversed(idx))
+
+
+def oob_findings(*, name: str, g: Guarded, op: str, impl: str, case_id: str) -> list[Finding]:
+    zone_before, zone_after = g.zones()  # stay on their device: only counts and a few indices cross to the host
+    before = zone_before != g.fill
+    after = zone_after != g.fill
+    counts = torch.stack((before.sum(), after.sum())).tolist()  # one sync, not two
+    n_before, n_after = int(counts[0]), int(counts[1])
+    if not (n_before or n_after):
+        return []
+    where = []
+    if n_before:
+        first = int(before.nonzero()[-1])  # closest to the output
+        where.append(f"{n_before} bytes before it (nearest {GUARD_BYTES - first} bytes before the start)")
+    if n_after:
+        first = int(after.nonzero()[0])
+        where.append(f"{n_after} bytes after it (first {first} bytes past the end)")
+    side = "before" if n_before and not n_after else "after" if n_after and not n_before else "both"
+    return [Finding(kind=Kind.OOB_WRITE, op=op, impl=impl, case_id=case_id, tensor=name, cause=f"{name}:oob_{side}",
+                    count=n_before + n_after, total=2 * GUARD_BYTES,
+                    message=f"{name}: wrote outside the output: {' and '.join(where)}")]
+
+
+def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, impl: str,
+                       case_id: str) -> list[Finding]:
+    """MISSING_WRITE and NONDETERMINISM from the two runs' output regions."""
+    a, b = run_a.region(), run_b.region()
+    if same_bits(a, b):  # one pass: fills differ, so equal runs wrote every byte, identically
+        return []
+    out: list[Finding] = []
+    missing = (a == run_a.fill) & (b == run_b.fill)
+    n = int(missing.sum())
+    if n:
+        idx = missing.nonzero().reshape(-1)
+        first = _byte_to_element(int(idx[0]), run_a.view)
+        elems = int(torch.unique(idx // run_a.view.element_size()).numel())
+        out.append(Finding(kind=Kind.MISSING_WRITE, op=op, impl=impl, case_id=case_id, tensor=name,
+                           cause=f"{name}:missing", count=elems, total=run_a.view.numel(),
+                           mismatches=(Mismatch(index=tuple(first), expected="written", actual="untouched"),),
+                           message=f"{name}: {elems} / {run_a.view.numel()} elements never written, first at {first}"))
+    written_both = (a != run_a.fill) & (b != run_b.fill)
+    differ = written_both & (a != b)
+    nd = int(differ.sum())
+    if nd:
+        first = _byte_to_element(int(differ.nonzero()[0]), run_a.view)
+        out.append(Finding(kind=Kind.NONDETERMINISM, op=op, impl=impl, case_id=case_id, tensor=name,
+                           cause=f"{name}:rerun", count=nd, total=a.numel(),
+                           message=f"{name}: a second run of the same case differs in {nd} bytes, first at {first}"))
+    return out

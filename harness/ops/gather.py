@@ -1,0 +1,48 @@
+"""The ``gather`` op's row of the op table (SPEC.md section 4): the call, its guarded ``dst``, the
+oracles, defaults."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.ops import gather as gen
+from mlafuzz.harness.memory.guards import Guarded, guarded_empty
+from mlafuzz.harness.ops.op import Op, Outputs
+
+
+def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarded]:
+    # dst_* params exist only in error-input cases (a wrong dtype or width).
+    p = case.params
+    dtype = getattr(torch, p.get("dst_dtype", "bfloat16"))
+    return {"dst": guarded_empty(shape=(p["total"], p.get("dst_cols", 576)), dtype=dtype, device=case.device,
+                                 fill=fill, fill_region=fill_region)}
+
+
+def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
+    dst = t["dst"]
+    fn(t["src_cache"], dst, t["block_table"], t["workspace_starts"], case.params["batch_size"], t["seq_starts"])
+    return {"dst": dst}
+
+
+def _oracle(loop: bool) -> Callable[[Case], Outputs]:
+    def run(case: Case) -> Outputs:
+        from mlafuzz.oracles import gather as og
+
+        fn = og.gather_loop if loop else og.gather
+        t = case.tensors
+        dst = fn(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
+                 batch_size=case.params["batch_size"], seq_starts=t["seq_starts"], total=case.params["total"])
+        return {"dst": dst}
+    return run
+
+
+GATHER = Op(
+    name="gather", spec_type=gen.GatherSpec, draw=gen.draw, materialize=gen.materialize, features=gen.features,
+    size=gen.size, reduce=gen.reduce, invalid=gen.INVALID, oracle=_oracle(False), oracle_slow=_oracle(True),
+    invoke=invoke, defaults={"cpu": ("torch",), "cuda": ("cuda", "torch")},
+    contract=frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"}),  # SPEC 4: what vLLM checks on the host
+    guarded=guarded, needs=gen.needs,
+)

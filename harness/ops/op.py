@@ -1,0 +1,114 @@
+"""The op table's row: everything the harness knows about one op, said once.
+
+An ``Op`` names, for one op of SPEC.md, where each of its parts lives: its spec
+class, drawer, materializer, features, size, shrink steps and error-input
+classes (generators/ops/<op>.py), its oracles (oracles/), how the harness calls
+an implementation and which outputs it allocates and guards
+(harness/ops/<op>.py), its default implementations and the contract SPEC holds
+an external implementation to. The fuzz loop, the runner, the CLI, bench,
+mutants and the pytest plugin read the table (``OpTable``) and never branch on
+an op's name. Adding an op is one file per folder and one row in table.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.draw import Knobs, SpecDrawer, draw_with_seed
+from mlafuzz.generators.invalid import InvalidClass
+from mlafuzz.generators.spec import SpecError, spec_from_dict
+
+if TYPE_CHECKING:
+    from mlafuzz.harness.memory.guards import Guarded
+
+Outputs = dict[str, Any]
+# (the implementation, the case, its tensors as the call gets them, the sub-implementation
+# source: op name -> callable, for ops whose implementation calls other ops) -> outputs
+Invoke = Callable[[Callable, Case, Mapping[str, Any], Callable[[str], Callable]], Outputs]
+
+
+def no_needs(case: Case) -> frozenset[str]:
+    return frozenset()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Op:
+    name: str
+    spec_type: type
+    draw: SpecDrawer
+    materialize: Callable[..., Case]  # (spec, *, seed, device) -> Case
+    features: Callable[[Any], set[str]]  # case features for coverage, from the spec alone
+    size: Callable[[Any], dict[str, int]]  # a few numbers saying how big a case is, for reports
+    reduce: Callable[[Any], Iterator[Any]]  # simpler specs, simplest first (shrinking)
+    invalid: tuple[InvalidClass, ...]  # error-input classes
+    oracle: Callable[[Case], Outputs]  # vectorized, for the hot path
+    oracle_slow: Callable[[Case], Outputs]  # the loop version, for minimized cases
+    invoke: Invoke
+    # Device kind -> implementation names in order of preference: the first one this machine can
+    # load is the default (our Triton convert where triton is installed, else the torch one).
+    defaults: Mapping[str, tuple[str, ...]]
+    contract: frozenset[str]  # the classes SPEC says any implementation must refuse
+    # Outputs the harness allocates, inside guard zones, filled with a byte pattern:
+    # (case, fill, fill_region=True) -> guards; fill_region=False leaves the outputs' own bytes
+    # unfilled, for the fast path's prefill.
+    guarded: Callable[..., "dict[str, Guarded]"] | None = None
+    inplace: frozenset[str] = frozenset()  # inputs the op writes by design (not INPUT_MUTATION)
+    needs: Callable[[Case], frozenset[str]] = no_needs  # capabilities a case needs of the implementation
+    # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
+    # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
+    review: Callable[[Case, Any, list, Any], list] | None = None
+
+    def invalid_class(self, name: str) -> InvalidClass:
+        for k in self.invalid:
+            if k.name == name:
+                return k
+        raise KeyError(f"op {self.name!r} has no error-input class {name!r}")
+
+
+@dataclass(frozen=True)
+class OpTable:
+    ops: tuple[Op, ...]
+
+    def __post_init__(self) -> None:
+        names = [o.name for o in self.ops]
+        if len(set(names)) != len(names):
+            raise ValueError(f"OpTable: ops={names} holds a name twice")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.ops)
+
+    def get(self, name: str) -> Op:
+        for o in self.ops:
+            if o.name == name:
+                return o
+        raise KeyError(f"op {name!r} is not in the op table (ops: {', '.join(self.names)})")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    @property
+    def spec_types(self) -> dict[str, type]:
+        return {o.name: o.spec_type for o in self.ops}
+
+    def with_op(self, op: Op) -> "OpTable":
+        return dataclasses.replace(self, ops=self.ops + (op,))
+
+    # -- the table's own dispatch by an op's name or a spec's op tag ------------
+
+    def decode(self, data: Any) -> Any:
+        """A spec from its ``spec_to_dict`` form (one-line SpecError when malformed)."""
+        return spec_from_dict(data, types=self.spec_types)
+
+    def draw_spec(self, op: str, *, seed: int, knobs: Knobs) -> Any:
+        return draw_with_seed(self.get(op).draw, seed=seed, knobs=knobs)
+
+    def materialize(self, spec: Any, seed: int, device: str) -> Case:
+        try:
+            op = self.get(spec.op)
+        except (AttributeError, KeyError):
+            raise SpecError(f"spec={type(spec).__name__} is not the spec of an op in the table") from None
+        return op.materialize(spec, seed=seed, device=device)

@@ -1,0 +1,256 @@
+"""The ``step`` op's row of the op table: one scheduler step through a step pipeline, checked
+against oracles.step (SPEC.md sections 1 and 5).
+
+Sub-implementations. A step implementation is called as
+``fn(kv_cache=..., block_table=..., query_start_loc=..., seq_lens=...,
+req_id_per_token=..., topk_indices=..., num_tokens=..., threshold=...,
+require_uniform=..., workspace_rows=..., topk=..., block_n=..., convert=...,
+gather=...)`` and returns a dict of named tensors. The harness hands it the
+``convert`` (SPEC 3) and ``gather`` (SPEC 4) to call (the ``sub`` source of
+``invoke``: any ``--impl`` reference, from ``$MLAFUZZ_STEP_CONVERT`` /
+``$MLAFUZZ_STEP_GATHER``, else those ops' defaults in the op table; the
+session resolves them once per process). Environment variables reach
+spawned workers unchanged and need no spec field (the spec says what the
+step is, not who runs it); findings name the pair in ``extra``.
+
+Recording. Both callables are wrapped: each call is recorded, and the
+preconditions the pipeline owes its sub-ops are checked before the call goes
+through (so a buggy pipeline cannot make a kernel write out of bounds):
+convert's ``req_id`` rows == ``token_indices`` rows (the PR #48642 bug), and
+gather's SPEC 4 preconditions. A violation raises ``StepCallError``.
+
+Findings. Outputs are compared by name; ``invariants`` (int32 flags, the
+oracle's all ones) carries the cross-field checks of ``INVARIANTS``: the
+rows passed to convert and the gather calls made against the pipeline's own
+metadata outputs. ``review_step``, run through the optional ``OpDef.review``
+hook (a field on OpDef, called by runner.check_call on the first call's
+findings), re-files what the comparator says: mismatches of metadata outputs
+and each broken invariant become METADATA_MISMATCH (cause ``step:<name>``),
+and a ``StepCallError`` becomes METADATA_MISMATCH named after the broken
+precondition. Where OpDef has no ``review`` field the same problems still
+surface, as VALUE_MISMATCH on the named tensor or EXCEPTION naming the
+precondition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.ops import step as gen
+from mlafuzz.harness.ops.op import Op, Outputs
+from mlafuzz.reports.findings import Finding, Kind
+
+SUB_ENV: dict[str, str] = {"convert": "MLAFUZZ_STEP_CONVERT", "gather": "MLAFUZZ_STEP_GATHER"}
+SUB_REFS_KEY = "_step_sub_impls"  # non-tensor output: the sub-implementations' --impl references
+
+METADATA_OUTPUTS = frozenset({
+    "num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens", "decode_query_len",
+    "num_active_decodes", "dense_route", "prefill_request_ids", "prefill_chunks", "workspace_starts",
+    "prefill_chunk_seq_tot", "context_chunk", "context_starts", "context_lens", "context_cu_seq_lens",
+    "context_seq_tot", "invariants",
+})
+# Cross-field invariants between the pipeline's own outputs and the calls it made (1 = holds).
+INVARIANTS = ("convert_decode_rows", "convert_prefill_rows", "gather_calls", "gathered_rows")
+REPORT_KEY = "_step_report"  # non-tensor output: invariant name -> why it broke (None: holds)
+
+
+class StepCallError(RuntimeError):
+    """The pipeline called a sub-op with arguments that break what SPEC says it must pass."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+# --- recording the pipeline's sub-calls --------------------------------------
+
+@dataclass(frozen=True)
+class ConvertCall:
+    rows: int
+    workspace: bool
+
+
+@dataclass(frozen=True)
+class GatherCall:
+    total: int
+    batch_size: int
+    ws: tuple[int, ...]
+    seq_starts: tuple[int, ...] | None
+
+
+@dataclass
+class SubCallRecorder:
+    convert_fn: Callable
+    gather_fn: Callable
+    converts: list[ConvertCall] = field(default_factory=list)
+    gathers: list[GatherCall] = field(default_factory=list)
+
+    def convert(self, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK_TOKENS=2048, BLOCK_N=128,
+                HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
+                return_valid_counts=False):
+        n_req, n_idx = int(req_id.shape[0]), int(token_indices.shape[0])
+        if n_req != n_idx:
+            raise StepCallError("convert:req_id_rows",
+                                f"step called convert with req_id rows={n_req} != token_indices rows={n_idx}"
+                                " (SPEC 5.4: req_id_per_token[:num_decode_tokens] goes with"
+                                " topk_indices[:num_decode_tokens])")
+        self.converts.append(ConvertCall(rows=n_idx, workspace=bool(HAS_PREFILL_WORKSPACE)))
+        return self.convert_fn(req_id, block_table, token_indices, BLOCK_SIZE=BLOCK_SIZE,
+                               NUM_TOPK_TOKENS=NUM_TOPK_TOKENS, BLOCK_N=BLOCK_N,
+                               HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE,
+                               prefill_workspace_request_ids=prefill_workspace_request_ids,
+                               prefill_workspace_starts=prefill_workspace_starts,
+                               return_valid_counts=return_valid_counts)
+
+    def gather(self, src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None):
+        from mlafuzz.oracles.gather import gather_preconditions
+
+        b = int(batch_size)
+        ws = tuple(workspace_starts.reshape(-1)[:b].tolist())
+        ss = None if seq_starts is None else tuple(seq_starts.reshape(-1)[:b].tolist())
+        where = f"(batch_size={b}, dst rows={dst.shape[0]}, workspace_starts={list(ws)}, seq_starts=" \
+                f"{None if ss is None else list(ss)})"
+        try:
+            bad = gather_preconditions(src_cache=src_cache, block_table=block_table,
+                                       workspace_starts=workspace_starts, batch_size=b, seq_starts=seq_starts,
+                                       total=int(dst.shape[0]))
+        except (TypeError, ValueError) as exc:
+            raise StepCallError("gather:malformed", f"step called gather with malformed arguments {where}: {exc}")
+        if bad:
+            raise StepCallError(f"gather:{bad[0]}", f"step called gather breaking its preconditions {bad} {where}")
+        self.gathers.append(GatherCall(total=int(dst.shape[0]), batch_size=b, ws=ws, seq_starts=ss))
+        return self.gather_fn(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+
+    # -- cross-field invariants, from the pipeline's own outputs -------------
+
+    def report(self, out: Mapping[str, Any]) -> dict[str, str | None]:
+        checks = {"convert_decode_rows": self._convert_rows_decode, "convert_prefill_rows": self._convert_rows_prefill,
+                  "gather_calls": self._gather_calls, "gathered_rows": self._gathered_rows}
+        result: dict[str, str | None] = {}
+        for name in INVARIANTS:
+            try:
+                result[name] = checks[name](out)
+            except (KeyError, TypeError, ValueError, IndexError, RuntimeError):
+                result[name] = None  # an output is missing or malformed: the comparator reports that one
+        return result
+
+    @staticmethod
+    def _int(out: Mapping[str, Any], name: str) -> int:
+        return int(out[name].reshape(()).item())
+
+    def _convert_rows_decode(self, out: Mapping[str, Any]) -> str | None:
+        rows = sum(c.rows for c in self.converts if not c.workspace)
+        ndt, slots = self._int(out, "num_decode_tokens"), int(out["decode_slots"].shape[0])
+        if rows == ndt == slots:
+            return None
+        return f"convert got {rows} decode rows, decode_slots has {slots}, num_decode_tokens={ndt}"
+
+    def _convert_rows_prefill(self, out: Mapping[str, Any]) -> str | None:
+        rows = sum(c.rows for c in self.converts if c.workspace)
+        want = 0 if self._int(out, "dense_route") else self._int(out, "num_prefill_tokens")
+        slots = int(out["prefill_slots"].shape[0])
+        if rows == want == slots:
+            return None
+        return f"convert got {rows} prefill rows, prefill_slots has {slots}, expected {want} for this route"
+
+    def _expected_gathers(self, out: Mapping[str, Any]) -> list[GatherCall]:
+        p = self._int(out, "num_prefills")
+        if self._int(out, "dense_route"):
+            starts, cu = out["context_starts"].tolist(), out["context_cu_seq_lens"].tolist()
+            return [GatherCall(total=t, batch_size=p, ws=tuple(cu[i][:p]), seq_starts=tuple(starts[i]))
+                    for i, t in enumerate(out["context_seq_tot"].tolist())]
+        ws = out["workspace_starts"].tolist()
+        return [GatherCall(total=t, batch_size=e - s, ws=tuple(ws[s:e]), seq_starts=(0,) * (e - s))
+                for (s, e), t in zip(out["prefill_chunks"].tolist(), out["prefill_chunk_seq_tot"].tolist())]
+
+    def _gather_calls(self, out: Mapping[str, Any]) -> str | None:
+        want = self._expected_gathers(out)
+        got = [dataclasses.replace(g, seq_starts=g.seq_starts or (0,) * g.batch_size) for g in self.gathers]
+        if got == want:
+            return None
+        if len(got) != len(want):
+            return f"{len(got)} gather calls for {len(want)} chunks of the pipeline's own plan"
+        i = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+        return f"gather call {i} got {self.gathers[i]}, but the pipeline's own metadata says {want[i]}"
+
+    def _gathered_rows(self, out: Mapping[str, Any]) -> str | None:
+        dense = self._int(out, "dense_route")
+        ctx = int(out["context_lens"].sum()) if dense else 0
+        seq = 0 if dense else int(out["prefill_chunk_seq_tot"].sum())
+        got_ctx, got_seq = int(out["context_rows"].shape[0]), int(out["prefill_seq_rows"].shape[0])
+        if (got_ctx, got_seq) == (ctx, seq):
+            return None
+        return f"context_rows has {got_ctx} rows for {ctx} context tokens, prefill_seq_rows {got_seq} for {seq}"
+
+
+# --- the op -------------------------------------------------------------------
+
+def run_step(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]
+             ) -> tuple[dict[str, Any], SubCallRecorder]:
+    """Call a step implementation on the case's tensors ``t`` with recording sub-impls; (outputs, recorder)."""
+    p = case.params
+    rec = SubCallRecorder(convert_fn=sub("convert"), gather_fn=sub("gather"))
+    out = dict(fn(kv_cache=t["kv_cache"], block_table=t["block_table"], query_start_loc=t["query_start_loc"],
+                  seq_lens=t["seq_lens"], req_id_per_token=t["req_id_per_token"], topk_indices=t["topk_indices"],
+                  num_tokens=p["num_tokens"], threshold=p["threshold"], require_uniform=p["require_uniform"],
+                  workspace_rows=p["workspace_rows"], topk=p["topk"], block_n=p["block_n"],
+                  convert=rec.convert, gather=rec.gather))
+    return out, rec
+
+
+def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
+    out, rec = run_step(fn, case, t, sub)
+    report = rec.report(out)
+    out["invariants"] = torch.tensor([int(report[n] is None) for n in INVARIANTS], dtype=torch.int32)
+    out[REPORT_KEY] = report
+    out[SUB_REFS_KEY] = dict(getattr(sub, "refs", {}))
+    return out
+
+
+def _oracle(loop: bool) -> Callable[[Case], Outputs]:
+    def run(case: Case) -> Outputs:
+        from mlafuzz.oracles.step import step_oracle
+
+        t, p = case.tensors, case.params
+        out = step_oracle(kv_cache=t["kv_cache"], block_table=t["block_table"], query_start_loc=t["query_start_loc"],
+                          seq_lens=t["seq_lens"], req_id_per_token=t["req_id_per_token"],
+                          topk_indices=t["topk_indices"], num_tokens=p["num_tokens"], threshold=p["threshold"],
+                          require_uniform=p["require_uniform"], workspace_rows=p["workspace_rows"],
+                          topk=p["topk"], loop=loop)
+        out["invariants"] = torch.ones(len(INVARIANTS), dtype=torch.int32)
+        return out
+    return run
+
+
+def review_step(case: Case, call: Any, findings: list[Finding], ctx: Any) -> list[Finding]:
+    """The step op's ``review``: metadata and call-contract problems become METADATA_MISMATCH."""
+    refs = (call.outputs or {}).get(SUB_REFS_KEY) if call.outputs else None
+    extra = {"step_sub_impls": refs} if refs else {}
+    out: list[Finding] = []
+    for f in findings:
+        f = dataclasses.replace(f, extra={**f.extra, **extra})
+        if f.kind is Kind.EXCEPTION and isinstance(call.error, StepCallError):
+            out.append(dataclasses.replace(f, kind=Kind.METADATA_MISMATCH, cause=f"step:{call.error.cause}",
+                                           message=str(call.error)))
+        elif f.tensor == "invariants" and f.kind is Kind.VALUE_MISMATCH and call.outputs:
+            report = call.outputs.get(REPORT_KEY) or {}
+            broken = [(n, why) for n, why in report.items() if why is not None] or [("invariants", f.message)]
+            out += [dataclasses.replace(f, kind=Kind.METADATA_MISMATCH, cause=f"step:{n}", mismatches=(),
+                                        message=f"cross-field invariant {n} broken: {why}") for n, why in broken]
+        elif f.tensor in METADATA_OUTPUTS and f.kind is Kind.VALUE_MISMATCH:
+            out.append(dataclasses.replace(f, kind=Kind.METADATA_MISMATCH, message=f"metadata {f.message}"))
+        else:
+            out.append(f)
+    return out
+
+
+STEP = Op(
+    name="step", spec_type=gen.StepSpec, draw=gen.draw, materialize=gen.materialize, features=gen.features,
+    size=gen.size, reduce=gen.reduce, invalid=(), oracle=_oracle(False), oracle_slow=_oracle(True),
+    invoke=invoke, defaults={"cpu": ("ours",), "cuda": ("ours",)}, contract=frozenset(), review=review_step,
+)

@@ -1,0 +1,54 @@
+"""A registry entry: one implementation of one op, what it needs and what it promises."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+
+class ImplError(ValueError):
+    """An --impl reference that cannot be resolved or loaded; the message is one line for the user."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImplEntry:
+    op: str
+    name: str
+    loader: Callable[[str], Callable]  # device kind -> callable; imports lazily
+    devices: frozenset[str]
+    rejects: frozenset[str]  # error-input classes it promises to refuse
+    description: str = ""
+    capabilities: frozenset[str] = frozenset({"seq_starts"})  # optional SPEC features it has
+    requires: tuple[str, ...] = ()  # Python packages it cannot be loaded without (e.g. triton)
+    expected_kind: str | None = None  # for planted-bug mutants: the finding kind it should draw
+    is_mutant: bool = False
+
+    def missing(self) -> tuple[str, ...]:
+        """The packages of ``requires`` this Python cannot import."""
+        return tuple(p for p in self.requires if importlib.util.find_spec(p) is None)
+
+    def check_device(self, device: str) -> str:
+        """The device kind ('cpu', 'cuda'); ImplError when this entry cannot run there."""
+        kind = device.split(":")[0]
+        if kind not in self.devices:
+            raise ImplError(f"impl {self.op}={self.name} does not run on device={kind!r}"
+                            f" (runs on: {', '.join(sorted(self.devices))})")
+        missing = self.missing()
+        if missing:
+            raise ImplError(f"impl {self.op}={self.name} needs {', '.join(missing)}, which is not installed here"
+                            f" (pip install 'mlafuzz[{missing[0]}]', or pick another --impl {self.op}=...)")
+        return kind
+
+    def load(self, device: str) -> Callable:
+        """A fresh load of the callable for ``device`` (callers keep it: harness sessions cache one
+        per process); ImplError if it cannot run there."""
+        return self.loader(self.check_device(device))
+
+
+def module_attr(module: str, attr: str) -> Callable[[str], Callable]:
+    """A loader that imports ``module`` and takes ``attr`` when the entry is first loaded."""
+    def load(device: str) -> Callable:
+        return getattr(importlib.import_module(module), attr)
+    return load

@@ -1,0 +1,1 @@
+"""Planted bugs: the catalog (catalog.py) and their code (torch_bugs.py)."""

@@ -1,0 +1,97 @@
+"""The catalog of planted bugs: small, realistic mistakes the harness must catch.
+
+Each mutant is a registry entry (``is_mutant=True``) with a one-line
+description and the finding kind it should draw; ``mlafuzz mutants`` fuzzes
+each one and reports killed or survived. Their code is in torch_bugs.py (and,
+for GPU kernels, next to it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
+from mlafuzz.kernels.entry import ImplEntry
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mutant:
+    op: str
+    name: str
+    bug: str | None
+    kind: str
+    description: str
+    devices: tuple[str, ...] = ("cpu", "cuda")
+
+
+CATALOG: tuple[Mutant, ...] = (
+    Mutant(op="convert", name="convert_minus1_only", bug="minus1_only", kind="VALUE_MISMATCH",
+           description="only -1 is treated as padding; other negatives index the table"),
+    Mutant(op="convert", name="convert_block_edge", bug="block_edge", kind="VALUE_MISMATCH",
+           description="block index checked with <= width: off by one at the table's edge"),
+    Mutant(op="convert", name="convert_count_all", bug="count_all", kind="VALUE_MISMATCH",
+           description="valid_counts counts every column that is not -1, invalid ones included"),
+    Mutant(op="convert", name="convert_prefill_no_bound", bug="prefill_no_table_bound", kind="VALUE_MISMATCH",
+           description="prefill rows skip the block-table bound check"),
+    Mutant(op="convert", name="convert_row_as_request", bug="row_as_request", kind="VALUE_MISMATCH",
+           description="looks up the block table by row index instead of req_id"),
+    Mutant(op="convert", name="convert_no_length_check", bug="no_length_check", kind="ACCEPTED_INVALID_INPUT",
+           description="grid over req_id rows, no length check (the pre-#48642 launch), torch variant"),
+    Mutant(op="gather", name="gather_no_seq_starts", bug="no_seq_starts", kind="VALUE_MISMATCH",
+           description="reads every request from position 0 (seq_starts ignored)"),
+    Mutant(op="gather", name="gather_wrong_scale_tile", bug="wrong_scale_tile", kind="VALUE_MISMATCH",
+           description="tiles 1 and 2 use each other's scale"),
+    Mutant(op="gather", name="gather_truncate_bf16", bug="truncate_bf16", kind="VALUE_MISMATCH",
+           description="f32 -> bf16 by truncation instead of round to nearest even"),
+    Mutant(op="gather", name="gather_flush_subnormal", bug="flush_subnormal", kind="SUBNORMAL_FLUSH",
+           description="flushes subnormal products to zero (a fast-math build)"),
+    Mutant(op="gather", name="gather_nan_to_zero", bug="nan_to_zero", kind="NAN_MISMATCH",
+           description="NaN products swallowed to 0"),
+    Mutant(op="gather", name="gather_rope_as_fp16", bug="rope_as_fp16", kind="VALUE_MISMATCH",
+           description="rope bits read as fp16 and converted instead of copied"),
+    Mutant(op="gather", name="gather_skip_last_row", bug="skip_last_row", kind="MISSING_WRITE",
+           description="the last row of dst is never written"),
+    Mutant(op="gather", name="gather_one_row_too_far", bug="one_row_too_far", kind="OOB_WRITE",
+           description="writes one row past the end of dst"),
+    Mutant(op="gather", name="gather_empty_request_owner", bug="empty_request_owner", kind="VALUE_MISMATCH",
+           description="rows at an empty request's start are given to the empty request"),
+    Mutant(op="gather", name="gather_nondeterministic", bug="nondeterministic", kind="NONDETERMINISM",
+           description="a race: one element differs between two runs"),
+    Mutant(op="gather", name="gather_mutates_cache", bug="mutates_cache", kind="INPUT_MUTATION",
+           description="zeroes a cache record it read"),
+    Mutant(op="gather", name="gather_no_value_checks", bug="no_value_checks", kind="ACCEPTED_INVALID_INPUT",
+           description="promises the host-side ws/seq_starts checks but skips them"),
+    Mutant(op="writer", name="writer_scale_pow2", bug="scale_pow2", kind="VALUE_MISMATCH",
+           description="rounds the tile scale up to a power of two"),
+    Mutant(op="writer", name="writer_writes_padding", bug="writes_padding", kind="VALUE_MISMATCH",
+           description="padding tokens (slot -1) are written to slot 0"),
+)
+
+
+REJECTS = {"convert": CONVERT_REJECTS, "gather": GATHER_TORCH_REJECTS, "writer": WRITER_TORCH_REJECTS}
+
+
+def _torch_loader(op: str, bug: str | None) -> Callable[[str], Callable]:
+    def load(device: str) -> Callable:
+        from mlafuzz.kernels.mutants import torch_bugs
+
+        return torch_bugs.load(op, bug)
+    return load
+
+
+def _overwide_loader(device: str) -> Callable:
+    from mlafuzz.kernels.mutants import torch_bugs
+
+    return torch_bugs.triton_overwide()
+
+
+MUTANTS: tuple[ImplEntry, ...] = tuple(
+    ImplEntry(op=m.op, name=m.name, loader=_torch_loader(m.op, m.bug), devices=frozenset(m.devices),
+              rejects=REJECTS[m.op], description=m.description, expected_kind=m.kind, is_mutant=True)
+    for m in CATALOG
+) + (
+    ImplEntry(op="convert", name="triton_overwide", loader=_overwide_loader, devices=frozenset({"cuda"}),
+              rejects=CONVERT_REJECTS, expected_kind="OOB_WRITE", is_mutant=True, requires=("triton",),
+              description="Triton kernel launched over req_id rows while out has token_indices rows (pre-#48642)"),
+)

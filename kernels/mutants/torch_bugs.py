@@ -1,0 +1,186 @@
+"""The planted bugs' code: each is the correct algorithm with one named change (the ``bug``).
+
+The torch variants run anywhere (so the catalog runs on CPU CI); the Triton
+variant reproduces a launch bug on the GPU. The catalog (catalog.py) names
+them and says which finding each must draw.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+from mlafuzz.kernels.checks import check_block_ids, check_convert_args, check_gather_args, check_gather_values
+
+FLT_MIN = torch.finfo(torch.float32).tiny
+
+
+# --- convert -------------------------------------------------------------------
+
+def _convert(bug: str, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK_TOKENS=2048, BLOCK_N=128,
+             HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
+             return_valid_counts=False):
+    if bug != "no_length_check":
+        check_convert_args(req_id, block_table, token_indices, BLOCK_SIZE, NUM_TOPK_TOKENS, BLOCK_N,
+                           HAS_PREFILL_WORKSPACE, prefill_workspace_request_ids, prefill_workspace_starts)
+    n = token_indices.shape[0]
+    rows = req_id.shape[0] if bug == "no_length_check" else n
+    tok = token_indices.long()
+    if rows > n:  # the grid covers req_id's rows: rows past the indices read garbage (here: -1)
+        tok = torch.cat([tok, tok.new_full((rows - n, tok.shape[1]), -1)])
+    req = req_id.long()[:rows, None]
+    bs, (num_reqs, width) = BLOCK_SIZE, block_table.shape
+    blk = torch.div(tok, bs, rounding_mode="floor")
+    off = tok - blk * bs
+    if bug == "minus1_only":
+        valid = (tok != -1) & (blk < width)  # treats only -1 as padding
+    elif bug == "block_edge":
+        valid = (tok >= 0) & (blk <= width)  # off by one at the table's edge
+    else:
+        valid = (tok >= 0) & (blk < width)
+    valid &= (req >= 0) & (req < num_reqs)
+    if bug == "row_as_request":
+        req = torch.arange(rows, device=req.device)[:, None].clamp(max=num_reqs - 1)
+    table = block_table.long()
+    entry = table[req.clamp(0, num_reqs - 1), blk.clamp(0, width - 1)]
+    vals = entry * bs + off
+    if HAS_PREFILL_WORKSPACE:
+        ids = prefill_workspace_request_ids.long()[:rows, None]
+        starts = prefill_workspace_starts.long()
+        is_pf = ids >= 0
+        pf_vals = starts[ids.clamp(0, max(starts.numel() - 1, 0))] + tok if starts.numel() else tok
+        vals = torch.where(is_pf, pf_vals, vals)
+        valid_pf = (tok >= 0) if bug == "prefill_no_table_bound" else (tok >= 0) & (blk < width)
+        in_range = ids < starts.numel()
+        valid = torch.where(is_pf, valid_pf & in_range, valid)
+    vals = ((vals + 2 ** 31) % 2 ** 32 - 2 ** 31)  # int32 wraparound, as the kernel computes
+    out = torch.where(valid, vals, torch.full_like(vals, -1)).to(torch.int32)[:n]
+    if not return_valid_counts:
+        return out
+    counted = (token_indices != -1) if bug == "count_all" else valid[:n]
+    return out, counted.sum(dim=1).to(torch.int32)
+
+
+# --- gather --------------------------------------------------------------------
+
+def _dequant(bug: str, records: torch.Tensor) -> torch.Tensor:
+    codes = records[:, :512].contiguous().view(torch.float8_e4m3fn).float()
+    scales = records[:, 512:528].contiguous().view(torch.float32)
+    tile = torch.arange(512, device=records.device) // 128
+    if bug == "wrong_scale_tile":
+        tile = torch.tensor([0, 2, 1, 3], device=records.device)[tile]
+    prod = codes * scales[:, tile]
+    if bug == "flush_subnormal":
+        prod = torch.where(prod.abs() < FLT_MIN, torch.copysign(torch.zeros_like(prod), prod), prod)  # signed zero, as FTZ
+    if bug == "nan_to_zero":
+        prod = torch.nan_to_num(prod, nan=0.0)
+    if bug == "truncate_bf16":
+        nope = ((prod.view(torch.int32) >> 16).to(torch.int16)).view(torch.bfloat16)
+    else:
+        nope = prod.to(torch.bfloat16)
+    rope = records[:, 528:656].contiguous().view(torch.int16)
+    rope = rope.view(torch.float16).to(torch.bfloat16) if bug == "rope_as_fp16" else rope.view(torch.bfloat16)
+    return torch.cat([nope, rope], dim=1)
+
+
+class Calls:
+    """A loaded mutant's own call count (the nondeterminism mutant flips a bit on alternate calls)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def _gather(bug: str, src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None, *,
+            calls: Calls | None = None):
+    check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+    num_blocks, bs, _ = src_cache.shape
+    total, b = dst.shape[0], batch_size
+    ws_l = workspace_starts[:b].tolist()
+    ss_l = [0] * b if seq_starts is None or bug == "no_seq_starts" else seq_starts[:b].tolist()
+    if bug != "no_value_checks":
+        check_gather_values(ws=ws_l, seq_starts=ss_l, total=total, block_size=bs, max_blocks=block_table.shape[1])
+    if total == 0:
+        return
+    dev = dst.device
+    ws = torch.tensor(ws_l, dtype=torch.int64, device=dev)
+    j = torch.arange(total, dtype=torch.int64, device=dev)
+    req = torch.searchsorted(ws, j, right=(bug != "empty_request_owner")) - 1
+    req = req.clamp(0, b - 1)
+    pos = torch.tensor(ss_l, dtype=torch.int64, device=dev)[req] + (j - ws[req])
+    blk = torch.div(pos, bs, rounding_mode="floor")
+    ids = block_table.long()[req, blk.clamp(0, block_table.shape[1] - 1)]
+    if bug != "no_value_checks":
+        check_block_ids(ids, num_blocks)
+    ids = ids.clamp(0, num_blocks - 1)
+    rows = _dequant(bug, src_cache.view(torch.uint8)[ids, pos - blk * bs])
+    if bug == "skip_last_row":
+        rows, dst_rows = rows[:-1], dst[:-1]
+    else:
+        dst_rows = dst
+    dst_rows.copy_(rows)
+    if bug == "one_row_too_far":  # writes the row after the last one: into whatever follows dst
+        past = dst.as_strided((1, dst.shape[1]), dst.stride(), dst.storage_offset() + total * dst.stride(0))
+        past.copy_(rows[-1:])
+    if bug == "nondeterministic" and calls is not None:
+        calls.n += 1
+        if calls.n % 2 == 0:
+            dst.view(torch.int16)[0, 0] ^= 1
+    if bug == "mutates_cache":
+        src_cache.view(torch.uint8)[ids[:1], (pos - blk * bs)[:1]] = 0
+
+
+# --- writer --------------------------------------------------------------------
+
+def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None):
+    from mlafuzz.kernels.torch_impl import check_writer_call, encode_records_torch, writer_torch
+
+    if bug is None:
+        return writer_torch(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+    check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)  # the one bug is below, not here
+    n = slot_mapping.shape[0]
+    x = kv_c[:n].float().reshape(n, 4, 128)
+    slots = slot_mapping.long()
+    records = encode_records_torch(kv_c[:n], k_pe[:n])
+    if bug == "scale_pow2":  # a rounded-up power-of-two scale, as some FP8 recipes use
+        amax = torch.nan_to_num(x.abs(), nan=0.0).amax(dim=2)
+        s = torch.maximum(amax / torch.full_like(amax, 448.0), torch.full_like(amax, FLT_MIN))
+        s = torch.exp2(torch.ceil(torch.log2(s)))
+        codes = torch.clamp(x / s[..., None], -448, 448).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, 512)
+        records = torch.cat([codes, s.contiguous().view(torch.uint8).reshape(n, 16), records[:, 528:]], dim=1)
+    if bug == "writes_padding":
+        slots = slots.clamp(min=0)
+    keep = slots >= 0
+    kv_cache.view(-1, 656)[slots[keep]] = records[keep]
+
+
+def _triton_overwide(req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK_TOKENS=2048, BLOCK_N=128,
+                     HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
+                     return_valid_counts=False):
+    """The pre-#48642 bug in the real Triton kernel: grid over req_id rows, out sized from token_indices."""
+    from mlafuzz.kernels import triton_convert as tc
+
+    n, k = token_indices.shape
+    out = torch.empty((n, k), dtype=torch.int32, device=token_indices.device)
+    counts = torch.empty((n,), dtype=torch.int32, device=token_indices.device) if return_valid_counts else None
+    if req_id.shape[0]:
+        tc.launch(req_id, block_table, token_indices, out, counts, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
+                  HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE,
+                  prefill_workspace_request_ids=prefill_workspace_request_ids,
+                  prefill_workspace_starts=prefill_workspace_starts, grid_rows=req_id.shape[0])
+    return (out, counts) if return_valid_counts else out
+
+
+FUNCS: dict[str, Callable] = {"convert": _convert, "gather": _gather, "writer": _writer}
+
+
+def load(op: str, bug: str | None) -> Callable:
+    """A fresh callable of op's planted ``bug`` (fresh: a stateful bug's state is its own)."""
+    if op == "gather":
+        return functools.partial(_gather, bug, calls=Calls())
+    return functools.partial(FUNCS[op], bug)
+
+
+def triton_overwide() -> Callable:
+    return _triton_overwide

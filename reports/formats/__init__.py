@@ -1,0 +1,1 @@
+"""Report formats of a judged run: JUnit XML, Markdown, HTML, JSON (render.py picks one)."""

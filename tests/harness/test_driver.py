@@ -1,0 +1,120 @@
+"""The fuzz driver as a nightly job meets it: dying and hanging impls, shrinking, bundles, replay, shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlafuzz.harness.cli.main import main
+from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard
+
+PLANTED = Path(__file__).parents[1] / "support" / "planted"
+
+
+def _findings(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "findings.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("planted, kind", [("abort_gather.py", "CRASH"), ("hang_gather.py", "TIMEOUT")])
+def test_dying_or_hanging_impl_is_reported_and_the_run_goes_on_to_its_budget(planted, kind, tmp_path, capsys):
+    start = time.monotonic()
+    rc = main(["fuzz", "--impl", f"gather={PLANTED / planted}:gather", "--device", "cpu", "--budget", "12",
+               "--timeout", "2", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"])
+    assert rc == 1
+    found = _findings(tmp_path)
+    assert {f["kind"] for f in found} == {kind}
+    assert all(f["spec"] and f["seed"] is not None for f in found)  # each names the case that did it
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cases"] > len(found)  # cases after the first failure still ran
+    assert time.monotonic() - start >= 12
+
+
+def test_single_request_bug_shrinks_to_at_most_two_requests_and_replays(tmp_path, capsys):
+    rc = main(["fuzz", "--impl", f"gather={PLANTED / 'gather_from_zero.py'}:gather", "--device", "cpu",
+               "--cases", "40", "--shrink-budget", "15", "--out", str(tmp_path), "--quiet", "--in-process"])
+    assert rc == 1
+    bundles = sorted((tmp_path / "bundles").iterdir())
+    assert bundles
+    for bundle in bundles:
+        case = json.loads((bundle / "case.json").read_text())
+        assert len(case["spec"]["spec"]["requests"]) <= 2
+        assert (bundle / "replay.txt").read_text().startswith("mlafuzz replay ")
+        assert case["shrink"]["loop_oracle_agrees"] is True
+    out = capsys.readouterr().out
+    assert "repro (" in out and "mlafuzz replay" in out
+    assert main(["replay", str(bundles[0])]) == 1  # still broken
+    assert main(["replay", str(bundles[0]), "--impl", "gather=torch"]) == 0  # the fix passes
+
+
+def test_tampered_or_malformed_bundles_exit_2_with_one_line(tmp_path, capsys):
+    import torch
+
+    main(["fuzz", "--impl", f"gather={PLANTED / 'gather_from_zero.py'}:gather", "--device", "cpu",
+          "--cases", "10", "--shrink-budget", "2", "--out", str(tmp_path / "run"), "--quiet", "--in-process"])
+    bundle = next((tmp_path / "run" / "bundles").iterdir())
+    capsys.readouterr()
+    inputs = torch.load(bundle / "inputs.pt", weights_only=True)
+    inputs["block_table"] = inputs["block_table"] + 1
+    torch.save(inputs, bundle / "inputs.pt")
+    assert main(["replay", str(bundle)]) == 2
+    assert "does not match" in capsys.readouterr().err
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"x": Evil()}, bundle / "inputs.pt")
+    assert main(["replay", str(bundle)]) == 2
+    err = capsys.readouterr().err
+    assert "refused to load" in err and len(err.strip().splitlines()) == 1
+    assert main(["replay", str(tmp_path / "nope")]) == 2
+
+
+def test_shards_split_the_case_space_into_disjoint_slices():
+    def indices(shard: Shard) -> set[int]:
+        return {i for i in range(100) if shard.owns(i)}
+
+    a, b, c = (indices(Shard(index=k, count=3)) for k in range(3))
+    assert not (a & b or b & c or a & c) and a | b | c == set(range(100))
+    config = FuzzConfig(ops=("convert", "gather"), impls={"convert": "torch", "gather": "torch"}, cases=1)
+    assert config.task(7) == config.task(7)  # a task is a pure function of (seed, index)
+
+
+def test_interrupted_run_leaves_valid_findings_and_a_summary(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "mlafuzz.harness.cli.main", "fuzz", "--impl",
+                             f"gather={PLANTED / 'gather_from_zero.py'}:gather", "--device", "cpu", "--budget", "60",
+                             "--out", str(tmp_path), "--in-process", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    findings = tmp_path / "findings.jsonl"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (findings.exists() and findings.stat().st_size > 0):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, _err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert "[interrupted]" in out
+    assert all(json.loads(line)["kind"] for line in findings.read_text().splitlines())
+    assert json.loads((tmp_path / "summary.json").read_text())["interrupted"] is True
+
+
+@pytest.mark.gpu
+def test_a_case_that_breaks_the_cuda_context_is_a_crash_and_later_cases_run_in_a_fresh_worker(tmp_path, capsys):
+    rc = main(["fuzz", "--op", "gather", "--impl", f"gather={PLANTED / 'illegal_address_gather.py'}:gather",
+               "--device", "cuda", "--workers", "1", "--cases", "60", "--shrink-budget", "0",
+               "--out", str(tmp_path), "--quiet"])
+    assert rc == 1
+    found = _findings(tmp_path)
+    assert found and {f["kind"] for f in found} == {"CRASH"}
+    assert {f["cause"] for f in found} <= {"cuda_context", "crash"}  # never a harness error of a poisoned worker
+    assert all(len(f["spec"]["spec"]["requests"]) == 3 for f in found)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cases"] == 60 and summary["findings"] < 60

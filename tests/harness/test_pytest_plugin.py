@@ -1,0 +1,104 @@
+"""The pytest plugin: fuzz items per op and implementation, under xdist, with a ledger, on CPU."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mlafuzz.harness.pytest_plugin import Worker, gpu_for, impl_label, worker_of
+
+pytest_plugins = ["pytester"]
+
+PLANTED = f"{Path(__file__).parents[1] / 'support' / 'planted' / 'gather_from_zero.py'}:gather"
+# Seed 7 puts a seq_starts case (which the planted gather gets wrong) among the first two cases of every
+# shard, so even a short budget on a slow machine finds it.
+SEED = "7"
+
+
+def _plugin_args() -> list[str]:
+    """-p for the plugin, unless its pytest11 entry point already loads it (registering it twice is an error)."""
+    installed = any(ep.value.startswith("mlafuzz.harness.pytest_plugin")
+                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    # In-process runs meet the plugin module already imported: pytest warns it can't assert-rewrite it. Fine here.
+    quiet = ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    return quiet if installed else ["-p", "mlafuzz.harness.pytest_plugin", *quiet]
+
+
+def test_worker_identity_comes_from_xdist_workerinput():
+    assert worker_of(SimpleNamespace()) == Worker(name="main", index=0, count=1)
+    assert worker_of(SimpleNamespace(workerinput={"workerid": "gw3", "workercount": 4})) == Worker(
+        name="gw3", index=3, count=4)
+
+
+@pytest.mark.parametrize("index, gpus, expected", [(0, 1, 0), (3, 1, 0), (3, 2, 1), (5, 4, 1), (2, 8, 2)])
+def test_worker_n_takes_visible_gpu_n_modulo_the_count(index, gpus, expected):
+    assert gpu_for(Worker(name=f"gw{index}", index=index, count=8), gpus) == expected
+
+
+def test_impl_labels_are_short_and_safe_for_node_ids_and_paths():
+    assert impl_label("torch") == "torch"
+    assert impl_label("/a/b/gather_from_zero.py:gather") == "gather_from_zero.py:gather"
+    assert impl_label("my_pkg.mod:fn") == "my_pkg.mod:fn"
+    assert impl_label("we ird[x]") == "we_ird_x_"
+
+
+def test_plugin_adds_nothing_without_a_budget(pytester):
+    pytester.makepyfile(test_plain="def test_one():\n    pass\n")
+    result = pytester.runpytest(*_plugin_args(), "--collect-only", "-q")
+    assert "mlafuzz::" not in result.stdout.str()
+    result.assert_outcomes()  # collect-only: nothing ran, and nothing failed to collect
+
+
+def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_rerun_command_under_xdist(pytester):
+    result = pytester.runpytest_subprocess(
+        *_plugin_args(), "-n", "2", "-rA", "--mlafuzz-budget", "1.5", "--mlafuzz-seed", SEED,
+        "--mlafuzz-shrink-budget", "0", "--mlafuzz-impl", "gather=torch", "--mlafuzz-impl", f"gather={PLANTED}",
+        "--mlafuzz-out", "out")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "PASSED mlafuzz::gather[torch]" in out
+    assert "FAILED mlafuzz::gather[gather_from_zero.py:gather]" in out
+    assert "VALUE_MISMATCH cause=dst:value" in out and "Mismatched elements" in out
+    # No bundles (shrinking off): the replay is a re-run of this worker's shard of the case space.
+    result.stdout.fnmatch_lines(["*replay: mlafuzz fuzz --op gather --impl gather=*gather_from_zero.py:gather"
+                                 " --device cpu --seed 7 --cases * --shard [01]/2 --out *"])
+    dirs = sorted(p.name for p in (pytester.path / "out").iterdir())
+    assert len(dirs) == 2 and all(d.rsplit("-", 1)[1] in ("gw0", "gw1") for d in dirs)
+    assert all((pytester.path / "out" / d / "summary.json").is_file() for d in dirs)
+
+
+def test_planted_failure_names_the_shrunk_bundles_replay_command(pytester):
+    result = pytester.runpytest(
+        *_plugin_args(), "--mlafuzz-budget", "1", "--mlafuzz-seed", SEED, "--mlafuzz-shrink-budget", "0.3",
+        "--mlafuzz-impl", f"gather={PLANTED}", "--mlafuzz-out", "out")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["collected 1 item",
+                                 "*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-main/bundles/*"])
+
+
+def test_ledger_turns_planted_findings_into_expected_ones_and_names_stale_entries(pytester):
+    entries = "".join(
+        f'[[expected]]\nkind = "{kind}"\nop = "gather"\nimpl = "{PLANTED}"\ncause = "*"\nissue = "https://x/{i}"\n'
+        for i, kind in enumerate(("VALUE_MISMATCH", "NAN_MISMATCH", "OOB_WRITE")))
+    pytester.makefile(".toml", ledger=entries)
+    result = pytester.runpytest(
+        *_plugin_args(), "--mlafuzz-budget", "1", "--mlafuzz-seed", SEED, "--mlafuzz-shrink-budget", "0",
+        "--mlafuzz-impl", f"gather={PLANTED}", "--mlafuzz-ledger", "ledger.toml", "--mlafuzz-out", "out")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*stale ledger entry expected[[]2[]] OOB_WRITE gather=*https://x/2*"])
+    assert "expected[0]" not in result.stdout.str() and "expected[1]" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--mlafuzz-impl", "gather=nosuchimpl"], "no implementation named 'nosuchimpl'"),
+    (["--mlafuzz-impl", "softmax=torch"], "unknown op 'softmax'"),
+    (["--mlafuzz-budget", "0"], "--mlafuzz-budget=0.0 must be > 0"),
+    (["--mlafuzz-ledger", "missing.toml"], "ledger=missing.toml: no such file"),
+])
+def test_bad_plugin_options_are_one_line_usage_errors(pytester, argv, needle):
+    result = pytester.runpytest(*_plugin_args(), "--mlafuzz-budget", "1", *argv)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert needle in result.stderr.str()

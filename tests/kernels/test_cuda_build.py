@@ -1,0 +1,65 @@
+"""The CUDA fp8_ds_mla kernels' build and host-side behaviour, on any machine.
+
+The .cu (kernels + torch binding) compiles with nvcc for sm_90 without a GPU, and the wrappers
+refuse bad calls before touching CUDA. The GPU tests are test_kernels_cuda_gather.py and
+test_kernels_cuda_writer.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from mlafuzz.kernels import cuda_ext
+from mlafuzz.tests.support.cuda_cases import HAS_CUDA
+
+# ----------------------------------------------------------------------------- CPU tests
+
+
+def test_nvcc_compile_check(tmp_path):
+    """The real kernel + binding translation unit compiles for sm_90 on a machine without GPU."""
+    if cuda_ext._find_nvcc() is None:
+        pytest.skip("nvcc not found: no CUDA toolkit on this machine (CI installs one)")
+    t0 = time.perf_counter()
+    obj = cuda_ext.nvcc_compile_check(out_dir=tmp_path)
+    seconds = time.perf_counter() - t0
+    data = obj.read_bytes()
+    for kernel in (b"gather_vec_kernel", b"gather_scalar_kernel", b"writer_kernel"):
+        assert kernel in data, f"{kernel!r} missing from {obj}"
+    print(f"nvcc compile check: {seconds:.1f} s -> {obj} ({len(data)} bytes)")
+
+
+def test_writer_rejects_other_kv_cache_dtype():
+    x = torch.zeros(1, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="fp8_ds_mla"):
+        cuda_ext.writer(x, x[:, :64], torch.zeros(1, 1, 656, dtype=torch.uint8),
+                        torch.zeros(1, dtype=torch.int64), kv_cache_dtype="auto")
+
+
+def test_wrappers_refuse_cpu_tensors():
+    cache = torch.zeros(1, 1, 656, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="CUDA"):
+        cuda_ext.gather(cache, torch.zeros(1, 576, dtype=torch.bfloat16),
+                        torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 1)
+    x = torch.zeros(1, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA"):
+        cuda_ext.writer(x, x[:, :64], cache, torch.zeros(1, dtype=torch.int64))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU error path")
+def test_load_extension_without_cuda_is_a_one_line_error():
+    with pytest.raises(RuntimeError, match="no CUDA device") as err:
+        cuda_ext.load_extension()
+    assert "\n" not in str(err.value)
+
+
+def test_build_key_depends_on_arch_and_flags():
+    assert cuda_ext._build_key("sm_90") != cuda_ext._build_key("sm_100")
+    flags = cuda_ext.nvcc_flags("sm_90")
+    assert "-gencode=arch=compute_90,code=sm_90" in flags
+    assert "-ftz=false" in flags and "-prec-div=true" in flags
+    assert not any("fast_math" in f or "fast-math" in f for f in flags)
+
+

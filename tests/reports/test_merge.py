@@ -1,0 +1,127 @@
+"""Merging shard run directories, and the `report`/`merge` subcommands that front it."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from mlafuzz.harness.cli.args import Parser, UsageError
+from mlafuzz.harness.cli.main import main
+from mlafuzz.harness.cli.report_cmd import add_parsers
+from mlafuzz.reports.jsonl import read_findings, read_jsonl
+from mlafuzz.reports.merge import merge_runs
+from mlafuzz.reports.model import ReportError, load_run, replay_command
+from mlafuzz.tests.support.helpers import render_dir, report_of
+
+PLANTED = Path(__file__).parents[1] / "support" / "planted" / "gather_from_zero.py"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> list[Path]:
+    """Two shards (0/2, 1/2) of the same planted-gather run, no bundles."""
+    root = tmp_path_factory.mktemp("shards")
+    dirs = []
+    for k in (0, 1):
+        out = root / f"shard{k}"
+        rc = main(["fuzz", "--op", "gather", "--impl", f"gather={PLANTED}:gather", "--device", "cpu", "--cases",
+                   "12", "--shard", f"{k}/2", "--out", str(out), "--quiet", "--in-process", "--shrink-budget", "0"])
+        assert rc == 1
+        # The run.json a shard will carry: its seed and shard make each finding re-runnable.
+        (out / "run.json").write_text(json.dumps({"ops": ["gather"], "impls": {"gather": f"{PLANTED}:gather"},
+                                                  "device": "cpu", "seed": 0, "shard": f"{k}/2", "cases": 12}))
+        dirs.append(out)
+    return dirs
+
+
+def _cli(argv: list[str]) -> int:
+    parser = Parser(prog="mlafuzz")
+    add_parsers(parser.add_subparsers(dest="command", required=True, parser_class=Parser))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_merge_of_two_shards_sums_counts_and_concatenates_findings(shards, tmp_path):
+    result = merge_runs(shards, tmp_path / "merged")
+    parts = [json.loads((d / "summary.json").read_text()) for d in shards]
+    merged = json.loads((tmp_path / "merged" / "summary.json").read_text())
+    for key in ("cases", "skipped", "findings", "infos"):
+        assert merged[key] == sum(p[key] for p in parts)
+    assert merged["per_op"]["gather"] == sum(p["per_op"]["gather"] for p in parts) == 24
+    for kind in set(parts[0]["by_kind"]) | set(parts[1]["by_kind"]):
+        assert merged["by_kind"][kind] == sum(p["by_kind"].get(kind, 0) for p in parts)
+    for feat, n in merged["coverage"].items():
+        assert n == sum(p["coverage"].get(feat, 0) for p in parts)
+    lines = [len(list(read_jsonl(d / "findings.jsonl"))) for d in shards]
+    assert result.findings_lines == sum(lines) == len(read_findings(tmp_path / "merged" / "findings.jsonl"))
+    assert merged["buckets"] == len({f.dedup_key for d in shards for f in read_findings(d / "findings.jsonl")})
+    assert [s["shard"] for s in merged["shards"]] == ["0/2", "1/2"]
+
+
+def test_merged_findings_keep_their_shard_and_replay_from_it(shards, tmp_path):
+    merge_runs(shards, tmp_path / "merged")
+    findings = read_findings(tmp_path / "merged" / "findings.jsonl")
+    origins = [f.extra["shard"] for f in findings]
+    assert {o["dir"] for o in origins} == {str(d) for d in shards}
+    first_of_shard1 = next(f for f in findings if f.extra["shard"]["index"] == 1)
+    run = json.loads((tmp_path / "merged" / "run.json").read_text())
+    assert "shard" not in run and run["seed"] == 0 and run["merged_from"] == [str(d) for d in shards]
+    assert "--shard 1/2" in replay_command(first_of_shard1, run)
+
+
+def test_a_merged_run_renders_like_any_run(shards, tmp_path):
+    merge_runs(shards, tmp_path / "merged")
+    root = ET.fromstring(render_dir(tmp_path / "merged", "junit"))
+    report = report_of(tmp_path / "merged")
+    assert root.get("failures") == str(len(report.failures)) and root.get("tests") == "1"
+    assert "Shards" in render_dir(tmp_path / "merged", "html")
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("out_is_input", "is one of the inputs"),
+    ("twice", "is given twice"),
+    ("not_a_run", "not a run directory"),
+    ("none", "at least one"),
+])
+def test_merge_refuses_bad_inputs_with_one_line(shards, tmp_path, case, needle):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    args = {"out_is_input": (shards, shards[0]), "twice": ([shards[0], shards[0]], tmp_path / "m"),
+            "not_a_run": ([empty], tmp_path / "m"), "none": ([], tmp_path / "m")}[case]
+    with pytest.raises(ReportError, match=needle) as info:
+        merge_runs(*args)
+    assert "\n" not in str(info.value)
+
+
+def test_report_and_merge_subcommands_write_files_and_fail_in_one_line(shards, tmp_path, capsys):
+    assert _cli(["merge", *map(str, shards), "--out", str(tmp_path / "m")]) == 0
+    assert "merged 2 run directories" in capsys.readouterr().out
+    out = tmp_path / "r" / "junit.xml"
+    assert _cli(["report", str(tmp_path / "m"), "--format", "junit", "-o", str(out)]) == 0
+    assert ET.parse(out).getroot().get("tests") == "1"
+    assert _cli(["report", str(shards[0]), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "failed"
+    with pytest.raises(UsageError, match="no such directory"):
+        _cli(["report", str(tmp_path / "nope")])
+    with pytest.raises(UsageError, match="invalid choice"):
+        _cli(["report", str(shards[0]), "--format", "pdf"])
+
+
+def test_shards_without_run_json_are_attributed_by_their_findings_never_by_guesswork(shards, tmp_path):
+    import shutil
+
+    planted = tmp_path / "planted"
+    shutil.copytree(shards[0], planted)
+    (planted / "run.json").unlink()
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "summary.json").write_text(json.dumps({"cases": 5, "per_op": {"gather": 5}, "findings": 0}))
+    (clean / "findings.jsonl").write_text("")
+    merge_runs([planted, clean], tmp_path / "m")
+    merged = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert [s["shard"] for s in merged["shards"]] == [None, None]
+    assert not (tmp_path / "m" / "run.json").exists()
+    cases = {(t.impl, t.cases) for t in report_of(tmp_path / "m").testcases}
+    assert cases == {(f"{PLANTED}:gather", 12), ("?", 5)}

@@ -1,0 +1,1 @@
+"""Test support: shared helpers, CUDA case builders, planted implementations."""

@@ -1,0 +1,109 @@
+"""What tests share to reach the harness the way a worker does: the op table, one session per
+test process, and thin wrappers that fill in the session."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from hypothesis import strategies as st
+
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.draw import SMALL, Knobs, cases_strategy, draw_with_seed
+from mlafuzz.generators.draw import specs as _specs
+from mlafuzz.harness.check.compare import Context, Policy
+from mlafuzz.harness.check.contracts import check_contract as _check_contract
+from mlafuzz.harness.check.session import Session
+from mlafuzz.harness.drive.run import CaseResult
+from mlafuzz.harness.drive.run import run_case as _run_case
+from mlafuzz.harness.ops.table import OPS
+from mlafuzz.kernels.entry import ImplEntry
+from mlafuzz.reports.findings import Finding
+
+INVALID_CLASSES = {op.name: op.invalid for op in OPS.ops}
+
+
+@functools.cache
+def session() -> Session:
+    """This test process's session (implementations loaded once, as in a worker)."""
+    return Session(table=OPS)
+
+
+def materialize(spec: Any, seed: int, device: str = "cpu") -> Case:
+    return OPS.materialize(spec, seed, device)
+
+
+def draw_spec(op: str, *, seed: int, knobs: Knobs = SMALL) -> Any:
+    return draw_with_seed(OPS.get(op).draw, seed=seed, knobs=knobs)
+
+
+def specs(op: str, knobs: Knobs = SMALL) -> st.SearchStrategy[Any]:
+    return _specs(OPS.get(op).draw, knobs)
+
+
+def cases(op: str, knobs: Knobs = SMALL) -> st.SearchStrategy[tuple[Any, int]]:
+    return cases_strategy(OPS.get(op).draw, knobs)
+
+
+def features(spec: Any) -> set[str]:
+    return OPS.get(spec.op).features(spec)
+
+
+def resolve(op: str, ref: str, *, rejects: Any = None) -> ImplEntry:
+    return session().entry(op, ref, rejects=rejects)
+
+
+def run_case(*, case: Case, entry: ImplEntry, policy: Policy = Policy(), fn: Callable | None = None,
+             rerun: bool = False, slow_oracle: bool = False, fast: bool | None = None,
+             in_session: Session | None = None) -> CaseResult:
+    return _run_case(session=in_session or session(), case=case, entry=entry, policy=policy, fn=fn, rerun=rerun,
+                     slow_oracle=slow_oracle, fast=fast)
+
+
+def session_with(op: str, **changes: Any) -> Session:
+    """A fresh session whose op table has ``op``'s row changed (e.g. ``oracle=`` one that must not run)."""
+    import dataclasses
+
+    from mlafuzz.harness.ops.op import OpTable
+
+    return Session(table=OpTable(tuple(dataclasses.replace(o, **changes) if o.name == op else o for o in OPS.ops)))
+
+
+def check_contract(*, case: Case, entry: ImplEntry, fn: Callable, klass: Any) -> list[Finding]:
+    s = session()
+    return _check_contract(op=OPS.get(case.op), case=case, entry=entry, fn=fn, klass=klass,
+                           ctx=Context(op=case.op, impl=entry.name, case_id=case.case_id), sub=s.sub(case.device),
+                           redzone=s.redzone)
+
+
+def spec_from_json(text: str) -> Any:
+    from mlafuzz.generators.spec import spec_from_json as decode
+
+    return decode(text, types=OPS.spec_types)
+
+
+def spec_from_dict(data: Any) -> Any:
+    return OPS.decode(data)
+
+
+def matches(flag: Any) -> bool:
+    """What a fused check's flag says (harness/fast): True when it judged the outputs the oracle's
+    (a flag of zeros), False when they differ or it could not tell (None, or 2: not handled)."""
+    return flag is not None and int(flag.max()) == 0
+
+
+def report_of(run_dir: Any, *, ledger: Any = None) -> Any:
+    """A run directory read and judged as ``mlafuzz report`` does (harness verdict, reports view)."""
+    from pathlib import Path
+
+    from mlafuzz.harness.ledger import judge
+    from mlafuzz.reports.model import build_report, load_run
+
+    view = load_run(Path(run_dir))
+    return build_report(view, judge(view.findings, ledger=ledger, ran=view.pairs()))
+
+
+def render_dir(run_dir: Any, fmt: str, *, ledger: Any = None) -> str:
+    from mlafuzz.reports.formats.render import render
+
+    return render(report_of(run_dir, ledger=ledger), fmt)
