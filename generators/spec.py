@@ -21,7 +21,7 @@ import functools
 import json
 import typing
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 SCHEMA_VERSION = 1
 

@@ -39,6 +39,7 @@ try:
 except ImportError:  # Python 3.10: JSON ledgers only
     tomllib = None  # type: ignore[assignment]
 
+_PARSE_ERRORS: tuple[type[Exception], ...] = (json.JSONDecodeError,) + ((tomllib.TOMLDecodeError,) if tomllib else ())
 WILDCARD = "*"
 _REQUIRED = ("kind", "op", "impl", "cause")
 _REFS = ("issue", "link")
@@ -134,7 +135,7 @@ def _parse(path: Path, text: str) -> Any:
         raise LedgerError(f"ledger={path}: TOML ledgers need Python >= 3.11 (tomllib); use a .json ledger")
     try:
         return json.loads(text) if as_json else tomllib.loads(text)
-    except (json.JSONDecodeError, *((tomllib.TOMLDecodeError,) if tomllib else ())) as exc:
+    except _PARSE_ERRORS as exc:
         detail = " ".join(str(exc).split())
         raise LedgerError(f"ledger={path}: not valid {'JSON' if as_json else 'TOML'}: {detail}") from None
 

@@ -97,7 +97,7 @@ class FuzzFailure(Exception):
 
 
 class FuzzItem(pytest.Item):
-    def __init__(self, *, op: str, ref: str, label: str, entry: "ImplEntry", **kw: Any) -> None:
+    def __init__(self, *, op: str, ref: str, label: str, entry: ImplEntry, **kw: Any) -> None:
         super().__init__(**kw)
         self.op, self.ref, self.label, self.entry = op, ref, label, entry
 
@@ -116,7 +116,7 @@ class FuzzItem(pytest.Item):
 
 
 class FuzzCollector(pytest.Collector):
-    def __init__(self, *, specs: list[tuple[str, str, "ImplEntry"]], **kw: Any) -> None:
+    def __init__(self, *, specs: list[tuple[str, str, ImplEntry]], **kw: Any) -> None:
         super().__init__(**kw)
         self.specs = specs
 
@@ -166,14 +166,14 @@ class FuzzSession:
         return device
 
     @staticmethod
-    def _session() -> "Session":
+    def _session() -> Session:
         from mlafuzz.harness.check.session import Session
         from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
 
         return Session(table=table_from_ref(DEFAULT_TABLE))
 
     @staticmethod
-    def _load_ledger(path: str | None) -> "Ledger | None":
+    def _load_ledger(path: str | None) -> Ledger | None:
         from mlafuzz.harness.ledger import LedgerError, load_ledger
 
         try:
@@ -181,7 +181,7 @@ class FuzzSession:
         except LedgerError as exc:
             raise pytest.UsageError(f"--mlafuzz-ledger: {exc}") from None
 
-    def _resolve(self, texts: list[str]) -> list[tuple[str, str, "ImplEntry"]]:
+    def _resolve(self, texts: list[str]) -> list[tuple[str, str, ImplEntry]]:
         from mlafuzz.kernels.entry import ImplError
         from mlafuzz.kernels.registry import parse_impl_arg
 

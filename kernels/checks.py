@@ -16,7 +16,7 @@ kernel's wrapper and the torch reference implementations can share it.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
@@ -123,7 +123,7 @@ def _require_int(name: str, v: object, reason: str, lo: int, hi: int = _INT32_MA
     return v
 
 
-def _require_same_device(named: Sequence[tuple[str, Optional[torch.Tensor]]]) -> None:
+def _require_same_device(named: Sequence[tuple[str, torch.Tensor | None]]) -> None:
     present = [(n, t) for n, t in named if t is not None]
     n0, t0 = present[0]
     for n, t in present[1:]:

@@ -26,7 +26,7 @@ class Registry:
     entries_by_key: dict[tuple[str, str], ImplEntry]
 
     @classmethod
-    def of(cls, entries: Iterable[ImplEntry]) -> "Registry":
+    def of(cls, entries: Iterable[ImplEntry]) -> Registry:
         table: dict[tuple[str, str], ImplEntry] = {}
         for e in entries:
             if (e.op, e.name) in table:

@@ -10,8 +10,6 @@ invalid-input classes each function promises to reject before writing.
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 
 from mlafuzz.kernels.checks import (
@@ -22,9 +20,9 @@ from mlafuzz.kernels.checks import (
     ROPE_DIM,
     WRITER_TORCH_REJECTS,
     InvalidInputError,
+    check_block_ids,
     check_convert_args,
     check_gather_args,
-    check_block_ids,
     check_gather_values,
     check_writer_args,
 )
@@ -58,10 +56,10 @@ def convert_torch(
     NUM_TOPK_TOKENS: int = 2048,
     BLOCK_N: int = 128,
     HAS_PREFILL_WORKSPACE: bool = False,
-    prefill_workspace_request_ids: Optional[torch.Tensor] = None,
-    prefill_workspace_starts: Optional[torch.Tensor] = None,
+    prefill_workspace_request_ids: torch.Tensor | None = None,
+    prefill_workspace_starts: torch.Tensor | None = None,
     return_valid_counts: bool = False,
-) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """SPEC §3 in vectorized torch; same contract as ``triton_convert.convert``.
 
     Rejects ``CONVERT_REJECTS`` on the host. Like the Triton kernel, a row
@@ -166,7 +164,7 @@ def gather_torch(
     block_table: torch.Tensor,
     workspace_starts: torch.Tensor,
     batch_size: int,
-    seq_starts: Optional[torch.Tensor] = None,
+    seq_starts: torch.Tensor | None = None,
 ) -> None:
     """Gather request b's tokens seq_starts[b]... into dst[ws[b]:ws[b+1]], dequantized.
 
@@ -235,7 +233,7 @@ def writer_torch(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     kv_cache_dtype: str = "fp8_ds_mla",
-    scale: Optional[torch.Tensor] = None,
+    scale: torch.Tensor | None = None,
 ) -> None:
     """vLLM's concat_and_cache_mla for kv_cache_dtype="fp8_ds_mla", in place.
 

@@ -31,8 +31,6 @@ Both keep the kernel from reading out of bounds.
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 import triton
 import triton.language as tl
@@ -153,10 +151,10 @@ def convert(
     NUM_TOPK_TOKENS: int = 2048,
     BLOCK_N: int = 128,
     HAS_PREFILL_WORKSPACE: bool = False,
-    prefill_workspace_request_ids: Optional[torch.Tensor] = None,
-    prefill_workspace_starts: Optional[torch.Tensor] = None,
+    prefill_workspace_request_ids: torch.Tensor | None = None,
+    prefill_workspace_starts: torch.Tensor | None = None,
     return_valid_counts: bool = False,
-) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Map request-local top-k indices to global cache slots (SPEC §3).
 
     Returns ``out`` int32 [N, K] (freshly allocated, contiguous), and
@@ -198,8 +196,8 @@ def convert(
 
 
 def launch(req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor, out: torch.Tensor,
-           counts: Optional[torch.Tensor], *, BLOCK_SIZE: int, BLOCK_N: int, HAS_PREFILL_WORKSPACE: bool,
-           prefill_workspace_request_ids: Optional[torch.Tensor], prefill_workspace_starts: Optional[torch.Tensor],
+           counts: torch.Tensor | None, *, BLOCK_SIZE: int, BLOCK_N: int, HAS_PREFILL_WORKSPACE: bool,
+           prefill_workspace_request_ids: torch.Tensor | None, prefill_workspace_starts: torch.Tensor | None,
            grid_rows: int) -> None:
     """Launch the kernel over ``grid_rows`` rows with no checks (``convert`` checks first).
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mlafuzz.oracles._seq import IntSeq, ints as _ints
+from mlafuzz.oracles._seq import IntSeq
+from mlafuzz.oracles._seq import ints as _ints
 from mlafuzz.oracles.fp8_separate import (
     Fp8SeparateMetadata,
     fp8_separate_metadata,

@@ -44,8 +44,12 @@ from torch import Tensor
 from mlafuzz.oracles.codec import ROW_DIM, as_record_bytes, dequant_records, dequant_records_loop
 from mlafuzz.oracles.convert import convert, convert_loop
 from mlafuzz.oracles.metadata import (
-    chunked_context, chunked_context_loop, fp8_separate_metadata, fp8_separate_metadata_loop,
-    split_decodes_and_prefills, split_decodes_and_prefills_loop,
+    chunked_context,
+    chunked_context_loop,
+    fp8_separate_metadata,
+    fp8_separate_metadata_loop,
+    split_decodes_and_prefills,
+    split_decodes_and_prefills_loop,
 )
 
 __all__ = ["step_oracle", "sequence_rows", "sequence_rows_loop"]

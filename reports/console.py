@@ -40,10 +40,10 @@ def summary_line(s: Mapping[str, Any]) -> str:
     kinds = ", ".join(f"{k} {n}" for k, n in sorted((s.get("by_kind") or {}).items()))
     rate = s.get("cases_per_second") or 0.0
     quarantined = s.get("quarantined") or []
+    held = f", {plural(len(quarantined), 'error-input class', 'error-input classes')} quarantined" if quarantined else ""
     return (f"mlafuzz: {s.get('cases', 0)} cases ({ops or 'none'}), {plural(s.get('findings', 0), 'finding')}"
             f"{' (' + kinds + ')' if kinds else ''} in {plural(s.get('buckets', 0), 'bucket')},"
-            f" {s.get('skipped', 0)} skipped"
-            f"{', ' + plural(len(quarantined), 'error-input class', 'error-input classes') + ' quarantined' if quarantined else ''},"
+            f" {s.get('skipped', 0)} skipped{held},"
             f" {float(s.get('seconds', 0.0)):.1f} s ({rate:.1f} cases/s){' [interrupted]' if s.get('interrupted') else ''}")
 
 

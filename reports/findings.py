@@ -77,7 +77,7 @@ class Finding:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Finding":
+    def from_json(cls, data: dict[str, Any]) -> Finding:
         data = dict(data)
         data["kind"] = Kind(data["kind"])
         data["severity"] = Severity(data.get("severity", "error"))

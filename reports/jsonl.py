@@ -36,7 +36,7 @@ class JsonlSink:
         if not self._fh.closed:
             self._fh.close()
 
-    def __enter__(self) -> "JsonlSink":
+    def __enter__(self) -> JsonlSink:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import ClassVar, Iterator
 
 import torch
 
@@ -17,7 +17,13 @@ from mlafuzz.generators.paging import build_block_table
 from mlafuzz.generators.records import randint
 from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
 from mlafuzz.generators.spec import (
-    Paging, TopkMode, check_int, check_topk_tiling, coerce_enum, coerce_tuple, fail,
+    Paging,
+    TopkMode,
+    check_int,
+    check_topk_tiling,
+    coerce_enum,
+    coerce_tuple,
+    fail,
 )
 
 

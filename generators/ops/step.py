@@ -32,12 +32,20 @@ from typing import ClassVar, Iterator
 import torch
 
 from mlafuzz.generators.case import Case, built, local_generator
-from mlafuzz.generators.draw import Drawer, Knobs, SMALL, draw_paging
+from mlafuzz.generators.draw import SMALL, Drawer, Knobs, draw_paging
 from mlafuzz.generators.paging import build_block_table
 from mlafuzz.generators.records import make_cache
 from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
 from mlafuzz.generators.spec import (
-    Layout, Paging, SpecError, ValueMode, check_int, check_topk_tiling, coerce_enum, coerce_tuple, fail,
+    Layout,
+    Paging,
+    SpecError,
+    ValueMode,
+    check_int,
+    check_topk_tiling,
+    coerce_enum,
+    coerce_tuple,
+    fail,
 )
 from mlafuzz.oracles.metadata import split_decodes_and_prefills
 

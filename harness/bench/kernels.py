@@ -9,7 +9,6 @@ same run and printed as ratios to the copy. (``--harness``: harness.py.)
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable
 

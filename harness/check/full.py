@@ -15,7 +15,10 @@ from mlafuzz.generators.case import Case
 from mlafuzz.harness.check.calls import Call, call_copied, first_line
 from mlafuzz.harness.check.compare import Context, Policy, compare
 from mlafuzz.harness.check.detectors import (
-    input_mutations, launch_error_findings, redzone_findings, rerun_differs,
+    input_mutations,
+    launch_error_findings,
+    redzone_findings,
+    rerun_differs,
 )
 from mlafuzz.harness.check.stages import stage
 from mlafuzz.harness.memory.guards import PATTERNS, oob_findings, write_map_findings

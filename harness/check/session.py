@@ -38,7 +38,7 @@ def default_ref(table: OpTable, registry: Registry, op: str, device: str) -> str
 class SubImpls:
     """``sub(op)``: the callable a pipeline implementation gets for a sub-op; ``refs`` names them."""
 
-    session: "Session"
+    session: Session
     device: str
     refs: dict[str, str] = field(default_factory=dict)
 

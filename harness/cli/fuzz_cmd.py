@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from mlafuzz.harness.cli.args import (
-    EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, UsageError, nonneg_int, nonneg_seconds, positive_int, positive_seconds,
+    EXIT_FINDINGS,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    UsageError,
+    nonneg_int,
+    nonneg_seconds,
+    positive_int,
+    positive_seconds,
     shard,
 )
 

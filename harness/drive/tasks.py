@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from mlafuzz.generators.case import case_id_for
@@ -49,7 +49,7 @@ class Task:
             return table.decode(self.spec)
         return table.draw_spec(self.op, seed=self.seed, knobs=self.knobs)
 
-    def with_spec(self, table: OpTable) -> "Task":
+    def with_spec(self, table: OpTable) -> Task:
         """This task with its spec written out (for bundles, shrinking, findings of a lost worker)."""
         return self if self.spec is not None else dataclasses.replace(self, spec=spec_to_dict(self.spec_obj(table)))
 
@@ -70,7 +70,7 @@ class TaskResult:
                 "features": list(self.features), "spec": self.spec}
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> "TaskResult":
+    def from_wire(cls, data: dict[str, Any]) -> TaskResult:
         return cls(findings=tuple(Finding.from_json(f) for f in data["findings"]), skipped=data["skipped"],
                    seconds=data["seconds"], features=tuple(data.get("features") or ()), spec=data.get("spec"))
 

@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mlafuzz.harness.memory.bits import word_view
 from mlafuzz.harness.fast.launch import Launchers
+from mlafuzz.harness.memory.bits import word_view
 
 BLOCK = 4096
 PER_LAUNCH = 8

@@ -37,7 +37,7 @@ def use_cvt(device: torch.device) -> bool:
     return use_asm(device) and _capability(device.index if device.index is not None else -1) >= (8, 9)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index if index >= 0 else None)
 

@@ -31,7 +31,6 @@ from typing import Any, Hashable
 
 import torch
 
-
 _I32 = 2**31
 
 

@@ -20,7 +20,7 @@ room loses only speed: the runner then sends every case down the full path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Union
+from typing import Callable, Mapping
 
 import torch
 
@@ -75,7 +75,7 @@ class Found:
     findings: tuple[Finding, ...]
 
 
-FastResult = Union[Clear, Undecided, Found]
+FastResult = Clear | Undecided | Found
 
 
 def handles(op: Op) -> bool:

@@ -54,7 +54,7 @@ class Op:
     # Outputs the harness allocates, inside guard zones, filled with a byte pattern:
     # (case, fill, fill_region=True) -> guards; fill_region=False leaves the outputs' own bytes
     # unfilled, for the fast path's prefill.
-    guarded: Callable[..., "dict[str, Guarded]"] | None = None
+    guarded: Callable[..., dict[str, Guarded]] | None = None
     inplace: frozenset[str] = frozenset()  # inputs the op writes by design (not INPUT_MUTATION)
     needs: Callable[[Case], frozenset[str]] = no_needs  # capabilities a case needs of the implementation
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
@@ -94,7 +94,7 @@ class OpTable:
     def spec_types(self) -> dict[str, type]:
         return {o.name: o.spec_type for o in self.ops}
 
-    def with_op(self, op: Op) -> "OpTable":
+    def with_op(self, op: Op) -> OpTable:
         return dataclasses.replace(self, ops=self.ops + (op,))
 
     # -- the table's own dispatch by an op's name or a spec's op tag ------------

@@ -120,7 +120,8 @@ class SubCallRecorder:
                                        workspace_starts=workspace_starts, batch_size=b, seq_starts=seq_starts,
                                        total=int(dst.shape[0]))
         except (TypeError, ValueError) as exc:
-            raise StepCallError("gather:malformed", f"step called gather with malformed arguments {where}: {exc}")
+            raise StepCallError("gather:malformed",
+                                f"step called gather with malformed arguments {where}: {exc}") from None
         if bad:
             raise StepCallError(f"gather:{bad[0]}", f"step called gather breaking its preconditions {bad} {where}")
         self.gathers.append(GatherCall(total=int(dst.shape[0]), batch_size=b, ws=ws, seq_starts=ss))

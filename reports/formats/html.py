@@ -14,8 +14,8 @@ import json
 from typing import Any, Iterable, Mapping
 
 from mlafuzz.reports.findings import Finding, Kind
-from mlafuzz.reports.model import Bucket, RunReport, shard_label
 from mlafuzz.reports.formats.text import bundle_text, finding_facts, one_line, xor_bits
+from mlafuzz.reports.model import Bucket, RunReport, shard_label
 
 MAX_DETAILED_BUCKETS = 200
 MAX_MEMBERS_LISTED = 25

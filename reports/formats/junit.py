@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from mlafuzz.reports.model import RunReport, TestCase
 from mlafuzz.reports.formats.text import bucket_block, one_line
+from mlafuzz.reports.model import RunReport, TestCase
 
 # Characters XML 1.0 cannot carry at all (an impl's exception text may hold them).
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")

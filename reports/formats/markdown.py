@@ -12,8 +12,8 @@ from __future__ import annotations
 import html
 import re
 
-from mlafuzz.reports.model import Bucket, RunReport
 from mlafuzz.reports.formats.text import bundle_text, finding_facts, one_line, spec_json, xor_bits
+from mlafuzz.reports.model import Bucket, RunReport
 
 MAX_DETAILED_BUCKETS = 30
 _STATUS_ICON = {"failure": "\u274c", "expected": "\u2796", "info": "\u2139\ufe0f", "passed": "\u2705",

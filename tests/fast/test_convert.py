@@ -12,10 +12,13 @@ if not torch.cuda.is_available():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mlafuzz.tests.support.helpers import specs  # noqa: E402
-from mlafuzz.tests.support.helpers import materialize, matches  # noqa: E402
-from mlafuzz.oracles import convert as oc  # noqa: E402
 from mlafuzz.harness.fast.convert import convert_rows_flag  # noqa: E402
+from mlafuzz.oracles import convert as oc  # noqa: E402
+from mlafuzz.tests.support.helpers import (  # noqa: E402
+    matches,
+    materialize,
+    specs,  # noqa: E402
+)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -13,8 +13,8 @@ if not torch.cuda.is_available():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mlafuzz.harness.memory.bits import word_view  # noqa: E402
 from mlafuzz.harness.fast.fingerprint import Snapshot, add_words, fingerprints  # noqa: E402
+from mlafuzz.harness.memory.bits import word_view  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -112,10 +112,9 @@ def test_fuzzed_cases_share_a_handful_of_fingerprint_launch_variants(op, most):
     types and sign (before a call: minus; after it: plus, with any guard zones). With 8- or 4-byte
     words chosen by size, 300 drawn gather cases needed 20 variants, convert 30; gather fuzzed at
     half speed on the H200."""
-    from mlafuzz.tests.support.helpers import draw_spec
-    from mlafuzz.tests.support.helpers import materialize
     from mlafuzz.harness.drive.fuzz import case_seed
     from mlafuzz.harness.ops.table import OPS
+    from mlafuzz.tests.support.helpers import draw_spec, materialize
 
     opdef = OPS.get(op)
     variants = set()

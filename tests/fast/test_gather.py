@@ -16,13 +16,12 @@ import triton.language as tl  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from mlafuzz.generators.catalog import EXTREME_SCALES, NONFINITE_SCALES, SUBNORMAL_SCALES  # noqa: E402
 from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
 from mlafuzz.generators.spec import Paging, ValueMode  # noqa: E402
-from mlafuzz.generators.catalog import EXTREME_SCALES, NONFINITE_SCALES, SUBNORMAL_SCALES  # noqa: E402
-from mlafuzz.tests.support.helpers import materialize, matches  # noqa: E402
-from mlafuzz.oracles import gather as og  # noqa: E402
 from mlafuzz.harness.fast.gather import _bad_pairs, _nan_halves, _unlike_pairs, gather_rows_flag  # noqa: E402
-from mlafuzz.harness.fast.launch import Launcher  # noqa: E402
+from mlafuzz.oracles import gather as og  # noqa: E402
+from mlafuzz.tests.support.helpers import matches, materialize  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

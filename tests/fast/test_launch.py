@@ -12,7 +12,6 @@ if not torch.cuda.is_available():
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from mlafuzz.harness.fast.launch import Launcher, arg_key  # noqa: E402

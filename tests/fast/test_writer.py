@@ -18,13 +18,15 @@ import triton.language as tl  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mlafuzz.tests.support.helpers import materialize, matches  # noqa: E402
-from mlafuzz.generators.spec import Paging  # noqa: E402
 from mlafuzz.generators.ops.writer import InputDtype, WriterSpec, WriterValues  # noqa: E402
-from mlafuzz.oracles import codec  # noqa: E402
+from mlafuzz.generators.spec import Paging  # noqa: E402
 from mlafuzz.harness.fast.writer import (  # noqa: E402
-    _e4m3fn_satfinite, _f32_bits_of_16, writer_records_flag,
+    _e4m3fn_satfinite,
+    _f32_bits_of_16,
+    writer_records_flag,
 )
+from mlafuzz.oracles import codec  # noqa: E402
+from mlafuzz.tests.support.helpers import matches, materialize  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -12,9 +12,7 @@ from hypothesis import strategies as st
 from mlafuzz.generators.ops.convert import ConvertRequest, ConvertSpec
 from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
 from mlafuzz.generators.spec import Paging, SpecError, TopkMode, ValueMode, spec_to_json
-from mlafuzz.tests.support.helpers import spec_from_json
-from mlafuzz.tests.support.helpers import draw_spec, specs
-from mlafuzz.tests.support.helpers import materialize
+from mlafuzz.tests.support.helpers import draw_spec, materialize, spec_from_json, specs
 
 OPS = ("convert", "gather")
 

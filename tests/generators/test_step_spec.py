@@ -6,13 +6,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from mlafuzz.tests.support.helpers import draw_spec, specs
-from mlafuzz.tests.support.helpers import features
-from mlafuzz.tests.support.helpers import materialize
-from mlafuzz.generators.spec import Paging, SpecError, spec_to_json
-from mlafuzz.tests.support.helpers import spec_from_json
 from mlafuzz.generators.ops.step import StepRequest as R
 from mlafuzz.generators.ops.step import StepSpec
+from mlafuzz.generators.spec import Paging, SpecError, spec_to_json
+from mlafuzz.tests.support.helpers import draw_spec, features, materialize, spec_from_json, specs
 
 
 def _esc(text: str) -> str:

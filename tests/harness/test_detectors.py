@@ -8,14 +8,10 @@ import pytest
 import torch
 
 from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
-from mlafuzz.generators.spec import Paging, ValueMode
-from mlafuzz.tests.support.helpers import INVALID_CLASSES
-from mlafuzz.tests.support.helpers import materialize
 from mlafuzz.generators.ops.step import StepRequest, StepSpec
-from mlafuzz.tests.support.helpers import check_contract
+from mlafuzz.generators.spec import Paging, ValueMode
 from mlafuzz.reports.findings import Kind
-from mlafuzz.tests.support.helpers import run_case
-from mlafuzz.tests.support.helpers import resolve
+from mlafuzz.tests.support.helpers import INVALID_CLASSES, check_contract, materialize, resolve, run_case
 
 FAST_DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where the fused Triton checks run
 REQS = (GatherRequest(context_len=70, seq_start=3, length=40), GatherRequest(context_len=20, length=20))

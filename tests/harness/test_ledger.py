@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mlafuzz.reports.findings import Finding, Kind, Severity
 from mlafuzz.harness.ledger import LedgerError, judge, load_ledger
 from mlafuzz.reports.console import stale_lines, verdict_lines
+from mlafuzz.reports.findings import Finding, Kind, Severity
 from mlafuzz.reports.jsonl import JsonlSink
-from mlafuzz.tests.support.helpers import render_dir, report_of
+from mlafuzz.tests.support.helpers import render_dir
 
 ISSUE = "https://github.com/vllm-project/vllm/pull/48642"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlafuzz.reports.findings import Kind
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
 from mlafuzz.harness.drive.sanitizer import MARKER, SanitizerExecutor, parse_report
+from mlafuzz.reports.findings import Kind
 
 PLANTED = Path(__file__).parents[1] / "support" / "planted"
 

@@ -9,14 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from mlafuzz.tests.support.helpers import draw_spec
-from mlafuzz.tests.support.helpers import materialize
 from mlafuzz.harness.cli.main import main
-from mlafuzz.reports.findings import Severity
 from mlafuzz.harness.drive.fuzz import case_seed
-from mlafuzz.tests.support.helpers import run_case
 from mlafuzz.kernels.registry import default_registry
-from mlafuzz.tests.support.helpers import resolve
+from mlafuzz.reports.findings import Severity
+from mlafuzz.tests.support.helpers import draw_spec, materialize, resolve, run_case
 
 MUTANTS = [e.name for e in default_registry().entries(op="step", mutants=True)]
 MAX_CASES = 12  # each planted bug must show within this many drawn cases (run seed 0)

@@ -17,9 +17,18 @@ import torch
 from mlafuzz.kernels import cuda_ext
 from mlafuzz.oracles import codec
 from mlafuzz.oracles import gather as gather_oracle
-from mlafuzz.tests.support.cuda_cases import ext  # noqa: F401  (a fixture)
 from mlafuzz.tests.support.cuda_cases import (
-    DEV, _random_matrix, _sync, assert_rows_equal, explicit_case, gather_case, gpu, random_records, run_gather, scale_catalog_records,
+    DEV,
+    _random_matrix,
+    _sync,
+    assert_rows_equal,
+    explicit_case,
+    ext,  # noqa: F401  (a fixture)
+    gather_case,
+    gpu,
+    random_records,
+    run_gather,
+    scale_catalog_records,
 )
 
 

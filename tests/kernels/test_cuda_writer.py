@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from mlafuzz.kernels import cuda_ext
 from mlafuzz.oracles import codec
-from mlafuzz.tests.support.cuda_cases import ext  # noqa: F401  (a fixture)
 from mlafuzz.tests.support.cuda_cases import (
-    DEV, _oracle_gather, _sync, assert_rows_equal, explicit_case, gpu, kv_inputs, place_cache, root_bytes,
+    DEV,
+    _oracle_gather,
+    _sync,
+    assert_rows_equal,
+    explicit_case,
+    ext,  # noqa: F401  (a fixture)
+    gpu,
+    kv_inputs,
+    place_cache,
+    root_bytes,
 )
 
 # ----------------------------------------------------------------------------- GPU: writer

@@ -10,14 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlafuzz.tests.support.helpers import materialize
-from mlafuzz.generators.spec import Paging
 from mlafuzz.generators.ops.step import StepRequest as R
 from mlafuzz.generators.ops.step import StepSpec
-from mlafuzz.tests.support.helpers import run_case
+from mlafuzz.generators.spec import Paging
 from mlafuzz.harness.ops.step import StepCallError, run_step
-from mlafuzz.tests.support.helpers import resolve, session
 from mlafuzz.oracles.codec import dequant_records
+from mlafuzz.tests.support.helpers import materialize, resolve, run_case, session
 
 
 def _run(spec: StepSpec, impl: str = "ours", seed: int = 0):

@@ -27,7 +27,6 @@ from mlafuzz.kernels.torch_impl import (  # noqa: E402
     gather_torch,
     writer_torch,
 )
-
 from mlafuzz.oracles.codec import dequant_records as oracle_dequant  # noqa: E402
 from mlafuzz.oracles.codec import write_records as oracle_write_records  # noqa: E402
 from mlafuzz.oracles.convert import convert as oracle_convert  # noqa: E402

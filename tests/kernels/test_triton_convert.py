@@ -19,7 +19,6 @@ from hypothesis import strategies as st  # noqa: E402
 from mlafuzz.kernels import triton_convert  # noqa: E402
 from mlafuzz.kernels.checks import CONVERT_REJECTS, InvalidInputError  # noqa: E402
 from mlafuzz.kernels.triton_convert import convert, pick_tile  # noqa: E402
-
 from mlafuzz.oracles.convert import convert as oracle_convert  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()

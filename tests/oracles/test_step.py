@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from mlafuzz.generators.draw import Knobs
-from mlafuzz.tests.support.helpers import draw_spec
-from mlafuzz.tests.support.helpers import materialize
 from mlafuzz.oracles.gather import gather
 from mlafuzz.oracles.metadata import chunked_context, chunked_context_violations
 from mlafuzz.oracles.step import step_oracle
+from mlafuzz.tests.support.helpers import draw_spec, materialize
 
 TINY = Knobs(max_requests=3, max_seq_len=40, max_tokens_per_request=2, block_sizes=(4, 1, 3), block_ns=(16,),
              topk_multiples=(1, 2))

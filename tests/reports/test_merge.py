@@ -13,7 +13,7 @@ from mlafuzz.harness.cli.main import main
 from mlafuzz.harness.cli.report_cmd import add_parsers
 from mlafuzz.reports.jsonl import read_findings, read_jsonl
 from mlafuzz.reports.merge import merge_runs
-from mlafuzz.reports.model import ReportError, load_run, replay_command
+from mlafuzz.reports.model import ReportError, replay_command
 from mlafuzz.tests.support.helpers import render_dir, report_of
 
 PLANTED = Path(__file__).parents[1] / "support" / "planted" / "gather_from_zero.py"

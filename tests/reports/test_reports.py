@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 from mlafuzz.harness.cli.main import main
-from mlafuzz.reports.findings import Finding, Kind, Mismatch, Severity
 from mlafuzz.reports.console import findings_table
-from mlafuzz.reports.model import Judgement
-from mlafuzz.reports.jsonl import JsonlSink, read_findings
-from mlafuzz.reports.model import ReportError, load_run
+from mlafuzz.reports.findings import Finding, Kind, Mismatch, Severity
 from mlafuzz.reports.formats.render import FORMATS
+from mlafuzz.reports.jsonl import JsonlSink, read_findings
+from mlafuzz.reports.model import Judgement, ReportError
 from mlafuzz.tests.support.helpers import render_dir, report_of
 
 PLANTED = Path(__file__).parents[1] / "support" / "planted" / "gather_from_zero.py"
@@ -148,7 +147,7 @@ def test_html_is_well_formed_self_contained_and_details_every_bucket(planted_run
     assert {b.slug for b in report.buckets} <= parsed.ids
     assert "script" not in parsed.tags and "link" not in parsed.tags and "http://" not in page
     text = " ".join(parsed.text)
-    for kind, op, impl, cause in _buckets_in_jsonl(planted_run):
+    for kind, _op, _impl, cause in _buckets_in_jsonl(planted_run):
         assert kind in text and cause in text
     assert "Expected vs actual" in text and "Replay" in text and "seq_starts" in text  # a feature row
 
