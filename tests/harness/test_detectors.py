@@ -30,10 +30,14 @@ def _gather(values: ValueMode) -> GatherSpec:
     ("gather_mutates_cache", ValueMode.ACTIVATIONS, Kind.INPUT_MUTATION),
     ("gather_nondeterministic", ValueMode.ACTIVATIONS, Kind.NONDETERMINISM),
 ])
-@pytest.mark.parametrize("fast", [False, True], ids=["oracle", "fused-check"])
-def test_planted_gather_draws_its_kind_and_the_torch_gather_does_not(mutant, values, kind, fast):
+@pytest.mark.parametrize("fast, room", [(False, "1"), (True, "1"), (True, "0")],
+                         ids=["oracle", "fused-check", "fast-room-off"])
+def test_planted_gather_draws_its_kind_and_the_torch_gather_does_not(mutant, values, kind, fast, room, monkeypatch):
     """fused-check: the GPU's path, where the fused check of both runs stands in for the oracle,
-    the comparator and the write map whenever it says yes (on CPU under the interpreter)."""
+    the comparator and the write map whenever it says yes (on CPU under the interpreter).
+    fast-room-off: the fast path asked for but switched off (MLAFUZZ_FAST=0, as if the room were
+    deleted): every detector still fires, by the full path."""
+    monkeypatch.setenv("MLAFUZZ_FAST", room)
     case = materialize(_gather(values), 3, FAST_DEV if fast else "cpu")
     bad = run_case(case=case, entry=resolve("gather", mutant), rerun=True, fast=fast)
     assert kind in {f.kind for f in bad.findings}, [f.message for f in bad.findings]
@@ -177,3 +181,43 @@ def test_with_a_ulp_tolerance_an_output_within_it_draws_no_finding_on_either_pat
         case = materialize(_gather(ValueMode.ACTIVATIONS), 3, FAST_DEV if fast else "cpu")
         assert run_case(case=case, entry=entry, fn=one_ulp_off, policy=Policy(ulp=1), fast=fast).findings == ()
         assert run_case(case=case, entry=entry, fn=one_ulp_off, fast=fast).findings != ()
+
+
+_ROOM_DELETED = """
+import sys, importlib.abc
+
+class NoFastRoom(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "mlafuzz.harness.fast" or name.startswith("mlafuzz.harness.fast."):
+            raise ImportError(f"{name} deleted for this test")
+        return None
+
+sys.meta_path.insert(0, NoFastRoom())
+from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
+from mlafuzz.generators.spec import Paging, ValueMode
+from mlafuzz.harness.drive.run import fast_room
+from mlafuzz.tests.support.helpers import materialize, resolve, run_case
+
+assert fast_room() is None
+reqs = (GatherRequest(context_len=70, seq_start=3, length=40), GatherRequest(context_len=20, length=20))
+for mutant, values, kind in [("gather_one_row_too_far", "activations", "OOB_WRITE"),
+                             ("gather_skip_last_row", "activations", "MISSING_WRITE"),
+                             ("gather_mutates_cache", "activations", "INPUT_MUTATION"),
+                             ("gather_nan_to_zero", "nan", "NAN_MISMATCH")]:
+    case = materialize(GatherSpec(requests=reqs, paging=Paging(block_size=16), values=values), 3, "cpu")
+    found = {f.kind.value for f in run_case(case=case, entry=resolve("gather", mutant), rerun=True, fast=True).findings}
+    assert kind in found, (mutant, found)
+    assert run_case(case=case, entry=resolve("gather", "torch"), rerun=True, fast=True).findings == ()
+assert "mlafuzz.harness.fast" not in sys.modules
+print("OK")
+"""
+
+
+def test_with_the_fast_room_deleted_every_detector_still_fires_and_only_speed_is_lost():
+    """Deleting harness/fast (here: every import of it refused) leaves the runner on the full
+    path, and the planted bugs still draw their kinds."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _ROOM_DELETED], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
