@@ -167,13 +167,21 @@ def _writer_invoke(fn: Callable, case: Case, t: Mapping[str, Any]) -> Outputs:
     return {"kv_cache": t["kv_cache"]}
 
 
+# The writer contract revision the harness judges by (SPEC section 7). Pinned to
+# 2026-07 because every writer we ship (torch, CUDA), the fused fast check and
+# the mutant catalog implement it, while the oracles now default to the newest
+# (2026-09). TODO: take it from the registry entry's contract instead.
+WRITER_REVISION = "2026-07"
+
+
 def _writer_oracle(loop: bool) -> Callable[[Case], Outputs]:
     def run(case: Case) -> Outputs:
         from mlafuzz.oracles import codec
 
         fn = codec.write_records_loop if loop else codec.write_records
         t = case.tensors
-        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=t["kv_cache"], slot_mapping=t["slot_mapping"])}
+        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=t["kv_cache"], slot_mapping=t["slot_mapping"],
+                               revision=WRITER_REVISION)}
     return run
 
 

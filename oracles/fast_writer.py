@@ -2,7 +2,9 @@
 
 Like oracles/fast_gather.py, a filter: ``writer_records_match`` says yes only
 when ``kv_cache_after`` is byte for byte what ``oracles.codec.write_records``
-makes from ``kv_cache_before`` (SPEC section 2, "Writer"); no sends the harness
+makes from ``kv_cache_before`` under contract revision ``2026-07`` (SPEC
+section 2, "Writer"; the 2026-09 power-of-two scale is not spelled here, so a
+caller judging another revision must not ask this check); no sends the harness
 to the oracle and the comparator. Anything outside the simple case (duplicate
 slots, a slot past the cache, odd dtypes or shapes, mixed devices) is a no.
 
