@@ -43,7 +43,9 @@ def _activations(gen: torch.Generator, n: int) -> torch.Tensor:
     zero_tiles = randint(gen, 0, 16, (n, 4, 1)) == 0  # an all-zero tile gives scale FLT_MIN
     kv_c = kv_c.reshape(n, 4, 128).masked_fill(zero_tiles, 0.0).reshape(n, 512)
     k_pe = torch.randn((n, 64), generator=gen)
-    return encode_rows(kv_c=kv_c.to(torch.bfloat16), k_pe=k_pe.to(torch.bfloat16))
+    # Records as the 2026-07 writer makes them: unrounded scales, so the gather's f32 multiply rounds
+    # (a power-of-two scale never would, and would hide a wrong rounding).
+    return encode_rows(kv_c=kv_c.to(torch.bfloat16), k_pe=k_pe.to(torch.bfloat16), revision="2026-07")
 
 
 def _all_codes(gen: torch.Generator, n: int) -> torch.Tensor:

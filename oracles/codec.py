@@ -22,9 +22,18 @@ Readings chosen where SPEC is silent:
 - Writer inf input: amax = inf, scale = inf / 448 = inf (stored as is), the
   inf element gives inf/inf = NaN -> 0x7F, finite elements of that tile give
   x/inf = +-0 -> 0x00 / 0x80. Plain IEEE, as the CUDA kernel does.
+- Writer scale rule: per contract revision (SPEC section 7), keyword
+  `revision` on every writer function, default NEWEST ("2026-09"); the rule
+  and its readings (exact power of two, the log2f band, all-zero / all-NaN
+  tiles) live in `writer_scale`. "2026-07" is SPEC section 2 as written:
+  max(amax / 448, FLT_MIN), not rounded.
 - Writer all-NaN tile: vLLM's fmaxf reduction yields amax = NaN there, and
-  `fmaxf(NaN / 448, FLT_MIN)` = FLT_MIN; we compute amax over the non-NaN
-  elements with 0 as the identity, which gives the same scale FLT_MIN.
+  `fmaxf(NaN / 448, floor)` = floor; we compute amax over the non-NaN
+  elements with 0 as the identity, which gives the same scale (FLT_MIN in
+  2026-07, 2**-13 in 2026-09).
+- Writer codes: e4m3fn(f32(x) / scale), a true division as vLLM's
+  scaled_convert does (not a multiply by 1/scale); with a power-of-two
+  scale the quotient is exact, so only the fp8 rounding remains.
 - Writer fp16 k_pe: the 16-bit patterns are copied raw, not converted: vLLM's
   kernel moves k_pe as opaque 32-bit words into the 16-bit rope slots, so an
   fp16 k_pe lands as fp16 bits that the dequant then reads as bf16. SPEC's
@@ -37,6 +46,7 @@ Readings chosen where SPEC is silent:
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -52,6 +62,15 @@ from mlafuzz.oracles.fpbits import (
     f32_mul,
     fp8_e4m3fn_to_f32_bits,
 )
+from mlafuzz.oracles.writer_scale import (
+    NEWEST,
+    REVISIONS,
+    check_revision,
+    prescale,
+    prescale_loop,
+    scale_from_prescale,
+    scale_from_prescale_loop,
+)
 
 __all__ = [
     "RECORD_BYTES",
@@ -62,6 +81,10 @@ __all__ = [
     "FP8_MAX",
     "FLT_MIN",
     "E4M3_NAN_CODE",
+    "REVISIONS",
+    "NEWEST",
+    "TileScales",
+    "tile_scales",
     "fp8_e4m3fn_to_f32_bits",
     "bf16_rne_bits",
     "as_record_bytes",
@@ -198,14 +221,16 @@ def _check_writer_inputs(kv_c: Tensor, k_pe: Tensor, n_tokens: int | None = None
     return n_tokens
 
 
-def encode_rows_loop(*, kv_c: Tensor, k_pe: Tensor) -> Tensor:
+def encode_rows_loop(*, kv_c: Tensor, k_pe: Tensor, revision: str = NEWEST) -> Tensor:
     """Encode tokens into records, element by element (SPEC section 2 "Writer").
 
-    Per tile: amax = max |f32(x)| over non-NaN elements (0 if none), scale =
-    max(f32(amax / 448), FLT_MIN), code = satfinite_e4m3fn(f32(x / scale)) --
-    two roundings, the f32 division then the fp8 conversion. Rope: the raw
+    Per tile: amax = max |f32(x)| over non-NaN elements (0 if none), s =
+    max(f32(amax / 448), floor), scale = s (2026-07) or the power of two at or
+    above s (2026-09), code = satfinite_e4m3fn(f32(x / scale)) -- two
+    roundings, the f32 division then the fp8 conversion. Rope: the raw
     16-bit patterns of k_pe. Returns uint8 [T, 656] on the CPU.
     """
+    check_revision(revision)
     n = _check_writer_inputs(kv_c, k_pe)
     xs = kv_c.cpu().to(torch.float32).tolist()  # bf16/fp16 -> f32 is exact
     pe = k_pe.cpu().contiguous().view(torch.int16).tolist()
@@ -219,7 +244,8 @@ def encode_rows_loop(*, kv_c: Tensor, k_pe: Tensor) -> Tensor:
             for x in tile:
                 if x == x:  # fmaxf ignores NaN
                     amax = max(amax, abs(x))
-            scale = max(f32_div(amax, FP8_MAX), FLT_MIN)  # amax/448 is never NaN
+            s = prescale_loop(amax, revision=revision)  # amax/448 is never NaN
+            scale = scale_from_prescale_loop(s, revision=revision)
             scale_bytes += struct.pack("<I", f32_bits(scale))
             codes.extend(e4m3fn_satfinite_code(f32_div(x, scale)) for x in tile)
         rope = b"".join(struct.pack("<H", v & 0xFFFF) for v in pe[i])
@@ -251,21 +277,45 @@ def _f32_to_e4m3fn_satfinite(y: Tensor) -> Tensor:
     return code.to(torch.uint8)
 
 
-def encode_rows(*, kv_c: Tensor, k_pe: Tensor) -> Tensor:
+@dataclass(frozen=True, kw_only=True)
+class TileScales:
+    """Per-tile scale steps of the writer, float32 [T, 4] each, on kv_c's device.
+
+    amax: max |f32(x)| over the tile's non-NaN elements (0 if none);
+    prescale: s = max(f32(amax / 448), floor), before any power-of-two
+    rounding (feed it to `writer_scale.log2f_may_disagree_mask` to name a
+    log2f-band finding); scale: what the record stores.
+    """
+
+    amax: Tensor
+    prescale: Tensor
+    scale: Tensor
+
+
+def tile_scales(*, kv_c: Tensor, revision: str = NEWEST) -> TileScales:
+    """The writer's scale steps for kv_c [T, 512] (bf16 or fp16) under `revision`."""
+    check_revision(revision)
+    if kv_c.dim() != 2 or kv_c.shape[1] != NOPE_DIM:
+        raise ValueError(f"kv_c.shape={tuple(kv_c.shape)}: expected [T, {NOPE_DIM}]")
+    absx = kv_c.to(torch.float32).reshape(-1, N_TILES, TILE).abs()
+    amax = torch.where(torch.isnan(absx), torch.zeros_like(absx), absx).amax(dim=2)
+    s = prescale(amax, revision=revision)
+    return TileScales(amax=amax, prescale=s, scale=scale_from_prescale(s, revision=revision))
+
+
+def encode_rows(*, kv_c: Tensor, k_pe: Tensor, revision: str = NEWEST) -> Tensor:
     """Vectorized encoder: kv_c [T, 512], k_pe [T, 64] (bf16 or fp16) ->
     uint8 records [T, 656] on kv_c's device; bit-identical to
-    `encode_rows_loop` (SPEC section 2 "Writer").
+    `encode_rows_loop` (SPEC section 2 "Writer", section 7 for `revision`).
 
     Divisions are tensor / tensor, never tensor / Python scalar: torch's
     CUDA div by a CPU scalar multiplies by the reciprocal, which is not the
     correctly rounded quotient the CUDA kernel computes.
     """
+    check_revision(revision)
     n = _check_writer_inputs(kv_c, k_pe)
     x = kv_c.to(torch.float32).reshape(n, N_TILES, TILE)
-    absx = x.abs()
-    amax = torch.where(torch.isnan(absx), torch.zeros_like(absx), absx).amax(dim=2)
-    scale = amax / torch.full_like(amax, FP8_MAX)
-    scale = torch.maximum(scale, torch.full_like(scale, FLT_MIN))
+    scale = tile_scales(kv_c=kv_c[:n], revision=revision).scale
     codes = _f32_to_e4m3fn_satfinite(x / scale.unsqueeze(2)).reshape(n, NOPE_DIM)
     scale_bytes = scale.contiguous().view(torch.uint8).reshape(n, 4 * N_TILES)
     rope_bytes = k_pe.contiguous().view(torch.uint8).reshape(n, 2 * ROPE_DIM)
@@ -293,7 +343,8 @@ def _check_slots(slots: list[int], n_slots: int) -> None:
 
 
 def write_records_loop(
-    *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor
+    *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+    revision: str = NEWEST,
 ) -> Tensor:
     """Writer oracle, token by token (SPEC section 2 "Writer").
 
@@ -301,8 +352,10 @@ def write_records_loop(
     the CPU) where every token i with slot_mapping[i] >= 0 has its record at
     block slot // bs, offset slot % bs; tokens with a negative slot write
     nothing. Later tokens overwrite earlier ones at a repeated slot. Raises
-    ValueError for a slot past the cache (a precondition, not a result).
+    ValueError for a slot past the cache (a precondition, not a result), or
+    for an unknown `revision` (SPEC section 7; the default is the newest).
     """
+    check_revision(revision)
     cache = _check_cache(kv_cache).cpu().clone()
     slots = [int(s) for s in slot_mapping.reshape(-1).tolist()]
     n = _check_writer_inputs(kv_c, k_pe, len(slots))
@@ -311,26 +364,28 @@ def write_records_loop(
     for i, slot in enumerate(slots):
         if slot < 0:
             continue
-        record = encode_rows_loop(kv_c=kv_c[i : i + 1], k_pe=k_pe[i : i + 1])
+        record = encode_rows_loop(kv_c=kv_c[i : i + 1], k_pe=k_pe[i : i + 1], revision=revision)
         cache[slot // bs, slot % bs] = record[0]
     assert n == len(slots)
     return cache
 
 
 def write_records(
-    *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor
+    *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+    revision: str = NEWEST,
 ) -> Tensor:
     """Vectorized writer: same contract as `write_records_loop`, on the
     cache's device, bit-identical to it. Repeated slots are resolved to the
     last token explicitly (index_put with duplicates is unordered on CUDA).
     """
+    check_revision(revision)
     cache = _check_cache(kv_cache).clone(memory_format=torch.contiguous_format)
     slots = slot_mapping.reshape(-1).to(device=cache.device, dtype=torch.int64)
     n = _check_writer_inputs(kv_c, k_pe, int(slots.shape[0]))
     num_blocks, bs, _ = cache.shape
     if n and int(slots.max()) >= num_blocks * bs:
         _check_slots(slots.tolist(), num_blocks * bs)
-    records = encode_rows(kv_c=kv_c[:n], k_pe=k_pe[:n]).to(cache.device)
+    records = encode_rows(kv_c=kv_c[:n], k_pe=k_pe[:n], revision=revision).to(cache.device)
     tok = torch.nonzero(slots >= 0).reshape(-1)
     if tok.numel() == 0:
         return cache

@@ -27,6 +27,22 @@ Readings chosen where SPEC is silent:
 - BLOCK_N / NUM_TOPK_TOKENS are launch parameters with no effect on the
   result; the oracle does not take them (the harness checks the rejection
   preconditions itself).
+
+Later options (SPEC section 7), keyword-only, off by default:
+
+- ``block_stride_rows`` (vLLM's BLOCK_STRIDE_ROWS, None = block_size): a
+  cache slot is block_table[req, blk] * block_stride_rows + off, with blk and
+  off still tok // block_size and tok % block_size and the bounds rules
+  unchanged; the product wraps to int32 as before. Prefill rows are offsets
+  into the dense workspace and do not use it. Any stride >= 1 is computed
+  (vLLM's layouts have stride >= block_size, but the formula needs no more).
+- ``compact_to_front`` (vLLM's COMPACT_TO_FRONT): a row's valid values are
+  packed at its front and the rest is -1. vLLM leaves the order inside the
+  prefix unspecified (tiles race on an atomic slot allocator); the oracle
+  returns one canonical order, column order, and valid_counts exactly. The
+  harness must compare compacted rows as multisets: `rows_as_sets_equal`.
+  Validity is still decided on the inputs, so a valid value that wrapped to
+  -1 sits in the prefix and counts.
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["convert_loop", "convert", "convert_undefined_rows", "wrap_int32"]
+__all__ = ["convert_loop", "convert", "convert_undefined_rows", "rows_as_sets_equal", "wrap_int32"]
 
 _INT32_SPAN = 1 << 32
 _INT32_HALF = 1 << 31
@@ -58,9 +74,14 @@ def _check(
     has_prefill_workspace: bool,
     prefill_workspace_request_ids: Tensor | None,
     prefill_workspace_starts: Tensor | None,
-) -> None:
+    block_stride_rows: int | None,
+) -> int:
+    """Check the call; return the effective block stride in rows."""
     if block_size < 1:
         raise ValueError(f"block_size={block_size}: must be >= 1")
+    stride = block_size if block_stride_rows is None else block_stride_rows
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"block_stride_rows={block_stride_rows!r}: must be None or an int >= 1")
     if token_indices.dim() != 2:
         raise ValueError(f"token_indices.shape={tuple(token_indices.shape)}: expected [N, K]")
     if block_table.dim() != 2:
@@ -81,6 +102,7 @@ def _check(
                 "prefill_workspace_request_ids has "
                 f"{prefill_workspace_request_ids.numel()} entries < N={n}"
             )
+    return stride
 
 
 def convert_loop(
@@ -92,15 +114,18 @@ def convert_loop(
     has_prefill_workspace: bool = False,
     prefill_workspace_request_ids: Tensor | None = None,
     prefill_workspace_starts: Tensor | None = None,
+    block_stride_rows: int | None = None,
+    compact_to_front: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """SPEC section 3, cell by cell in Python ints. Returns (out int32 [N, K],
     valid_counts int32 [N]) on the CPU. See the module docstring for the
-    int32 wraparound and undefined-row readings."""
-    _check(
+    int32 wraparound and undefined-row readings and the two options."""
+    stride = _check(
         req_id=req_id, block_table=block_table, token_indices=token_indices,
         block_size=block_size, has_prefill_workspace=has_prefill_workspace,
         prefill_workspace_request_ids=prefill_workspace_request_ids,
         prefill_workspace_starts=prefill_workspace_starts,
+        block_stride_rows=block_stride_rows,
     )
     table = block_table.tolist()
     n_req, n_blk = block_table.shape
@@ -119,7 +144,7 @@ def convert_loop(
         else:
             defined = 0 <= reqs[i] < n_req
         out_row: list[int] = []
-        valid = 0
+        kept: list[int] = []  # the valid values, in column order
         for tok in row:
             if not defined or tok < 0:
                 out_row.append(-1)
@@ -131,11 +156,13 @@ def convert_loop(
             if is_prefill:
                 value = pw_starts[pw_ids[i]] + tok
             else:
-                value = table[reqs[i]][blk] * block_size + off
+                value = table[reqs[i]][blk] * stride + off
             out_row.append(wrap_int32(value))
-            valid += 1
+            kept.append(wrap_int32(value))
+        if compact_to_front:
+            out_row = kept + [-1] * (len(row) - len(kept))
         out.append(out_row)
-        counts.append(valid)
+        counts.append(len(kept))
     n, k = token_indices.shape
     return (
         torch.tensor(out, dtype=torch.int32).reshape(n, k),
@@ -175,15 +202,18 @@ def convert(
     has_prefill_workspace: bool = False,
     prefill_workspace_request_ids: Tensor | None = None,
     prefill_workspace_starts: Tensor | None = None,
+    block_stride_rows: int | None = None,
+    compact_to_front: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Vectorized SPEC section 3 on token_indices' device; bit-identical to
     `convert_loop`. Indices are clamped before gathering only so that the
     gather itself stays in bounds; the clamped values are always masked."""
-    _check(
+    stride = _check(
         req_id=req_id, block_table=block_table, token_indices=token_indices,
         block_size=block_size, has_prefill_workspace=has_prefill_workspace,
         prefill_workspace_request_ids=prefill_workspace_request_ids,
         prefill_workspace_starts=prefill_workspace_starts,
+        block_stride_rows=block_stride_rows,
     )
     dev = token_indices.device
     n, k = token_indices.shape
@@ -206,7 +236,7 @@ def convert(
         base = table[rows, blk.clamp(0, n_blk - 1)]
     else:
         base = torch.zeros_like(tok)
-    value = base * block_size + off
+    value = base * stride + off
 
     if has_prefill_workspace:
         assert prefill_workspace_request_ids is not None and prefill_workspace_starts is not None
@@ -221,4 +251,54 @@ def convert(
     invalid = invalid | undefined.unsqueeze(1)
     out = torch.where(invalid, torch.full_like(value, -1), _wrap_int32_tensor(value))
     counts = (~invalid).sum(dim=1)
+    if compact_to_front:
+        out = _compact(out, ~invalid)
     return out.to(torch.int32), counts.to(torch.int32)
+
+
+def _compact(out: Tensor, valid: Tensor) -> Tensor:
+    """Pack each row's valid entries to its front in column order, -1 after.
+
+    A valid entry's destination is its rank among the row's valid entries
+    (inclusive prefix sum - 1); the others are parked on a scratch column
+    that is cut off, so one scatter with distinct targets does it.
+    """
+    n, k = out.shape
+    dest = torch.where(valid, valid.to(torch.int64).cumsum(dim=1) - 1, torch.full_like(out, k))
+    packed = torch.full((n, k + 1), -1, dtype=out.dtype, device=out.device)
+    packed.scatter_(1, dest, torch.where(valid, out, torch.full_like(out, -1)))
+    return packed[:, :k]
+
+
+def rows_as_sets_equal(*, expected: Tensor, actual: Tensor, counts: Tensor) -> Tensor:
+    """bool [N]: row i of `actual` holds the same multiset of values as the
+    first counts[i] entries of `expected` in its first counts[i] columns, and
+    -1 in every later column. How the harness compares compact-to-front
+    output (SPEC section 7): the order inside the prefix is unspecified, the
+    prefix length and the -1 tail are not. A multiset, not a set: top-k rows
+    may repeat a token, and then the slot must appear as often.
+
+    `expected` is the oracle's compacted [N, K], `counts` the oracle's
+    valid_counts (values in [0, K]); any integer dtypes, any one device
+    (counts and actual are moved to expected's device). Vectorized: both
+    prefixes are sorted with a sentinel above every int32 in the tail.
+    """
+    if expected.dim() != 2 or tuple(actual.shape) != tuple(expected.shape):
+        raise ValueError(
+            f"actual.shape={tuple(actual.shape)} vs expected.shape={tuple(expected.shape)}: "
+            "expected two equal [N, K] shapes"
+        )
+    n, k = expected.shape
+    if counts.reshape(-1).shape[0] != n:
+        raise ValueError(f"counts.shape={tuple(counts.shape)}: expected [{n}]")
+    dev = expected.device
+    exp = expected.to(torch.int64)
+    act = actual.to(dev, torch.int64)
+    front = torch.arange(k, device=dev).unsqueeze(0) < counts.reshape(-1, 1).to(dev, torch.int64)
+    sentinel = torch.full_like(exp, 1 << 40)
+    same_front = (
+        torch.where(front, exp, sentinel).sort(dim=1).values
+        == torch.where(front, act, sentinel).sort(dim=1).values
+    ).all(dim=1)
+    tail_is_pad = torch.where(front, torch.full_like(act, -1), act).eq(-1).all(dim=1)
+    return same_front & tail_is_pad

@@ -2,10 +2,11 @@
 
 Like harness/fast/gather.py, a filter: ``writer_records_flag`` says "the
 oracle's" only when ``kv_cache_after`` is byte for byte what
-``oracles.codec.write_records`` makes from ``kv_cache_before`` (SPEC section
-2, "Writer"); anything else sends the harness to the oracle and the
-comparator. Anything outside the simple case (duplicate slots, a slot past the
-cache, odd dtypes or shapes, mixed devices) is "cannot tell".
+``oracles.codec.write_records`` makes from ``kv_cache_before`` under contract
+revision ``2026-07`` (SPEC section 2, "Writer"); anything else sends the
+harness to the oracle and the comparator. Anything outside the simple case
+(duplicate slots, a slot past the cache, odd dtypes or shapes, mixed devices)
+is "cannot tell".
 
 One program per cache record. A slot -> token map (``slot_owners``: one
 scatter into a fresh buffer) says whether the record is written; if it is, the program recomputes

@@ -22,7 +22,9 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
 
         fn = codec.write_records_loop if loop else codec.write_records
         t = case.tensors
-        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=t["kv_cache"], slot_mapping=t["slot_mapping"])}
+        # TODO(revisions): the selected contract revision; 2026-07 until it is threaded through.
+        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=t["kv_cache"], slot_mapping=t["slot_mapping"],
+                               revision="2026-07")}
     return run
 
 

@@ -22,6 +22,9 @@ from mlafuzz.tests.support.cuda_cases import (
 
 # ----------------------------------------------------------------------------- GPU: writer
 
+# Our CUDA writer implements SPEC section 2 as written: contract revision 2026-07.
+REVISION = "2026-07"
+
 
 def _check_cache_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     a = actual.reshape(-1, 656).cpu()
@@ -49,10 +52,10 @@ WRITER_CASES = [
 def test_writer_random_vs_oracle(ext, p):
     """Special values per tile (NaN, all-NaN, +-inf, huge, subnormal, zeros, random bits, RNE ties),
     slot -1 padding, extra kv_c rows, fused (strided) kv_c/k_pe: the whole cache must equal
-    codec.write_records byte for byte, untouched slots included."""
+    codec.write_records (revision 2026-07) byte for byte, untouched slots included."""
     gen = torch.Generator().manual_seed(p["seed"])
     kv_c, k_pe, slots, cache = kv_inputs(gen, bs=p["bs"], kv_dtype=p["kv_dtype"], pe_dtype=p["pe_dtype"])
-    expected = codec.write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, slot_mapping=slots)
+    expected = codec.write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, slot_mapping=slots, revision=REVISION)
     dev = DEV
     dev_cache = place_cache(cache, p["cache_layout"], dev)
     kv_c_d, k_pe_d, slots_d = kv_c.to(dev), k_pe.to(dev), slots.to(dev)
@@ -78,7 +81,7 @@ def test_writer_convert_fp16_rope_option(ext):
     kv_c, k_pe, slots, cache = kv_inputs(gen, bs=16, kv_dtype=torch.float16, pe_dtype=torch.float16)
     k_pe[:, :8] = torch.tensor([float("nan"), float("inf"), -float("inf"), 6e-8, 1 + 2**-8, 1 + 3 * 2**-9,
                                 65504.0, -0.0], dtype=torch.float16)  # NaN, inf, subnormal, RNE ties
-    expected = codec.write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, slot_mapping=slots)
+    expected = codec.write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, slot_mapping=slots, revision=REVISION)
     rope = k_pe[: slots.numel()].float().to(torch.bfloat16).view(torch.int16)
     rope = torch.where(torch.isnan(k_pe[: slots.numel()]), torch.full_like(rope, 0x7FC0), rope)
     flat = expected.view(-1, 656)
@@ -105,7 +108,7 @@ def test_writer_then_gather_roundtrip(ext):
     oracle-written cache."""
     gen = torch.Generator().manual_seed(11)
     kv_c, k_pe, slots, cache = kv_inputs(gen, bs=16, kv_dtype=torch.bfloat16, pe_dtype=torch.bfloat16)
-    expected_cache = codec.write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, slot_mapping=slots)
+    expected_cache = codec.write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, slot_mapping=slots, revision=REVISION)
     dev_cache = cache.to(DEV)
     cuda_ext.writer(kv_c.to(DEV), k_pe.to(DEV), dev_cache, slots.to(DEV))
     nb, bs = cache.shape[:2]

@@ -71,8 +71,9 @@ def local_fp8_rne(q):
 
 
 def reference_write(kv_c, k_pe, kv_cache, slot_mapping):
+    # The torch writer implements SPEC section 2 as written: revision 2026-07.
     return oracle_write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache,
-                                slot_mapping=slot_mapping).view(torch.uint8).cpu()
+                                slot_mapping=slot_mapping, revision="2026-07").view(torch.uint8).cpu()
 
 
 def same_bits(a, b):

@@ -215,6 +215,7 @@ def test_writer_roundtrip_is_within_fp8_precision(seed: int, exp: int) -> None:
 
 
 def test_writer_codes_saturate_at_448() -> None:
+    # 2026-07 only: a power-of-two scale (2026-09) is never below amax / 448.
     # Find a bf16 amax whose f32(amax / 448) rounds down, so amax / scale > 448.
     amax = next(
         a for a in (1.0 + k / 128 for k in range(128))
@@ -222,7 +223,8 @@ def test_writer_codes_saturate_at_448() -> None:
     kv = torch.zeros(1, 512, dtype=torch.bfloat16)
     kv[0, 0], kv[0, 1], kv[0, 130] = amax, -amax, 3.0
     pe = torch.zeros(1, 64, dtype=torch.bfloat16)
-    for rec in (encode_rows(kv_c=kv, k_pe=pe), encode_rows_loop(kv_c=kv, k_pe=pe)):
+    for rec in (encode_rows(kv_c=kv, k_pe=pe, revision="2026-07"),
+                encode_rows_loop(kv_c=kv, k_pe=pe, revision="2026-07")):
         assert rec[0, 0] == 0x7E and rec[0, 1] == 0xFE and rec[0, 130] == 0x7E
         assert int(rec[0, :512].max()) <= 0xFE and 0x7F not in rec[0, :512].tolist()
 
@@ -232,7 +234,8 @@ def test_writer_all_nan_tile_gives_flt_min_scale_and_nan_codes() -> None:
     kv[0, :128] = torch.tensor(math.nan)
     kv[0, :64] = -kv[0, :64]
     pe = torch.zeros(1, 64, dtype=torch.bfloat16)
-    for rec in (encode_rows(kv_c=kv, k_pe=pe), encode_rows_loop(kv_c=kv, k_pe=pe)):
+    for rec in (encode_rows(kv_c=kv, k_pe=pe, revision="2026-07"),
+                encode_rows_loop(kv_c=kv, k_pe=pe, revision="2026-07")):
         assert rec[0, :128].tolist() == [0x7F] * 128
         assert struct.unpack("<f", bytes(rec[0, 512:516].tolist()))[0] == FLT_MIN
 
@@ -242,7 +245,8 @@ def test_writer_zero_tile_gives_flt_min_scale_and_signed_zero_codes() -> None:
     kv[0, 128:256] = 0.0
     kv[0, 200] = -0.0
     pe = torch.zeros(1, 64, dtype=torch.bfloat16)
-    for rec in (encode_rows(kv_c=kv, k_pe=pe), encode_rows_loop(kv_c=kv, k_pe=pe)):
+    for rec in (encode_rows(kv_c=kv, k_pe=pe, revision="2026-07"),
+                encode_rows_loop(kv_c=kv, k_pe=pe, revision="2026-07")):
         assert struct.unpack("<f", bytes(rec[0, 516:520].tolist()))[0] == FLT_MIN
         assert rec[0, 128:256].tolist() == [0x80 if i == 72 else 0 for i in range(128)]
 
