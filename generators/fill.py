@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -182,6 +183,11 @@ _ROPE_SPECIALS = {BF16: catalog.ROPE_SPECIAL_BITS,
 _WIDE_SHIFT = {BF16: (-30, 30), FP16: (-20, 12)}  # fp16: what its 2**-24..65504 range can hold
 
 
+@functools.lru_cache(maxsize=None)
+def _extremes(fmt: HalfFormat) -> tuple[int, ...]:
+    return tuple(half_pattern(v, fmt) for v in _WRITER_EXTREMES[fmt])
+
+
 def _special(w: Tensor, table: tuple[int, ...], device: Device) -> Tensor:
     return const(table, _dev(device))[pick((w >> 10) & 63, 6, len(table))]
 
@@ -196,8 +202,7 @@ def _writer_tiles(stream: Stream, values: WriterValues, fmt: HalfFormat, device:
     bits = half_bits(sign, exp, mant, fmt)
     hit = (w >> 24) & 0x7F
     if values is WriterValues.EXTREME:  # 1/3 of elements special, 1/6 of tiles all zero
-        table = tuple(half_pattern(v, fmt) for v in _WRITER_EXTREMES[fmt])
-        bits = torch.where(pick(hit, 7, 3) == 0, _special(w, table, device), bits)
+        bits = torch.where(pick(hit, 7, 3) == 0, _special(w, _extremes(fmt), device), bits)
         bits = bits.masked_fill(scale_below(tile, 6) == 0, 0)
     elif values is WriterValues.NAN:  # 3/128 ~ 1/40 of elements NaN / +inf / -inf
         bits = torch.where(hit < 3, _special(w, _NONFINITE[fmt], device), bits)
@@ -227,7 +232,7 @@ def writer_inputs(stream: Stream, *, num_tokens: int, values: WriterValues | str
     nan. fp16 gets fp16 analogues of the bf16 special values.
     """
     values, fmt = WriterValues(values), FORMATS[dtype]
-    pool = stream.child(f"pool/{values.value}/{dtype}")  # modes and dtypes share no values
+    pool = stream.child(f"pool/{values.value}/{fmt.name}")  # modes and dtypes share no values
     tiles = _writer_tiles(pool, values, fmt, device).reshape(2 * WRITER_TILES, 64)
     ropes = _writer_ropes(pool, values, fmt, device)
     chunks = to_half(torch.cat([tiles, ropes]), dtype)
@@ -262,7 +267,7 @@ def distinct_slots(stream: Stream, *, n: int, num_slots: int, padding: bool = Fa
 
 # --- timing (python -m mlafuzz.generators.fill) ------------------------------
 
-def _timed(label: str, fn, device: torch.device, repeats: int = 3) -> None:
+def _timed(label: str, fn: Callable[[int], Tensor], device: torch.device, repeats: int = 3) -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     best = math.inf
     for i in range(repeats + 1):
@@ -283,6 +288,8 @@ def main() -> None:
     need = torch.full((reqs,), ctx // bs, dtype=torch.int64, device=device)
     _timed("block table 64 x 64 blocks (shuffled)", lambda i: block_table(
         Stream(i, "t"), blocks_per_request=need, layout="shuffled", device=device)[0], device)
+    _timed("small cache 4 x 16 records (activations)", lambda i: cache(  # the fixed cost: pool + launches
+        Stream(i, "c"), "activations", num_blocks=4, block_size=16, device=device), device)
     for mode in ValueMode:
         _timed(f"gather cache 64x4096 records ({mode.value})", lambda i, m=mode: cache(
             Stream(i, "c"), m, num_blocks=reqs * ctx // bs, block_size=bs, device=device), device)
@@ -290,6 +297,8 @@ def main() -> None:
     for mode in (TopkMode.PADDED, TopkMode.MIXED):
         _timed(f"top-k 4096x2048 ({mode.value})", lambda i, m=mode: topk_indices(
             Stream(i, "k"), seq_lens=seqs, width=2048, block_size=bs, topk=2048, mode=m, device=device), device)
+    _timed("top-k 32x2048 decode rows (mixed)", lambda i: topk_indices(
+        Stream(i, "k"), seq_lens=seqs[:32], width=2048, block_size=bs, topk=2048, mode="mixed", device=device), device)
     for values in (WriterValues.NORMAL, WriterValues.EXTREME):
         _timed(f"writer inputs 65536 tokens ({values.value})", lambda i, v=values: writer_inputs(
             Stream(i, "w"), num_tokens=65536, values=v, device=device), device)

@@ -35,6 +35,7 @@ assert sum(c for _, c in _NORMAL_EXPONENTS) == 256
 class HalfFormat:
     """A 16-bit float format: bfloat16 or float16."""
 
+    name: str  # used in stream names: stable, unlike str(dtype) might be
     dtype: torch.dtype
     bias: int
     mbits: int
@@ -45,8 +46,8 @@ class HalfFormat:
         return (1 << self.ebits) - 2
 
 
-BF16 = HalfFormat(torch.bfloat16, 127, 7, 8)
-FP16 = HalfFormat(torch.float16, 15, 10, 5)
+BF16 = HalfFormat("bf16", torch.bfloat16, 127, 7, 8)
+FP16 = HalfFormat("fp16", torch.float16, 15, 10, 5)
 FORMATS = {torch.bfloat16: BF16, torch.float16: FP16}
 
 

@@ -133,6 +133,7 @@ def _nan_pool(stream: Stream, device: Device) -> Tensor:
 # --- per-record scales (int64 f32 patterns [n, 4]) ---------------------------
 
 def _activations_scales(base: Tensor | None, w: Tensor) -> Tensor:
+    assert base is not None, "activations records shift the pool's own scales"
     shift = pick(_byte_fields(w[:, 0]), 8, 41) - 20
     return torch.where(base == _FLT_MIN_BITS, base, base + shift * (1 << 23))
 
@@ -205,7 +206,10 @@ def records_at(stream: Stream, mode: ValueMode | str, *, slots: Tensor, device: 
                pool: Tensor | None = None) -> Tensor:
     """The records of the given cache slots (int64 >= 0, any order, repeats allowed): uint8 [n, 656].
 
-    ``pool`` (from ``make_pool`` with the same stream and mode) saves rebuilding it across calls.
+    ``pool`` (from ``make_pool``, same mode and device) saves rebuilding it across calls. By
+    default it is built from ``stream``; a caller may build it from another stream (say one per
+    256 seeds, cached) and pass it to every call: records are then a pure function of (stream,
+    slot, pool), replayable as long as the pool's stream is recorded too.
     """
     mode = ValueMode(mode)
     spec = _MODES[mode]
