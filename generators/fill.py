@@ -105,7 +105,7 @@ def _actions(mode: TopkMode, bs: int, k: int, device: str) -> tuple[Tensor, Tens
             act[b], value[b] = (_CONST, INT32_MAX) if r * 5 // 64 == 0 else (_PAST_TABLE, 0)
         else:
             act[b] = _PAST_SEQ
-    return (torch.tensor(act, dtype=torch.int64, device=device),
+    return (torch.tensor(act, dtype=torch.int8, device=device),  # int8: the [N, K] gather writes 1 byte
             torch.tensor(value, dtype=torch.int64, device=device))
 
 
