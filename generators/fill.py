@@ -32,6 +32,13 @@ from mlafuzz.generators.hashing import Stream, scale_below
 from mlafuzz.generators.spec import Layout, TopkMode, ValueMode
 from mlafuzz.generators.writer import WriterValues
 
+__all__ = [
+    "block_table", "topk_indices", "writer_inputs", "distinct_slots",
+    # cache records (fill_records.py)
+    "POOL_RECORDS", "RECORD_BYTES", "make_pool", "records", "records_at", "cache", "cache_blocks",
+    "activations", "all_codes", "extreme_scales", "subnormal", "nan",
+]
+
 INT32_MAX = catalog.INT32_MAX
 
 

@@ -49,8 +49,7 @@ import torch
 from torch import Tensor
 
 from mlafuzz.generators import catalog
-from mlafuzz.generators.fill_bits import BF16, Device, const, f32_pattern, half_bits, normal_bits, normal_fields, \
-    pick, to_half
+from mlafuzz.generators.fill_bits import BF16, Device, const, f32_pattern, normal_bits, pick, to_half
 from mlafuzz.generators.hashing import Stream, as_int32, scale_below
 from mlafuzz.generators.spec import ValueMode
 from mlafuzz.oracles.codec import encode_rows
