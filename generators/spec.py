@@ -66,6 +66,18 @@ class WsForm(str, enum.Enum):
     CUMULATIVE = "cumulative"  # [batch_size + 1], last entry ignored
 
 
+class InputDtype(str, enum.Enum):
+    BF16 = "bfloat16"
+    FP16 = "float16"
+
+
+class WriterValues(str, enum.Enum):
+    NORMAL = "normal"  # N(0, 1) activations
+    WIDE = "wide"  # per-tile magnitudes from 2^-30 to 2^30
+    EXTREME = "extreme"  # zeros, subnormals, +-max, ties at tile amax, saturating ratios
+    NAN = "nan"  # NaN and inf elements mixed in
+
+
 def fail(owner: str, name: str, value: Any, why: str) -> None:
     raise SpecError(f"{owner}: {name}={value!r} {why}")
 

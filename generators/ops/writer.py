@@ -5,7 +5,6 @@ records. Spec, drawer, materializer, features, shrink steps and error-input clas
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass
 from typing import ClassVar, Iterator
 
@@ -18,19 +17,7 @@ from mlafuzz.generators.invalid import InvalidClass, with_
 from mlafuzz.generators.paging import build_block_table
 from mlafuzz.generators.records import make_cache
 from mlafuzz.generators.reduce import halvings, paging_steps
-from mlafuzz.generators.spec import Paging, ValueMode, check_int, coerce_enum
-
-
-class InputDtype(str, enum.Enum):
-    BF16 = "bfloat16"
-    FP16 = "float16"
-
-
-class WriterValues(str, enum.Enum):
-    NORMAL = "normal"  # N(0, 1) activations
-    WIDE = "wide"  # per-tile magnitudes from 2^-30 to 2^30
-    EXTREME = "extreme"  # zeros, subnormals, +-max, ties at tile amax, saturating ratios
-    NAN = "nan"  # NaN and inf elements mixed in
+from mlafuzz.generators.spec import InputDtype, Paging, ValueMode, WriterValues, check_int, coerce_enum
 
 
 @dataclass(frozen=True, kw_only=True)

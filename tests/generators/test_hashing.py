@@ -1,4 +1,4 @@
-"""Tests for mlafuzz.generators.hashing: counter-based streams, exact on every device."""
+"""Tests for mlafuzz.generators.rng.hashing: counter-based streams, exact on every device."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from mlafuzz.generators.hashing import M32, Stream, as_int32, mix, mix_reference, scale_below
+from mlafuzz.generators.rng.hashing import M32, Stream, as_int32, mix, mix_reference, scale_below
 
 CPU = "cpu"
 

@@ -7,7 +7,7 @@ function of the stream (hashing.py says why that is exact) and every float is
 assembled from bit fields (fill_bits.py). Cache records live in
 fill_records.py and are re-exported here.
 
-``python -m mlafuzz.generators.fill`` times the realistic sizes on whatever
+``python -m mlafuzz.generators.rng.fill`` times the realistic sizes on whatever
 device is present.
 """
 
@@ -22,15 +22,36 @@ import torch
 from torch import Tensor
 
 from mlafuzz.generators import catalog
-from mlafuzz.generators.fill_bits import BF16, FORMATS, FP16, Device, HalfFormat, const, half_bits, half_pattern, \
-    normal_bits, normal_fields, pick, to_half
-from mlafuzz.generators.fill_records import (  # noqa: F401  (re-exported)
-    POOL_RECORDS, RECORD_BYTES, activations, all_codes, cache, cache_blocks, extreme_scales, make_pool, nan,
-    records, records_at, subnormal,
+from mlafuzz.generators.rng.bits import (
+    BF16,
+    FORMATS,
+    FP16,
+    Device,
+    HalfFormat,
+    const,
+    half_bits,
+    half_pattern,
+    normal_bits,
+    normal_fields,
+    pick,
+    to_half,
 )
-from mlafuzz.generators.hashing import Stream, scale_below
-from mlafuzz.generators.spec import Layout, TopkMode, ValueMode
-from mlafuzz.generators.writer import WriterValues
+from mlafuzz.generators.rng.hashing import Stream, scale_below
+from mlafuzz.generators.rng.records import (  # noqa: F401  (re-exported)
+    POOL_RECORDS,
+    RECORD_BYTES,
+    activations,
+    all_codes,
+    cache,
+    cache_blocks,
+    extreme_scales,
+    make_pool,
+    nan,
+    records,
+    records_at,
+    subnormal,
+)
+from mlafuzz.generators.spec import Layout, TopkMode, ValueMode, WriterValues
 
 __all__ = [
     "block_table", "topk_indices", "writer_inputs", "distinct_slots",
@@ -190,7 +211,7 @@ _ROPE_SPECIALS = {BF16: catalog.ROPE_SPECIAL_BITS,
 _WIDE_SHIFT = {BF16: (-30, 30), FP16: (-20, 12)}  # fp16: what its 2**-24..65504 range can hold
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _extremes(fmt: HalfFormat) -> tuple[int, ...]:
     return tuple(half_pattern(v, fmt) for v in _WRITER_EXTREMES[fmt])
 
@@ -272,7 +293,7 @@ def distinct_slots(stream: Stream, *, n: int, num_slots: int, padding: bool = Fa
     return slots
 
 
-# --- timing (python -m mlafuzz.generators.fill) ------------------------------
+# --- timing (python -m mlafuzz.generators.rng.fill) ------------------------------
 
 def _timed(label: str, fn: Callable[[int], Tensor], device: torch.device, repeats: int = 3) -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -49,8 +49,8 @@ import torch
 from torch import Tensor
 
 from mlafuzz.generators import catalog
-from mlafuzz.generators.fill_bits import BF16, Device, const, f32_pattern, normal_bits, pick, to_half
-from mlafuzz.generators.hashing import Stream, as_int32, scale_below
+from mlafuzz.generators.rng.bits import BF16, Device, const, f32_pattern, normal_bits, pick, to_half
+from mlafuzz.generators.rng.hashing import Stream, as_int32, scale_below
 from mlafuzz.generators.spec import ValueMode
 from mlafuzz.oracles.codec import encode_rows
 
@@ -106,7 +106,8 @@ def _activations_pool(stream: Stream, device: Device) -> Tensor:
     zero_tile = stream.child("zero_tile").coin(1, 16, (POOL_RECORDS, 4, 1), device=device)  # -> scale FLT_MIN
     bits = bits.masked_fill(zero_tile, 0).reshape(POOL_RECORDS, 512)
     k_pe = to_half(_finite_rope(stream, device), torch.bfloat16)
-    return encode_rows(kv_c=to_half(bits, torch.bfloat16), k_pe=k_pe)
+    # 2026-07 records: unrounded scales, so a gather's f32 multiply rounds (a power of two never would).
+    return encode_rows(kv_c=to_half(bits, torch.bfloat16), k_pe=k_pe, revision="2026-07")
 
 
 def _all_codes_pool(stream: Stream, device: Device) -> Tensor:
