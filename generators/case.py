@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from mlafuzz.generators.rng.records import zeros
 from mlafuzz.generators.spec import spec_to_json
 
 
@@ -17,9 +18,17 @@ from mlafuzz.generators.spec import spec_to_json
 class Case:
     """Everything one call of an op needs, plus where it came from.
 
-    ``tensors`` are the op's tensor arguments by their SPEC names; ``params`` its
-    scalar arguments. Both are read-only views: the harness clones before each
-    call, so a mutating implementation cannot poison the oracle's inputs.
+    ``tensors`` are the op's tensor arguments by their SPEC names, as the call
+    gets them (views, SPEC 8: a tensor's base lives as long as it does);
+    ``params`` its scalar arguments. Both are read-only mappings: the harness
+    clones before each call, so a mutating implementation cannot poison the
+    oracle's inputs.
+
+    ``zero_blocks``: for a cache at the top of a larger one (paging.base_block),
+    its name -> n: its first n blocks (dim-0 rows) are all zero by
+    construction, and no valid call reads or writes them. Copies make only the
+    rest (``cloned_tensors``); the full path compares only the rest of an
+    in-place output and checks that the zero blocks stayed zero.
     """
 
     op: str
@@ -28,10 +37,12 @@ class Case:
     device: str
     tensors: Mapping[str, torch.Tensor | None]
     params: Mapping[str, Any] = field(default_factory=dict)
+    zero_blocks: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tensors", types.MappingProxyType(dict(self.tensors)))
         object.__setattr__(self, "params", types.MappingProxyType(dict(self.params)))
+        object.__setattr__(self, "zero_blocks", types.MappingProxyType(dict(self.zero_blocks)))
 
     @functools.cached_property
     def case_id(self) -> str:
@@ -41,23 +52,19 @@ class Case:
         return case_id_for(op=self.op, seed=self.seed, spec_json=spec_to_json(self.spec))
 
     def cloned_tensors(self, *, skip: Iterable[str] = ()) -> dict[str, torch.Tensor | None]:
-        """Fresh copies that keep each tensor's strides (non-contiguous inputs stay so), except
-        the names in ``skip``."""
+        """Fresh copies in the tensors' own layouts (a view's base is copied and the view made
+        again: strides, storage offset and the bytes around it are kept), except the names in
+        ``skip``. A tensor with zero blocks is copied as zeros (views.zeros) and its other blocks."""
         skip = frozenset(skip)
-        return {k: _clone_keep_strides(v) for k, v in self.tensors.items() if k not in skip}
+        return {k: clone_like(v, zero_blocks=self.zero_blocks.get(k, 0))
+                for k, v in self.tensors.items() if k not in skip}
 
 
-def local_generator(seed: int) -> torch.Generator:
-    """The case's own CPU generator: all of a case's randomness, never the global RNG."""
-    return torch.Generator(device="cpu").manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
-
-
-def built(*, op: str, spec: Any, seed: int, device: str | torch.device,
-          tensors: Mapping[str, torch.Tensor | None], params: Mapping[str, Any]) -> Case:
-    """The case whose tensors were built (on the CPU) as ``tensors``, moved to ``device``."""
-    dev = torch.device(device)
-    moved = {k: (v.to(dev) if v is not None else None) for k, v in tensors.items()}
-    return Case(op=op, spec=spec, seed=int(seed), device=str(dev), tensors=moved, params=params)
+    def generated_tensors(self) -> dict[str, torch.Tensor]:
+        """What a repro bundle stores and checks: every tensor, one with zero blocks only past them
+        (a 4 GB cache holds a few MB the case made)."""
+        return {k: (v[self.zero_blocks[k]:].clone() if self.zero_blocks.get(k) else v)  # its own storage
+                for k, v in self.tensors.items() if v is not None}
 
 
 def case_id_for(*, op: str, seed: int, spec_json: str) -> str:
@@ -66,11 +73,24 @@ def case_id_for(*, op: str, seed: int, spec_json: str) -> str:
     return f"{op}-{seed}-{digest}"
 
 
-def _clone_keep_strides(t: torch.Tensor | None) -> torch.Tensor | None:
+_SMALL_BASE = 1 << 20  # a view's base up to this many bytes past the view is copied whole
+
+
+def clone_like(t: torch.Tensor | None, *, zero_blocks: int = 0) -> torch.Tensor | None:
+    """A copy of ``t`` in its own layout (``Case.cloned_tensors``)."""
     if t is None:
         return None
-    if t.is_contiguous():
+    if zero_blocks:
+        out = zeros(tuple(t.shape), dtype=t.dtype, device=t.device)
+        out[zero_blocks:] = t[zero_blocks:]
+        return out
+    storage = t.untyped_storage()
+    span = t.numel() * t.element_size()
+    if t.is_contiguous() and t.storage_offset() == 0 and storage.nbytes() == span:
         return t.clone()
+    if storage.nbytes() <= 4 * span + _SMALL_BASE:  # a view of a base of about its size: copy the base
+        base = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage).clone().view(t.dtype)
+        return base.as_strided(t.size(), t.stride(), t.storage_offset())
     out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out

@@ -11,16 +11,33 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterator
 
-from mlafuzz.generators.spec import Layout, Paging
+from mlafuzz.generators.spec import Layout, Paging, View
 
 
 def paging_steps(p: Paging) -> Iterator[Paging]:
+    if p.base_block:  # first: a small cache is much cheaper to run than one at the top of 4 GB
+        yield dataclasses.replace(p, base_block=0)
     if p.spare_blocks:
         yield dataclasses.replace(p, spare_blocks=0)
     if p.extra_table_cols:
         yield dataclasses.replace(p, extra_table_cols=0)
     if p.layout is not Layout.CONTIGUOUS:
         yield dataclasses.replace(p, layout=Layout.CONTIGUOUS)
+
+
+def view_steps(spec: Any, *fields: str) -> Iterator[Any]:
+    """``spec`` with each of its view fields that is not PLAIN made PLAIN, one at a time."""
+    for name in fields:
+        if getattr(spec, name) is not View.PLAIN:
+            yield dataclasses.replace(spec, **{name: View.PLAIN})
+
+
+def view_features(paging: Paging, **views: View) -> set[str]:
+    """Coverage features of the call-site views (SPEC 8) and of a cache's place in a larger one."""
+    out = {f"view:{name}-{v.value}" for name, v in views.items() if v is not View.PLAIN}
+    if paging.base_block:
+        out.add("cache:high")
+    return out
 
 
 def drop_each(items: tuple) -> Iterator[tuple]:

@@ -23,7 +23,10 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-SCHEMA_VERSION = 1
+# 2: cases made on the device from counter-based streams (generators/rng), paging.base_block and the
+# call-site views (SPEC 8). A version-1 spec names a case the old CPU generator made: its bytes are
+# gone, so it is refused rather than replayed as something else.
+SCHEMA_VERSION = 2
 
 
 class SpecError(ValueError):
@@ -36,6 +39,14 @@ class Layout(str, enum.Enum):
     CONTIGUOUS = "contiguous"  # request r owns the next run of block ids
     SHUFFLED = "shuffled"  # block ids drawn from a permuted pool: unsorted, gappy
     SHARED_PREFIX = "shared_prefix"  # leading blocks shared by all requests (prefix caching)
+
+
+class View(str, enum.Enum):
+    """How a tensor sits in memory when the kernel gets it: vLLM's call sites pass views (SPEC 8)."""
+
+    PLAIN = "plain"  # its own contiguous allocation
+    COLUMNS = "columns"  # a column slice of a wider tensor (row stride > width; kv_c / k_pe split from [T, 576])
+    ROWS = "rows"  # a row slice of a taller tensor (a non-zero storage offset)
 
 
 class TopkMode(str, enum.Enum):
@@ -124,12 +135,17 @@ class Paging:
     layout: Layout = Layout.CONTIGUOUS
     spare_blocks: int = 0  # physical blocks no request owns (ids beyond need)
     extra_table_cols: int = 0  # block-table columns past the longest request
+    # The case's blocks are ids base_block, base_block + 1, ...: the cache holds base_block blocks of
+    # zeros below them (allocated, never generated, never read or written by a valid call), so record
+    # byte offsets pass 2**31 and 2**32 as in a cache that fills the GPU (SPEC 8).
+    base_block: int = 0
 
     def __post_init__(self) -> None:
         coerce_enum(self, "layout", Layout)
         check_int("Paging", "block_size", self.block_size, lo=1, hi=4096)
         check_int("Paging", "spare_blocks", self.spare_blocks, lo=0, hi=1 << 16)
         check_int("Paging", "extra_table_cols", self.extra_table_cols, lo=0, hi=1 << 16)
+        check_int("Paging", "base_block", self.base_block, lo=0, hi=(1 << 31) - (1 << 20))
 
 
 # --- JSON round trip -------------------------------------------------------
@@ -206,6 +222,10 @@ def spec_from_dict(data: Any, *, types: Mapping[str, type]) -> Any:
     if unknown:
         raise SpecError(f"unknown top-level field {unknown[0]!r} (known: op, schema_version, spec)")
     version = data.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and 0 < version < SCHEMA_VERSION:
+        raise SpecError(f"schema_version={version} was written by an older mlafuzz whose generator made other"
+                        f" bytes for the same spec and seed: it cannot be replayed bit-identically (this mlafuzz"
+                        f" reads {SCHEMA_VERSION}); draw the case again")
     if version != SCHEMA_VERSION:
         raise SpecError(f"schema_version={version!r} is not supported (this mlafuzz reads {SCHEMA_VERSION})")
     op = data.get("op")

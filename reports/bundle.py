@@ -2,7 +2,8 @@
 
 Layout: ``case.json`` (schema version, op, spec, seed, impl, policy, device),
 ``inputs.pt`` (the case's tensors on the CPU, read back with
-``weights_only=True``), ``finding.json``, ``env.json`` and ``replay.txt`` (the
+``weights_only=True``; a cache at the top of a larger one as its blocks past
+the zero ones, case.json's ``zero_blocks`` saying how many), ``finding.json``, ``env.json`` and ``replay.txt`` (the
 one-line command). Files are written to a temporary name and renamed, so a
 bundle is whole or absent.
 """
@@ -23,7 +24,10 @@ import torch
 from mlafuzz.reports.atomic import atomic_write
 from mlafuzz.reports.findings import Finding
 
-BUNDLE_SCHEMA = 1
+# 2: cases made on the device from counter-based streams; a cache at the top of a larger one is
+# stored as its blocks past the zero ones (case.json "zero_blocks"). A version-1 bundle holds bytes of
+# the old CPU generator, which this one cannot make again.
+BUNDLE_SCHEMA = 2
 
 
 class BundleError(ValueError):
@@ -129,6 +133,11 @@ def read_bundle(path: Path) -> Bundle:
     case = read_case_json(path)
     finding_data = _json(path / "finding.json")
     version = case.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and 0 < version < BUNDLE_SCHEMA:
+        raise BundleError(f"case.json: schema_version={version}: this bundle was written by an older mlafuzz whose"
+                          " case generator made other bytes for the same spec and seed, so it cannot be replayed"
+                          f" bit-identically (this mlafuzz reads {BUNDLE_SCHEMA}); re-run the fuzz case to get"
+                          " a new bundle")
     if version != BUNDLE_SCHEMA:
         raise BundleError(f"case.json: schema_version={version!r} is not supported (this mlafuzz reads {BUNDLE_SCHEMA})")
     try:

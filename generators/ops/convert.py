@@ -9,22 +9,31 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from mlafuzz.generators import catalog
-from mlafuzz.generators.case import Case, built, local_generator
-from mlafuzz.generators.draw import Drawer, Knobs, draw_paging
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, draw_view, sized, tile_total
 from mlafuzz.generators.invalid import InvalidClass, with_
-from mlafuzz.generators.paging import build_block_table
-from mlafuzz.generators.records import randint
-from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
+from mlafuzz.generators.reduce import (
+    attempt,
+    drop_each,
+    halvings,
+    paging_steps,
+    view_features,
+    view_steps,
+    with_request,
+)
+from mlafuzz.generators.rng.fill import block_table, topk_indices
+from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.spec import (
     Paging,
     TopkMode,
+    View,
     check_int,
     check_topk_tiling,
     coerce_enum,
     coerce_tuple,
     fail,
 )
+from mlafuzz.generators.views import slack, table_view
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,105 +61,110 @@ class ConvertSpec:
     topk_mode: TopkMode = TopkMode.PADDED
     prefill_workspace: bool = False
     return_valid_counts: bool = True
+    table_view: View = View.PLAIN  # block_table a column or row slice of a larger table (SPEC 8)
+    rows_view: View = View.PLAIN  # ROWS: req_id and token_indices rows of the whole step's tensors (SPEC 5.4)
 
     def __post_init__(self) -> None:
         coerce_tuple(self, "requests", ConvertRequest)
         coerce_enum(self, "topk_mode", TopkMode)
+        coerce_enum(self, "table_view", View)
+        coerce_enum(self, "rows_view", View)
         if not self.requests:
             fail("ConvertSpec", "requests", self.requests, "must hold at least one request")
         check_topk_tiling("ConvertSpec", topk=self.topk, block_n=self.block_n)
         if self.prefill_workspace is False and any(r.prefill for r in self.requests):
             fail("ConvertSpec", "prefill_workspace", False, "but a request has prefill=True")
+        if self.rows_view is View.COLUMNS:
+            fail("ConvertSpec", "rows_view", self.rows_view.value, "must be plain or rows")
 
 
 # --- drawing ---------------------------------------------------------------
 
 def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
     prefill_workspace = d.boolean()
-    n = d.integer(1, knobs.max_requests)
-    requests = tuple(
-        ConvertRequest(
-            seq_len=d.integer(0, knobs.max_seq_len),
-            num_tokens=d.integer(1 if i == 0 else 0, knobs.max_tokens_per_request),
-            prefill=prefill_workspace and d.boolean(),
-        )
-        for i in range(n)
-    )
+    n = sized(d, knobs, 1, knobs.max_requests, tiles=knobs.row_tiles)
+    paging = draw_paging(d, knobs)
+    bs = paging.block_size
+    # The table holds n rows of ceil(seq_len / bs) + extra columns: at most max_table entries.
+    max_seq = max(0, min(knobs.max_seq_len, (knobs.max_table // n - paging.extra_table_cols) * bs))
+    rows_left = knobs.max_rows
+    requests = []
+    for i in range(n):
+        prefill = prefill_workspace and d.boolean()
+        hi = knobs.max_prefill_tokens if prefill else knobs.max_tokens_per_request
+        tokens = sized(d, knobs, 1 if i == 0 else 0, max(1 if i == 0 else 0, min(hi, rows_left)))
+        rows_left -= tokens
+        requests.append(ConvertRequest(seq_len=sized(d, knobs, 0, max_seq), num_tokens=tokens, prefill=prefill))
+    rows = sum(r.num_tokens for r in requests)
+    target = tile_total(d, knobs, rows, hi=knobs.max_rows)
+    last = requests[-1]
+    if target != rows and last.num_tokens + target - rows >= (1 if n == 1 else 0):
+        requests[-1] = dataclasses.replace(last, num_tokens=last.num_tokens + target - rows)
     block_n = d.choice(knobs.block_ns)
     return ConvertSpec(
-        requests=requests,
-        paging=draw_paging(d, knobs),
+        requests=tuple(requests),
+        paging=paging,
         topk=block_n * d.choice(knobs.topk_multiples),
         block_n=block_n,
         topk_mode=d.choice(list(TopkMode)),
         prefill_workspace=prefill_workspace,
         return_valid_counts=not d.boolean(),
+        table_view=draw_view(d, knobs, (View.COLUMNS, View.ROWS)),
+        rows_view=draw_view(d, knobs, (View.ROWS,)),
     )
 
 
 # --- materializing -----------------------------------------------------------
 
-def _topk_row(*, mode: TopkMode, seq_len: int, width: int, bs: int, k: int, gen: torch.Generator) -> torch.Tensor:
-    """One row of request-local top-k indices (int64, cast by the caller)."""
-    if seq_len > 0 and mode is TopkMode.VALID:
-        return randint(gen, 0, seq_len, (k,))
-    row = torch.full((k,), -1, dtype=torch.int64)
-    n_valid = int(randint(gen, 0, min(k, seq_len) + 1)) if seq_len > 0 else 0
-    if n_valid:
-        row[:n_valid] = torch.randperm(seq_len, generator=gen)[:n_valid]
-        row = row[torch.randperm(k, generator=gen)]  # the indexer's order is not sorted
-    if mode in (TopkMode.VALID, TopkMode.PADDED):
-        return row
-    classes = {
-        TopkMode.NEGATIVE: (0,), TopkMode.PAST_TABLE: (1,), TopkMode.PAST_SEQ_LEN: (2,), TopkMode.MIXED: (0, 1, 2),
-    }[mode]
-    hit = randint(gen, 0, 4, (k,)) == 0
-    which = torch.tensor(classes)[randint(gen, 0, len(classes), (k,))]
-    past_table_lo = width * bs
-    negative = torch.tensor([-2, -bs, -k, catalog.INT32_MIN, -(2 ** 20)])[randint(gen, 0, 5, (k,))]
-    past_table = past_table_lo + randint(gen, 0, 2 * bs + 1, (k,))
-    past_table = torch.where(randint(gen, 0, 5, (k,)) == 0, torch.full_like(past_table, catalog.INT32_MAX), past_table)
-    if past_table_lo > seq_len:
-        past_seq = randint(gen, seq_len, past_table_lo, (k,))
-    else:
-        past_seq = row  # no room between seq_len and the table's end: keep the row
-    fill = torch.where(which == 0, negative, torch.where(which == 1, past_table, past_seq))
-    return torch.where(hit, fill, row)
-
-
 def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
-    gen = local_generator(seed)
-    seq_lens = [r.seq_len for r in spec.requests]
-    table, _pool = build_block_table(paging=spec.paging, seq_lens=seq_lens, gen=gen)
-    bs = spec.paging.block_size
-    rows, req_ids, ws_ids = [], [], []
-    prefill_local = {}
-    for r, req in enumerate(spec.requests):
-        if req.prefill:
-            prefill_local[r] = len(prefill_local)
-        for _ in range(req.num_tokens):
-            rows.append(_topk_row(mode=spec.topk_mode, seq_len=req.seq_len, width=table.shape[1], bs=bs,
-                                  k=spec.topk, gen=gen))
-            req_ids.append(r)
-            ws_ids.append(prefill_local.get(r, -1))
-    indices = torch.stack(rows) if rows else torch.zeros((0, spec.topk), dtype=torch.int64)
+    """The call's tensors on ``device``, from the spec's numbers and the streams of ``seed``.
+
+    With rows_view ROWS, req_id and token_indices are rows [a, a + N) of tensors of a + N + b rows
+    (the whole step's req_id_per_token and top-k rows; the other rows belong to requests too)."""
+    draws = Draws(seed, "convert")
+    reqs, bs, k = spec.requests, spec.paging.block_size, spec.topk
+    num_req = len(reqs)
+    rows = sum(r.num_tokens for r in reqs)
+    table, pool = block_table(draws.child("table"), need=[-(-r.seq_len // bs) for r in reqs],
+                              layout=spec.paging.layout, spare_blocks=spec.paging.spare_blocks,
+                              extra_cols=spec.paging.extra_table_cols, base_block=spec.paging.base_block,
+                              device=device)
+    width = table.shape[1]
+    table = table_view(table, spec.table_view, draws=draws.child("table-view"), num_blocks=spec.paging.base_block + pool)
+    before, after, _ = slack(spec.rows_view, pick=draws.host_int(1 << 30), width=k)
+    local, prefill_lens = [], []
+    for r in reqs:
+        local.append(len(prefill_lens) if r.prefill else -1)
+        if r.prefill:
+            prefill_lens.append(r.seq_len)
+    host = torch.tensor([[r.num_tokens for r in reqs], [r.seq_len for r in reqs], local], dtype=torch.int64)
+    host = host.to(device)
+    owners = torch.repeat_interleave(torch.arange(num_req, device=device), host[0], output_size=rows)
+    if before or after:
+        others = torch.arange(before + after, device=device) % num_req
+        owners = torch.cat([others[:before], owners, others[before:]])
+    indices = topk_indices(draws.child("topk"), seq_lens=host[1][owners], width=width, block_size=bs, topk=k,
+                           mode=spec.topk_mode, device=device)
     tensors: dict[str, torch.Tensor | None] = {
-        "req_id": torch.tensor(req_ids, dtype=torch.int32),
+        "req_id": owners.to(torch.int32)[before:before + rows],
         "block_table": table,
-        "token_indices": indices.to(torch.int32),
+        "token_indices": indices[before:before + rows],
         "prefill_workspace_request_ids": None,
         "prefill_workspace_starts": None,
     }
     if spec.prefill_workspace:
-        prefill_lens = [spec.requests[r].seq_len for r in prefill_local]
-        starts = torch.tensor([0] + prefill_lens, dtype=torch.int64).cumsum(0)[:-1]
-        tensors["prefill_workspace_request_ids"] = torch.tensor(ws_ids, dtype=torch.int32)
-        tensors["prefill_workspace_starts"] = starts.to(torch.int32)
+        starts = [0]
+        for n in prefill_lens[:-1]:
+            starts.append(starts[-1] + n)
+        tensors["prefill_workspace_request_ids"] = host[2][owners[before:before + rows]].to(torch.int32)
+        tensors["prefill_workspace_starts"] = torch.tensor(starts[:len(prefill_lens)], dtype=torch.int32,
+                                                           device=device)
     params = {
-        "BLOCK_SIZE": bs, "NUM_TOPK_TOKENS": spec.topk, "BLOCK_N": spec.block_n,
+        "BLOCK_SIZE": bs, "NUM_TOPK_TOKENS": k, "BLOCK_N": spec.block_n,
         "HAS_PREFILL_WORKSPACE": spec.prefill_workspace, "return_valid_counts": spec.return_valid_counts,
     }
-    return built(op="convert", spec=spec, seed=seed, device=device, tensors=tensors, params=params)
+    return Case(op="convert", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors,
+                params=params)
 
 
 # --- features, size, shrinking -------------------------------------------------
@@ -172,7 +186,7 @@ def features(spec: ConvertSpec) -> set[str]:
         out.add("block-boundary")
     if any(r.num_tokens == 0 for r in spec.requests):
         out.add("empty-request")
-    return out
+    return out | view_features(spec.paging, table=spec.table_view, rows=spec.rows_view)
 
 
 def size(spec: ConvertSpec) -> dict[str, int]:
@@ -196,6 +210,7 @@ def reduce(s: ConvertSpec) -> Iterator[ConvertSpec]:
         yield from attempt(lambda: dataclasses.replace(s, topk=s.block_n))
     for p in paging_steps(s.paging):
         yield dataclasses.replace(s, paging=p)
+    yield from view_steps(s, "table_view", "rows_view")
     for mode in (TopkMode.VALID, TopkMode.PADDED):
         if s.topk_mode is not mode:
             yield dataclasses.replace(s, topk_mode=mode)

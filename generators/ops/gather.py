@@ -9,13 +9,23 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from mlafuzz.generators.case import Case, built, local_generator
-from mlafuzz.generators.draw import Drawer, Knobs, draw_paging
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, draw_view, sized, tile_total
 from mlafuzz.generators.invalid import InvalidClass, with_
-from mlafuzz.generators.paging import build_block_table
-from mlafuzz.generators.records import make_cache
-from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
-from mlafuzz.generators.spec import Paging, ValueMode, WsForm, check_int, coerce_enum, coerce_tuple, fail
+from mlafuzz.generators.reduce import (
+    attempt,
+    drop_each,
+    halvings,
+    paging_steps,
+    view_features,
+    view_steps,
+    with_request,
+)
+from mlafuzz.generators.rng.fill import block_table
+from mlafuzz.generators.rng.pool import Draws
+from mlafuzz.generators.rng.records import paged_cache
+from mlafuzz.generators.spec import Paging, ValueMode, View, WsForm, check_int, coerce_enum, coerce_tuple, fail
+from mlafuzz.generators.views import table_view
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,54 +55,98 @@ class GatherSpec:
     values: ValueMode = ValueMode.ACTIVATIONS
     ws_form: WsForm = WsForm.EXACT
     pass_seq_starts: bool = True  # False: seq_starts=None (requires every seq_start == 0)
+    table_view: View = View.PLAIN  # block_table a column or row slice of a larger table (SPEC 8)
+    dst_view: View = View.PLAIN  # ROWS: dst rows of a larger workspace the harness guards (SPEC 8)
 
     def __post_init__(self) -> None:
         coerce_tuple(self, "requests", GatherRequest)
         coerce_enum(self, "values", ValueMode)
         coerce_enum(self, "ws_form", WsForm)
+        coerce_enum(self, "table_view", View)
+        coerce_enum(self, "dst_view", View)
         if not self.requests:
             fail("GatherSpec", "requests", self.requests, "must hold at least one request")
         if not self.pass_seq_starts and any(r.seq_start for r in self.requests):
             fail("GatherSpec", "pass_seq_starts", False, "but a request has seq_start != 0")
+        if self.dst_view is View.COLUMNS:
+            fail("GatherSpec", "dst_view", self.dst_view.value, "must be plain or rows")
 
 
 # --- drawing ---------------------------------------------------------------
 
 def draw(d: Drawer, knobs: Knobs) -> GatherSpec:
+    """A chunked-context gather (SPEC 5.2): contexts up to max_seq_len, each request reading one chunk
+    of it; the rows read in all (dst) at most max_rows, their blocks at most max_records records."""
     pass_seq_starts = not d.boolean()
-    n = d.integer(1, knobs.max_requests)
+    n = sized(d, knobs, 1, knobs.max_requests, tiles=knobs.row_tiles)
+    paging = draw_paging(d, knobs)
+    bs = paging.block_size
+    max_ctx = max(0, min(knobs.max_seq_len, (knobs.max_table // n - paging.extra_table_cols) * bs))
+    rows_left = min(knobs.max_rows, max(0, knobs.max_records - n * bs))  # a chunk's blocks: rows / bs + 1
     requests = []
     for _ in range(n):
-        ctx = d.integer(0, knobs.max_seq_len)
-        start = d.integer(0, ctx) if pass_seq_starts else 0
-        requests.append(GatherRequest(context_len=ctx, seq_start=start, length=d.integer(0, ctx - start)))
+        ctx = sized(d, knobs, 0, max_ctx)
+        start = sized(d, knobs, 0, ctx) if pass_seq_starts else 0
+        length = sized(d, knobs, 0, min(ctx - start, rows_left), tiles=knobs.row_tiles)
+        rows_left -= length
+        requests.append(GatherRequest(context_len=ctx, seq_start=start, length=length))
+    total = sum(r.length for r in requests)
+    last = requests[-1]
+    target = tile_total(d, knobs, total, hi=min(knobs.max_rows, total + last.context_len - last.seq_start - last.length))
+    if target != total and 0 <= last.length + target - total <= last.context_len - last.seq_start:
+        requests[-1] = dataclasses.replace(last, length=last.length + target - total)
     return GatherSpec(
         requests=tuple(requests),
-        paging=draw_paging(d, knobs),
+        paging=paging,
         values=d.choice(list(ValueMode)),
         ws_form=d.choice(list(WsForm)),
         pass_seq_starts=pass_seq_starts,
+        table_view=draw_view(d, knobs, (View.COLUMNS, View.ROWS)),
+        dst_view=draw_view(d, knobs, (View.ROWS,)),
     )
 
 
 # --- materializing -----------------------------------------------------------
 
 def materialize(spec: GatherSpec, *, seed: int, device: str) -> Case:
-    gen = local_generator(seed)
-    table, pool = build_block_table(paging=spec.paging, seq_lens=[r.context_len for r in spec.requests], gen=gen)
-    cache = make_cache(mode=spec.values, num_blocks=pool, block_size=spec.paging.block_size, gen=gen)
-    lengths = [r.length for r in spec.requests]
-    cum = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
-    ws = cum if spec.ws_form is WsForm.CUMULATIVE else cum[:-1]
-    seq_starts = torch.tensor([r.seq_start for r in spec.requests], dtype=torch.int32)
+    """The call's tensors on ``device``. Only the blocks a call reads hold records (blocks of the rows
+    [seq_start, seq_start + length) of each request, plus spares); a request's other table columns
+    hold ids of those (block_table's ``live``); blocks below paging.base_block are zeros
+    (``Case.zero_blocks``). With dst_view ROWS, params say how many workspace rows lie before and
+    after dst (the harness allocates and guards the workspace)."""
+    draws = Draws(seed, "gather")
+    bs, base = spec.paging.block_size, spec.paging.base_block
+    reqs = spec.requests
+    live = [(r.seq_start // bs, (r.seq_start + r.length - 1) // bs) if r.length else (1, 0) for r in reqs]
+    table, pool = block_table(draws.child("table"), need=[-(-r.context_len // bs) for r in reqs],
+                              layout=spec.paging.layout, spare_blocks=spec.paging.spare_blocks,
+                              extra_cols=spec.paging.extra_table_cols, base_block=base, live=live, device=device)
+    cache = paged_cache(draws.child("cache"), spec.values, pool_blocks=pool, block_size=bs, base_block=base,
+                        device=device)
+    table = table_view(table, spec.table_view, draws=draws.child("table-view"), num_blocks=base + pool)
+    starts = [0]
+    for r in reqs:
+        starts.append(starts[-1] + r.length)
+    ws = starts if spec.ws_form is WsForm.CUMULATIVE else starts[:-1]
+    host = torch.tensor(ws + [r.seq_start for r in reqs], dtype=torch.int32).to(device)
     tensors = {
         "src_cache": cache,
         "block_table": table,
-        "workspace_starts": ws.to(torch.int32),
-        "seq_starts": seq_starts if spec.pass_seq_starts else None,
+        "workspace_starts": host[:len(ws)],
+        "seq_starts": host[len(ws):] if spec.pass_seq_starts else None,
     }
-    params = {"batch_size": len(spec.requests), "total": int(cum[-1])}
-    return built(op="gather", spec=spec, seed=seed, device=device, tensors=tensors, params=params)
+    params = {"batch_size": len(reqs), "total": starts[-1]}
+    if spec.dst_view is View.ROWS:
+        pick = draws.host_int(9)
+        params.update(dst_rows_before=DST_ROWS_BEFORE[pick % 3], dst_rows_after=DST_ROWS_AFTER[pick // 3])
+    return Case(op="gather", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors,
+                params=params, zero_blocks={"src_cache": base} if base else {})
+
+
+# Workspace rows around a dst row slice: few layouts (the fast path caches a fingerprint of each
+# guard-zone layout), from one row to a few hundred KB.
+DST_ROWS_BEFORE = (1, 8, 200)
+DST_ROWS_AFTER = (0, 3, 64)
 
 
 # --- features, size, shrinking -------------------------------------------------
@@ -108,7 +162,7 @@ def features(spec: GatherSpec) -> set[str]:
         out.add("block-boundary")
     if sum(r.length for r in spec.requests) == 0:
         out.add("total==0")
-    return out
+    return out | view_features(spec.paging, table=spec.table_view, dst=spec.dst_view)
 
 
 def size(spec: GatherSpec) -> dict[str, int]:
@@ -128,6 +182,7 @@ def reduce(s: GatherSpec) -> Iterator[GatherSpec]:
             yield from attempt(lambda: with_request(s, j, seq_start=v, context_len=v + r.length))
     for p in paging_steps(s.paging):
         yield dataclasses.replace(s, paging=p)
+    yield from view_steps(s, "table_view", "dst_view")
     if s.ws_form is not WsForm.EXACT:
         yield dataclasses.replace(s, ws_form=WsForm.EXACT)
     if s.values is not ValueMode.ACTIVATIONS:

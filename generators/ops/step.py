@@ -19,7 +19,8 @@ Readings chosen where SPEC is silent (the oracle and the pipeline share them):
   tail of the batch.
 - ``topk_indices`` rows are request-local positions ``< seq_len`` of the
   token's request (``-1`` padded when ``topk_padded``); a request with
-  seq_len 0 gets an all ``-1`` row.
+  seq_len 0 gets an all ``-1`` row. Positions may repeat within a row
+  (generators/rng/fill.py ``topk_indices``).
 """
 
 from __future__ import annotations
@@ -31,15 +32,17 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from mlafuzz.generators.case import Case, built, local_generator
+from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import SMALL, Drawer, Knobs, draw_paging
-from mlafuzz.generators.paging import build_block_table
-from mlafuzz.generators.records import make_cache
 from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
+from mlafuzz.generators.rng.fill import block_table, topk_indices
+from mlafuzz.generators.rng.pool import Draws
+from mlafuzz.generators.rng.records import paged_cache
 from mlafuzz.generators.spec import (
     Layout,
     Paging,
     SpecError,
+    TopkMode,
     ValueMode,
     check_int,
     check_topk_tiling,
@@ -171,7 +174,9 @@ class StepSpec:
 
 def draw(d: Drawer, knobs: Knobs = SMALL) -> StepSpec:
     """A valid step: options are ordered so Hypothesis shrinks towards a small plain batch."""
-    paging = draw_paging(d, knobs)
+    # A step's whole cache is generated (the pipeline gathers every context): it stays at the bottom
+    # of its cache (no base_block), and its contexts are held to max_records records below.
+    paging = draw_paging(d, knobs, high=False)
     bs = paging.block_size
     block_n = d.choice(knobs.block_ns)
     k = block_n * d.choice(knobs.topk_multiples)
@@ -179,8 +184,8 @@ def draw(d: Drawer, knobs: Knobs = SMALL) -> StepSpec:
     require_uniform = not d.boolean()
     dense = not d.boolean()
     max_q = max(1, knobs.max_tokens_per_request)
-    max_ctx = max(1, knobs.max_seq_len)
     n_req = max(1, knobs.max_requests)
+    max_ctx = max(1, min(knobs.max_seq_len, knobs.max_records // (n_req + 2)))  # every request's cache is made
 
     n_dec = d.integer(0, n_req)
     n_ext = d.integer(0, max(0, min(2, n_req - n_dec)))
@@ -222,49 +227,43 @@ def draw(d: Drawer, knobs: Knobs = SMALL) -> StepSpec:
 
 # --- materializing ---------------------------------------------------------
 
-def _topk_row(*, seq_len: int, k: int, padded: bool, gen: torch.Generator) -> torch.Tensor:
-    if seq_len == 0:
-        return torch.full((k,), -1, dtype=torch.int64)
-    if not padded:
-        return torch.randint(0, seq_len, (k,), generator=gen, dtype=torch.int64)
-    n_valid = int(torch.randint(0, min(k, seq_len) + 1, (), generator=gen))
-    row = torch.full((k,), -1, dtype=torch.int64)
-    row[:n_valid] = torch.randperm(seq_len, generator=gen)[:n_valid]
-    return row[torch.randperm(k, generator=gen)]  # the indexer's order is not sorted
-
-
-def token_owners(spec: StepSpec) -> list[int]:
-    """req_id_per_token as a list (module docstring: padding tokens go to the zero-length requests)."""
-    owners = [r for r, req in enumerate(spec.requests) for _ in range(req.query_len)]
-    pads = [r for r, req in enumerate(spec.requests) if req.query_len == 0]
-    extra = spec.num_tokens - len(owners)
-    q0 = spec.requests[0].query_len
-    owners += [pads[j // q0] for j in range(extra)]
-    return owners
-
-
 def materialize(spec: StepSpec, *, seed: int, device: str) -> Case:
-    gen = local_generator(seed)
-    seq_lens = [r.seq_len for r in spec.requests]
-    table, pool = build_block_table(paging=spec.paging, seq_lens=seq_lens, gen=gen)
-    cache = make_cache(mode=spec.values, num_blocks=pool, block_size=spec.paging.block_size, gen=gen)
-    owners = token_owners(spec)
-    rows = [_topk_row(seq_len=seq_lens[r], k=spec.topk, padded=spec.topk_padded, gen=gen) for r in owners]
-    indices = torch.stack(rows) if rows else torch.zeros((0, spec.topk), dtype=torch.int64)
+    """The step's tensors on ``device``; req_id_per_token per the module docstring (padding tokens go
+    to the zero-length requests, q0 each, in request order)."""
+    draws = Draws(seed, "step")
+    reqs, bs = spec.requests, spec.paging.block_size
+    seq_lens = [r.seq_len for r in reqs]
+    table, pool = block_table(draws.child("table"), need=[-(-n // bs) for n in seq_lens], layout=spec.paging.layout,
+                              spare_blocks=spec.paging.spare_blocks, extra_cols=spec.paging.extra_table_cols,
+                              base_block=spec.paging.base_block, device=device)
+    cache = paged_cache(draws.child("cache"), spec.values, pool_blocks=pool, block_size=bs,
+                        base_block=spec.paging.base_block, device=device)
+    qsl = spec.query_start_loc
+    pads = [r for r, req in enumerate(reqs) if req.query_len == 0]
+    q0, extra = reqs[0].query_len, spec.num_tokens - qsl[-1]
+    host = torch.tensor([[r.query_len for r in reqs], seq_lens], dtype=torch.int64).to(device)
+    owners = torch.repeat_interleave(torch.arange(len(reqs), device=device), host[0], output_size=qsl[-1])
+    if extra:
+        padding = torch.tensor(pads, dtype=torch.int64, device=device)
+        owners = torch.cat([owners, torch.repeat_interleave(padding, q0, output_size=len(pads) * q0)[:extra]])
+    indices = topk_indices(draws.child("topk"), seq_lens=host[1][owners], width=table.shape[1], block_size=bs,
+                           topk=spec.topk, mode=TopkMode.PADDED if spec.topk_padded else TopkMode.VALID,
+                           device=device)
     tensors = {
         "kv_cache": cache,
         "block_table": table,
-        "query_start_loc": torch.tensor(spec.query_start_loc, dtype=torch.int32),
-        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
-        "req_id_per_token": torch.tensor(owners, dtype=torch.int32),
-        "topk_indices": indices.to(torch.int32),
+        "query_start_loc": torch.tensor(qsl, dtype=torch.int32, device=device),
+        "seq_lens": host[1].to(torch.int32),
+        "req_id_per_token": owners.to(torch.int32),
+        "topk_indices": indices,
     }
     params = {
         "num_tokens": spec.num_tokens, "threshold": spec.threshold, "require_uniform": spec.require_uniform,
         "workspace_rows": spec.workspace_rows, "topk": spec.topk, "block_n": spec.block_n,
-        "block_size": spec.paging.block_size,
+        "block_size": bs,
     }
-    return built(op="step", spec=spec, seed=seed, device=device, tensors=tensors, params=params)
+    return Case(op="step", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors,
+                params=params, zero_blocks={"kv_cache": spec.paging.base_block} if spec.paging.base_block else {})
 
 
 # --- features --------------------------------------------------------------

@@ -10,14 +10,23 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from mlafuzz.generators import catalog
-from mlafuzz.generators.case import Case, built, local_generator
-from mlafuzz.generators.draw import Drawer, Knobs, draw_paging
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, one_in, sized
 from mlafuzz.generators.invalid import InvalidClass, with_
-from mlafuzz.generators.paging import build_block_table
-from mlafuzz.generators.records import make_cache
-from mlafuzz.generators.reduce import halvings, paging_steps
-from mlafuzz.generators.spec import InputDtype, Paging, ValueMode, WriterValues, check_int, coerce_enum
+from mlafuzz.generators.reduce import halvings, paging_steps, view_features, view_steps
+from mlafuzz.generators.rng.fill import distinct_slots, writer_inputs
+from mlafuzz.generators.rng.pool import Draws
+from mlafuzz.generators.rng.records import paged_cache
+from mlafuzz.generators.spec import (
+    InputDtype,
+    Paging,
+    ValueMode,
+    View,
+    WriterValues,
+    check_int,
+    coerce_enum,
+    fail,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,64 +37,57 @@ class WriterSpec:
     input_dtype: InputDtype = InputDtype.BF16
     values: WriterValues = WriterValues.NORMAL
     padding: bool = False  # some tokens get slot -1 and must write nothing
+    # COLUMNS: kv_c and k_pe are the two parts of one [T, 576] tensor, as vLLM passes them (SPEC 8);
+    # PLAIN: two contiguous tensors.
+    inputs_view: View = View.PLAIN
 
     def __post_init__(self) -> None:
         check_int("WriterSpec", "num_tokens", self.num_tokens, lo=0, hi=1 << 20)
         coerce_enum(self, "input_dtype", InputDtype)
         coerce_enum(self, "values", WriterValues)
-
-
-def _inputs(spec: WriterSpec, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    t = spec.num_tokens
-    kv = torch.randn((t, 4, 128), generator=gen)
-    if spec.values is WriterValues.WIDE:
-        kv = kv * torch.exp2(torch.randint(-30, 31, (t, 4, 1), generator=gen).float())
-    elif spec.values is WriterValues.EXTREME:
-        specials = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 3.0e38, -3.0e38, 448.0, 1e-45, 65504.0, 2.0 ** -126])
-        pick = torch.randint(0, len(specials), (t, 4, 128), generator=gen)
-        hit = torch.randint(0, 3, (t, 4, 128), generator=gen) == 0
-        kv = torch.where(hit, specials[pick], kv)
-        zero_tile = torch.randint(0, 6, (t, 4, 1), generator=gen) == 0
-        kv = kv.masked_fill(zero_tile, 0.0)
-    elif spec.values is WriterValues.NAN:
-        nonfinite = torch.tensor([float("nan"), float("inf"), float("-inf")])
-        hit = torch.randint(0, 40, (t, 4, 128), generator=gen) == 0
-        kv = torch.where(hit, nonfinite[torch.randint(0, 3, (t, 4, 128), generator=gen)], kv)
-    dtype = getattr(torch, spec.input_dtype.value)
-    k_pe = torch.randn((t, 64), generator=gen)
-    if spec.values in (WriterValues.EXTREME, WriterValues.NAN):
-        bits = torch.tensor(catalog.ROPE_SPECIAL_BITS, dtype=torch.int32).to(torch.int16)
-        hit = torch.randint(0, 8, (t, 64), generator=gen) == 0
-        k_pe = torch.where(hit, bits[torch.randint(0, len(bits), (t, 64), generator=gen)].view(torch.bfloat16).float(),
-                           k_pe)
-    return kv.reshape(t, 512).to(dtype), k_pe.to(dtype)
+        coerce_enum(self, "inputs_view", View)
+        if self.inputs_view is View.ROWS:
+            fail("WriterSpec", "inputs_view", self.inputs_view.value, "must be plain or columns")
 
 
 def materialize(spec: WriterSpec, *, seed: int, device: str) -> Case:
-    gen = local_generator(seed)
-    bs = spec.paging.block_size
-    _table, pool = build_block_table(paging=spec.paging, seq_lens=[spec.num_tokens], gen=gen)
-    # The cache starts full of other records: a writer that touches a slot it
-    # should not is caught by the byte-for-byte comparison of the whole cache.
-    cache = make_cache(mode=ValueMode.ALL_CODES, num_blocks=pool, block_size=bs, gen=gen)
-    slots = torch.randperm(pool * bs, generator=gen)[:spec.num_tokens]
-    if spec.padding and spec.num_tokens:
-        pad = torch.randint(0, 4, (spec.num_tokens,), generator=gen) == 0
-        slots = torch.where(pad, torch.full_like(slots, -1), slots)
-    kv_c, k_pe = _inputs(spec, gen)
-    tensors = {"kv_c": kv_c, "k_pe": k_pe, "kv_cache": cache, "slot_mapping": slots.to(torch.int64),
-               "scale": torch.ones(1, dtype=torch.float32)}
-    return built(op="writer", spec=spec, seed=seed, device=device, tensors=tensors, params={})
+    """The call's tensors on ``device``: the cache's pool (enough blocks for every token, plus spares)
+    starts full of other records, so a writer that touches a slot it should not is caught byte for
+    byte; blocks below paging.base_block are zeros no valid slot maps to (``Case.zero_blocks``)."""
+    draws = Draws(seed, "writer")
+    bs, base, t = spec.paging.block_size, spec.paging.base_block, spec.num_tokens
+    pool = -(-t // bs) + spec.paging.spare_blocks
+    cache = paged_cache(draws.child("cache"), ValueMode.ALL_CODES, pool_blocks=pool, block_size=bs, base_block=base,
+                        device=device)
+    slots = distinct_slots(draws.child("slots"), n=t, num_slots=pool * bs, padding=spec.padding, device=device)
+    if base:
+        slots = torch.where(slots >= 0, slots + base * bs, -1)
+    rows = writer_inputs(draws.child("inputs"), num_tokens=t, values=spec.values,
+                         dtype=getattr(torch, spec.input_dtype.value), device=device)
+    kv_c, k_pe = rows[:, :512], rows[:, 512:]
+    if spec.inputs_view is View.PLAIN:
+        kv_c, k_pe = kv_c.contiguous(), k_pe.contiguous()
+    tensors = {"kv_c": kv_c, "k_pe": k_pe, "kv_cache": cache, "slot_mapping": slots,
+               "scale": torch.ones(1, dtype=torch.float32, device=device)}
+    return Case(op="writer", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors,
+                params={}, zero_blocks={"kv_cache": base} if base else {})
 
 
 def draw(d: Drawer, knobs: Knobs) -> WriterSpec:
-    return WriterSpec(num_tokens=d.integer(0, knobs.max_requests * knobs.max_tokens_per_request * 4),
-                      paging=draw_paging(d, knobs), input_dtype=d.choice(list(InputDtype)),
-                      values=d.choice(list(WriterValues)), padding=d.boolean())
+    """Tokens up to max_rows (a decode step's few, a prefill chunk's thousands; at the writer's tiles
+    a quarter of the time), their blocks at most max_records records."""
+    paging = draw_paging(d, knobs)
+    hi = max(0, min(knobs.max_rows, knobs.max_records - paging.spare_blocks * paging.block_size))
+    tokens = sized(d, knobs, 0, hi, tiles=knobs.row_tiles) if knobs.log_sizes else d.integer(
+        0, min(hi, knobs.max_requests * knobs.max_tokens_per_request * 4))
+    return WriterSpec(num_tokens=tokens, paging=paging, input_dtype=d.choice(list(InputDtype)),
+                      values=d.choice(list(WriterValues)), padding=d.boolean(),
+                      inputs_view=View.PLAIN if one_in(d, knobs.views_one_in) else View.COLUMNS)
 
 
 def features(s: WriterSpec) -> set[str]:
-    return {f"writer:{s.values.value}", f"dtype:{s.input_dtype.value}"} | ({"padding"} if s.padding else set())
+    return ({f"writer:{s.values.value}", f"dtype:{s.input_dtype.value}"} | ({"padding"} if s.padding else set())
+            | view_features(s.paging, inputs=s.inputs_view))
 
 
 def size(spec: WriterSpec) -> dict[str, int]:
@@ -99,6 +101,7 @@ def reduce(s: WriterSpec) -> Iterator[WriterSpec]:
         yield dataclasses.replace(s, padding=False)
     for p in paging_steps(s.paging):
         yield dataclasses.replace(s, paging=p)
+    yield from view_steps(s, "inputs_view")
     if s.values is not WriterValues.NORMAL:
         yield dataclasses.replace(s, values=WriterValues.NORMAL)
 

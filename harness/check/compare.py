@@ -42,11 +42,15 @@ class Context:
     case_id: str
 
 
-def _fmt_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+def _fmt_index(flat: int, shape: tuple[int, ...], origin: int = 0) -> tuple[int, ...]:
+    """The index of flat element ``flat``; ``origin`` is added to the first (a tensor compared from
+    that row on: an in-place output's blocks past its zero blocks)."""
     idx = []
     for dim in reversed(shape):
         idx.append(flat % dim if dim else 0)
         flat //= dim if dim else 1
+    if idx:
+        idx[-1] += origin
     return tuple(reversed(idx))
 
 
@@ -73,7 +77,8 @@ def _shape_finding(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor
                            f"got shape {tuple(act.shape)} dtype {act.dtype}")
 
 
-def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, policy: Policy) -> list[Finding]:
+def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, policy: Policy,
+                    origin: int = 0) -> list[Finding]:
     # Masks and counts stay on the tensors' device; only the few shown mismatches cross to the host.
     width = 16 if exp.dtype in (torch.bfloat16, torch.float16) else 32
     view = _BITS_VIEW[exp.dtype]
@@ -89,7 +94,7 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
 
     def shown(idx: torch.Tensor) -> tuple[Mismatch, ...]:
         idx = idx[:MAX_SHOWN].tolist()
-        return tuple(Mismatch(index=_fmt_index(i, shape), expected=_hex(int(e_bits[i]), width),
+        return tuple(Mismatch(index=_fmt_index(i, shape, origin), expected=_hex(int(e_bits[i]), width),
                               actual=_hex(int(a_bits[i]), width)) for i in idx)
 
     nan_bad_mask = e_nan != a_nan
@@ -122,19 +127,19 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
             cause=f"{name}:{'subnormal' if only_subnormal else 'value'}", mismatches=sample, count=n, total=total,
             max_ulp=worst_dist,
             message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
-                    f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape))}"
+                    f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape, origin))}"
                     f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"))
     return out
 
 
-def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor) -> list[Finding]:
+def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, origin: int = 0) -> list[Finding]:
     e = exp.reshape(-1)
     a = act.reshape(-1).to(e.device)
     if e.dtype == a.dtype and same_bits(e, a):
         return []
     bad = (e != a).nonzero()[:MAX_SHOWN].reshape(-1).cpu()
     n, total, shape = int((e != a).sum()), e.numel(), tuple(exp.shape)
-    shown = tuple(Mismatch(index=_fmt_index(int(i), shape), expected=str(int(e[i])), actual=str(int(a[i])))
+    shown = tuple(Mismatch(index=_fmt_index(int(i), shape, origin), expected=str(int(e[i])), actual=str(int(a[i])))
                   for i in bad[:MAX_SHOWN])
     return [Finding(
         kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
@@ -144,8 +149,10 @@ def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
 
 
 def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str, torch.Tensor | None],
-            policy: Policy, ctx: Context) -> list[Finding]:
-    """All differences between two output dicts, as findings (empty when equal)."""
+            policy: Policy, ctx: Context, origin: Mapping[str, int] | None = None) -> list[Finding]:
+    """All differences between two output dicts, as findings (empty when equal). ``origin``: per
+    output, the first row its tensors start at in the full one (indices are reported there)."""
+    origin = origin or {}
     findings: list[Finding] = []
     for name, exp in expected.items():
         act = actual.get(name)
@@ -160,7 +167,7 @@ def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str,
         if exp.shape != act.shape or exp.dtype != act.dtype:
             findings.append(_shape_finding(ctx, name, exp, act))
         elif exp.dtype in _BITS_VIEW:
-            findings.extend(_float_findings(ctx, name, exp, act, policy))
+            findings.extend(_float_findings(ctx, name, exp, act, policy, origin.get(name, 0)))
         else:
-            findings.extend(_exact_findings(ctx, name, exp, act))
+            findings.extend(_exact_findings(ctx, name, exp, act, origin.get(name, 0)))
     return findings

@@ -20,6 +20,7 @@ from mlafuzz.harness.check.detectors import (
     redzone_findings,
     rerun_differs,
 )
+from mlafuzz.harness.check.narrow import narrow, narrowed_names
 from mlafuzz.harness.check.stages import stage
 from mlafuzz.harness.memory.guards import PATTERNS, oob_findings, write_map_findings
 from mlafuzz.harness.memory.redzone import RedZone
@@ -50,6 +51,7 @@ def full_path(*, op: Op, case: Case, fn: Callable, ctx: Context, policy: Policy,
         return findings
     with stage("inputs"):
         mutated = input_mutations(case, first.inputs, ctx, inplace=op.inplace)
+        first, head = narrow(op, case, first, ctx)
     second = None
     if first.guards or rerun:
         # Unchanged inputs are passed again rather than copied again: at realistic sizes a copy
@@ -57,9 +59,12 @@ def full_path(*, op: Op, case: Case, fn: Callable, ctx: Context, policy: Policy,
         with stage("rerun"):
             second = call_copied(op=op, fn=fn, case=case, fill=PATTERNS[1], sub=sub,
                                  reuse=None if mutated else first.inputs, redzone=redzone)
+            second, _ = narrow(op, case, second, ctx)  # the first run's writes there are reported
     with stage("oracle"):
         expected = (oracle or op.oracle)(case)
-        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
+        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx,
+                            origin=narrowed_names(op, case))
+        findings += head
     findings = review(op, case, first, findings, ctx)
     with stage("guards"):
         for name, g in first.guards.items():

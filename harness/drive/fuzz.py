@@ -281,9 +281,10 @@ def shrink_and_bundle(config: FuzzConfig, summary: FuzzSummary, executor: Execut
         final = dataclasses.replace(result.finding, repro=replay_command(path))
         write_bundle(root=config.out_dir / "bundles", name=name, op=small.op, spec=small.spec, seed=small.seed,
                      impl=small.impl_ref, device=config.device, ulp=small.ulp, rerun=small.rerun,
-                     contract=small.contract, finding=final, inputs=dict(case.tensors),
+                     contract=small.contract, finding=final, inputs=case.generated_tensors(),
                      extra={"shrink": {"attempts": result.attempts, "accepted": result.accepted,
                                        "seconds": round(result.seconds, 2), "size": size,
-                                       "loop_oracle_agrees": verified}})
+                                       "loop_oracle_agrees": verified},
+                            "zero_blocks": dict(case.zero_blocks)})
         summary.bundles.append({"bucket": list(key), "path": str(path), "replay": final.repro,
                                 "size": size, "shrink_seconds": round(result.seconds, 2)})

@@ -37,8 +37,12 @@ class ReplayResult:
 
 
 def check_inputs(bundle: Bundle, table: OpTable) -> None:
-    """BundleError unless inputs.pt holds what the bundle's spec and seed generate."""
-    regenerated = table.materialize(table.decode(bundle.spec), bundle.seed, "cpu").tensors
+    """BundleError unless inputs.pt holds what the bundle's spec and seed generate (a cache with zero
+    blocks: its blocks past them, ``Case.generated_tensors``)."""
+    regenerated = table.materialize(table.decode(bundle.spec), bundle.seed, "cpu").generated_tensors()
+    if set(regenerated) != set(bundle.inputs):
+        raise BundleError(f"inputs.pt: holds tensors {sorted(bundle.inputs)}, case.json's spec and seed make"
+                          f" {sorted(regenerated)} (tampered, or written by another mlafuzz version)")
     for name, stored in bundle.inputs.items():
         fresh = regenerated.get(name)
         if fresh is None or fresh.dtype != stored.dtype or fresh.shape != stored.shape or not same_bits(

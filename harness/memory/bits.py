@@ -58,3 +58,13 @@ def differ_flag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.ones((), dtype=torch.bool, device=a.device)
     wa, wb = _alike(a, b)
     return (wa != wb).any()
+
+
+def nonzero_bytes(t: torch.Tensor) -> int:
+    """How many of t's bytes are not zero (one host sync). Word-wise first: a huge all-zero region
+    (a cache's zero blocks) is read at word speed, and its bytes counted only when some are set."""
+    flat = t if t.is_contiguous() else t.contiguous()
+    words = word_view(flat)
+    if not bool(words.any()):
+        return 0
+    return int(torch.count_nonzero(flat.reshape(-1).view(torch.uint8)))

@@ -1,8 +1,10 @@
 """Guard zones around outputs the harness allocates, and the two-pattern write map.
 
 An output (gather's ``dst``) is a view into the middle of a larger byte buffer.
-The buffer is filled with pattern A for the first run and pattern B for the
-second. After both runs:
+When the output is itself a row slice of a larger workspace (SPEC 8: vLLM
+passes ``workspace[:seq_tot]``), the workspace's other rows belong to the zones
+too: the implementation may write only its view. The buffer is filled with
+pattern A for the first run and pattern B for the second. After both runs:
 
 - a guard byte that differs from its run's fill was written out of bounds
   (OOB_WRITE);
@@ -30,42 +32,60 @@ PATTERNS = (0xA5, 0x5A)  # bf16 0xA5A5 / 0x5A5A: normal finite numbers, unlike a
 class Guarded:
     """One guarded output: the full byte buffer and the view the impl receives."""
 
-    full: torch.Tensor  # uint8 [GUARD_BYTES + nbytes + GUARD_BYTES]
+    full: torch.Tensor  # uint8 [start + nbytes + after]: the zones around the output's bytes
     view: torch.Tensor  # the output tensor handed to the implementation
     fill: int
+    start: int = GUARD_BYTES  # where the output's bytes start: a guard zone, then workspace rows before it
 
     @property
     def nbytes(self) -> int:
         return self.view.numel() * self.view.element_size()
 
     def region(self) -> torch.Tensor:
-        return self.full[GUARD_BYTES:GUARD_BYTES + self.nbytes]
+        return self.full[self.start:self.start + self.nbytes]
 
     def zones(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The guard zones before and after the output (byte views)."""
-        return self.full[:GUARD_BYTES], self.full[GUARD_BYTES + self.nbytes:]
+        """The bytes before and after the output that it must not write (byte views): its guard
+        zones, with the rows of the workspace it is a slice of."""
+        return self.full[:self.start], self.full[self.start + self.nbytes:]
 
 
 def guarded_empty(*, shape: tuple[int, ...], dtype: torch.dtype, device: str, fill: int,
-                  fill_region: bool = True) -> Guarded:
-    """A guarded output filled with ``fill``; with ``fill_region=False`` only its guard zones are,
-    and the output's own bytes are left for the caller to fill (the fast path's prefill)."""
+                  fill_region: bool = True, rows_before: int = 0, rows_after: int = 0) -> Guarded:
+    """A guarded output filled with ``fill``; with ``fill_region=False`` only its zones are, and the
+    output's own bytes are left for the caller to fill (the fast path's prefill). ``rows_before``
+    / ``rows_after``: the output is rows of a workspace with that many more rows of its width
+    before / after it (a row slice, SPEC 8): one tensor, whose other rows are zone bytes."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = itemsize
     for d in shape:
         nbytes *= d
+    row = itemsize * _numel(shape[1:])  # bytes per row of the output (and of its workspace)
+    start, after = GUARD_BYTES + rows_before * row, GUARD_BYTES + rows_after * row
+    total = start + nbytes + after
     if fill_region:
-        full = torch.full((GUARD_BYTES * 2 + nbytes,), fill, dtype=torch.uint8, device=device)
+        full = torch.full((total,), fill, dtype=torch.uint8, device=device)
     else:
-        full = torch.empty((GUARD_BYTES * 2 + nbytes,), dtype=torch.uint8, device=device)
-        _zones(full, nbytes).fill_(fill)
-    view = full[GUARD_BYTES:GUARD_BYTES + nbytes].view(dtype).reshape(shape)
-    return Guarded(full=full, view=view, fill=fill)
+        full = torch.empty((total,), dtype=torch.uint8, device=device)
+        if start == after:
+            full.as_strided((2, start), (start + nbytes, 1)).fill_(fill)  # both zones, one launch
+        else:
+            full[:start].fill_(fill)
+            full[start + nbytes:].fill_(fill)
+    if rows_before or rows_after:  # the view is rows of the workspace between the guard zones
+        workspace = full[GUARD_BYTES:total - GUARD_BYTES].view(dtype).reshape(
+            (rows_before + shape[0] + rows_after, *shape[1:]))
+        view = workspace[rows_before:rows_before + shape[0]]
+    else:
+        view = full[start:start + nbytes].view(dtype).reshape(shape)
+    return Guarded(full=full, view=view, fill=fill, start=start)
 
 
-def _zones(full: torch.Tensor, nbytes: int) -> torch.Tensor:
-    """Both guard zones of a buffer as one [2, GUARD_BYTES] view (one launch per operation)."""
-    return full.as_strided((2, GUARD_BYTES), (GUARD_BYTES + nbytes, 1))
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _byte_to_element(byte_index: int, view: torch.Tensor) -> list[int]:
@@ -88,13 +108,13 @@ def oob_findings(*, name: str, g: Guarded, op: str, impl: str, case_id: str) -> 
     where = []
     if n_before:
         first = int(before.nonzero()[-1])  # closest to the output
-        where.append(f"{n_before} bytes before it (nearest {GUARD_BYTES - first} bytes before the start)")
+        where.append(f"{n_before} bytes before it (nearest {g.start - first} bytes before the start)")
     if n_after:
         first = int(after.nonzero()[0])
         where.append(f"{n_after} bytes after it (first {first} bytes past the end)")
     side = "before" if n_before and not n_after else "after" if n_after and not n_before else "both"
     return [Finding(kind=Kind.OOB_WRITE, op=op, impl=impl, case_id=case_id, tensor=name, cause=f"{name}:oob_{side}",
-                    count=n_before + n_after, total=2 * GUARD_BYTES,
+                    count=n_before + n_after, total=zone_before.numel() + zone_after.numel(),
                     message=f"{name}: wrote outside the output: {' and '.join(where)}")]
 
 

@@ -14,11 +14,13 @@ from mlafuzz.harness.ops.op import Op, Outputs
 
 
 def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarded]:
-    # dst_* params exist only in error-input cases (a wrong dtype or width).
+    # dst_dtype / dst_cols exist only in error-input cases (a wrong dtype or width); dst_rows_* when
+    # dst is a row slice of a larger workspace (GatherSpec.dst_view), whose other rows it must not write.
     p = case.params
     dtype = getattr(torch, p.get("dst_dtype", "bfloat16"))
     return {"dst": guarded_empty(shape=(p["total"], p.get("dst_cols", 576)), dtype=dtype, device=case.device,
-                                 fill=fill, fill_region=fill_region)}
+                                 fill=fill, fill_region=fill_region, rows_before=p.get("dst_rows_before", 0),
+                                 rows_after=p.get("dst_rows_after", 0))}
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:

@@ -44,6 +44,8 @@ class Op:
     size: Callable[[Any], dict[str, int]]  # a few numbers saying how big a case is, for reports
     reduce: Callable[[Any], Iterator[Any]]  # simpler specs, simplest first (shrinking)
     invalid: tuple[InvalidClass, ...]  # error-input classes
+    # The oracles return the outputs a correct call gives; for an in-place input with zero blocks
+    # (Case.zero_blocks), only its blocks past them (the full path compares those: check/narrow.py).
     oracle: Callable[[Case], Outputs]  # vectorized, for the hot path
     oracle_slow: Callable[[Case], Outputs]  # the loop version, for minimized cases
     invoke: Invoke

@@ -18,13 +18,19 @@ def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], 
 
 def _oracle(loop: bool) -> Callable[[Case], Outputs]:
     def run(case: Case) -> Outputs:
+        import torch
+
         from mlafuzz.oracles import codec
 
         fn = codec.write_records_loop if loop else codec.write_records
         t = case.tensors
+        cache, slots = t["kv_cache"], t["slot_mapping"]
+        zero = case.zero_blocks.get("kv_cache", 0)
+        if zero:  # the blocks past the zero ones, and the slots in them (a valid case has no other)
+            shift = zero * cache.shape[1]
+            cache, slots = cache[zero:], torch.where(slots >= 0, slots - shift, slots)
         # TODO(revisions): the selected contract revision; 2026-07 until it is threaded through.
-        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=t["kv_cache"], slot_mapping=t["slot_mapping"],
-                               revision="2026-07")}
+        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=cache, slot_mapping=slots, revision="2026-07")}
     return run
 
 

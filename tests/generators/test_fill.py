@@ -1,4 +1,5 @@
-"""Tests for mlafuzz.generators.rng.fill (and fill_records / fill_bits): vectorized device-exact builders."""
+"""Tests for mlafuzz.generators.rng.fill: vectorized device-exact block tables, top-k rows, writer
+inputs and slot mappings."""
 
 from __future__ import annotations
 
@@ -8,23 +9,13 @@ import pytest
 import torch
 
 from mlafuzz.generators import catalog
-from mlafuzz.generators.paging import build_block_table
 from mlafuzz.generators.rng import fill
-from mlafuzz.generators.rng.bits import BF16, FP16, half_bits, normal_bits, to_half
-from mlafuzz.generators.rng.hashing import Stream
-from mlafuzz.generators.spec import Layout, Paging, TopkMode, ValueMode, WriterValues
-from mlafuzz.oracles.codec import dequant_records, encode_rows
+from mlafuzz.generators.rng.bits import BF16, FP16, half_bits, to_half
+from mlafuzz.generators.rng.pool import Draws
+from mlafuzz.generators.spec import TopkMode, WriterValues
 
 CPU = "cpu"
-S = Stream(2026, "test-fill")
-
-
-def _scales(rec: torch.Tensor) -> torch.Tensor:
-    return rec[:, 512:528].contiguous().view(torch.float32)
-
-
-def _scale_bits(rec: torch.Tensor) -> set[int]:
-    return set((rec[:, 512:528].contiguous().view(torch.int32).reshape(-1).to(torch.int64) & 0xFFFFFFFF).tolist())
+D = Draws(2026, "test-fill")
 
 
 # --- bit helpers -------------------------------------------------------------
@@ -41,143 +32,56 @@ def test_half_bits_saturates_and_goes_subnormal() -> None:
 # --- block tables --------------------------------------------------------------
 
 @pytest.mark.parametrize("need", [[3, 5, 2], [1], [0, 4], [7, 7, 7, 7], [0, 0]])
-def test_contiguous_table_equals_build_block_table(need: list[int]) -> None:
-    bs = 16
-    paging = Paging(block_size=bs, layout=Layout.CONTIGUOUS, spare_blocks=2, extra_table_cols=1)
-    ref, pool = build_block_table(paging=paging, seq_lens=[n * bs for n in need],
-                                  gen=torch.Generator().manual_seed(0))
-    got, num_blocks = fill.block_table(S, blocks_per_request=torch.tensor(need), layout="contiguous",
-                                       spare_blocks=2, extra_cols=1, device=CPU)
-    assert torch.equal(got, ref) and num_blocks == pool
+def test_a_contiguous_table_numbers_each_requests_blocks_in_turn(need: list[int]) -> None:
+    table, pool = fill.block_table(D, need=need, layout="contiguous", spare_blocks=2, extra_cols=1, device=CPU)
+    assert table.dtype == torch.int32 and table.shape == (len(need), max(max(need) + 1, 1))
+    assert pool == max(sum(need) + 2, 1)
+    at = 0
+    for r, n in enumerate(need):
+        assert table[r, :n].tolist() == list(range(at, at + n)) and not table[r, n:].any()
+        at += n
 
 
 @pytest.mark.parametrize("layout", ["shuffled", "shared_prefix"])
-@pytest.mark.parametrize("first", [0, 40_000_000])
-def test_random_tables_have_distinct_ids_except_the_shared_prefix(layout: str, first: int) -> None:
-    need = torch.tensor([6, 9, 4, 12, 4])
-    table, num_blocks = fill.block_table(S, blocks_per_request=need, layout=layout, spare_blocks=3,
-                                         extra_cols=2, first_block_id=first, device=CPU)
+@pytest.mark.parametrize("base", [0, 40_000_000])
+def test_random_tables_have_distinct_ids_except_the_shared_prefix(layout: str, base: int) -> None:
+    need = [6, 9, 4, 12, 4]
+    table, pool = fill.block_table(D, need=need, layout=layout, spare_blocks=3, extra_cols=2, base_block=base,
+                                   device=CPU)
     shared = 2 if layout == "shared_prefix" else 0
-    pool = shared + int((need - shared).sum()) + 3
-    assert table.dtype == torch.int32 and table.shape == (5, 14) and num_blocks == first + pool
-    rows = [table[r, :n].tolist() for r, n in enumerate(need.tolist())]
-    assert all((table[r, n:] == 0).all() for r, n in enumerate(need.tolist()))
+    assert pool == shared + sum(n - shared for n in need) + 3 and table.shape == (5, 14)
+    rows = [table[r, :n].tolist() for r, n in enumerate(need)]
+    assert all(not table[r, n:].any() for r, n in enumerate(need))
     for row in rows:
-        assert len(set(row)) == len(row) and all(first <= b < first + pool for b in row)
+        assert len(set(row)) == len(row) and all(base <= b < base + pool for b in row)
         assert row[:shared] == rows[0][:shared]
     owned = [b for row in rows for b in row[shared:]]
     assert len(set(owned)) == len(owned) and not set(owned) & set(rows[0][:shared])
     assert rows[0] != sorted(rows[0]) or rows[1] != sorted(rows[1])  # shuffled, not arange
 
 
-def test_block_ids_can_sit_at_the_top_of_a_huge_cache() -> None:
-    bs, pool = 64, 8
-    first = (1 << 31) - pool  # byte offset of the last block ~ 2**31 * 64 * 656, far past 2**32
-    table, num_blocks = fill.block_table(S, blocks_per_request=torch.tensor([8]), layout="shuffled",
-                                         first_block_id=first, device=CPU)
-    assert num_blocks == 1 << 31 and int(table.min()) == first and int(table.max()) == (1 << 31) - 1
-    assert int(table.to(torch.int64).max()) * bs * fill.RECORD_BYTES > 1 << 32
+def test_only_live_columns_own_blocks_and_the_others_hold_pool_ids() -> None:
+    need, live = [10, 6, 8], [(2, 4), (1, 0), (0, 7)]  # request 1 reads nothing
+    table, pool = fill.block_table(D, need=need, layout="shuffled", live=live, base_block=100, device=CPU)
+    assert pool == 3 + 0 + 8
+    owned = table[0, 2:5].tolist() + table[2, :8].tolist()
+    assert sorted(owned) == list(range(100, 111))  # the pool is exactly the live blocks
+    cold = table[0, [0, 1, 5, 6, 7, 8, 9]].tolist() + table[1, :6].tolist()
+    assert all(100 <= b < 111 for b in cold) and not table[1, 6:].any()
+
+
+def test_block_ids_can_sit_at_the_top_of_int32() -> None:
+    pool = 8
+    table, n = fill.block_table(D, need=[8], layout="shuffled", base_block=(1 << 31) - pool, device=CPU)
+    assert n == pool and int(table.min()) == (1 << 31) - pool and int(table.max()) == (1 << 31) - 1
     with pytest.raises(ValueError):
-        fill.block_table(S, blocks_per_request=torch.tensor([9]), layout="shuffled", first_block_id=first,
-                         device=CPU)
-
-
-# --- cache records -------------------------------------------------------------
-
-@pytest.mark.parametrize("mode", list(ValueMode))
-def test_records_are_deterministic_and_records_at_gives_the_same_rows(mode: ValueMode) -> None:
-    full = fill.records(S, mode, n=300, device=CPU)
-    assert full.dtype == torch.uint8 and full.shape == (300, 656)
-    assert torch.equal(full, fill.records(S, mode, n=300, device=CPU))
-    slots = torch.tensor([299, 0, 17, 17, 150, 1])
-    assert torch.equal(fill.records_at(S, mode, slots=slots, device=CPU), full[slots])
-    pool = fill.make_pool(S, mode, device=CPU)
-    assert torch.equal(fill.records_at(S, mode, slots=slots, device=CPU, pool=pool), full[slots])
-    assert torch.equal(fill.records(S, mode, n=40, device=CPU), full[:40])
-    assert not torch.equal(full, fill.records(Stream(1, "other"), mode, n=300, device=CPU))
-
-
-def test_cache_blocks_are_the_blocks_of_the_whole_cache_and_work_at_huge_ids() -> None:
-    bs = 8
-    whole = fill.cache(S, "nan", num_blocks=20, block_size=bs, device=CPU)
-    ids = torch.tensor([19, 3, 4])
-    assert torch.equal(fill.cache_blocks(S, "nan", block_ids=ids, block_size=bs, device=CPU), whole[ids])
-    huge = torch.tensor([(1 << 31) - 1, 1 << 30])  # slot * words per record passes 2**32
-    got = fill.cache_blocks(S, "nan", block_ids=huge, block_size=bs, device=CPU)
-    slots = huge.unsqueeze(1) * bs + torch.arange(bs)
-    assert torch.equal(got.reshape(-1, 656), fill.records_at(S, "nan", slots=slots.reshape(-1), device=CPU))
-
-
-@pytest.mark.parametrize("mode", list(ValueMode))
-def test_records_are_distinct_and_modes_share_no_bytes(mode: ValueMode) -> None:
-    recs = fill.records(S, mode, n=4096, device=CPU)
-    assert torch.unique(recs, dim=0).shape[0] == 4096
-    other = fill.records(S, ValueMode.SUBNORMAL if mode is ValueMode.EXTREME_SCALES else ValueMode.EXTREME_SCALES,
-                         n=64, device=CPU)
-    assert (recs[:64, :512] != other[:, :512]).float().mean() > 0.9
-
-
-def test_a_power_of_two_scale_shift_is_the_writer_output_of_the_scaled_input() -> None:
-    # The claim the activations mode rests on: encode(x * 2**k) is encode(x) with each scale * 2**k.
-    w = Stream(0, "shift").words((64, 512), device=CPU)
-    x = to_half(normal_bits(w, BF16), torch.bfloat16)
-    k_pe = to_half(normal_bits(w[:, :64], BF16), torch.bfloat16)
-    base = encode_rows(kv_c=x, k_pe=k_pe, revision="2026-07")
-    for k in (-20, -7, 1, 20):
-        shifted = encode_rows(kv_c=x * 2.0 ** k, k_pe=k_pe, revision="2026-07")  # exact: a power of two, far from the range ends
-        bits = base[:, 512:528].contiguous().view(torch.int32) + (k << 23)
-        assert torch.equal(shifted[:, :512], base[:, :512]) and torch.equal(shifted[:, 528:], base[:, 528:])
-        assert torch.equal(shifted[:, 512:528].contiguous().view(torch.int32), bits)
-
-
-def test_activations_are_pool_writer_outputs_with_shifted_scales() -> None:
-    recs = fill.records(S, "activations", n=2048, device=CPU)
-    assert torch.isfinite(dequant_records(recs).float()).all()
-    pool = fill.make_pool(S, "activations", device=CPU)
-    by_codes = {bytes(r[:512].tolist()): r for r in pool}
-    for rec in recs[:64]:
-        row = by_codes[bytes(rec[:512].tolist())]  # the codes are a pool row's ...
-        got = rec[512:528].view(torch.int32).long()
-        want = row[512:528].contiguous().view(torch.int32).long()
-        shift = got - want  # ... and each scale is its scale times 2**k, |k| <= 20 (zero tiles keep FLT_MIN)
-        assert ((shift % (1 << 23)) == 0).all() and (shift.abs() <= 20 << 23).all()
-    scales = _scales(recs)
-    nonzero = scales[scales > catalog.FLT_MIN]
-    assert math.log2(nonzero.max() / nonzero.min()) > 35  # 2**-20..2**20 per tile
-    assert (scales == catalog.FLT_MIN).float().mean() > 0.03  # all-zero tiles (1/16)
-
-
-def test_all_codes_records_each_hold_every_code() -> None:
-    recs = fill.records(S, "all_codes", n=200, device=CPU)
-    per_record = torch.sort(recs[:, :512].long(), dim=1).values
-    assert (per_record == torch.arange(256).repeat_interleave(2)).all()
-    assert torch.isfinite(_scales(recs)).all() and (_scales(recs) > 0).all()
-
-
-@pytest.mark.parametrize("mode,table", [("extreme_scales", catalog.EXTREME_SCALES),
-                                        ("subnormal", catalog.SUBNORMAL_SCALES)])
-def test_catalog_scale_modes(mode: str, table: tuple[float, ...]) -> None:
-    recs = fill.records(S, mode, n=512, device=CPU)
-    allowed = set(torch.tensor(table, dtype=torch.float32).view(torch.int32).to(torch.int64).bitwise_and(
-        0xFFFFFFFF).tolist())
-    assert _scale_bits(recs) == allowed  # every catalog value, nothing else
-    assert not ((recs[:, :512] & 0x7F) == 0x7F).any()  # no NaN codes
-
-
-def test_nan_mode_has_nan_codes_nonfinite_scales_and_special_ropes() -> None:
-    recs = fill.records(S, "nan", n=1024, device=CPU)
-    codes = recs[:, :512]
-    assert 0.1 < ((codes & 0x7F) == 0x7F).float().mean() < 0.15  # 1/8 + 1/128
-    scales = _scales(recs)
-    assert torch.isnan(scales).any() and (scales == math.inf).any() and (scales == -math.inf).any()
-    rope = recs[:, 528:].contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
-    assert set(catalog.ROPE_SPECIAL_BITS) <= set(rope.reshape(-1).tolist())
+        fill.block_table(D, need=[9], layout="shuffled", base_block=(1 << 31) - pool, device=CPU)
 
 
 # --- top-k -------------------------------------------------------------------
 
 def _topk(mode: TopkMode, seq: torch.Tensor, width: int = 8, bs: int = 16, k: int = 128) -> torch.Tensor:
-    return fill.topk_indices(S, seq_lens=seq, width=width, block_size=bs, topk=k, mode=mode, device=CPU)
+    return fill.topk_indices(D, seq_lens=seq, width=width, block_size=bs, topk=k, mode=mode, device=CPU)
 
 
 SEQ = torch.tensor([0, 1, 5, 100, 127, 128, 129] * 40)
@@ -190,9 +94,10 @@ def test_topk_valid_rows_are_positions_below_seq_len() -> None:
     assert (rows[SEQ == 0] == -1).all()
     live = rows[SEQ > 0]
     assert (live >= 0).all() and (live < SEQ[SEQ > 0].unsqueeze(1)).all()
+    assert len(set(live[SEQ[SEQ > 0] == 129].reshape(-1).tolist())) == 129  # every position turns up
 
 
-def test_topk_padded_rows_count_at_most_min_k_seq_len() -> None:
+def test_topk_padded_rows_count_at_most_min_k_seq_len_scattered() -> None:
     out = _topk(TopkMode.PADDED, SEQ)
     valid = out >= 0
     assert ((out == -1) | valid).all() and (out < SEQ.unsqueeze(1)).all()
@@ -201,6 +106,8 @@ def test_topk_padded_rows_count_at_most_min_k_seq_len() -> None:
     assert (counts <= cap).all()
     assert ((counts == 0) & (cap > 0)).any() and ((counts == cap) & (cap == 128)).any()  # empty and full rows
     assert len(set(counts[SEQ == 129].tolist())) > 10  # counts spread, not a few values
+    first = valid.float().argmax(1)
+    assert int(first[(counts > 0) & (counts < 64)].max()) > 10  # valid columns scattered, not a prefix
 
 
 @pytest.mark.parametrize("mode", [TopkMode.NEGATIVE, TopkMode.PAST_TABLE, TopkMode.PAST_SEQ_LEN, TopkMode.MIXED])
@@ -241,11 +148,11 @@ def test_topk_with_a_non_power_of_two_k() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("values", list(WriterValues))
 def test_writer_inputs_shape_determinism_and_prefix(values: WriterValues, dtype: torch.dtype) -> None:
-    x = fill.writer_inputs(S, num_tokens=257, values=values, dtype=dtype, device=CPU)
+    x = fill.writer_inputs(D, num_tokens=257, values=values, dtype=dtype, device=CPU)
     assert x.shape == (257, 576) and x.dtype == dtype
-    assert torch.equal(x.view(torch.int16), fill.writer_inputs(S, num_tokens=257, values=values, dtype=dtype,
+    assert torch.equal(x.view(torch.int16), fill.writer_inputs(D, num_tokens=257, values=values, dtype=dtype,
                                                               device=CPU).view(torch.int16))
-    assert torch.equal(x[:10].view(torch.int16), fill.writer_inputs(S, num_tokens=10, values=values, dtype=dtype,
+    assert torch.equal(x[:10].view(torch.int16), fill.writer_inputs(D, num_tokens=10, values=values, dtype=dtype,
                                                                     device=CPU).view(torch.int16))
     kv_c, k_pe = x.split([512, 64], dim=-1)  # as vLLM splits its projection output
     assert kv_c.stride() == (576, 1) and k_pe.storage_offset() == 512
@@ -258,10 +165,10 @@ def test_writer_inputs_shape_determinism_and_prefix(values: WriterValues, dtype:
 
 
 def test_writer_wide_spreads_tile_magnitudes_and_extreme_has_zero_tiles() -> None:
-    wide = fill.writer_inputs(S, num_tokens=512, values="wide", device=CPU).float()
+    wide = fill.writer_inputs(D, num_tokens=512, values="wide", device=CPU).float()
     amax = wide[:, :512].reshape(-1, 128).abs().amax(1)
     assert math.log2(amax.max() / amax.min()) > 50
-    ext = fill.writer_inputs(S, num_tokens=512, values="extreme", device=CPU).float()
+    ext = fill.writer_inputs(D, num_tokens=512, values="extreme", device=CPU).float()
     tiles = ext[:, :512].reshape(-1, 128)
     assert 0.1 < (tiles == 0).all(1).float().mean() < 0.25  # 1/6 of the tiles
     assert (tiles.abs() == 448.0).any() and (tiles.abs() > 1e38).any()
@@ -269,9 +176,9 @@ def test_writer_wide_spreads_tile_magnitudes_and_extreme_has_zero_tiles() -> Non
 
 # --- slot mappings -------------------------------------------------------------
 
-@pytest.mark.parametrize("n,num_slots", [(0, 5), (1, 1), (10, 10), (100, 1000), (5000, 1 << 31), (64, 1 << 27)])
+@pytest.mark.parametrize("n,num_slots", [(0, 5), (1, 1), (10, 10), (100, 1000), (5000, 1 << 30), (64, 1 << 27)])
 def test_distinct_slots_are_distinct_and_in_range(n: int, num_slots: int) -> None:
-    slots = fill.distinct_slots(S, n=n, num_slots=num_slots, device=CPU)
+    slots = fill.distinct_slots(D, n=n, num_slots=num_slots, device=CPU)
     assert slots.dtype == torch.int64 and slots.shape == (n,)
     assert torch.unique(slots).shape[0] == n
     if n:
@@ -281,39 +188,12 @@ def test_distinct_slots_are_distinct_and_in_range(n: int, num_slots: int) -> Non
 
 
 def test_distinct_slots_padding_and_limits() -> None:
-    slots = fill.distinct_slots(S, n=4000, num_slots=1 << 20, padding=True, device=CPU)
+    slots = fill.distinct_slots(D, n=4000, num_slots=1 << 20, padding=True, device=CPU)
     pad = slots == -1
     assert 0.2 < pad.float().mean() < 0.3
     kept = slots[~pad]
     assert torch.unique(kept).shape[0] == kept.shape[0]
     with pytest.raises(ValueError):
-        fill.distinct_slots(S, n=6, num_slots=5, device=CPU)
+        fill.distinct_slots(D, n=6, num_slots=5, device=CPU)
     with pytest.raises(ValueError):
-        fill.distinct_slots(S, n=1, num_slots=(1 << 31) + 1, device=CPU)
-
-
-# --- exactness on the GPU ------------------------------------------------------
-
-def _every_output(device: str) -> list[torch.Tensor]:
-    seq = torch.tensor([0, 1, 5, 100, 129, 3000] * 8)
-    out = [fill.block_table(S, blocks_per_request=torch.tensor([3, 9, 4]), layout=layout, spare_blocks=2,
-                            extra_cols=1, first_block_id=1 << 30, device=device)[0]
-           for layout in Layout]
-    for mode in ValueMode:
-        out.append(fill.records(S, mode, n=777, device=device))
-        out.append(fill.cache_blocks(S, mode, block_ids=torch.tensor([(1 << 31) - 1, 5]), block_size=64,
-                                     device=device))
-    for mode in TopkMode:
-        out.append(fill.topk_indices(S, seq_lens=seq, width=40, block_size=64, topk=256, mode=mode, device=device))
-    for values in WriterValues:
-        for dtype in (torch.bfloat16, torch.float16):
-            out.append(fill.writer_inputs(S, num_tokens=300, values=values, dtype=dtype, device=device))
-    out.append(fill.distinct_slots(S, n=3000, num_slots=1 << 28, padding=True, device=device))
-    return out
-
-
-@pytest.mark.gpu
-def test_every_fill_output_is_byte_identical_on_cuda() -> None:
-    for a, b in zip(_every_output("cpu"), _every_output("cuda"), strict=True):
-        assert b.device.type == "cuda" and a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(a.contiguous().view(torch.uint8), b.cpu().contiguous().view(torch.uint8))
+        fill.distinct_slots(D, n=1, num_slots=(1 << 31) + 1, device=CPU)

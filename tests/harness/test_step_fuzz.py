@@ -78,6 +78,8 @@ def test_a_fresh_process_knows_the_step_op_from_the_op_table_alone():
     code = ("from mlafuzz.harness.ops.table import OPS; from mlafuzz.kernels.registry import default_registry;"
             "assert 'step' in OPS.names; r = default_registry(); assert r.get('step', 'ours');"
             "assert r.get('step', 'step_full_req_id');"
-            "OPS.decode({'schema_version': 1, 'op': 'step', 'spec': {'requests': [{'context_len': 3, 'query_len': 1}]}})")
+            "from mlafuzz.generators.spec import SCHEMA_VERSION;"
+            "OPS.decode({'schema_version': SCHEMA_VERSION, 'op': 'step',"
+            " 'spec': {'requests': [{'context_len': 3, 'query_len': 1}]}})")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent)
     assert proc.returncode == 0, proc.stderr

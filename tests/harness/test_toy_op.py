@@ -16,9 +16,10 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from mlafuzz.generators.case import Case, built, local_generator
+from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Drawer, Knobs
 from mlafuzz.generators.reduce import halvings
+from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.spec import check_int
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.cli.main import build_parser
@@ -46,8 +47,8 @@ def draw(d: Drawer, knobs: Knobs) -> ToySpec:
 
 
 def materialize(spec: ToySpec, *, seed: int, device: str) -> Case:
-    x = torch.randint(0, 100, (spec.n,), generator=local_generator(seed), dtype=torch.int32)
-    return built(op="toy", spec=spec, seed=seed, device=device, tensors={"x": x}, params={})
+    x = Draws(seed, "toy").words(spec.n, device=device) % 100  # on the device, the same bytes everywhere
+    return Case(op="toy", spec=spec, seed=seed, device=device, tensors={"x": x}, params={})
 
 
 def reduce(spec: ToySpec) -> Iterator[ToySpec]:
