@@ -21,7 +21,7 @@ from mlafuzz.generators.reduce import (
     view_steps,
     with_request,
 )
-from mlafuzz.generators.rng.fill import block_table, topk_indices
+from mlafuzz.generators.rng.fill import block_table, plan_table, topk_indices, topk_rows, upload
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.spec import (
     Paging,
@@ -125,40 +125,40 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
     reqs, bs, k = spec.requests, spec.paging.block_size, spec.topk
     num_req = len(reqs)
     rows = sum(r.num_tokens for r in reqs)
-    table, pool = block_table(draws.child("table"), need=[-(-r.seq_len // bs) for r in reqs],
-                              layout=spec.paging.layout, spare_blocks=spec.paging.spare_blocks,
-                              extra_cols=spec.paging.extra_table_cols, base_block=spec.paging.base_block,
-                              device=device)
-    width = table.shape[1]
-    table = table_view(table, spec.table_view, draws=draws.child("table-view"), num_blocks=spec.paging.base_block + pool)
-    before, after, _ = slack(spec.rows_view, pick=draws.host_int(1 << 30), width=k)
-    local, prefill_lens = [], []
+    plan = plan_table(need=[-(-r.seq_len // bs) for r in reqs], layout=spec.paging.layout,
+                      spare_blocks=spec.paging.spare_blocks, extra_cols=spec.paging.extra_table_cols,
+                      base_block=spec.paging.base_block)
+    local, prefill_starts, at = [], [], 0
     for r in reqs:
-        local.append(len(prefill_lens) if r.prefill else -1)
+        local.append(len(prefill_starts) if r.prefill else -1)
         if r.prefill:
-            prefill_lens.append(r.seq_len)
-    host = torch.tensor([[r.num_tokens for r in reqs], [r.seq_len for r in reqs], local], dtype=torch.int64)
-    host = host.to(device)
-    owners = torch.repeat_interleave(torch.arange(num_req, device=device), host[0], output_size=rows)
+            prefill_starts.append(at)
+            at += r.seq_len
+    table_rows, topk_host, tokens, local_dev, starts = upload(
+        plan.rows, topk_rows(seq_lens=[r.seq_len for r in reqs], width=plan.width, block_size=bs, topk=k),
+        [r.num_tokens for r in reqs], local, prefill_starts, device=device)
+    table = block_table(draws.child("table"), plan, rows=table_rows, device=device)
+    table = table_view(table, spec.table_view, draws=draws.child("table-view"),
+                       num_blocks=spec.paging.base_block + plan.pool)
+    before, after, _ = slack(spec.rows_view, pick=draws.host_int(1 << 30), width=k)
+    owners = torch.repeat_interleave(torch.arange(num_req, dtype=torch.int32, device=device), tokens,
+                                     output_size=rows)
     if before or after:
-        others = torch.arange(before + after, device=device) % num_req
+        others = torch.arange(before + after, dtype=torch.int32, device=device) % num_req
         owners = torch.cat([others[:before], owners, others[before:]])
-    indices = topk_indices(draws.child("topk"), seq_lens=host[1][owners], width=width, block_size=bs, topk=k,
-                           mode=spec.topk_mode, device=device)
+    indices = topk_indices(draws.child("topk"), per_row=torch.index_select(topk_host, 0, owners), width=plan.width,
+                           block_size=bs, topk=k, mode=spec.topk_mode, device=device)
+    mine = slice(before, before + rows)
     tensors: dict[str, torch.Tensor | None] = {
-        "req_id": owners.to(torch.int32)[before:before + rows],
+        "req_id": owners[mine],
         "block_table": table,
-        "token_indices": indices[before:before + rows],
+        "token_indices": indices[mine],
         "prefill_workspace_request_ids": None,
         "prefill_workspace_starts": None,
     }
     if spec.prefill_workspace:
-        starts = [0]
-        for n in prefill_lens[:-1]:
-            starts.append(starts[-1] + n)
-        tensors["prefill_workspace_request_ids"] = host[2][owners[before:before + rows]].to(torch.int32)
-        tensors["prefill_workspace_starts"] = torch.tensor(starts[:len(prefill_lens)], dtype=torch.int32,
-                                                           device=device)
+        tensors["prefill_workspace_request_ids"] = torch.index_select(local_dev, 0, owners[mine])
+        tensors["prefill_workspace_starts"] = starts
     params = {
         "BLOCK_SIZE": bs, "NUM_TOPK_TOKENS": k, "BLOCK_N": spec.block_n,
         "HAS_PREFILL_WORKSPACE": spec.prefill_workspace, "return_valid_counts": spec.return_valid_counts,

@@ -21,7 +21,7 @@ from mlafuzz.generators.reduce import (
     view_steps,
     with_request,
 )
-from mlafuzz.generators.rng.fill import block_table
+from mlafuzz.generators.rng.fill import block_table, plan_table, upload
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.rng.records import paged_cache
 from mlafuzz.generators.spec import Paging, ValueMode, View, WsForm, check_int, coerce_enum, coerce_tuple, fail
@@ -118,22 +118,23 @@ def materialize(spec: GatherSpec, *, seed: int, device: str) -> Case:
     bs, base = spec.paging.block_size, spec.paging.base_block
     reqs = spec.requests
     live = [(r.seq_start // bs, (r.seq_start + r.length - 1) // bs) if r.length else (1, 0) for r in reqs]
-    table, pool = block_table(draws.child("table"), need=[-(-r.context_len // bs) for r in reqs],
-                              layout=spec.paging.layout, spare_blocks=spec.paging.spare_blocks,
-                              extra_cols=spec.paging.extra_table_cols, base_block=base, live=live, device=device)
-    cache = paged_cache(draws.child("cache"), spec.values, pool_blocks=pool, block_size=bs, base_block=base,
-                        device=device)
-    table = table_view(table, spec.table_view, draws=draws.child("table-view"), num_blocks=base + pool)
+    plan = plan_table(need=[-(-r.context_len // bs) for r in reqs], layout=spec.paging.layout,
+                      spare_blocks=spec.paging.spare_blocks, extra_cols=spec.paging.extra_table_cols,
+                      base_block=base, live=live)
     starts = [0]
     for r in reqs:
         starts.append(starts[-1] + r.length)
     ws = starts if spec.ws_form is WsForm.CUMULATIVE else starts[:-1]
-    host = torch.tensor(ws + [r.seq_start for r in reqs], dtype=torch.int32).to(device)
+    table_rows, ws_dev, seq_starts = upload(plan.rows, ws, [r.seq_start for r in reqs], device=device)
+    table = block_table(draws.child("table"), plan, rows=table_rows, device=device)
+    cache = paged_cache(draws.child("cache"), spec.values, pool_blocks=plan.pool, block_size=bs, base_block=base,
+                        device=device)
+    table = table_view(table, spec.table_view, draws=draws.child("table-view"), num_blocks=base + plan.pool)
     tensors = {
         "src_cache": cache,
         "block_table": table,
-        "workspace_starts": host[:len(ws)],
-        "seq_starts": host[len(ws):] if spec.pass_seq_starts else None,
+        "workspace_starts": ws_dev,
+        "seq_starts": seq_starts if spec.pass_seq_starts else None,
     }
     params = {"batch_size": len(reqs), "total": starts[-1]}
     if spec.dst_view is View.ROWS:

@@ -35,7 +35,7 @@ import torch
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import SMALL, Drawer, Knobs, draw_paging
 from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
-from mlafuzz.generators.rng.fill import block_table, topk_indices
+from mlafuzz.generators.rng.fill import block_table, plan_table, topk_indices, topk_rows, upload
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.rng.records import paged_cache
 from mlafuzz.generators.spec import (
@@ -233,28 +233,31 @@ def materialize(spec: StepSpec, *, seed: int, device: str) -> Case:
     draws = Draws(seed, "step")
     reqs, bs = spec.requests, spec.paging.block_size
     seq_lens = [r.seq_len for r in reqs]
-    table, pool = block_table(draws.child("table"), need=[-(-n // bs) for n in seq_lens], layout=spec.paging.layout,
-                              spare_blocks=spec.paging.spare_blocks, extra_cols=spec.paging.extra_table_cols,
-                              base_block=spec.paging.base_block, device=device)
-    cache = paged_cache(draws.child("cache"), spec.values, pool_blocks=pool, block_size=bs,
-                        base_block=spec.paging.base_block, device=device)
+    plan = plan_table(need=[-(-n // bs) for n in seq_lens], layout=spec.paging.layout,
+                      spare_blocks=spec.paging.spare_blocks, extra_cols=spec.paging.extra_table_cols,
+                      base_block=spec.paging.base_block)
     qsl = spec.query_start_loc
     pads = [r for r, req in enumerate(reqs) if req.query_len == 0]
     q0, extra = reqs[0].query_len, spec.num_tokens - qsl[-1]
-    host = torch.tensor([[r.query_len for r in reqs], seq_lens], dtype=torch.int64).to(device)
-    owners = torch.repeat_interleave(torch.arange(len(reqs), device=device), host[0], output_size=qsl[-1])
+    table_rows, topk_host, query_lens, seq_dev, qsl_dev, pad_dev = upload(
+        plan.rows, topk_rows(seq_lens=seq_lens, width=plan.width, block_size=bs, topk=spec.topk),
+        [r.query_len for r in reqs], seq_lens, qsl, pads, device=device)
+    table = block_table(draws.child("table"), plan, rows=table_rows, device=device)
+    cache = paged_cache(draws.child("cache"), spec.values, pool_blocks=plan.pool, block_size=bs,
+                        base_block=spec.paging.base_block, device=device)
+    owners = torch.repeat_interleave(torch.arange(len(reqs), dtype=torch.int32, device=device), query_lens,
+                                     output_size=qsl[-1])
     if extra:
-        padding = torch.tensor(pads, dtype=torch.int64, device=device)
-        owners = torch.cat([owners, torch.repeat_interleave(padding, q0, output_size=len(pads) * q0)[:extra]])
-    indices = topk_indices(draws.child("topk"), seq_lens=host[1][owners], width=table.shape[1], block_size=bs,
-                           topk=spec.topk, mode=TopkMode.PADDED if spec.topk_padded else TopkMode.VALID,
+        owners = torch.cat([owners, torch.repeat_interleave(pad_dev, q0, output_size=len(pads) * q0)[:extra]])
+    indices = topk_indices(draws.child("topk"), per_row=torch.index_select(topk_host, 0, owners), width=plan.width,
+                           block_size=bs, topk=spec.topk, mode=TopkMode.PADDED if spec.topk_padded else TopkMode.VALID,
                            device=device)
     tensors = {
         "kv_cache": cache,
         "block_table": table,
-        "query_start_loc": torch.tensor(qsl, dtype=torch.int32, device=device),
-        "seq_lens": host[1].to(torch.int32),
-        "req_id_per_token": owners.to(torch.int32),
+        "query_start_loc": qsl_dev,
+        "seq_lens": seq_dev,
+        "req_id_per_token": owners,
         "topk_indices": indices,
     }
     params = {

@@ -15,6 +15,7 @@ allow, one pass per op over an [N, K] tensor, per-row values broadcast.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -39,7 +40,8 @@ from mlafuzz.generators.rng.hashing import Stream, scale_below
 from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, windows
 from mlafuzz.generators.spec import Layout, TopkMode, WriterValues
 
-__all__ = ["block_table", "topk_indices", "writer_inputs", "distinct_slots", "RANK_ROWS"]
+__all__ = ["upload", "TablePlan", "plan_table", "block_table", "topk_rows", "topk_indices", "writer_inputs", "distinct_slots",
+           "RANK_ROWS", "TOPK_COLUMNS"]
 
 INT32_MAX = catalog.INT32_MAX
 INT32_MIN = catalog.INT32_MIN
@@ -51,12 +53,52 @@ def _dev(device: Device) -> str:
     return str(torch.device(device))
 
 
+# --- host ints to the device ---------------------------------------------------
+
+def upload(*parts: Sequence[int] | Sequence[Sequence[int]], device: Device) -> list[Tensor]:
+    """Host ints (per request, from the spec) in one int32 copy to the device: each part a flat list
+    or a list of equal-length rows, returned as a contiguous view of the one tensor (1-D, or
+    [rows, width]). A copy from pageable host memory is a host sync: one per case, not one per
+    builder."""
+    flat: list[int] = []
+    shapes = []
+    for part in parts:
+        rows = list(part)
+        if rows and isinstance(rows[0], (tuple, list)):
+            shapes.append((len(rows), len(rows[0])))
+            for row in rows:
+                flat.extend(row)
+        else:
+            shapes.append((len(rows),))
+            flat.extend(rows)
+    whole = torch.tensor(flat, dtype=torch.int32, device=device)
+    out, at = [], 0
+    for shape in shapes:
+        n = shape[0] * (shape[1] if len(shape) == 2 else 1)
+        out.append(whole[at:at + n].view(shape))
+        at += n
+    return out
+
+
 # --- paging ------------------------------------------------------------------
 
-def block_table(draws: Draws, *, need: Sequence[int], layout: Layout | str, spare_blocks: int = 0,
-                extra_cols: int = 0, base_block: int = 0, live: Sequence[tuple[int, int]] | None = None,
-                device: Device) -> tuple[Tensor, int]:
-    """Block table int32 [R, M] and the number of blocks of its pool (ids base_block .. base_block + pool).
+@dataclass(frozen=True)
+class TablePlan:
+    """A block table's host side (``plan_table``): per request a row of ints for the device, and the
+    table's shape. Materializers send the rows of several builders to the device in one copy."""
+
+    rows: list[tuple[int, int, int, int]]  # per request: columns, an owned column's pool shift, live lo, hi
+    pool: int  # blocks of the pool: ids base_block .. base_block + pool - 1
+    width: int
+    shared: int
+    layout: Layout
+    base_block: int
+    live: bool
+
+
+def plan_table(*, need: Sequence[int], layout: Layout | str, spare_blocks: int = 0, extra_cols: int = 0,
+               base_block: int = 0, live: Sequence[tuple[int, int]] | None = None) -> TablePlan:
+    """The plan of a block table int32 [R, M] (``block_table`` makes it).
 
     Request r holds need[r] blocks (columns); M = max(need) + extra_cols (>= 1);
     entries past a request's blocks are 0, as in vLLM's tests. shared_prefix
@@ -75,34 +117,38 @@ def block_table(draws: Draws, *, need: Sequence[int], layout: Layout | str, spar
     lo_need = min(need, default=0)
     shared = max(1, lo_need // 2) if layout is Layout.SHARED_PREFIX and num_req > 1 and lo_need > 0 else 0
     ranges = [(0, n - 1) for n in need] if live is None else [(lo, min(hi, n - 1)) for (lo, hi), n in zip(live, need)]
-    starts = [max(lo, shared) for lo, _ in ranges]
-    own = [max(0, hi - s + 1) for (_, hi), s in zip(ranges, starts)]
-    pool = max(shared + sum(own) + spare_blocks, 1)
+    rows, at = [], shared
+    for n, (lo, hi) in zip(need, ranges):
+        start = max(lo, shared)
+        rows.append((n, at - start, start, hi))  # an owned column c is pool block c + (at - start)
+        at += max(0, hi - start + 1)
+    pool = max(at + spare_blocks, 1)
     if base_block < 0 or base_block + pool > INT32_MAX + 1:
         raise ValueError(f"base_block={base_block} + pool={pool}: block ids must fit int32")
-    own_start, acc = [], shared
-    for n in own:
-        own_start.append(acc)
-        acc += n
-    width = max(max(need, default=0) + extra_cols, 1)
-    rows = torch.tensor([list(need), starts, [hi for _, hi in ranges], own_start], dtype=torch.int64)
-    rows = rows.to(device).unsqueeze(2)  # [4, R, 1]: one copy to the device
-    n_col, lo_col, hi_col, start_col = rows[0], rows[1], rows[2], rows[3]
-    if layout is Layout.CONTIGUOUS:
-        ids = torch.arange(base_block, base_block + pool, dtype=torch.int64, device=device)
+    return TablePlan(rows=rows, pool=pool, width=max(max(need, default=0) + extra_cols, 1), shared=shared,
+                     layout=layout, base_block=base_block, live=live is not None)
+
+
+def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) -> Tensor:
+    """The table of ``plan``, int32 [R, M]; ``rows``: plan.rows on the device (int32 [R, >= 4])."""
+    num_req, width, pool, shared = len(plan.rows), plan.width, plan.pool, plan.shared
+    if plan.layout is Layout.CONTIGUOUS:
+        ids = torch.arange(plan.base_block, plan.base_block + pool, dtype=torch.int32, device=device)
     else:
-        ids = torch.sort(draws.child("ids").words(pool, device=device), stable=True).indices + base_block
-    col = torch.arange(width, dtype=torch.int64, device=device)
-    index = col - lo_col + start_col  # an owned column's pool index
+        ids = torch.sort(draws.child("ids").words(pool, device=device), stable=True).indices.to(torch.int32)
+        ids = ids + plan.base_block if plan.base_block else ids
+    ids = torch.cat([ids, const((0,), _dev(device), torch.int32)])  # index pool: a column past the request's
+    col = torch.arange(width, dtype=torch.int32, device=device)
+    index = col + rows[:, 1:2]  # an owned column's pool index
     if shared:
         index = torch.where(col < shared, col, index)
-    if live is not None:  # the columns a call does not read: random blocks of the pool
+    if plan.live:  # the columns a call does not read: random blocks of the pool
         offsets = draws.child("cold").words(num_req, device=device) & _MASK
         cold = windows(offsets, width, device=device) % pool
-        index = torch.where(((col >= lo_col) & (col <= hi_col)) | (col < shared), index, cold)
-    inside = col < n_col
-    table = torch.where(inside, ids[torch.where(inside, index, 0)], 0)
-    return table.to(torch.int32), pool
+        keep = (col >= rows[:, 2:3]) & (col <= rows[:, 3:4])
+        index = torch.where(keep | (col < shared) if shared else keep, index, cold)
+    index = torch.where(col < rows[:, 0:1], index, pool)
+    return torch.index_select(ids, 0, index.reshape(-1)).view(num_req, width)
 
 
 # --- top-k indices -----------------------------------------------------------
@@ -123,61 +169,84 @@ def _rank_rows(words: Tensor, k: int, device: Device) -> Tensor:
     """int32 [N, K]: row r a rotation of one of the column permutations (a random bijection of the
     columns: the first n_valid ranks mark a random n_valid-subset, scattered over the row)."""
     table = _ranks(k, _dev(device))
-    q = table.shape[0] // (2 * k)
-    starts = (words % q) * (2 * k) + (words >> 8) % k
+    span = table.shape[0]
+    if span & (span - 1) == 0 and k & (k - 1) == 0:  # K and the table powers of two: a mask picks both
+        starts = words & ((span - 1) & ~k)  # bit log2(K) clear: row q, rotation < K
+    else:
+        starts = (words % (span // (2 * k))) * (2 * k) + (words >> 8) % k
     return torch.index_select(table.unfold(0, k, 1), 0, starts)
 
 
-def topk_indices(draws: Draws, *, seq_lens: Tensor, width: int, block_size: int, topk: int,
-                 mode: TopkMode | str, device: Device) -> Tensor:
-    """Request-local top-k rows, int32 [N, K], for rows whose requests hold seq_lens (int [N]).
+TOPK_COLUMNS = 8  # ints per request in topk_rows
+
+
+def topk_rows(*, seq_lens: Sequence[int], width: int, block_size: int, topk: int) -> list[tuple[int, ...]]:
+    """Per request, the TOPK_COLUMNS host ints ``topk_indices`` reads per row (the device gathers
+    them by each row's request: one op)."""
+    past_end = width * block_size
+    if past_end + 2 * block_size > INT32_MAX:
+        raise ValueError(f"width={width} * block_size={block_size}: table positions must fit int32")
+    rows = []
+    for s in seq_lens:
+        cap = min(topk, s)
+        m = (cap + 1) // 6
+        span = past_end - s
+        rows.append((max(s, 1), -1 if s == 0 else 0, cap + 1 + 2 * m, m, cap, s, max(span, 1),
+                     _QUARTER if span > 0 else 0))
+    return rows
+
+
+def topk_indices(draws: Draws, *, per_row: Tensor, width: int, block_size: int, topk: int, mode: TopkMode | str,
+                 device: Device) -> Tensor:
+    """Request-local top-k rows, int32 [N, K]; ``per_row`` (int32 [N, >= TOPK_COLUMNS] on the device)
+    holds, for each row, its request's ``topk_rows``.
 
     Column c of row r reads the word w of its window (pool.py); its position is
     w % seq_len. valid: those positions (all -1 when seq_len == 0). padded:
-    n_valid of them, the rest -1, with n_valid uniform in [0, min(K, seq_len)]
-    (1/8 of rows all -1 and 1/8 full, so the edges are not left to chance),
-    the valid columns scattered (a random permutation of the columns ranks
-    them). The other modes start from the padded row and replace each column
-    with probability 1/4 (w < 2**29) by its row's value of their class:
-    negative (one of -2, -bs, -K, INT32_MIN, -2**20 per row), past_table
-    (M*bs .. M*bs + 2*bs per row, or INT32_MAX for 1/5 of rows), past_seq_len
-    (seq_len .. M*bs - 1 per row; the column kept when M*bs <= seq_len);
-    mixed draws the class per column (1/12 each). Positions are NOT distinct
-    within a row (the indexer's are): two columns may hold the same position.
+    n_valid of them, the rest -1, with n_valid = clamp(w' % (cap + 1 + 2m) - m,
+    0, cap) for cap = min(K, seq_len) and m = (cap + 1) // 6: uniform in
+    between, and about 1/8 of rows all -1 and 1/8 full, so the edges are not
+    left to chance; the valid columns scattered (a random permutation of the
+    columns ranks them). The other modes start from the padded row and
+    replace each column with probability 1/4 (w < 2**29) by its row's value
+    of their class: negative (one of -2, -bs, -K, INT32_MIN, -2**20 per row),
+    past_table (M*bs .. M*bs + 2*bs per row, or INT32_MAX for 1/5 of rows),
+    past_seq_len (seq_len .. M*bs - 1 per row; the column kept when M*bs <=
+    seq_len); mixed draws the class per column (1/12 each). Positions are NOT
+    distinct within a row (the indexer's are): two columns may hold the same
+    position. About a dozen device ops whatever the size.
     """
     mode = TopkMode(mode)
-    n, k, bs = seq_lens.shape[0], topk, block_size
-    if width * bs + 2 * bs > INT32_MAX:
-        raise ValueError(f"width={width} * block_size={bs}: table positions must fit int32")
+    n, k, bs = per_row.shape[0], topk, block_size
+    past_end = width * bs
     rw = draws.child("row").grid(n, 4, device=device)
     w = windows(rw[:, 0] & _MASK, k, device=device)
-    seq = seq_lens.to(device=device, dtype=torch.int32).reshape(n, 1)
-    pos = w % torch.clamp(seq, min=1)
+    pos = w % per_row[:, 0:1]
     if mode is TopkMode.VALID:
-        return pos - (seq == 0).to(torch.int32)  # seq_len 0: 0 - 1
-    cap = torch.clamp(seq[:, 0], max=k)
-    edge = (rw[:, 1] >> 28) & 7
-    n_valid = torch.where(edge == 0, 0, torch.where(edge == 1, cap, rw[:, 1] % (cap + 1)))
+        return pos + per_row[:, 1:2]  # seq_len 0: 0 - 1
+    n_valid = torch.minimum(torch.clamp(rw[:, 1] % per_row[:, 2] - per_row[:, 3], min=0), per_row[:, 4])
     pos.masked_fill_(_rank_rows(rw[:, 2], k, device) >= n_valid.unsqueeze(1), -1)
     if mode is TopkMode.PADDED:
         return pos
-    r3 = rw[:, 3]
-    past_end = width * bs
-    negative = const((-2, -bs, -k, INT32_MIN, -(2 ** 20)), _dev(device), torch.int32)[(r3 % 5).to(torch.int64)]
-    past_table = torch.where((r3 >> 3) % 5 == 0, INT32_MAX, past_end + (r3 >> 6) % (2 * bs + 1))
-    span = past_end - seq[:, 0]
-    past_seq = seq[:, 0] + (r3 >> 6) % torch.clamp(span, min=1)
+    r3 = rw[:, 3:4]
+    if mode in (TopkMode.NEGATIVE, TopkMode.MIXED):
+        negative = torch.index_select(const((-2, -bs, -k, INT32_MIN, -(2 ** 20)), _dev(device), torch.int32), 0,
+                                      (r3 % 5).reshape(-1)).unsqueeze(1)
+    if mode in (TopkMode.PAST_TABLE, TopkMode.MIXED):
+        past_table = torch.where((r3 >> 3) % 5 == 0, INT32_MAX, past_end + (r3 >> 6) % (2 * bs + 1))
+    if mode in (TopkMode.PAST_SEQ_LEN, TopkMode.MIXED):
+        past_seq = per_row[:, 5:6] + (r3 >> 16) % per_row[:, 6:7]
     if mode is TopkMode.NEGATIVE:
-        return torch.where(w < _QUARTER, negative.unsqueeze(1), pos)
+        return torch.where(w < _QUARTER, negative, pos)
     if mode is TopkMode.PAST_TABLE:
-        return torch.where(w < _QUARTER, past_table.unsqueeze(1), pos)
-    room = torch.where(span > 0, _QUARTER, 0).unsqueeze(1)  # no room past seq_len: keep the column
+        return torch.where(w < _QUARTER, past_table, pos)
+    room = per_row[:, 7:8]  # 2**29, or 0: no room past seq_len, the column is kept
     if mode is TopkMode.PAST_SEQ_LEN:
-        return torch.where(w < room, past_seq.unsqueeze(1), pos)
+        return torch.where(w < room, past_seq, pos)
     third = _QUARTER // 3
-    out = torch.where(w < torch.clamp(room, min=2 * third), past_seq.unsqueeze(1), pos)
-    out = torch.where(w < 2 * third, past_table.unsqueeze(1), out)
-    return torch.where(w < third, negative.unsqueeze(1), out)
+    out = torch.where(w < torch.clamp(room, min=2 * third), past_seq, pos)
+    out = torch.where(w < 2 * third, past_table, out)
+    return torch.where(w < third, negative, out)
 
 
 # --- writer inputs -----------------------------------------------------------
@@ -254,11 +323,18 @@ def writer_inputs(draws: Draws, *, num_tokens: int, values: WriterValues | str,
     fp16 analogues of the bf16 special values.
     """
     chunks = _writer_chunks(WriterValues(values), dtype, _dev(device))
-    picks = draws.child("token").grid(num_tokens, 5, device=device)
-    tiles = (picks[:, :4] & (WRITER_TILES - 1)).unsqueeze(2) * 2 + const((0, 1), _dev(device), torch.int32)
-    ropes = (picks[:, 4:] & (WRITER_ROPES - 1)) + 2 * WRITER_TILES
-    index = torch.cat([tiles.reshape(num_tokens, 8), ropes], dim=1)
+    dev = _dev(device)
+    # Token t's 9 chunks: tile k's two halves (2 * tile + 0, 1) from its word k, the rope from word 4.
+    picks = draws.child("token").grid(num_tokens, 5, device=device)[:, const(_CHUNK_WORD, dev)]
+    index = (picks & const(_CHUNK_MASK, dev, torch.int32)) * const(_CHUNK_MUL, dev, torch.int32)
+    index += const(_CHUNK_ADD, dev, torch.int32)
     return torch.index_select(chunks, 0, index.reshape(-1)).reshape(num_tokens, 576)
+
+
+_CHUNK_WORD = (0, 0, 1, 1, 2, 2, 3, 3, 4)
+_CHUNK_MASK = (WRITER_TILES - 1,) * 8 + (WRITER_ROPES - 1,)
+_CHUNK_MUL = (2,) * 8 + (1,)
+_CHUNK_ADD = (0, 1) * 4 + (2 * WRITER_TILES,)
 
 
 # --- slot mappings -----------------------------------------------------------

@@ -6,19 +6,21 @@ element from the hash stream ``mlafuzz/records/<mode>``) once per process on
 the CPU and copied to each device it is used on: the same bytes in every
 process and on every device. Record s of a cache is then
 
-    codes of pool[sel(s)], rope of pool[rope(s)], four scales of its own:
+    codes of pool[sel(s)], rope of pool[rope(s)], its four scales a row of the mode's scale table:
 
-two row gathers and a 16-byte write per record, about one pass over the
-cache's bytes, written straight into the cache tensor. sel, rope and the
-scales come from W 31-bit words per record: the words of block b are one
-window of the word table (pool.py) at the offset its block word gives, so a
-record depends only on (the case's stream, its block, its entry).
+three row gathers per record, about one pass over the cache's bytes, written
+straight into the cache tensor (about ten device ops whatever its size). sel,
+rope and the scale row come from two 31-bit words per record: the words of
+block b are one window of the word table (pool.py) at the offset its block
+word gives, so a record depends only on (the case's stream, its block, its
+entry). The scale tables (2**16 rows of four per mode; for activations 64 per
+pool row) are made on the CPU once per process too.
 
 What each record owns beyond its two pool rows (the rope of an activations
 record is still a writer output: the writer copies k_pe whatever kv_c is):
 
 - activations: a power-of-two shift 2**k, k in [-20, 20], of each non-zero
-  tile's scale. The pool rows are the writer oracle's output for normal-like
+  tile's scale (one of 64 shift rows per pool row). The pool rows are the writer oracle's output for normal-like
   bf16 inputs, so a shifted record is exactly what the writer makes of the
   input scaled by 2**k (amax and scale scale exactly, the codes are the same).
 - all_codes: four random scales, exponent in [-24, 24] and a random 23-bit
@@ -31,10 +33,10 @@ record is still a writer output: the writer copies k_pe whatever kv_c is):
   NaN/inf/subnormal patterns with probability ~1/6.
 
 Distinctness. Two records are byte-equal only if they picked the same codes
-row and the same rope row (1/1024 each) and the same four scales: at most
-1/(1024**2 * 6**4) < 1e-9 for a given pair (subnormal mode), far less in the
-others. A kernel that reads the wrong record, block or tile therefore sees a
-different row with probability > 1 - 1e-9 per wrong read (the rope alone
+row and the same rope row (1/1024 each) and the same scale row (1/65536; for
+activations, 1/64 once the codes row is the same): at most 2**-26 for a given
+pair. A kernel that reads the wrong record, block or tile therefore sees a
+different row with probability > 1 - 2**-26 per wrong read (the rope alone
 differs with probability 1 - 1/1024). Not guaranteed: that a given pair
 differs, and in the subnormal mode that the *dequantized* nope parts differ.
 """
@@ -56,15 +58,14 @@ from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, windows
 from mlafuzz.generators.spec import ValueMode
 from mlafuzz.oracles.codec import encode_rows
 
-__all__ = ["POOL_RECORDS", "RECORD_BYTES", "WORDS", "LAZY_BYTES", "record_pool", "fill_records", "record_words",
-           "paged_cache", "zeros"]
+__all__ = ["POOL_RECORDS", "RECORD_BYTES", "WORDS", "LAZY_BYTES", "record_pool", "scale_rows", "fill_records",
+           "record_words", "paged_cache", "zeros"]
 
 RECORD_BYTES = 656
 POOL_RECORDS = 1024
 _SCALES = slice(512, 528)
 _ROPE = slice(528, 656)
 _FLT_MIN_BITS = 0x0080_0000
-_FIELD_SHIFTS = (0, 7, 14, 21)  # four 7-bit fields of a 31-bit word, one per tile
 
 _EXTREME_SCALE_BITS = tuple(f32_pattern(v) for v in catalog.EXTREME_SCALES)
 _SUBNORMAL_SCALE_BITS = tuple(f32_pattern(v) for v in catalog.SUBNORMAL_SCALES)
@@ -73,11 +74,6 @@ _NONFINITE_SCALE_BITS = tuple(f32_pattern(v) for v in catalog.NONFINITE_SCALES)
 
 def _dev(device: Device) -> str:
     return str(torch.device(device))
-
-
-def _tile_fields(word: Tensor) -> Tensor:
-    """[n] 31-bit words -> [n, 4] 7-bit fields (one per tile), int64."""
-    return (word.to(torch.int64).unsqueeze(-1) >> const(_FIELD_SHIFTS, _dev(word.device))) & 0x7F
 
 
 def _rope_bytes(bits: Tensor) -> Tensor:
@@ -132,64 +128,77 @@ def _nan_pool(stream: Stream) -> Tensor:
     return _from_parts(codes, rope)
 
 
-# --- per-record scales (int64 f32 patterns [n, 4]) from 31-bit words ------------
+# --- scale rows: a record's four scales are one row of its mode's table -------------
+# Made on the CPU from 32-bit hash words (exact int64 math), int32 f32 patterns [rows, 4]. One row
+# per record keeps a record's scales to one gather on the device (the per-tile fields of the old
+# scheme cost a dozen ops per case); 2**16 rows per mode, 64 per pool row for activations.
 
-def _activations_scales(base: Tensor | None, w: Tensor) -> Tensor:
-    assert base is not None, "activations records shift the pool's own scales"
-    shift = pick(_tile_fields(w[:, 0]), 7, 41) - 20
-    return torch.where(base == _FLT_MIN_BITS, base, base + shift * (1 << 23))
+SCALE_ROWS = 1 << 16
+ACT_VARIANTS = 64
+_BYTE_SHIFTS = (0, 8, 16, 24)
 
 
-def _random_scales(w: Tensor, *, exp_lo: int, exp_hi: int, exp_bits: int) -> Tensor:
-    """Positive normal f32 patterns: a random 23-bit mantissa; the exponent uniform in [exp_lo,
-    exp_hi], picked by the ``exp_bits`` bits from bit 23 up."""
-    w = w.to(torch.int64)
-    exp = pick((w >> 23) & ((1 << exp_bits) - 1), exp_bits, exp_hi - exp_lo + 1) + exp_lo
+def _tile_bytes(word: Tensor) -> Tensor:
+    """[n] 32-bit words -> [n, 4] bytes (one random byte per tile)."""
+    return (word.unsqueeze(-1) >> const(_BYTE_SHIFTS, "cpu")) & 0xFF
+
+
+def _random_scales(w: Tensor, *, exp_lo: int, exp_hi: int) -> Tensor:
+    """Positive normal f32 patterns: exponent uniform in [exp_lo, exp_hi] (bits 23..27 pick it), a
+    random 23-bit mantissa."""
+    exp = pick((w >> 23) & 31, 5, exp_hi - exp_lo + 1) + exp_lo
     return ((exp + 127) << 23) | (w & 0x7F_FFFF)
 
 
-def _all_codes_scales(base: Tensor | None, w: Tensor) -> Tensor:
+def _activations_rows(stream: Stream, pool: Tensor) -> Tensor:
+    """Row sel * 64 + v: pool row sel's scales, each non-zero tile's shifted by 2**k, k in [-20, 20]."""
+    base = pool[:, _SCALES].contiguous().view(torch.int32).to(torch.int64).repeat_interleave(ACT_VARIANTS, dim=0)
+    shift = pick(_tile_bytes(stream.words(POOL_RECORDS * ACT_VARIANTS, device="cpu")), 8, 41) - 20
+    return torch.where(base == _FLT_MIN_BITS, base, base + shift * (1 << 23))
+
+
+def _all_codes_rows(stream: Stream, pool: Tensor) -> Tensor:
     # 5 bits spread [-24, 24] in steps of ~1.5 binades: enough.
-    return _random_scales(w, exp_lo=-24, exp_hi=24, exp_bits=5)
+    return _random_scales(stream.words((SCALE_ROWS, 4), device="cpu"), exp_lo=-24, exp_hi=24)
 
 
-def _catalog_scales(table: tuple[int, ...]) -> Callable[[Tensor | None, Tensor], Tensor]:
-    def scales(base: Tensor | None, w: Tensor) -> Tensor:
-        bits = const(table, _dev(w.device))[pick(_tile_fields(w[:, 0]), 7, len(table))]
-        return bits & 0xFFFF_FFFF  # signed int32 patterns -> [0, 2**32)
-    return scales
+def _catalog_rows(table: tuple[int, ...]) -> Callable[[Stream, Tensor], Tensor]:
+    def rows(stream: Stream, pool: Tensor) -> Tensor:
+        picks = pick(_tile_bytes(stream.words(SCALE_ROWS, device="cpu")), 8, len(table))
+        return const(table, "cpu")[picks] & 0xFFFF_FFFF  # signed int32 patterns -> [0, 2**32)
+    return rows
 
 
-def _nan_scales(base: Tensor | None, w: Tensor) -> Tensor:
-    finite = _random_scales(w, exp_lo=-12, exp_hi=12, exp_bits=4)
-    which = (w.to(torch.int64) >> 27) & 15  # bits 27..30: 0, 1, 2 -> NaN, +inf, -inf (probability 3/16)
-    table = const(_NONFINITE_SCALE_BITS + (0,), _dev(w.device))
-    special = table[torch.clamp(which, max=3)] & 0xFFFF_FFFF
+def _nan_rows(stream: Stream, pool: Tensor) -> Tensor:
+    w = stream.words((SCALE_ROWS, 4), device="cpu")
+    finite = _random_scales(w, exp_lo=-12, exp_hi=12)
+    which = w >> 28  # 4 bits: 0, 1, 2 -> NaN, +inf, -inf (probability 3/16)
+    special = const(_NONFINITE_SCALE_BITS + (0,), "cpu")[torch.clamp(which, max=3)] & 0xFFFF_FFFF
     return torch.where(which < 3, special, finite)
 
 
 @dataclass(frozen=True)
 class _Mode:
     pool: Callable[[Stream], Tensor]
-    words: int  # words per record: the pool pick, then the scales' words
-    scales: Callable[[Tensor | None, Tensor], Tensor]
+    scale_rows: Callable[[Stream, Tensor], Tensor]
 
 
 _MODES: dict[ValueMode, _Mode] = {
-    ValueMode.ACTIVATIONS: _Mode(_activations_pool, 2, _activations_scales),
-    ValueMode.ALL_CODES: _Mode(_all_codes_pool, 5, _all_codes_scales),
-    ValueMode.EXTREME_SCALES: _Mode(_plain_pool, 2, _catalog_scales(_EXTREME_SCALE_BITS)),
-    ValueMode.SUBNORMAL: _Mode(_plain_pool, 2, _catalog_scales(_SUBNORMAL_SCALE_BITS)),
-    ValueMode.NAN: _Mode(_nan_pool, 5, _nan_scales),
+    ValueMode.ACTIVATIONS: _Mode(_activations_pool, _activations_rows),
+    ValueMode.ALL_CODES: _Mode(_all_codes_pool, _all_codes_rows),
+    ValueMode.EXTREME_SCALES: _Mode(_plain_pool, _catalog_rows(_EXTREME_SCALE_BITS)),
+    ValueMode.SUBNORMAL: _Mode(_plain_pool, _catalog_rows(_SUBNORMAL_SCALE_BITS)),
+    ValueMode.NAN: _Mode(_nan_pool, _nan_rows),
 }
-WORDS: dict[ValueMode, int] = {m: spec.words for m, spec in _MODES.items()}
+WORDS = 2  # per record: the pool rows' pick, the scale row's
 
 
 @functools.lru_cache(maxsize=32)
 def _pool(mode: ValueMode, device: str) -> tuple[Tensor, Tensor, Tensor]:
-    cpu = _MODES[mode].pool(Stream(0, f"mlafuzz/records/{mode.value}"))
+    stream = Stream(0, f"mlafuzz/records/{mode.value}")
+    cpu = _MODES[mode].pool(stream)
     rope = cpu[:, _ROPE].contiguous()
-    scales = cpu[:, _SCALES].contiguous().view(torch.int32)
+    scales = as_int32(_MODES[mode].scale_rows(stream.child("scales"), cpu))
     return cpu.to(device), rope.to(device), scales.to(device)
 
 
@@ -199,29 +208,33 @@ def record_pool(mode: ValueMode | str, *, device: Device) -> Tensor:
     return _pool(ValueMode(mode), _dev(device))[0]
 
 
-def record_words(block_words: Tensor, mode: ValueMode | str, *, block_size: int, device: Device) -> Tensor:
-    """int32 [blocks * block_size, W]: the W words of each record of the blocks whose words (31-bit,
-    one per block) are given: block b's records read one window of the word table at its word."""
-    w = WORDS[ValueMode(mode)]
-    offsets = block_words & (POOL_WORDS - 1)  # a window start in the table's first copy
-    return windows(offsets, block_size * w, device=device).view(-1, w)
+def scale_rows(mode: ValueMode | str, *, device: Device) -> Tensor:
+    """The mode's scale rows, int32 f32 patterns [rows, 4] (read it, never write it)."""
+    return _pool(ValueMode(mode), _dev(device))[2]
 
+
+def record_words(block_words: Tensor, *, block_size: int, device: Device) -> Tensor:
+    """int32 [blocks * block_size, 2]: the words of each record of the blocks whose words (31-bit,
+    one per block) are given: block b's records read one window of the word table at its word."""
+    offsets = block_words & (POOL_WORDS - 1)  # a window start in the table's first copy
+    return windows(offsets, block_size * WORDS, device=device).view(-1, WORDS)
 
 
 def fill_records(out: Tensor, mode: ValueMode | str, *, words: Tensor) -> None:
-    """Write the records of ``words`` (``record_words``: [n, W]) into ``out``, a contiguous uint8
+    """Write the records of ``words`` (``record_words``: [n, 2]) into ``out``, a contiguous uint8
     [n, 656] view (of a cache): codes and rope from the pool rows the first word picks (its bits
-    21..30 and 0..9), scales from the rest."""
+    21..30 and 0..9), the four scales from the scale row the second picks (for activations, one
+    of the 64 rows of the codes' pool row: its writer scales, shifted)."""
     mode = ValueMode(mode)
-    spec = _MODES[mode]
-    pool, ropes, pool_scales = _pool(mode, _dev(out.device))
+    pool, ropes, scales = _pool(mode, _dev(out.device))
     sel = words[:, 0] >> 21
     torch.index_select(pool, 0, sel, out=out)
     out[:, _ROPE] = torch.index_select(ropes, 0, words[:, 0] & (POOL_RECORDS - 1))
-    base = None
-    if mode is ValueMode.ACTIVATIONS:  # the writer's scales, shifted per record (positive: < 2**31)
-        base = torch.index_select(pool_scales, 0, sel).to(torch.int64)
-    out[:, _SCALES] = as_int32(spec.scales(base, words[:, 1:])).view(torch.uint8)
+    if mode is ValueMode.ACTIVATIONS:
+        row = sel * ACT_VARIANTS + (words[:, 1] & (ACT_VARIANTS - 1))
+    else:
+        row = words[:, 1] & (SCALE_ROWS - 1)
+    out[:, _SCALES] = torch.index_select(scales, 0, row).view(torch.uint8)
 
 
 LAZY_BYTES = 64 << 20  # CPU tensors this large are mapped, not allocated and cleared
@@ -254,6 +267,6 @@ def paged_cache(draws: Draws, mode: ValueMode | str, *, pool_blocks: int, block_
         shape, dtype=torch.uint8, device=device)  # every byte of a cache without a zero head is written
     tail = cache[base_block:].view(pool_blocks * block_size, RECORD_BYTES)
     if pool_blocks:
-        words = record_words(draws.words(pool_blocks, device=device), mode, block_size=block_size, device=device)
+        words = record_words(draws.words(pool_blocks, device=device), block_size=block_size, device=device)
         fill_records(tail, mode, words=words)
     return cache

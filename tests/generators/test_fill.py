@@ -31,9 +31,16 @@ def test_half_bits_saturates_and_goes_subnormal() -> None:
 
 # --- block tables --------------------------------------------------------------
 
+def _table(*, need, **kw):
+    """(table, pool) as a materializer makes them: the plan, its rows on the device, the table."""
+    plan = fill.plan_table(need=need, **kw)
+    (rows,) = fill.upload(plan.rows, device=CPU)
+    return fill.block_table(D, plan, rows=rows, device=CPU), plan.pool
+
+
 @pytest.mark.parametrize("need", [[3, 5, 2], [1], [0, 4], [7, 7, 7, 7], [0, 0]])
 def test_a_contiguous_table_numbers_each_requests_blocks_in_turn(need: list[int]) -> None:
-    table, pool = fill.block_table(D, need=need, layout="contiguous", spare_blocks=2, extra_cols=1, device=CPU)
+    table, pool = _table(need=need, layout="contiguous", spare_blocks=2, extra_cols=1)
     assert table.dtype == torch.int32 and table.shape == (len(need), max(max(need) + 1, 1))
     assert pool == max(sum(need) + 2, 1)
     at = 0
@@ -46,8 +53,7 @@ def test_a_contiguous_table_numbers_each_requests_blocks_in_turn(need: list[int]
 @pytest.mark.parametrize("base", [0, 40_000_000])
 def test_random_tables_have_distinct_ids_except_the_shared_prefix(layout: str, base: int) -> None:
     need = [6, 9, 4, 12, 4]
-    table, pool = fill.block_table(D, need=need, layout=layout, spare_blocks=3, extra_cols=2, base_block=base,
-                                   device=CPU)
+    table, pool = _table(need=need, layout=layout, spare_blocks=3, extra_cols=2, base_block=base)
     shared = 2 if layout == "shared_prefix" else 0
     assert pool == shared + sum(n - shared for n in need) + 3 and table.shape == (5, 14)
     rows = [table[r, :n].tolist() for r, n in enumerate(need)]
@@ -60,9 +66,16 @@ def test_random_tables_have_distinct_ids_except_the_shared_prefix(layout: str, b
     assert rows[0] != sorted(rows[0]) or rows[1] != sorted(rows[1])  # shuffled, not arange
 
 
+def test_upload_sends_every_part_in_one_tensor() -> None:
+    a, b, c = fill.upload([(1, 2), (3, 4), (5, 6)], [7, 8], [], device=CPU)
+    assert a.tolist() == [[1, 2], [3, 4], [5, 6]] and b.tolist() == [7, 8] and c.numel() == 0
+    assert a.dtype == torch.int32 and a.is_contiguous() and b.is_contiguous()
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def test_only_live_columns_own_blocks_and_the_others_hold_pool_ids() -> None:
     need, live = [10, 6, 8], [(2, 4), (1, 0), (0, 7)]  # request 1 reads nothing
-    table, pool = fill.block_table(D, need=need, layout="shuffled", live=live, base_block=100, device=CPU)
+    table, pool = _table(need=need, layout="shuffled", live=live, base_block=100)
     assert pool == 3 + 0 + 8
     owned = table[0, 2:5].tolist() + table[2, :8].tolist()
     assert sorted(owned) == list(range(100, 111))  # the pool is exactly the live blocks
@@ -72,16 +85,21 @@ def test_only_live_columns_own_blocks_and_the_others_hold_pool_ids() -> None:
 
 def test_block_ids_can_sit_at_the_top_of_int32() -> None:
     pool = 8
-    table, n = fill.block_table(D, need=[8], layout="shuffled", base_block=(1 << 31) - pool, device=CPU)
+    table, n = _table(need=[8], layout="shuffled", base_block=(1 << 31) - pool)
     assert n == pool and int(table.min()) == (1 << 31) - pool and int(table.max()) == (1 << 31) - 1
     with pytest.raises(ValueError):
-        fill.block_table(D, need=[9], layout="shuffled", base_block=(1 << 31) - pool, device=CPU)
+        _table(need=[9], layout="shuffled", base_block=(1 << 31) - pool)
 
 
 # --- top-k -------------------------------------------------------------------
 
 def _topk(mode: TopkMode, seq: torch.Tensor, width: int = 8, bs: int = 16, k: int = 128) -> torch.Tensor:
-    return fill.topk_indices(D, seq_lens=seq, width=width, block_size=bs, topk=k, mode=mode, device=CPU)
+    """Rows of requests of these lengths, one row per entry of ``seq`` (requests by distinct length)."""
+    lengths = sorted(set(seq.tolist()))
+    owners = torch.tensor([lengths.index(s) for s in seq.tolist()], dtype=torch.int32)
+    (host,) = fill.upload(fill.topk_rows(seq_lens=lengths, width=width, block_size=bs, topk=k), device=CPU)
+    return fill.topk_indices(D, per_row=torch.index_select(host, 0, owners), width=width, block_size=bs, topk=k,
+                             mode=mode, device=CPU)
 
 
 SEQ = torch.tensor([0, 1, 5, 100, 127, 128, 129] * 40)

@@ -38,7 +38,7 @@ def test_records_are_deterministic_and_a_block_depends_only_on_its_word(mode: Va
     assert torch.equal(full, _records(mode, 20))
     assert torch.equal(_records(mode, 7), full[:7 * 16])  # fewer blocks: a prefix
     assert not torch.equal(full, _records(mode, 20, draws=Draws(1, "other")))
-    words = records.record_words(D.words(20, device=CPU)[[3, 3, 11]], mode, block_size=16, device=CPU)
+    words = records.record_words(D.words(20, device=CPU)[[3, 3, 11]], block_size=16, device=CPU)
     out = torch.empty((48, 656), dtype=torch.uint8)
     records.fill_records(out, mode, words=words)
     assert torch.equal(out, torch.cat([full[48:64], full[48:64], full[176:192]]))
@@ -50,6 +50,8 @@ def test_pools_are_made_once_on_the_cpu_and_modes_share_no_bytes(mode: ValueMode
     assert pool is records.record_pool(mode, device=CPU) and pool.shape == (records.POOL_RECORDS, 656)
     recs = _records(mode, 256)
     assert torch.unique(recs, dim=0).shape[0] == 4096
+    rows = records.scale_rows(mode, device=CPU)
+    assert rows.dtype == torch.int32 and rows.shape[1] == 4 and torch.unique(rows, dim=0).shape[0] > 1000
     other = ValueMode.SUBNORMAL if mode is ValueMode.EXTREME_SCALES else ValueMode.EXTREME_SCALES
     assert (recs[:64, :512] != _records(other, 4)[:, :512]).float().mean() > 0.9
 

@@ -139,3 +139,55 @@ def test_a_bundle_of_the_old_generator_is_refused_in_one_line(tmp_path, capsys):
     assert main(["replay", str(bundle)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "older mlafuzz" in err[0] and "bit-identically" in err[0]
+
+
+# --- GPU: the fast path on the same inputs ------------------------------------------------
+
+HUGE_32 = (1 << 32) // (64 * 656) + 1
+
+
+def _gpu_specs():
+    from mlafuzz.tests.support.gen_cases import every_layout_spec
+
+    specs = [s for s in every_layout_spec() if s.op != "step"] + [
+        s for s in every_layout_spec(base_block=300) if s.op != "step"]
+    specs += [dataclasses.replace(GATHER, paging=Paging(block_size=64, layout="shuffled", base_block=HUGE_32)),
+              dataclasses.replace(WRITER, paging=Paging(block_size=64, spare_blocks=2, base_block=HUGE_32),
+                                  inputs_view=View.COLUMNS)]
+    return specs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", _gpu_specs(), ids=lambda s: s.op)
+def test_the_fast_path_clears_every_view_and_agrees_with_the_full_path(spec):
+    """Our kernels on each layout: the fast path judges the case itself (it must not decline a view:
+    a third of the cases have one) and finds nothing, and so does the full path."""
+    from mlafuzz.harness.check.compare import Context
+    from mlafuzz.harness.drive.run import fast_resources
+    from mlafuzz.harness.fast.path import Clear, fast_path
+    from mlafuzz.tests.support.helpers import OPS, session
+
+    s = session()
+    case = materialize(spec, 3, "cuda")
+    op = OPS.get(spec.op)
+    entry = resolve(spec.op, s.default_ref(spec.op, "cuda"))
+    fn = s.load(entry, "cuda")
+    result = fast_path(op=op, case=case, fn=fn, ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
+                       rerun=True, sub=s.sub("cuda"), res=fast_resources(s))
+    assert isinstance(result, Clear), result
+    assert run_case(case=case, entry=entry, rerun=True, fast=True).findings == ()
+    assert run_case(case=case, entry=entry, rerun=True, fast=False).findings == ()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec, op, module, planted", [
+    (dataclasses.replace(GATHER, table_view=View.COLUMNS), "gather", "contiguity.py", "gather_contiguous_table"),
+    (dataclasses.replace(CONVERT, rows_view=View.ROWS), "convert", "contiguity.py", "convert_indices_from_row_0"),
+    (dataclasses.replace(WRITER, inputs_view=View.COLUMNS), "writer", "contiguity.py", "writer_contiguous_inputs"),
+    (dataclasses.replace(GATHER, paging=Paging(block_size=64, base_block=HUGE_32)), "gather", "offsets.py",
+     "gather_int32_offsets"),
+], ids=["gather-table", "convert-rows", "writer-split", "gather-2**32"])
+def test_planted_view_and_offset_bugs_are_found_through_the_fast_path(spec, op, module, planted):
+    case = materialize(spec, 3, "cuda")
+    found = run_case(case=case, entry=resolve(op, _planted(module, planted)), rerun=True, fast=True).findings
+    assert Kind.VALUE_MISMATCH in {f.kind for f in found}
