@@ -6,7 +6,9 @@ per op, medians over the cases: cases/s end to end (generate + check), the time
 to generate a case, the kernel alone, the check (``check_call``: everything a
 fuzz run does for a case but generate it), and each stage's host time (a
 profiled check's ``mlafuzz::<stage>`` scopes, harness/check/stages.py);
-checks/kernel = (check - kernel) / kernel and generate/kernel.
+checks/kernel = (check - kernel) / kernel and generate/kernel; the torch ops
+one materialize launches; then each part's share of the end-to-end time
+(generate, the kernel, the rest of the check, and the check's stages).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ STAGES = ("run", "rerun", "inputs", "oracle", "guards")
 
 
 def realistic_spec(op: str) -> Any:
-    """DeepSeek V3.2 shapes (K 2048, bs 64, BLOCK_N 128)."""
+    """DeepSeek V3.2 shapes (K 2048, bs 64, BLOCK_N 128), the tensors laid out as vLLM passes them
+    (a plain block table, kv_c and k_pe split from one [T, 576] tensor)."""
     from mlafuzz.generators.ops.convert import ConvertRequest, ConvertSpec
     from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
     from mlafuzz.generators.ops.writer import WriterSpec
@@ -36,7 +39,7 @@ def realistic_spec(op: str) -> Any:
                                      paging=paging, values=ValueMode.ALL_CODES),
         "convert": lambda: ConvertSpec(requests=(ConvertRequest(seq_len=8192, num_tokens=64),) * 64, paging=paging,
                                        topk=2048, block_n=128, topk_mode=TopkMode.PADDED),
-        "writer": lambda: WriterSpec(num_tokens=65536, paging=paging),
+        "writer": lambda: WriterSpec(num_tokens=65536, paging=paging, inputs_view="columns"),  # vLLM's split
     }[op]()
 
 
@@ -65,6 +68,25 @@ def _stage_ms(check: Callable[[], object]) -> dict[str, float]:
     return out
 
 
+def _generate_ops(make: Callable[[], object]) -> int:
+    """Torch ops one materialize launches (aten calls at the top of the dispatcher, profiled)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        make()
+        torch.cuda.synchronize()
+    return sum(1 for ev in prof.events() if ev.name.startswith("aten::") and ev.cpu_parent is None)
+
+
+def _shares(med: dict[str, float]) -> str:
+    """Each part's share of a case's end-to-end time (generate + check)."""
+    total = max(med["generate"] + med["check"], 1e-9)
+    parts = [("generate", med["generate"]), ("kernel", med["kernel"]), ("rest of check", med["check"] - med["kernel"])]
+    stages = ", ".join(f"{s} {100 * med[s] / total:.0f}%" for s in STAGES if med.get(s))
+    return ("  share of end to end: " + ", ".join(f"{n} {100 * max(v, 0.0) / total:.0f}%" for n, v in parts)
+            + (f" (stages, host: {stages})" if stages else ""))
+
+
 def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: bool = False) -> list[str]:
     from mlafuzz.harness.check.compare import Policy
     from mlafuzz.harness.check.session import Session
@@ -75,10 +97,12 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
 
     session = Session(table=OPS)
     cols = ("cases/s", "generate", "kernel", "check", *STAGES)
-    lines = [f"{'op':<8} " + " ".join(f"{c:>9}" for c in cols) + f" {'gen/kernel':>11} {'checks/kernel':>14}",
+    lines = [f"{'op':<8} " + " ".join(f"{c:>9}" for c in cols)
+             + f" {'gen/kernel':>11} {'checks/kernel':>14} {'gen ops':>8}",
              "  ms per case, medians. cases/s: end to end (generate + check) over the timed cases. check: the"
              " runner's check_call in the steady state (after WARM untimed checks), the kernel timed alone on ready"
-             " arguments; stages: host ms of a profiled check. checks/kernel = (check - kernel) / kernel."]
+             " arguments; stages: host ms of a profiled check. checks/kernel = (check - kernel) / kernel."
+             " gen ops: torch ops of one materialize (the targets: generate <= 5x the kernel)."]
     profiles: list[str] = []
     for op_name in ops:
         op = OPS.get(op_name)
@@ -116,6 +140,7 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
                 rows[k].append(v)
         med = {k: statistics.median(v) for k, v in rows.items() if v}
         med["cases/s"] = cases / sum(walls)
+        gen_ops = _generate_ops(lambda: op.materialize(realistic_spec(op_name), seed=seed, device="cuda"))
         checks = (med["check"] - med["kernel"]) / max(med["kernel"], 1e-9)
         gen = med["generate"] / max(med["kernel"], 1e-9)
         if profile:
@@ -131,5 +156,7 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             profiles.append(table.table(sort_by="self_cuda_time_total", row_limit=12))
             profiles.append(f"--- {op_name}: by CPU time (total) ---")
             profiles.append(table.table(sort_by="cpu_time_total", row_limit=15))
-        lines.append(f"{op_name:<8} " + " ".join(f"{med[c]:>9.2f}" for c in cols) + f" {gen:>11.2f} {checks:>14.2f}")
+        lines.append(f"{op_name:<8} " + " ".join(f"{med[c]:>9.2f}" for c in cols)
+                     + f" {gen:>11.2f} {checks:>14.2f} {gen_ops:>8}")
+        lines.append(_shares(med))
     return lines + profiles

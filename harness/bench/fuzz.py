@@ -1,0 +1,55 @@
+"""`mlafuzz bench --fuzz`: the fuzz loop's own throughput, cases/s per op, the README's figure.
+
+For each op, the real loop (harness/drive/fuzz.py ``fuzz``, a WorkerPool of
+spawned workers on the GPU, ``--size large``, our default implementations,
+error inputs and re-runs as a fuzz run has them, no shrinking) runs for a
+fixed time; cases/s is the cases it finished over the seconds it took. The
+pool is started and warmed once (every worker runs a few cases of the op
+first, untimed: process start, CUDA and Triton start-up are not the loop's
+steady state), then reused for every op.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from mlafuzz.generators.draw import KNOB_PRESETS, Knobs
+
+WARM_CASES_PER_WORKER = 4
+
+
+def bench_fuzz(ops: list[str], *, seconds: float, workers: int, seed: int = 0, device: str = "cuda",
+               knobs: Knobs | None = None) -> list[str]:
+    """Lines to print: cases/s per op (``device`` and ``knobs``: the CLI's are cuda and LARGE)."""
+    from mlafuzz.generators.draw import LARGE
+    from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
+    from mlafuzz.harness.drive.workers import DEFAULT_TABLE, WorkerPool, device_slots, table_from_ref
+
+    table = table_from_ref(DEFAULT_TABLE)
+    session = Session(table=table)
+    knobs = knobs or LARGE
+    size = next((name for name, k in KNOB_PRESETS.items() if k == knobs), "custom")
+    devices = device_slots(device=device, workers=workers)
+    lines = [f"{'op':<8} {'cases/s':>9} {'cases':>7} {'seconds':>8} {'findings':>8}   impl",
+             f"  fuzz --size {size} --device {device} --workers {len(devices)}, {seconds:g} s per op after"
+             f" {WARM_CASES_PER_WORKER} untimed cases per worker; error inputs and re-runs as in a fuzz run, no"
+             " shrinking"]
+    pool = WorkerPool(devices=devices, timeout=120.0, table_ref=DEFAULT_TABLE)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mlafuzz-bench-") as tmp:
+            for op in ops:
+                impls = {op: session.default_ref(op, device)}
+                common = dict(ops=(op,), impls=impls, device=device, knobs=knobs, shrink_budget=0.0, table=table)
+                fuzz(FuzzConfig(cases=WARM_CASES_PER_WORKER * len(devices), seed=seed + 1,
+                                out_dir=Path(tmp) / f"{op}-warm", **common), executor=pool)
+                found: list = []
+                summary = fuzz(FuzzConfig(budget=seconds, seed=seed, out_dir=Path(tmp) / op, **common),
+                               executor=pool, on_finding=found.append)
+                lines.append(f"{op:<8} {summary.rate:>9.1f} {summary.cases:>7} {summary.seconds:>8.1f}"
+                             f" {summary.findings:>8}   {impls[op]}")
+                lines += [f"  finding: {f.kind.value} {f.message}" for f in found[:3]]
+    finally:
+        pool.close()
+    return lines
