@@ -1,2 +1,3 @@
-"""Counter-based, device-exact generation: the hash stream (hashing.py), float bit patterns (bits.py),
-cache records (records.py), block tables, top-k rows, writer inputs and slots (fill.py)."""
+"""Counter-based, device-exact generation: the hash stream (hashing.py), a case's words as views and
+windows of one fixed table of hashed words (pool.py), float bit patterns (bits.py), cache records
+(records.py), block tables, top-k rows, writer inputs and slots (fill.py)."""

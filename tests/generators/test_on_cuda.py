@@ -38,14 +38,13 @@ def _same_on_both(spec, seed: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.op}")
 def test_every_op_value_mode_and_view_is_the_same_bytes_on_cpu_and_cuda(spec):
-    for seed in (0, 11):
-        _same_on_both(spec, seed)
+    _same_on_both(spec, 11)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ("convert", "gather", "writer", "step"))
 def test_large_cases_are_the_same_bytes_on_cpu_and_cuda(op):
-    for i in range(16):
+    for i in range(8):
         _same_on_both(draw_spec(op, seed=i, knobs=LARGE), i)
 
 
