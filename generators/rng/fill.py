@@ -41,7 +41,7 @@ from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, windows
 from mlafuzz.generators.spec import Layout, TopkMode, WriterValues
 
 __all__ = ["upload", "TablePlan", "plan_table", "block_table", "topk_rows", "topk_indices", "writer_inputs", "distinct_slots",
-           "RANK_ROWS", "TOPK_COLUMNS"]
+           "RANK_ROWS"]
 
 INT32_MAX = catalog.INT32_MAX
 INT32_MIN = catalog.INT32_MIN
@@ -177,12 +177,9 @@ def _rank_rows(words: Tensor, k: int, device: Device) -> Tensor:
     return torch.index_select(table.unfold(0, k, 1), 0, starts)
 
 
-TOPK_COLUMNS = 8  # ints per request in topk_rows
-
-
 def topk_rows(*, seq_lens: Sequence[int], width: int, block_size: int, topk: int) -> list[tuple[int, ...]]:
-    """Per request, the TOPK_COLUMNS host ints ``topk_indices`` reads per row (the device gathers
-    them by each row's request: one op)."""
+    """Per request, the 8 host ints ``topk_indices`` reads per row (the device gathers them by each
+    row's request: one op)."""
     past_end = width * block_size
     if past_end + 2 * block_size > INT32_MAX:
         raise ValueError(f"width={width} * block_size={block_size}: table positions must fit int32")
@@ -198,8 +195,8 @@ def topk_rows(*, seq_lens: Sequence[int], width: int, block_size: int, topk: int
 
 def topk_indices(draws: Draws, *, per_row: Tensor, width: int, block_size: int, topk: int, mode: TopkMode | str,
                  device: Device) -> Tensor:
-    """Request-local top-k rows, int32 [N, K]; ``per_row`` (int32 [N, >= TOPK_COLUMNS] on the device)
-    holds, for each row, its request's ``topk_rows``.
+    """Request-local top-k rows, int32 [N, K]; ``per_row`` (int32 [N, 8] on the device) holds, for
+    each row, its request's ``topk_rows``.
 
     Column c of row r reads the word w of its window (pool.py); its position is
     w % seq_len. valid: those positions (all -1 when seq_len == 0). padded:
