@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mlafuzz.generators.draw import KNOB_PRESETS, Knobs
 
-WARM_CASES_PER_WORKER = 4
+WARM_CASES_PER_WORKER = 16  # enough for the common Triton variants to be compiled (and cached on disk)
 
 
 def bench_fuzz(ops: list[str], *, seconds: float, workers: int, seed: int = 0, device: str = "cuda",
