@@ -10,23 +10,28 @@ from __future__ import annotations
 from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry, module_attr
 
+# Our converts take both SPEC section 7 options (their signatures say so too: kernels/external.py).
+CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front"})
+
 # The CUDA kernels check on the host only what SPEC section 4 says vLLM checks.
 CUDA_GATHER_REJECTS = frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"})
 CUDA_WRITER_REJECTS = frozenset({"wrong_dtype", "wrong_shape", "device_mismatch", "unsupported_kv_cache_dtype"})
 
 
 def _entry(*, op: str, name: str, module: str, attr: str, devices: tuple[str, ...], rejects: frozenset[str],
-           description: str, requires: tuple[str, ...] = ()) -> ImplEntry:
+           description: str, requires: tuple[str, ...] = (), capabilities: frozenset[str] = frozenset({"seq_starts"})
+           ) -> ImplEntry:
     return ImplEntry(op=op, name=name, loader=module_attr(module, attr), devices=frozenset(devices),
-                     rejects=rejects, description=description, requires=requires)
+                     rejects=rejects, description=description, requires=requires, capabilities=capabilities)
 
 
 BUILTINS: tuple[ImplEntry, ...] = (
     _entry(op="convert", name="triton", module="mlafuzz.kernels.triton_convert", attr="convert",
-           devices=("cpu", "cuda"), rejects=CONVERT_REJECTS, requires=("triton",),
+           devices=("cpu", "cuda"), rejects=CONVERT_REJECTS, requires=("triton",), capabilities=CONVERT_OPTIONS,
            description="our Triton kernel, one program per row (interpreted on CPU)"),
     _entry(op="convert", name="torch", module="mlafuzz.kernels.torch_impl", attr="convert_torch",
-           devices=("cpu", "cuda"), rejects=CONVERT_REJECTS, description="vectorized torch implementation"),
+           devices=("cpu", "cuda"), rejects=CONVERT_REJECTS, capabilities=CONVERT_OPTIONS,
+           description="vectorized torch implementation"),
     _entry(op="gather", name="torch", module="mlafuzz.kernels.torch_impl", attr="gather_torch",
            devices=("cpu", "cuda"), rejects=GATHER_TORCH_REJECTS,
            description="vectorized torch implementation with host-side checks"),

@@ -53,19 +53,25 @@ def convert_torch(
     block_table: torch.Tensor,
     token_indices: torch.Tensor,
     BLOCK_SIZE: int = 64,
+    BLOCK_STRIDE_ROWS: int | None = None,
     NUM_TOPK_TOKENS: int = 2048,
     BLOCK_N: int = 128,
     HAS_PREFILL_WORKSPACE: bool = False,
     prefill_workspace_request_ids: torch.Tensor | None = None,
     prefill_workspace_starts: torch.Tensor | None = None,
     return_valid_counts: bool = False,
+    *,
+    COMPACT_TO_FRONT: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """SPEC §3 in vectorized torch; same contract as ``triton_convert.convert``.
 
     Rejects ``CONVERT_REJECTS`` on the host. Like the Triton kernel, a row
     whose req lies outside [0, R), or a prefill row whose workspace id lies
     outside [0, len(starts)), yields -1 where it would have read out of bounds.
-    Arithmetic is int32 and wraps like the kernel's.
+    Arithmetic is int32 and wraps like the kernel's. The SPEC §7 options:
+    ``BLOCK_STRIDE_ROWS`` (None = BLOCK_SIZE) multiplies the table entry of a
+    cache slot; ``COMPACT_TO_FRONT`` packs each row's valid values at its
+    front (column order, by a stable sort on "invalid"), -1 after.
     """
     check_convert_args(
         req_id,
@@ -77,8 +83,10 @@ def convert_torch(
         HAS_PREFILL_WORKSPACE,
         prefill_workspace_request_ids,
         prefill_workspace_starts,
+        BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
     )
     num_reqs, max_blocks = block_table.shape
+    stride = BLOCK_SIZE if BLOCK_STRIDE_ROWS is None else BLOCK_STRIDE_ROWS
     tok = token_indices
     nonneg = tok >= 0
     tok_s = torch.where(nonneg, tok, 0)  # divide non-negative values only
@@ -95,7 +103,9 @@ def convert_torch(
         base = block_table[rows, cols]  # every index is in range by construction
     else:
         base = torch.zeros_like(tok)
-    val = base * BLOCK_SIZE + off  # int32 * python int stays int32
+    # int32 * python int stays int32 on the CPU; wrap explicitly all the same, so no device or
+    # torch version can promote the product and skip the kernel's int32 wraparound.
+    val = _wrap_int32(base.long() * stride + off.long())
 
     if HAS_PREFILL_WORKSPACE:
         pref = prefill_workspace_request_ids.long()
@@ -106,13 +116,23 @@ def convert_torch(
             pstart = torch.where(pref_ok, starts[torch.where(pref_ok, pref, 0)], 0)
         else:
             pstart = torch.zeros_like(req_id)
-        val = torch.where(is_pref[:, None], pstart[:, None] + tok_s, val)
+        val = torch.where(is_pref[:, None], _wrap_int32(pstart[:, None].long() + tok_s.long()), val)
         valid = in_table & torch.where(is_pref, pref_ok, req_ok)[:, None]
 
-    out = torch.where(valid, val, -1).to(torch.int32).contiguous()
+    out = torch.where(valid, val, -1).to(torch.int32)
+    if COMPACT_TO_FRONT and out.numel():
+        # A stable sort on "invalid" moves the valid columns to the front, keeping their order.
+        order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+        out = torch.gather(out, 1, order)
+    out = out.contiguous()
     if not return_valid_counts:
         return out
     return out, valid.sum(dim=1, dtype=torch.int32)
+
+
+def _wrap_int32(v: torch.Tensor) -> torch.Tensor:
+    """int64 -> int32 with two's-complement wraparound (what the kernels' int32 arithmetic gives)."""
+    return ((v + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
 # ----------------------------------------------------------------- codec (§2)
