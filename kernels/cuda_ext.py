@@ -4,9 +4,10 @@ Public API, with the exact SPEC.md / vLLM signatures:
 
 - ``gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None)``:
   SPEC section 4 (cp_gather_and_upconvert with seq_starts); writes ``dst`` in place.
-- ``writer(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None)``:
-  vLLM's ``concat_and_cache_mla`` for the fp8_ds_mla dtype (SPEC section 2); ``scale`` is
-  ignored, as vLLM ignores it for this dtype. The RoPE bytes are k_pe's 16-bit patterns copied as
+- ``writer(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None, *,
+  revision=NEWEST)``: vLLM's ``concat_and_cache_mla`` for the fp8_ds_mla dtype (SPEC section 2);
+  ``scale`` is ignored, as vLLM ignores it for this dtype; the keyword-only ``revision`` picks
+  the contract revision's tile scale rule (SPEC section 7). The RoPE bytes are k_pe's 16-bit patterns copied as
   is, as vLLM and mlafuzz.oracles.codec do, also for an fp16 k_pe; ``writer_impl(...,
   convert_fp16_rope=True)`` rounds an fp16 k_pe to bf16 instead (RNE, NaN -> 0x7FC0).
 - ``load_extension(*, verbose=False) -> BuildInfo``: JIT-build on first use (GPU machine), cached
@@ -38,6 +39,7 @@ from typing import Iterator
 import torch
 
 from mlafuzz.kernels.checks import check_gather_args, check_writer_args
+from mlafuzz.kernels.revisions import NEWEST, POW2_SCALE, check_revision
 
 __all__ = [
     "BuildInfo",
@@ -218,28 +220,38 @@ def gather(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor
     gather_impl(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
 
 
+# The kernel's scale rules (writer_op's scale_rule): 0 is SPEC section 2 as written, 1 the
+# power-of-two scale with the 1e-4f floor. An int rather than a flag, so a later rule is one more.
+_SCALE_RULE_FLT_MIN = 0
+_SCALE_RULE_POW2 = 1
+
+
 def writer_impl(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                slot_mapping: torch.Tensor, *, convert_fp16_rope: bool = False) -> None:
+                slot_mapping: torch.Tensor, *, convert_fp16_rope: bool = False, revision: str = NEWEST) -> None:
     """``writer`` with the RoPE knob exposed: ``convert_fp16_rope=True`` stores an fp16 k_pe as
     its value rounded to bf16 (RNE, NaN -> 0x7FC0) instead of its raw 16-bit pattern."""
+    check_revision(revision)
     _require_cuda("kv_cache", kv_cache)
     check_writer_args(kv_c, k_pe, kv_cache, slot_mapping, "fp8_ds_mla")  # see gather_impl
     if slot_mapping.dtype != torch.int64:
         raise TypeError(f"slot_mapping.dtype={slot_mapping.dtype} must be torch.int64")
-    _ops().writer(kv_c, k_pe, _as_bytes(kv_cache), slot_mapping, bool(convert_fp16_rope))
+    rule = _SCALE_RULE_POW2 if revision in POW2_SCALE else _SCALE_RULE_FLT_MIN
+    _ops().writer(kv_c, k_pe, _as_bytes(kv_cache), slot_mapping, bool(convert_fp16_rope), rule)
 
 
 def writer(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
            slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
-           scale: torch.Tensor | None = None) -> None:
+           scale: torch.Tensor | None = None, *, revision: str = NEWEST) -> None:
     """vLLM's concat_and_cache_mla for kv_cache_dtype="fp8_ds_mla" (SPEC section 2): per token
-    with slot >= 0, per 128-tile scale = max(amax / 448, FLT_MIN), codes = satfinite e4m3(x /
-    scale), RoPE = k_pe's raw 16-bit patterns. ``scale`` is accepted and ignored (vLLM ignores it
-    for this dtype); any other kv_cache_dtype raises ValueError before anything runs."""
+    with slot >= 0, per 128-tile scale = max(amax / 448, FLT_MIN) under revision 2026-07, or
+    2**ceil(log2(max(amax / 448, 1e-4f))) (exact, on the bits) under 2026-09 (SPEC section 7);
+    codes = satfinite e4m3(x / scale), RoPE = k_pe's raw 16-bit patterns. ``scale`` is accepted
+    and ignored (vLLM ignores it for this dtype); any other kv_cache_dtype, or an unknown
+    ``revision``, raises ValueError before anything runs."""
     if kv_cache_dtype != "fp8_ds_mla":
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: only 'fp8_ds_mla' is supported")
     del scale
-    writer_impl(kv_c, k_pe, kv_cache, slot_mapping)
+    writer_impl(kv_c, k_pe, kv_cache, slot_mapping, revision=revision)
 
 
 def _cpu_torch_workarounds() -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -24,6 +25,18 @@ class ImplEntry:
     requires: tuple[str, ...] = ()  # Python packages it cannot be loaded without (e.g. triton)
     expected_kind: str | None = None  # for planted-bug mutants: the finding kind it should draw
     is_mutant: bool = False
+    # Contract revisions (SPEC section 7). ``revision``: the one this entry is always judged under
+    # (a pin, e.g. a mutant of one revision's rule), whatever the run names. ``revisions``: the
+    # ones it can follow, by a keyword-only ``revision=`` argument the harness binds (our writers);
+    # then it is judged under the run's. Neither (external implementations): it implements one
+    # revision, the one the run names.
+    revision: str | None = None
+    revisions: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.revision is not None and self.revisions is not None:
+            raise ValueError(f"ImplEntry {self.op}={self.name}: revision={self.revision!r} pins one revision,"
+                             f" revisions={sorted(self.revisions)} follows the run's: give one of them")
 
     def missing(self) -> tuple[str, ...]:
         """The packages of ``requires`` this Python cannot import."""
@@ -41,10 +54,28 @@ class ImplEntry:
                             f" (pip install 'mlafuzz[{missing[0]}]', or pick another --impl {self.op}=...)")
         return kind
 
-    def load(self, device: str) -> Callable:
+    def judged_under(self, run_revision: str) -> str:
+        """The revision a case of this entry is judged under when the run names ``run_revision``."""
+        return self.revision if self.revision is not None else run_revision
+
+    def follows(self, revision: str) -> bool:
+        """Whether this entry can be judged under ``revision``."""
+        if self.revision is not None:
+            return revision == self.revision
+        return self.revisions is None or revision in self.revisions
+
+    def load(self, device: str, *, revision: str | None = None) -> Callable:
         """A fresh load of the callable for ``device`` (callers keep it: harness sessions cache one
-        per process); ImplError if it cannot run there."""
-        return self.loader(self.check_device(device))
+        per process, and per revision); ImplError if it cannot run there. For an entry that follows
+        revisions, ``revision`` is bound as the call's keyword-only ``revision=``; otherwise it is
+        ignored (a pinned entry's loader binds its own, an external one has none)."""
+        fn = self.loader(self.check_device(device))
+        if self.revisions is None or revision is None:
+            return fn
+        if revision not in self.revisions:
+            raise ImplError(f"impl {self.op}={self.name} does not follow contract revision {revision!r}"
+                            f" (follows: {', '.join(sorted(self.revisions))})")
+        return functools.partial(fn, revision=revision)
 
 
 def module_attr(module: str, attr: str) -> Callable[[str], Callable]:

@@ -1,6 +1,7 @@
 """Repro bundles: one folder per finding bucket, replayable on any machine that can run the impl.
 
-Layout: ``case.json`` (schema version, op, spec, seed, impl, policy, device),
+Layout: ``case.json`` (schema version, op, spec, seed, impl, policy, device,
+the contract revision the finding was judged under),
 ``inputs.pt`` (the case's tensors on the CPU, read back with
 ``weights_only=True``), ``finding.json``, ``env.json`` and ``replay.txt`` (the
 one-line command). Files are written to a temporary name and renamed, so a
@@ -43,6 +44,7 @@ class Bundle:
     contract: str | None
     finding: Finding
     inputs: dict[str, torch.Tensor]
+    revision: str | None = None  # the contract revision (SPEC 7) to replay under; None: a bundle from before revisions
 
 
 def env_info() -> dict[str, Any]:
@@ -76,11 +78,14 @@ def replay_command(path: Path) -> str:
 
 def write_bundle(*, root: Path, name: str, op: str, spec: dict[str, Any], seed: int, impl: str, device: str,
                  ulp: int, rerun: bool, contract: str | None, finding: Finding,
-                 inputs: dict[str, torch.Tensor | None], extra: dict[str, Any] | None = None) -> Path:
+                 inputs: dict[str, torch.Tensor | None], extra: dict[str, Any] | None = None,
+                 revision: str | None = None) -> Path:
+    """``revision``: the contract revision to replay under; default the one the finding was judged under."""
     path = root / slug(name)
     path.mkdir(parents=True, exist_ok=True)
     case = {"schema_version": BUNDLE_SCHEMA, "op": op, "spec": spec, "seed": seed, "impl": impl, "device": device,
-            "policy": {"ulp": ulp}, "rerun": rerun, "contract": contract, **(extra or {})}
+            "policy": {"ulp": ulp}, "rerun": rerun, "contract": contract,
+            "revision": revision if revision is not None else finding.revision, **(extra or {})}
     tensors = {k: v.detach().cpu() for k, v in inputs.items() if v is not None}
     tmp = path / "inputs.pt.tmp"
     torch.save(tensors, tmp)
@@ -146,4 +151,12 @@ def read_bundle(path: Path) -> Bundle:
     return Bundle(path=path, op=_field(case, "op", str), spec=_field(case, "spec", dict),
                   seed=_field(case, "seed", int), impl=_field(case, "impl", str), device=_field(case, "device", str),
                   ulp=int(policy.get("ulp", 0)), rerun=bool(case.get("rerun", False)),
-                  contract=case.get("contract"), finding=finding, inputs=inputs)
+                  contract=case.get("contract"), finding=finding, inputs=inputs,
+                  revision=_revision(case, finding))
+
+
+def _revision(case: dict[str, Any], finding: Finding) -> str | None:
+    value = case.get("revision", finding.revision)
+    if value is not None and not isinstance(value, str):
+        raise BundleError(f"case.json: revision={value!r} must be a string")
+    return value

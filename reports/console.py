@@ -96,9 +96,10 @@ def mutants_table(results: Sequence[MutantRow]) -> list[str]:
 
 
 def replay_lines(*, op: str, impl_ref: str, device: str, recorded: Finding,
-                 found: Sequence[tuple[Finding, bool]]) -> list[str]:
+                 found: Sequence[tuple[Finding, bool]], revision: str | None = None) -> list[str]:
+    where = f"{device}, contract revision {revision}" if revision else device
     if not found:
-        return [f"mlafuzz replay: passes on {op}={impl_ref} ({device}); the bundle recorded "
+        return [f"mlafuzz replay: passes on {op}={impl_ref} ({where}); the bundle recorded "
                 f"{recorded.kind.value}: {recorded.message}"]
     return [f"mlafuzz replay: {'reproduces' if same else 'other finding'}: {f.kind.value} {f.op}={f.impl}: {f.message}"
             for f, same in found]

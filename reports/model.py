@@ -371,6 +371,9 @@ def replay_command(finding: Finding, run: Mapping[str, Any] | None = None, *, bu
     if run.get("device"):
         parts += ["--device", str(run["device"]).split(":")[0]]
     parts += ["--seed", str(run["seed"])]
+    revision = finding.revision or run.get("revision")
+    if isinstance(revision, str) and revision:
+        parts += ["--revision", revision]
     shard_text = shard_label(run.get("shard"))
     if shard_text and shard_text != "0/1":
         parts += ["--shard", shard_text]

@@ -22,6 +22,7 @@ from mlafuzz.harness.cli.args import (
     positive_seconds,
     shard,
 )
+from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
@@ -43,6 +44,9 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     f.add_argument("--size", choices=("small", "large"), default="small",
                    help="case size knobs: small (CPU, interpreter) or large (realistic GPU sizes)")
     f.add_argument("--ulp", type=nonneg_int, default=0, help="bf16 ulp budget (default 0: bit-exact)")
+    f.add_argument("--revision", choices=REVISIONS, default=NEWEST_REVISION,
+                   help=f"contract revision (SPEC section 7) to judge the implementations under (default the newest,"
+                        f" {NEWEST_REVISION}); a registry entry that pins one (a mutant of one revision's rule) keeps its own")
     f.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N", help="run only shard K of N (0-based)")
     f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
     f.add_argument("--workers", type=positive_int, default=None,
@@ -153,10 +157,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                         cases=cases, budget=budget, seed=args.seed, out_dir=Path(args.out),
                         knobs=KNOB_PRESETS[args.size], policy=Policy(ulp=args.ulp), fixed_spec=fixed_spec,
                         shard=Shard(index=args.shard[0], count=args.shard[1]), shrink_budget=args.shrink_budget,
-                        rejects=rejects, table=table)
+                        rejects=rejects, table=table, revision=args.revision)
     if not args.quiet:
         print(console.start_line(impls=config.impls, device=args.device, seed=args.seed, cases=cases, budget=budget,
-                                 out=str(config.out_dir)), file=sys.stderr)
+                                 out=str(config.out_dir), revision=config.revision), file=sys.stderr)
     seen: set = set()
     found: list = []  # for the verdict
 

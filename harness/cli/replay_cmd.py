@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from mlafuzz.harness.cli.args import EXIT_FINDINGS, EXIT_OK, UsageError
+from mlafuzz.harness.ops.names import REVISIONS
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
@@ -20,6 +21,8 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     r.add_argument("bundle", help="bundle directory (OUT/bundles/...)")
     r.add_argument("--impl", metavar="OP=REF", help="replay against another implementation (e.g. the fix)")
     r.add_argument("--device", choices=("cpu", "cuda"), help="default: the bundle's device if available, else cpu")
+    r.add_argument("--revision", choices=REVISIONS,
+                   help="contract revision to replay under (default: the bundle's; an entry's pin still wins)")
     r.add_argument("--quiet", action="store_true", help="print nothing; the exit status says it all")
     r.set_defaults(func=cmd_replay, device_from=_bundle_device)
 
@@ -52,11 +55,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if op != bundle_op:
             raise ImplError(f"--impl {args.impl}: this bundle is for op {bundle_op!r}")
     try:
-        result = replay(bundle_path=Path(args.bundle), impl_ref=impl_ref, device=args.device, table=table)
+        result = replay(bundle_path=Path(args.bundle), impl_ref=impl_ref, device=args.device, table=table,
+                        revision=args.revision)
     except OSError as exc:
         raise UsageError(f"mlafuzz replay: {args.bundle}: {exc.strerror or exc}") from None
     if not args.quiet:
         for line in console.replay_lines(op=result.bundle.op, impl_ref=result.impl_ref, device=result.device,
-                                         recorded=result.bundle.finding, found=result.found):
+                                         recorded=result.bundle.finding, found=result.found,
+                                         revision=result.revision):
             print(line)
     return EXIT_OK if result.passed else EXIT_FINDINGS

@@ -23,6 +23,7 @@ from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.check.compare import Policy
 from mlafuzz.harness.drive.tasks import Task, TaskResult
 from mlafuzz.harness.drive.workers import Executor
+from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.reports.atomic import atomic_write
@@ -69,6 +70,7 @@ class FuzzConfig:
     shrink_budget: float = 0.0  # seconds per new bucket; 0: no shrinking and no bundles
     rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # weaker contracts per op
     table: OpTable = OPS
+    revision: str = NEWEST_REVISION  # the contract revision (SPEC 7) cases are judged under; an entry's pin wins
 
     def __post_init__(self) -> None:
         if self.cases is None and self.budget is None:
@@ -88,7 +90,7 @@ class FuzzConfig:
                     if classes and i % self.contract_every == 1 else None)
         return Task(index=i, op=op, seed=seed, spec=spec, knobs=self.knobs, impl_ref=self.impls[op],
                     device=self.device, ulp=self.policy.ulp, rerun=i % self.rerun_every == 0, contract=contract,
-                    rejects=self.rejects.get(op))
+                    rejects=self.rejects.get(op), revision=self.revision)
 
 
 @dataclass(kw_only=True)
@@ -168,7 +170,7 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
     config.out_dir.mkdir(parents=True, exist_ok=True)
     run = {"ops": list(config.ops), "impls": dict(config.impls), "device": config.device, "seed": config.seed,
            "shard": f"{config.shard.index}/{config.shard.count}", "cases": config.cases, "budget": config.budget,
-           "ulp": config.policy.ulp}
+           "ulp": config.policy.ulp, "revision": config.revision}
     atomic_write(config.out_dir / "run.json", json.dumps(run, indent=2) + "\n")
     summary = FuzzSummary()
     start = time.monotonic()

@@ -1,8 +1,10 @@
 """The harness proves its power on the catalog of planted bugs (``mlafuzz mutants``).
 
 Each mutant is fuzzed until it draws its expected finding kind, or its budget
-(seconds, or cases) runs out; the correct implementations are fuzzed in the
-same run and must draw nothing.
+(seconds, or cases) runs out; a mutant of one contract revision's rule is
+judged under it (its entry's pin). The correct implementations are fuzzed in
+the same run and must draw nothing, under every revision they follow (our
+writers: both), else under the newest.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from mlafuzz.generators.draw import SMALL
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz, shrink_and_bundle
 from mlafuzz.harness.drive.workers import Executor
+from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,13 +57,18 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
         results.append(MutantResult(op=entry.op, name=entry.name, expected=expected,
                                     killed=expected in summary.by_kind, found=tuple(sorted(summary.by_kind)),
                                     cases=summary.cases, seconds=seconds, size=size))
-    # The correct implementations, same run, same budget: they must stay clean.
+    # The correct implementations, same run, same budget per revision: they must stay clean.
     clean_problems = []
     for op in ops:
         ref = session.default_ref(op, device)
-        config = FuzzConfig(ops=(op,), impls={op: ref}, device=device, budget=budget, cases=cases, seed=seed,
-                            out_dir=out / f"correct-{op}", knobs=SMALL, table=session.table)
-        summary = fuzz(config, executor=executor)
-        if summary.findings:
-            clean_problems.append(f"{op}={ref}: {summary.findings} findings ({', '.join(sorted(summary.by_kind))})")
+        entry = session.entry(op, ref)
+        revisions = [r for r in REVISIONS if entry.revisions and r in entry.revisions] or [NEWEST_REVISION]
+        for revision in revisions:
+            name = f"correct-{op}" if len(revisions) == 1 else f"correct-{op}-{revision}"
+            config = FuzzConfig(ops=(op,), impls={op: ref}, device=device, budget=budget, cases=cases, seed=seed,
+                                out_dir=out / name, knobs=SMALL, table=session.table, revision=revision)
+            summary = fuzz(config, executor=executor)
+            if summary.findings:
+                clean_problems.append(f"{op}={ref} (revision {revision}): {summary.findings} findings"
+                                      f" ({', '.join(sorted(summary.by_kind))})")
     return results, clean_problems

@@ -30,6 +30,7 @@ class ReplayResult:
     impl_ref: str
     device: str
     found: tuple[tuple[Finding, bool], ...]  # each error finding, and whether it is the bundle's own
+    revision: str | None = None  # the run revision it replayed under (an entry's pin still wins)
 
     @property
     def passed(self) -> bool:
@@ -48,8 +49,11 @@ def check_inputs(bundle: Bundle, table: OpTable) -> None:
 
 
 def replay(*, bundle_path: Path, impl_ref: str | None, device: str | None, table: OpTable,
-           timeout: float = 120.0) -> ReplayResult:
+           timeout: float = 120.0, revision: str | None = None) -> ReplayResult:
+    """The bundle's case again; under its recorded contract revision unless ``revision`` says
+    another (a bundle from before revisions replays under the newest)."""
     bundle = read_bundle(bundle_path)
+    revision = revision or bundle.revision
     if device is None:
         device = "cuda" if bundle.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -59,7 +63,7 @@ def replay(*, bundle_path: Path, impl_ref: str | None, device: str | None, table
     session = Session(table=table)
     session.load(session.entry(bundle.op, ref), device)  # an impl that cannot run here: one line
     task = Task(index=0, op=bundle.op, seed=bundle.seed, spec=bundle.spec, impl_ref=ref, device=device,
-                ulp=bundle.ulp, rerun=bundle.rerun, contract=bundle.contract)
+                ulp=bundle.ulp, rerun=bundle.rerun, contract=bundle.contract, revision=revision)
     isolated = bundle.finding.kind in (Kind.CRASH, Kind.TIMEOUT)
     executor = (WorkerPool(devices=[device if device == "cpu" else "cuda:0"], timeout=timeout) if isolated
                 else InProcess(session=session))
@@ -68,5 +72,5 @@ def replay(*, bundle_path: Path, impl_ref: str | None, device: str | None, table
     finally:
         executor.close()
     errors = [f for f in result.findings if f.severity is Severity.ERROR]
-    return ReplayResult(bundle=bundle, impl_ref=ref, device=device,
+    return ReplayResult(bundle=bundle, impl_ref=ref, device=device, revision=revision,
                         found=tuple((f, same_finding(f, bundle.finding)) for f in errors))

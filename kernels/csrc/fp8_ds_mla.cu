@@ -1,7 +1,7 @@
 // mlafuzz: CUDA kernels for the fp8_ds_mla KV-cache record (SPEC.md sections 2 and 4).
 //
 //   gather  - cp_gather_and_upconvert with seq_starts: paged 656-byte records -> bf16 [total, 576]
-//   writer  - concat_and_cache_mla for kv_cache_dtype "fp8_ds_mla"
+//   writer  - concat_and_cache_mla for kv_cache_dtype "fp8_ds_mla" (both contract revisions, SPEC section 7)
 //
 // Design (gather, the bandwidth-bound one): one warp per output row, each warp one run of
 // `rows_per_warp` (1/2/4/8) consecutive rows, all of a run's loads in flight before its first
@@ -112,6 +112,7 @@ struct WriterParams {
   int64_t cache_block_stride, cache_entry_stride;  // bytes
   int32_t block_size;
   bool kv_c_fp16;
+  bool pow2_scale;    // contract revision 2026-09: power-of-two tile scales (see tile_scale)
   bool convert_rope;  // fp16 k_pe rounded to bf16 instead of bit-copied (opt-in)
   bool aligned8;  // records 8-byte aligned: word stores, else byte stores
 };
@@ -123,6 +124,22 @@ __device__ __forceinline__ void store_u32(uint8_t* dst, uint32_t v, bool aligned
 #pragma unroll
     for (int i = 0; i < 4; ++i) dst[i] = static_cast<uint8_t>(v >> (8 * i));
   }
+}
+
+// The stored scale of a tile with the given amax (never NaN: fmaxf dropped NaN elements).
+// Revision 2026-07 (SPEC section 2): max(amax / 448, FLT_MIN), as is. Revision 2026-09 (SPEC
+// section 7): s = max(amax / 448, 1e-4f), then the smallest power of two >= s, computed exactly
+// on the bits rather than as exp2f(ceilf(log2f(s))): log2f may round onto an integer for an s a
+// few ulps above a power of two, and the contract's rule is the exact one. s >= 1e-4f is normal,
+// so a non-zero mantissa means "not a power of two": bump the exponent, clear the mantissa
+// (exponent 254 + 1 gives inf, float32 overflow); inf keeps its bits.
+__device__ __forceinline__ float tile_scale(float amax, bool pow2) {
+  const float q = __fdiv_rn(amax, 448.0f);
+  if (!pow2) return fmaxf(q, FLT_MIN);
+  const uint32_t bits = __float_as_uint(fmaxf(q, 1e-4f));
+  const uint32_t exp = bits & 0x7F800000u;
+  const bool keep = (bits & 0x007FFFFFu) == 0u || exp == 0x7F800000u;
+  return __uint_as_float(keep ? bits : exp + 0x00800000u);
 }
 
 // One warp per token. Lane l handles, for NoPE half h (0, 1), elements [256h + 8l, +8): tile
@@ -151,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) writer_kernel(WriterParams p) {
       }
 #pragma unroll
       for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, m));
-      const float scale = fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN);
+      const float scale = tile_scale(amax, p.pow2_scale);
       uint32_t w[2] = {0u, 0u};
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -319,7 +336,7 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
 // kv_c and k_pe may differ in dtype. convert_fp16_rope: see rope_bits.
 // Not checked: slots < num_blocks * bs (written out of bounds otherwise), duplicate slots (racy).
 void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor& kv_cache,
-               const at::Tensor& slot_mapping, bool convert_fp16_rope) {
+               const at::Tensor& slot_mapping, bool convert_fp16_rope, int64_t scale_rule) {
   TORCH_CHECK(kv_cache.is_cuda(), "writer: kv_cache must be a CUDA tensor");
   TORCH_CHECK(kv_cache.scalar_type() == at::kByte,
               "writer: kv_cache must be uint8 (view an fp8 cache as uint8), got ",
@@ -346,6 +363,7 @@ void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor&
   check_same_device(kv_cache, kv_c, "writer: kv_c");
   check_same_device(kv_cache, k_pe, "writer: k_pe");
   check_same_device(kv_cache, slot_mapping, "writer: slot_mapping");
+  TORCH_CHECK(scale_rule == 0 || scale_rule == 1, "writer: scale_rule must be 0 (2026-07) or 1 (2026-09)");
   if (num_tokens == 0) return;
 
   WriterParams p;
@@ -363,6 +381,7 @@ void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor&
   p.cache_entry_stride = kv_cache.stride(1);
   p.block_size = static_cast<int32_t>(kv_cache.size(1));
   p.kv_c_fp16 = kv_c.scalar_type() == at::kHalf;
+  p.pow2_scale = scale_rule == 1;
   p.convert_rope = convert_fp16_rope && k_pe.scalar_type() == at::kHalf;
   p.aligned8 = (reinterpret_cast<uintptr_t>(p.cache) & 7u) == 0 && p.cache_block_stride % 8 == 0 &&
                p.cache_entry_stride % 8 == 0;
@@ -384,7 +403,7 @@ TORCH_LIBRARY(mlafuzz_fp8_ds_mla, m) {
       "bool stream_hints=False) -> ()");
   m.def(
       "writer(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
-      "bool convert_fp16_rope=False) -> ()");
+      "bool convert_fp16_rope=False, int scale_rule=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(mlafuzz_fp8_ds_mla, CUDA, m) {

@@ -13,6 +13,7 @@ from typing import Callable
 
 from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry
+from mlafuzz.kernels.revisions import WRITER_REVISIONS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +24,9 @@ class Mutant:
     kind: str
     description: str
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # A writer mutant of one revision's rule is pinned to it (judged under it whatever the run
+    # names); None: it follows the run's revision like our writers (a bug outside the scale rule).
+    revision: str | None = None
 
 
 CATALOG: tuple[Mutant, ...] = (
@@ -62,8 +66,18 @@ CATALOG: tuple[Mutant, ...] = (
            description="zeroes a cache record it read"),
     Mutant(op="gather", name="gather_no_value_checks", bug="no_value_checks", kind="ACCEPTED_INVALID_INPUT",
            description="promises the host-side ws/seq_starts checks but skips them"),
-    Mutant(op="writer", name="writer_scale_pow2", bug="scale_pow2", kind="VALUE_MISMATCH",
-           description="rounds the tile scale up to a power of two"),
+    Mutant(op="writer", name="writer_scale_pow2", bug="scale_pow2", kind="VALUE_MISMATCH", revision="2026-07",
+           description="rounds the tile scale up to a power of two (the 2026-09 rule where 2026-07 holds)"),
+    Mutant(op="writer", name="writer_round_down", bug="round_down", kind="VALUE_MISMATCH", revision="2026-09",
+           description="2026-09 scale rounded down to a power of two (floor, not ceil)"),
+    Mutant(op="writer", name="writer_floor_on_amax", bug="floor_on_amax", kind="VALUE_MISMATCH", revision="2026-09",
+           description="2026-09 1e-4 floor applied to amax before / 448, not to the scale"),
+    Mutant(op="writer", name="writer_no_ceiling", bug="no_ceiling", kind="VALUE_MISMATCH", revision="2026-09",
+           description="2026-09 scale floored at 1e-4 but not rounded to a power of two"),
+    Mutant(op="writer", name="writer_fp16_bits_2026_07", bug="fp16_bits", kind="VALUE_MISMATCH", revision="2026-07",
+           description="fp16 amax from the raw 16-bit patterns, as vLLM's native writer (2026-07)"),
+    Mutant(op="writer", name="writer_fp16_bits_2026_09", bug="fp16_bits", kind="VALUE_MISMATCH", revision="2026-09",
+           description="fp16 amax from the raw 16-bit patterns, as vLLM's native writer (2026-09)"),
     Mutant(op="writer", name="writer_writes_padding", bug="writes_padding", kind="VALUE_MISMATCH",
            description="padding tokens (slot -1) are written to slot 0"),
 )
@@ -72,12 +86,17 @@ CATALOG: tuple[Mutant, ...] = (
 REJECTS = {"convert": CONVERT_REJECTS, "gather": GATHER_TORCH_REJECTS, "writer": WRITER_TORCH_REJECTS}
 
 
-def _torch_loader(op: str, bug: str | None) -> Callable[[str], Callable]:
+def _torch_loader(op: str, bug: str | None, revision: str | None) -> Callable[[str], Callable]:
     def load(device: str) -> Callable:
         from mlafuzz.kernels.mutants import torch_bugs
 
-        return torch_bugs.load(op, bug)
+        return torch_bugs.load(op, bug, revision=revision)
     return load
+
+
+def _revisions(m: Mutant) -> frozenset[str] | None:
+    """What a mutant's entry follows: a writer mutant without a pin follows every revision."""
+    return frozenset(WRITER_REVISIONS) if m.op == "writer" and m.revision is None else None
 
 
 def _overwide_loader(device: str) -> Callable:
@@ -87,8 +106,9 @@ def _overwide_loader(device: str) -> Callable:
 
 
 MUTANTS: tuple[ImplEntry, ...] = tuple(
-    ImplEntry(op=m.op, name=m.name, loader=_torch_loader(m.op, m.bug), devices=frozenset(m.devices),
-              rejects=REJECTS[m.op], description=m.description, expected_kind=m.kind, is_mutant=True)
+    ImplEntry(op=m.op, name=m.name, loader=_torch_loader(m.op, m.bug, m.revision), devices=frozenset(m.devices),
+              rejects=REJECTS[m.op], description=m.description, expected_kind=m.kind, is_mutant=True,
+              revision=m.revision, revisions=_revisions(m))
     for m in CATALOG
 ) + (
     ImplEntry(op="convert", name="triton_overwide", loader=_overwide_loader, devices=frozenset({"cuda"}),

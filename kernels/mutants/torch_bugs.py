@@ -8,6 +8,7 @@ them and says which finding each must draw.
 from __future__ import annotations
 
 import functools
+import struct
 from typing import Callable
 
 import torch
@@ -133,22 +134,75 @@ def _gather(bug: str, src_cache, dst, block_table, workspace_starts, batch_size,
 
 # --- writer --------------------------------------------------------------------
 
-def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None):
-    from mlafuzz.kernels.torch_impl import check_writer_call, encode_records_torch, writer_torch
+# The C literal 1e-4f, from its bits (a float64 that is exactly that float32).
+F32_1E_4: float = struct.unpack("<f", struct.pack("<I", 0x38D1B717))[0]
 
-    if bug is None:
-        return writer_torch(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(x), torch.zeros_like(x), x.abs()).amax(dim=2)  # fmaxf drops NaN
+
+
+def _over_448(v: torch.Tensor) -> torch.Tensor:
+    return v / torch.full_like(v, 448.0)
+
+
+def _floored(v: torch.Tensor, floor: float) -> torch.Tensor:
+    return torch.maximum(v, torch.full_like(v, floor))
+
+
+def _pow2(s: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    return torch.exp2(rounding(torch.log2(s)))  # vLLM's spelling, exp2f(ceilf(log2f(s))), in float32
+
+
+def _revision_scale(amax: torch.Tensor, revision: str) -> torch.Tensor:
+    """The revision's own scale rule, from a (possibly wrong) amax."""
+    if revision == "2026-07":
+        return _floored(_over_448(amax), FLT_MIN)
+    return _pow2(_floored(_over_448(amax), F32_1E_4), torch.ceil)
+
+
+def _fp16_bits_amax(kv_c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """vLLM's fp16 amax: fabsf of each element's raw 16-bit pattern read as an unsigned integer
+    (its fp16 dispatch type is uint16_t), so the tile max is over integers up to 65535; bf16 is
+    read by value there, as here."""
+    if kv_c.dtype != torch.float16:
+        return _amax(x)
+    raw = kv_c.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    return raw.to(torch.float32).view(x.shape).amax(dim=2)
+
+
+# bug -> (x [n, 4, 128] as f32, kv_c, the revision) -> the tile scales it stores [n, 4]
+SCALE_BUGS: dict[str, Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]] = {
+    # 2026-07: a rounded-up power-of-two scale, as some FP8 recipes (and 2026-09) use.
+    "scale_pow2": lambda x, kv_c, rev: _pow2(_floored(_over_448(_amax(x)), FLT_MIN), torch.ceil),
+    # 2026-09: the power of two below, not above: codes of the largest values saturate.
+    "round_down": lambda x, kv_c, rev: _pow2(_floored(_over_448(_amax(x)), F32_1E_4), torch.floor),
+    # 2026-09: the 1e-4 floor applied to amax, before the division, instead of to the scale.
+    "floor_on_amax": lambda x, kv_c, rev: _pow2(_over_448(_floored(_amax(x), F32_1E_4)), torch.ceil),
+    # 2026-09: floored, but never rounded to a power of two.
+    "no_ceiling": lambda x, kv_c, rev: _floored(_over_448(_amax(x)), F32_1E_4),
+    # Either revision: amax from the fp16 bit patterns, as vLLM's native writer does.
+    "fp16_bits": lambda x, kv_c, rev: _revision_scale(_fp16_bits_amax(kv_c, x), rev),
+}
+
+
+def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None, *,
+            revision: str):
+    """The writer of ``revision`` with one ``bug``: a wrong tile scale (``SCALE_BUGS``, codes then
+    made from it correctly) or a wrong slot."""
+    from mlafuzz.kernels.torch_impl import check_writer_call, records_with_scales
+
     check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)  # the one bug is below, not here
     n = slot_mapping.shape[0]
-    x = kv_c[:n].float().reshape(n, 4, 128)
+    kv, pe = kv_c[:n], k_pe[:n]
+    if bug in SCALE_BUGS:
+        s = SCALE_BUGS[bug](kv.float().reshape(n, 4, 128), kv, revision).to(torch.float32)
+    else:
+        from mlafuzz.kernels.torch_impl import tile_scales_torch
+
+        s = tile_scales_torch(kv, revision=revision)
+    records = records_with_scales(kv, pe, scale=s)
     slots = slot_mapping.long()
-    records = encode_records_torch(kv_c[:n], k_pe[:n])
-    if bug == "scale_pow2":  # a rounded-up power-of-two scale, as some FP8 recipes use
-        amax = torch.nan_to_num(x.abs(), nan=0.0).amax(dim=2)
-        s = torch.maximum(amax / torch.full_like(amax, 448.0), torch.full_like(amax, FLT_MIN))
-        s = torch.exp2(torch.ceil(torch.log2(s)))
-        codes = torch.clamp(x / s[..., None], -448, 448).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, 512)
-        records = torch.cat([codes, s.contiguous().view(torch.uint8).reshape(n, 16), records[:, 528:]], dim=1)
     if bug == "writes_padding":
         slots = slots.clamp(min=0)
     keep = slots >= 0
@@ -175,10 +229,13 @@ def _triton_overwide(req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK
 FUNCS: dict[str, Callable] = {"convert": _convert, "gather": _gather, "writer": _writer}
 
 
-def load(op: str, bug: str | None) -> Callable:
-    """A fresh callable of op's planted ``bug`` (fresh: a stateful bug's state is its own)."""
+def load(op: str, bug: str | None, *, revision: str | None = None) -> Callable:
+    """A fresh callable of op's planted ``bug`` (fresh: a stateful bug's state is its own);
+    ``revision``: the contract revision a writer mutant is pinned to (None: the caller binds one)."""
     if op == "gather":
         return functools.partial(_gather, bug, calls=Calls())
+    if revision is not None:
+        return functools.partial(FUNCS[op], bug, revision=revision)
     return functools.partial(FUNCS[op], bug)
 
 

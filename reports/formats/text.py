@@ -44,6 +44,8 @@ def finding_facts(finding: Finding) -> list[tuple[str, str]]:
         facts.append(("mismatched", str(finding.count)))
     if finding.max_ulp is not None:
         facts.append(("max ulp", str(finding.max_ulp)))
+    if finding.revision:
+        facts.append(("revision", finding.revision))
     shard = finding.extra.get("shard") if isinstance(finding.extra, Mapping) else None
     if isinstance(shard, Mapping):
         label = shard.get("label")

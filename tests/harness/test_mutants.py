@@ -14,7 +14,7 @@ def test_catalog_has_at_least_20_described_mutants_across_all_ops():
 
 
 def test_every_cpu_mutant_is_killed_and_correct_implementations_draw_nothing(tmp_path, capsys):
-    rc = main(["mutants", "--device", "cpu", "--budget-per-mutant", "15", "--shrink-budget", "0",
+    rc = main(["mutants", "--device", "cpu", "--cases-per-mutant", "40", "--shrink-budget", "0",
                "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "SURVIVED" not in out, out
