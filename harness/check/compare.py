@@ -5,16 +5,24 @@ positions, then values. Floats are compared as bit patterns: bit-exact by
 default, or within ``Policy.ulp`` units in the last place. Integers are exact.
 Messages follow torch.testing: ``Mismatched elements: 12 / 4096 (0.3%)``,
 ``greatest ulp distance 7 at [3, 129] (expected 0x3f80, got 0x3f81)``.
+
+Row-set mode (``row_sets``, the op row says which outputs): an output whose rows
+hold an unspecified order (convert's compact-to-front, SPEC section 7) is
+compared row by row as a multiset of its first ``counts[i]`` values, with -1
+in every later column (``oracles.convert.rows_as_sets_equal``). Same checks
+before it (shape, dtype), one finding per output like every other mode.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
 from mlafuzz.harness.memory.bits import same_bits
+from mlafuzz.oracles.convert import rows_as_sets_equal
 from mlafuzz.reports.findings import Finding, Kind, Mismatch
 
 MAX_SHOWN = 5
@@ -143,9 +151,48 @@ def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
                 f" first at {list(shown[0].index)} (expected {shown[0].expected}, got {shown[0].actual})")]
 
 
+def _row_story(exp: list[int], act: list[int], count: int) -> str:
+    """What is wrong with one compacted row, in a few words: slots missing from its prefix, slots
+    that should not be there, a non-(-1) value in its tail."""
+    missing = Counter(exp[:count]) - Counter(act[:count])
+    extra = Counter(act[:count]) - Counter(exp[:count])
+    parts = []
+    if missing:
+        parts.append(f"missing {', '.join(str(v) for v in list(missing.elements())[:3])}")
+    if extra:
+        parts.append(f"unexpected {', '.join(str(v) for v in list(extra.elements())[:3])}")
+    tail = [(j, v) for j, v in enumerate(act[count:], start=count) if v != -1]
+    if tail:
+        parts.append(f"{tail[0][1]} at column {tail[0][0]} of the -1 tail")
+    return "; ".join(parts) or "differs"
+
+
+def _row_set_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor,
+                      counts: torch.Tensor) -> list[Finding]:
+    ok = rows_as_sets_equal(expected=exp, actual=act, counts=counts)
+    if bool(ok.all()):
+        return []
+    bad = (~ok).nonzero().reshape(-1).cpu()
+    n, total = int(bad.numel()), exp.shape[0]
+    counts_l = counts.reshape(-1).cpu()
+    shown = []
+    for i in bad[:MAX_SHOWN].tolist():
+        c = int(counts_l[i])
+        shown.append(Mismatch(index=(i,), expected=f"{c} valid slots, then -1",
+                              actual=_row_story(exp[i].tolist(), act[i].tolist(), c)))
+    return [Finding(
+        kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
+        cause=f"{name}:row_set", mismatches=tuple(shown), count=n, total=total,
+        message=f"{name}: Mismatched rows: {n} / {total} ({100.0 * n / total:.1f}%), compared as multisets with a"
+                f" -1 tail; first at [{shown[0].index[0]}] (expected {shown[0].expected}, got {shown[0].actual})")]
+
+
 def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str, torch.Tensor | None],
-            policy: Policy, ctx: Context) -> list[Finding]:
-    """All differences between two output dicts, as findings (empty when equal)."""
+            policy: Policy, ctx: Context, row_sets: Mapping[str, torch.Tensor] | None = None) -> list[Finding]:
+    """All differences between two output dicts, as findings (empty when equal). ``row_sets``:
+    outputs compared in row-set mode (see the module docstring), name -> the expected count of
+    each row's valid prefix."""
+    row_sets = row_sets or {}
     findings: list[Finding] = []
     for name, exp in expected.items():
         act = actual.get(name)
@@ -159,6 +206,8 @@ def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str,
             continue
         if exp.shape != act.shape or exp.dtype != act.dtype:
             findings.append(_shape_finding(ctx, name, exp, act))
+        elif name in row_sets and exp.dim() == 2:
+            findings.extend(_row_set_findings(ctx, name, exp, act, row_sets[name]))
         elif exp.dtype in _BITS_VIEW:
             findings.extend(_float_findings(ctx, name, exp, act, policy))
         else:

@@ -59,7 +59,8 @@ def full_path(*, op: Op, case: Case, fn: Callable, ctx: Context, policy: Policy,
                                  reuse=None if mutated else first.inputs, redzone=redzone)
     with stage("oracle"):
         expected = (oracle or op.oracle)(case)
-        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx)
+        sets = op.row_sets(case, expected) if op.row_sets else {}  # outputs compared as row multisets
+        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx, row_sets=sets)
     findings = review(op, case, first, findings, ctx)
     with stage("guards"):
         for name, g in first.guards.items():
@@ -79,5 +80,5 @@ def full_path(*, op: Op, case: Case, fn: Callable, ctx: Context, policy: Policy,
                                  if not any(f.dedup_key == h.dedup_key for h in findings)]
                     findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=ctx.op,
                                                    impl=ctx.impl, case_id=ctx.case_id)
-                findings += rerun_differs(first, second, ctx)
+                findings += rerun_differs(first, second, ctx, unordered=frozenset(sets))
     return findings

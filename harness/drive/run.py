@@ -75,7 +75,7 @@ def check_call(*, session: Session, op: Op, case: Case, entry: ImplEntry, fn: Ca
     seen = ""
     # The fused checks are bit-exact: with a ulp tolerance the comparator judges every case (a
     # fused "differs" the full path then accepts would read as nondeterminism).
-    if room is not None and room.handles(op) and oracle is None and policy.ulp == 0:
+    if room is not None and room.handles(op, case) and oracle is None and policy.ulp == 0:
         result = room.fast_path(op=op, case=case, fn=fn, ctx=ctx, rerun=rerun, sub=sub,
                                 res=fast_resources(session), redzone=session.redzone, wait=wait)
         if isinstance(result, room.Clear):

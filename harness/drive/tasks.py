@@ -7,11 +7,18 @@ not at all: then the worker draws it from (op, seed, knobs), as the parent
 would, so a run's parent never builds or decodes a spec per case.
 ``execute`` is the same function in-process and in a worker.
 
-A case takes its contract revision (SPEC section 7) from its implementation,
-settled in ``execute``: the entry's pin, else the run's (``Task.revision``,
-default the newest). It goes into the case's params, so the op's oracle, the
-fused checks and the call (an entry that follows revisions is loaded bound to
-it) all see the same one, and every finding records it.
+Two things a case takes from its implementation, settled in ``execute``:
+
+- its contract revision (SPEC section 7): the entry's pin, else the run's
+  (``Task.revision``, default the newest). It goes into the case's params, so
+  the op's oracle, the fused checks and the call (an entry that follows
+  revisions is loaded bound to it) all see the same one, and every finding
+  records it;
+- a drawn spec's optional features: the op row's ``fit`` leaves out what the
+  implementation lacks (convert's block stride and compaction, drawn for all),
+  so no drawn case is wasted on a skip. A spec given whole (``--spec``,
+  shrinking, replay) is never changed: a capability it needs and the
+  implementation lacks makes the case a counted skip (``Op.needs``).
 """
 
 from __future__ import annotations
@@ -99,6 +106,8 @@ def execute(task: Task, session: Session, *, on_phase: Callable[[str], None] | N
             return TaskResult(skipped=f"impl does not follow contract revision {revision}",
                               seconds=time.perf_counter() - start)
         spec = task.spec_obj(table)
+        if task.spec is None and op.fit is not None:
+            spec = op.fit(spec, entry.capabilities)
         features = tuple(sorted(op.features(spec)))
         case = op.materialize(spec, seed=task.seed, device=task.device)
         case = dataclasses.replace(case, params={**case.params, "revision": revision})

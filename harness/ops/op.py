@@ -57,6 +57,13 @@ class Op:
     guarded: Callable[..., dict[str, Guarded]] | None = None
     inplace: frozenset[str] = frozenset()  # inputs the op writes by design (not INPUT_MUTATION)
     needs: Callable[[Case], frozenset[str]] = no_needs  # capabilities a case needs of the implementation
+    # (drawn spec, the implementation's capabilities) -> the spec without the optional features it
+    # lacks: drawn options go only to implementations that have them (drive/tasks.py execute).
+    fit: Callable[[Any, frozenset[str]], Any] | None = None
+    # Outputs compared as multisets per row, not element by element (the one comparator's row-set
+    # mode, harness/check/compare.py): (case, expected outputs) -> {name: the expected count of
+    # each row's valid prefix}; after it every column must be -1. Convert's compact-to-front.
+    row_sets: Callable[[Case, Mapping[str, Any]], Mapping[str, Any]] | None = None
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from mlafuzz.kernels.builtins import CONVERT_OPTIONS
 from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
@@ -27,6 +28,7 @@ class Mutant:
     # A writer mutant of one revision's rule is pinned to it (judged under it whatever the run
     # names); None: it follows the run's revision like our writers (a bug outside the scale rule).
     revision: str | None = None
+    capabilities: frozenset[str] = frozenset({"seq_starts"})  # optional SPEC features its signature has
 
 
 CATALOG: tuple[Mutant, ...] = (
@@ -42,6 +44,12 @@ CATALOG: tuple[Mutant, ...] = (
            description="looks up the block table by row index instead of req_id"),
     Mutant(op="convert", name="convert_no_length_check", bug="no_length_check", kind="ACCEPTED_INVALID_INPUT",
            description="grid over req_id rows, no length check (the pre-#48642 launch), torch variant"),
+    Mutant(op="convert", name="convert_stride_ignored", bug="stride_ignored", kind="VALUE_MISMATCH",
+           capabilities=CONVERT_OPTIONS,
+           description="takes BLOCK_STRIDE_ROWS but multiplies the table entry by BLOCK_SIZE"),
+    Mutant(op="convert", name="convert_compact_tile_restart", bug="compact_tile_restart", kind="VALUE_MISMATCH",
+           capabilities=CONVERT_OPTIONS,
+           description="COMPACT_TO_FRONT packs each BLOCK_N tile from column 0 again: later tiles overwrite"),
     Mutant(op="gather", name="gather_no_seq_starts", bug="no_seq_starts", kind="VALUE_MISMATCH",
            description="reads every request from position 0 (seq_starts ignored)"),
     Mutant(op="gather", name="gather_wrong_scale_tile", bug="wrong_scale_tile", kind="VALUE_MISMATCH",
@@ -108,7 +116,7 @@ def _overwide_loader(device: str) -> Callable:
 MUTANTS: tuple[ImplEntry, ...] = tuple(
     ImplEntry(op=m.op, name=m.name, loader=_torch_loader(m.op, m.bug, m.revision), devices=frozenset(m.devices),
               rejects=REJECTS[m.op], description=m.description, expected_kind=m.kind, is_mutant=True,
-              revision=m.revision, revisions=_revisions(m))
+              revision=m.revision, revisions=_revisions(m), capabilities=m.capabilities)
     for m in CATALOG
 ) + (
     ImplEntry(op="convert", name="triton_overwide", loader=_overwide_loader, devices=frozenset({"cuda"}),

@@ -22,10 +22,11 @@ FLT_MIN = torch.finfo(torch.float32).tiny
 
 def _convert(bug: str, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK_TOKENS=2048, BLOCK_N=128,
              HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
-             return_valid_counts=False):
+             return_valid_counts=False, *, BLOCK_STRIDE_ROWS=None, COMPACT_TO_FRONT=False):
     if bug != "no_length_check":
         check_convert_args(req_id, block_table, token_indices, BLOCK_SIZE, NUM_TOPK_TOKENS, BLOCK_N,
-                           HAS_PREFILL_WORKSPACE, prefill_workspace_request_ids, prefill_workspace_starts)
+                           HAS_PREFILL_WORKSPACE, prefill_workspace_request_ids, prefill_workspace_starts,
+                           BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS)
     n = token_indices.shape[0]
     rows = req_id.shape[0] if bug == "no_length_check" else n
     tok = token_indices.long()
@@ -46,7 +47,8 @@ def _convert(bug: str, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TO
         req = torch.arange(rows, device=req.device)[:, None].clamp(max=num_reqs - 1)
     table = block_table.long()
     entry = table[req.clamp(0, num_reqs - 1), blk.clamp(0, width - 1)]
-    vals = entry * bs + off
+    stride = bs if BLOCK_STRIDE_ROWS is None or bug == "stride_ignored" else BLOCK_STRIDE_ROWS
+    vals = entry * stride + off
     if HAS_PREFILL_WORKSPACE:
         ids = prefill_workspace_request_ids.long()[:rows, None]
         starts = prefill_workspace_starts.long()
@@ -58,10 +60,30 @@ def _convert(bug: str, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TO
         valid = torch.where(is_pf, valid_pf & in_range, valid)
     vals = ((vals + 2 ** 31) % 2 ** 32 - 2 ** 31)  # int32 wraparound, as the kernel computes
     out = torch.where(valid, vals, torch.full_like(vals, -1)).to(torch.int32)[:n]
+    if COMPACT_TO_FRONT:
+        out = _compact(out, valid[:n], tile=BLOCK_N if bug == "compact_tile_restart" else None)
     if not return_valid_counts:
         return out
     counted = (token_indices != -1) if bug == "count_all" else valid[:n]
     return out, counted.sum(dim=1).to(torch.int32)
+
+
+def _compact(out: torch.Tensor, valid: torch.Tensor, *, tile: int | None) -> torch.Tensor:
+    """Each row's valid values packed at its front, -1 after. ``tile``: the planted bug, packing
+    every tile of that many columns from column 0 of the row again, so a later tile's slots land on
+    an earlier tile's (and the tail starts after the last tile's count)."""
+    n, k = out.shape
+    packed = torch.full_like(out, -1)
+    step = k if tile is None else tile
+    for c0 in range(0, k, step):
+        v = valid[:, c0:c0 + step]
+        base = valid[:, :c0].sum(dim=1, keepdim=True) if tile is None else torch.zeros((n, 1), dtype=torch.int64,
+                                                                                        device=out.device)
+        dest = torch.where(v, base + v.long().cumsum(dim=1) - 1, torch.full_like(v, k, dtype=torch.int64))
+        wide = torch.cat([packed, packed.new_full((n, 1), -1)], dim=1)
+        wide.scatter_(1, dest, torch.where(v, out[:, c0:c0 + step], wide.gather(1, dest)))
+        packed = wide[:, :k]
+    return packed
 
 
 # --- gather --------------------------------------------------------------------
