@@ -31,6 +31,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(op)
         for e in registry.entries(op=op):
             tag = f" [mutant, expects {e.expected_kind}]" if e.is_mutant else ""
+            if e.revision:  # judged under this contract revision whatever --revision says
+                tag += f" [revision {e.revision}]"
             missing = e.missing()
             need = f" (needs {', '.join(missing)}: not installed)" if missing else ""
             print(f"  {e.name:<28} devices={','.join(sorted(e.devices)):<9} {e.description}{tag}{need}")
