@@ -96,3 +96,40 @@ def test_our_converts_declare_both_options_in_their_signatures():
         assert params["COMPACT_TO_FRONT"].kind is inspect.Parameter.KEYWORD_ONLY
         assert list(params).index("BLOCK_STRIDE_ROWS") == 4  # vLLM's place, right after BLOCK_SIZE
         assert adapt_signature("convert", fn)[1] >= {"block_stride_rows", "compact_to_front"}
+
+
+_PTX_SCRIPT = """
+import os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+try:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError as exc:
+    print("SKIP", exc)
+    sys.exit(0)
+from mlafuzz.kernels.triton_convert import _convert_kernel
+FLAGS = ("K", "BLOCK_SIZE", "TILE", "HAS_PREFILL", "RETURN_COUNTS", "TI_COL_I64", "HAS_STRIDE", "COMPACT")
+names = [p.name for p in _convert_kernel.params]
+sig = {n: "*i32" if n.endswith("_ptr") else "constexpr" if n in FLAGS else "i32" for n in names}
+for stride, compact in ((True, True), (False, True), (True, False)):
+    consts = dict(K=2048, BLOCK_SIZE=64, TILE=2048, HAS_PREFILL=True, RETURN_COUNTS=True, TI_COL_I64=False,
+                  HAS_STRIDE=stride, COMPACT=compact)
+    try:
+        triton.compile(ASTSource(fn=_convert_kernel, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+    except ImportError as exc:
+        print("SKIP", exc)
+        sys.exit(0)
+print("OK")
+"""
+
+
+def test_the_gpu_build_of_both_options_compiles_offline_for_sm90():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    if res.stdout.startswith("SKIP"):
+        pytest.skip(f"Triton's offline compiler is unavailable: {res.stdout.strip()}")
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
