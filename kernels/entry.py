@@ -27,7 +27,7 @@ class ImplEntry:
 
     def missing(self) -> tuple[str, ...]:
         """The packages of ``requires`` this Python cannot import."""
-        return tuple(p for p in self.requires if importlib.util.find_spec(p) is None)
+        return tuple(p for p in self.requires if not _importable(p))
 
     def check_device(self, device: str) -> str:
         """The device kind ('cpu', 'cuda'); ImplError when this entry cannot run there."""
@@ -45,6 +45,13 @@ class ImplEntry:
         """A fresh load of the callable for ``device`` (callers keep it: harness sessions cache one
         per process); ImplError if it cannot run there."""
         return self.loader(self.check_device(device))
+
+
+def _importable(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a broken or blocked install is as good as none
+        return False
 
 
 def module_attr(module: str, attr: str) -> Callable[[str], Callable]:
