@@ -122,13 +122,13 @@ def _convert_kernel(
         blk = tok_s // BLOCK_SIZE
         off = tok_s % BLOCK_SIZE
         valid = nonneg & (blk < max_blocks) & row_ok
-        # `!= False` makes the mask a bool array under the CPU interpreter: there a scalar
+        # `!= False` makes the mask a bool array under the CPU interpreter: there a scalar  # noqa: E712 (a bool mask: see above)
         # predicate (row_ok, table_row) broadcast into a block is an integer array, which
         # Triton >= 3.7's interpreter rejects as a mask. Compiled, the i1 compare folds away
         # (against 0 it would widen to i32 first and survive until LLVM).
         base = tl.load(
             bt_row_ptr + blk.to(tl.int64) * bt_stride1,
-            mask=(valid & table_row) != False,
+            mask=(valid & table_row) != False,  # noqa: E712 (a bool mask: see above)
             other=0,
         )
         val = base * BLOCK_SIZE + off
