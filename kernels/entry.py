@@ -40,7 +40,7 @@ class ImplEntry:
 
     def missing(self) -> tuple[str, ...]:
         """The packages of ``requires`` this Python cannot import."""
-        return tuple(p for p in self.requires if importlib.util.find_spec(p) is None)
+        return tuple(p for p in self.requires if not _importable(p))
 
     def check_device(self, device: str) -> str:
         """The device kind ('cpu', 'cuda'); ImplError when this entry cannot run there."""
@@ -76,6 +76,13 @@ class ImplEntry:
             raise ImplError(f"impl {self.op}={self.name} does not follow contract revision {revision!r}"
                             f" (follows: {', '.join(sorted(self.revisions))})")
         return functools.partial(fn, revision=revision)
+
+
+def _importable(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a broken or blocked install is as good as none
+        return False
 
 
 def module_attr(module: str, attr: str) -> Callable[[str], Callable]:

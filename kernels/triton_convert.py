@@ -140,9 +140,13 @@ def _convert_kernel(
         blk = tok_s // BLOCK_SIZE
         off = tok_s % BLOCK_SIZE
         valid = nonneg & (blk < max_blocks) & row_ok
+        # `!= False` makes the mask a bool array under the CPU interpreter: there a scalar  # noqa: E712 (a bool mask: see above)
+        # predicate (row_ok, table_row) broadcast into a block is an integer array, which
+        # Triton >= 3.7's interpreter rejects as a mask. Compiled, the i1 compare folds away
+        # (against 0 it would widen to i32 first and survive until LLVM).
         base = tl.load(
             bt_row_ptr + blk.to(tl.int64) * bt_stride1,
-            mask=valid & table_row,
+            mask=(valid & table_row) != False,  # noqa: E712 (a bool mask: see above)
             other=0,
         )
         if HAS_STRIDE:
@@ -156,7 +160,7 @@ def _convert_kernel(
             # tile's valid columns: distinct slots, all below the row's final count.
             v = valid.to(tl.int32)
             dest = count + tl.cumsum(v, axis=0) - 1
-            tl.store(out_row_ptr + dest, val, mask=valid)
+            tl.store(out_row_ptr + dest, val, mask=valid != False)  # noqa: E712 (a bool mask, as above)
         else:
             tl.store(out_row_ptr + c, tl.where(valid, val, -1))
         if RETURN_COUNTS or COMPACT:

@@ -19,8 +19,11 @@ from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.kernels.entry import ImplEntry, ImplError
 from mlafuzz.kernels.registry import Registry, default_registry
 
-# A pipeline op's sub-implementations, chosen by the environment so spawned workers inherit them.
-SUB_ENV = {"convert": "MLAFUZZ_STEP_CONVERT", "gather": "MLAFUZZ_STEP_GATHER"}
+
+def sub_env(op: str) -> str:
+    """The variable naming a pipeline op's sub-implementation of ``op`` (``MLAFUZZ_STEP_CONVERT``):
+    the environment, so spawned workers inherit the choice."""
+    return f"MLAFUZZ_STEP_{op.upper()}"
 
 
 def default_ref(table: OpTable, registry: Registry, op: str, device: str) -> str:
@@ -45,8 +48,7 @@ class SubImpls:
     refs: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, op: str) -> Callable:
-        ref = os.environ.get(SUB_ENV.get(op, "")) or default_ref(self.session.table, self.session.registry, op,
-                                                                self.device)
+        ref = os.environ.get(sub_env(op)) or default_ref(self.session.table, self.session.registry, op, self.device)
         self.refs[op] = ref
         return self.session.load(self.session.entry(op, ref), self.device)
 

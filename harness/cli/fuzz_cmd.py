@@ -7,7 +7,10 @@ usage or environment error (one line); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from mlafuzz.harness.cli.args import (
     EXIT_FINDINGS,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     UsageError,
     nonneg_int,
     nonneg_seconds,
@@ -172,11 +176,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     executor = executor_for(args, table_ref=DEFAULT_TABLE)
     progress = Progress(budget=budget, quiet=args.quiet)
-    try:
-        summary = fuzz(config, executor=executor, on_finding=show, on_progress=progress)
-    finally:
-        progress.close()
-        executor.close()
+    with terminate_like_interrupt():
+        try:
+            summary = fuzz(config, executor=executor, on_finding=show, on_progress=progress)
+        finally:
+            progress.close()
+            executor.close()
     for line in console.bundle_lines(summary.bundles):
         print(line)
     print(console.summary_line(summary.to_json()))
@@ -185,4 +190,22 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     if not judgement.passed:
         return EXIT_FINDINGS
-    return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
+    if summary.interrupted:
+        return EXIT_TERMINATED if summary.terminated else EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def terminate_like_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM (CI's cancel) stops the run as Ctrl-C does: summary written,
+    workers ended, no traceback; the exit status (143) says it was a SIGTERM."""
+    from mlafuzz.harness.drive.fuzz import Terminated
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -1,10 +1,18 @@
-"""The fuzz driver: draw tasks, run them on an executor, record, shrink, bundle.
+"""The fuzz driver: hand out tasks, run them on an executor, record, shrink, bundle.
 
-Case i of a run is a pure function of (seed, i): its op, its spec and its
-tensors. That makes a run reproducible from its seed and lets ``--shard K/N``
-split the case space into disjoint, deterministic slices. Findings are
-appended to findings.jsonl as they arrive; new buckets are shrunk and written
-as repro bundles after the main loop.
+Case i of a run is a pure function of (seed, i): its op (``i % len(ops)``), its
+spec and its tensors, and whether it also runs an error input or a second run.
+That makes a run reproducible from its seed and lets ``--shard K/N`` split the
+case space into disjoint, deterministic slices: shard K owns the rounds of
+``len(ops)`` consecutive cases numbered K mod N, so every shard fuzzes every op
+in the unsharded mix, and the shards together are the unsharded run.
+Findings are appended to findings.jsonl as they arrive; new buckets are shrunk
+and written as repro bundles after the main loop.
+
+An error-input class that crashes a worker for an implementation is reported
+once (a CRASH naming the class) and quarantined for that implementation for
+the rest of the run: a worker restart costs seconds, and a run must not spend
+them again and again on one known crash.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlSink
 MAX_LINES_PER_BUCKET = 50  # a broken impl fails every case; keep the file readable
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM, raised in the main thread by the CLI's handler: the run stops like on Ctrl-C
+    (summary written, workers ended), and the exit status says which it was."""
+
+
 def case_seed(seed: int, op: str, index: int) -> int:
     """The seed of case ``index`` of ``op`` in a run seeded ``seed`` (63 bits, stable across Pythons)."""
     digest = hashlib.sha256(f"mlafuzz:{seed}:{op}:{index}".encode()).digest()
@@ -48,8 +61,9 @@ class Shard:
         if not (self.count >= 1 and 0 <= self.index < self.count):
             raise ValueError(f"shard={self.index}/{self.count} must satisfy 0 <= K < N")
 
-    def owns(self, i: int) -> bool:
-        return i % self.count == self.index
+    def owns(self, i: int, *, ops: int = 1) -> bool:
+        """Case i is this shard's: its round of ``ops`` consecutive cases (one per op) is."""
+        return (i // max(ops, 1)) % self.count == self.index
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,18 +93,24 @@ class FuzzConfig:
         if missing:
             raise ValueError(f"FuzzConfig: ops={missing!r} have no implementation selected")
 
-    def task(self, i: int) -> Task:
-        """Case i: its op, seed and error-input class are pure functions of (seed, i); its spec is
-        drawn from them where it runs (``Task.spec_obj``), unless the run has a fixed one."""
+    def task(self, i: int, *, held: frozenset[tuple[str, str, str]] = frozenset()) -> Task:
+        """Case i: its op, seed, error-input class and re-run are pure functions of (seed, i), the
+        last two counted in the op's own cases (round r = i // len(ops)), so every op gets its
+        share; its spec is drawn from them where it runs (``Task.spec_obj``), unless the run has a
+        fixed one. ``held``: quarantined (op, impl, class) triples, whose turn goes to the next class."""
         op = self.ops[i % len(self.ops)]
+        r = i // len(self.ops)
         seed = case_seed(self.seed, op, i)
         spec = spec_to_dict(self.fixed_spec) if self.fixed_spec is not None else None
-        classes = self.table.get(op).invalid
-        contract = (classes[(i // self.contract_every) % len(classes)].name
-                    if classes and i % self.contract_every == 1 else None)
+        contract = None
+        classes = [k.name for k in self.table.get(op).invalid]
+        if classes and self.contract_every and r % self.contract_every == 1:
+            first = (r // self.contract_every) % len(classes)
+            turn = classes[first:] + classes[:first]
+            contract = next((c for c in turn if (op, self.impls[op], c) not in held), None)
         return Task(index=i, op=op, seed=seed, spec=spec, knobs=self.knobs, impl_ref=self.impls[op],
-                    device=self.device, ulp=self.policy.ulp, rerun=i % self.rerun_every == 0, contract=contract,
-                    rejects=self.rejects.get(op), revision=self.revision)
+                    device=self.device, ulp=self.policy.ulp, rerun=bool(self.rerun_every) and r % self.rerun_every == 0,
+                    contract=contract, rejects=self.rejects.get(op), revision=self.revision)
 
 
 @dataclass(kw_only=True)
@@ -106,6 +126,9 @@ class FuzzSummary:
     bundles: list = field(default_factory=list)
     seconds: float = 0.0
     interrupted: bool = False
+    terminated: bool = False  # the interruption was a SIGTERM (CI's cancel)
+    quarantined: set = field(default_factory=set)  # (op, impl, error-input class) that crashed a worker
+    quarantined_crashes: int = 0  # crashes of a quarantined class after its first (queued before it was held)
 
     @property
     def rate(self) -> float:
@@ -116,15 +139,32 @@ class FuzzSummary:
                 "by_kind": dict(self.by_kind), "coverage": dict(self.coverage), "findings": self.findings,
                 "infos": self.infos, "buckets": len(self.buckets), "bundles": self.bundles,
                 "seconds": round(self.seconds, 3), "cases_per_second": round(self.rate, 3),
-                "interrupted": self.interrupted}
+                "interrupted": self.interrupted, "terminated": self.terminated,
+                "quarantined": [list(k) for k in sorted(self.quarantined)],
+                "quarantined_crashes": self.quarantined_crashes}
 
 
 class Recorder:
     """Counts results and appends findings to findings.jsonl as they arrive."""
 
-    def __init__(self, sink: JsonlSink, summary: FuzzSummary, on_finding: Callable[[Finding], None] | None) -> None:
-        self.sink, self.summary, self.on_finding = sink, summary, on_finding
+    def __init__(self, sink: JsonlSink, summary: FuzzSummary, on_finding: Callable[[Finding], None] | None,
+                 executor: Executor) -> None:
+        self.sink, self.summary, self.on_finding, self.executor = sink, summary, on_finding, executor
         self.per_bucket: collections.Counter = collections.Counter()
+
+    def _quarantine(self, f: Finding) -> bool:
+        """True when ``f`` repeats a crash of an already quarantined class (it is then only
+        counted); a first one quarantines the class, here and in every worker."""
+        klass = f.extra.get("invalid_class") if f.kind in (Kind.CRASH, Kind.TIMEOUT) else None
+        if not klass or f.extra.get("part") != "contract":
+            return False
+        key = (f.op, f.impl, str(klass))
+        if key in self.summary.quarantined:
+            self.summary.quarantined_crashes += 1
+            return True
+        self.summary.quarantined.add(key)
+        self.executor.quarantine(frozenset(self.summary.quarantined))
+        return False
 
     def record(self, task: Task, result: TaskResult) -> None:
         s = self.summary
@@ -135,6 +175,8 @@ class Recorder:
         s.per_op[task.op] += 1
         s.coverage.update(result.features)
         for f in result.findings:
+            if self._quarantine(f):
+                continue
             if f.severity is Severity.ERROR:
                 s.findings += 1
                 s.by_kind[f.kind.value] += 1
@@ -176,7 +218,7 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
     start = time.monotonic()
     index = submitted = 0
     with JsonlSink(config.out_dir / FINDINGS_FILE) as sink:
-        recorder = Recorder(sink, summary, on_finding)
+        recorder = Recorder(sink, summary, on_finding, executor)
         try:
             while True:
                 elapsed = time.monotonic() - start
@@ -184,9 +226,9 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
                     stop_when is not None and stop_when(summary))
                 while (budget_left and (config.cases is None or submitted < config.cases)
                        and executor.free_slots()):
-                    while not config.shard.owns(index):
+                    while not config.shard.owns(index, ops=len(config.ops)):
                         index += 1
-                    executor.submit(config.task(index))
+                    executor.submit(config.task(index, held=frozenset(summary.quarantined)))
                     index += 1
                     submitted += 1
                 more = budget_left and (config.cases is None or submitted < config.cases)
@@ -199,8 +241,9 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
                 if on_progress:
                     summary.seconds = time.monotonic() - start
                     on_progress(summary.to_json(), summary.seconds)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             summary.interrupted = True
+            summary.terminated = isinstance(exc, Terminated)
         summary.seconds = time.monotonic() - start
         _write_summary(config, summary)
         if config.shrink_budget > 0 and not summary.interrupted:

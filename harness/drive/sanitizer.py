@@ -24,6 +24,7 @@ from pathlib import Path
 from mlafuzz.generators.draw import Knobs
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.tasks import Task, TaskResult, execute
+from mlafuzz.harness.drive.workers import strip_quarantined
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.reports.findings import Finding, Kind
 
@@ -68,6 +69,7 @@ class SanitizerExecutor:
                                                            "--print-limit", "200"]
         self._device, self._batch, self._timeout = device, batch, timeout
         self._pending: list[Task] = []
+        self._held: frozenset[tuple[str, str, str]] = frozenset()
 
     def free_slots(self) -> int:
         return max(0, self._batch - len(self._pending))
@@ -76,7 +78,10 @@ class SanitizerExecutor:
         return len(self._pending)
 
     def submit(self, task: Task) -> None:
-        self._pending.append(task)
+        self._pending.append(strip_quarantined(task, self._held))
+
+    def quarantine(self, classes: frozenset[tuple[str, str, str]]) -> None:
+        self._held = classes
 
     def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]:
         if not self._pending:

@@ -1,26 +1,45 @@
 """Executors: run tasks in-process, or in spawned worker processes that may die.
 
 Workers are started with the ``spawn`` method (never fork after CUDA is
-initialised), one per device slot. A worker that dies (illegal address, abort,
-segfault) yields a CRASH finding for the task it held; one that exceeds the
-task timeout is killed and yields TIMEOUT. Either way it is replaced and the run
-goes on.
+initialised), one per device slot. Each holds a short queue of tasks (so it
+never waits on the parent between cases) and publishes, in a few words of
+shared memory, which task it is running, which part of it (the valid case or
+its error input) and since when. So a worker that dies (illegal address,
+abort, segfault) yields a CRASH finding for the task and part it held, one
+that exceeds the task timeout is killed and yields TIMEOUT, and the tasks
+queued behind it go to the other workers. Either way it is replaced and the
+run goes on.
+
+Workers end with their parent: a parent-death signal (Linux) and a watchdog
+on the parent's pid, so a ``kill -9`` of the run leaves no worker holding the
+GPU. They ignore SIGINT and SIGTERM (the parent handles both and shuts them
+down), and a lost pipe ends them quietly.
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
+import importlib
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Protocol
+from typing import Any, Protocol
 
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.tasks import Task, TaskResult, execute
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.reports.findings import Finding, Kind
+
+DEFAULT_TABLE = "mlafuzz.harness.ops.table:OPS"
+QUEUE_DEPTH = 3  # tasks a worker holds: it starts the next case as soon as one is done
+MAX_START_FAILURES = 3
+IDLE, VALID, CONTRACT = 0, 1, 2  # the part of a task a worker is in (shared with the parent)
+PHASES = {"valid": VALID}
 
 
 class Executor(Protocol):
@@ -28,6 +47,7 @@ class Executor(Protocol):
     def in_flight(self) -> int: ...
     def submit(self, task: Task) -> None: ...
     def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]: ...
+    def quarantine(self, classes: frozenset[tuple[str, str, str]]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -35,18 +55,19 @@ class WorkerStartError(RuntimeError):
     """Workers die before they are ready: an environment problem, reported as one line."""
 
 
-MAX_START_FAILURES = 3
-
-
 def table_from_ref(ref: str) -> OpTable:
     """The op table a ``module:attr`` reference names (workers import it; default: OPS)."""
-    import importlib
-
     module, _, attr = ref.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
-DEFAULT_TABLE = "mlafuzz.harness.ops.table:OPS"
+def strip_quarantined(task: Task, classes: frozenset[tuple[str, str, str]]) -> Task:
+    """The task without its error input when that class is quarantined for its implementation."""
+    if task.contract is not None and (task.op, task.impl_ref, task.contract) in classes:
+        import dataclasses
+
+        return dataclasses.replace(task, contract=None)
+    return task
 
 
 class InProcess:
@@ -62,6 +83,7 @@ class InProcess:
             session = Session(table=table_from_ref(DEFAULT_TABLE), redzone=rz)
         self.session = session
         self._done: list[tuple[Task, TaskResult]] = []
+        self._held: frozenset[tuple[str, str, str]] = frozenset()
 
     def free_slots(self) -> int:
         return 0 if self._done else 1
@@ -70,24 +92,61 @@ class InProcess:
         return len(self._done)
 
     def submit(self, task: Task) -> None:
-        self._done.append((task, execute(task, self.session)))
+        self._done.append((task, execute(strip_quarantined(task, self._held), self.session)))
 
     def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]:
         done, self._done = self._done, []
         return done
 
+    def quarantine(self, classes: frozenset[tuple[str, str, str]]) -> None:
+        self._held = classes
+
     def close(self) -> None:
         pass
 
 
-def _worker_main(conn: Connection, device: str, redzone: bool, threads: int, table_ref: str) -> None:
+# --- the worker process ----------------------------------------------------------
+
+def _die_with_parent(parent: int) -> None:
+    """End this process when its parent does: PR_SET_PDEATHSIG where the kernel has it, and a
+    watchdog thread that polls the parent's pid everywhere (a parent killed with -9 runs no
+    cleanup; its workers must not linger on the GPU)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the signal was armed
+        os._exit(0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="mlafuzz-parent-watch", daemon=True).start()
+
+
+def _worker_main(conn: Connection, state: Any, device: str, redzone: bool, threads: int, table_ref: str,
+                 parent: int) -> None:
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and CI's SIGTERM are the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        _serve(conn, state, device, redzone, threads, table_ref)
+    except (EOFError, OSError, BrokenPipeError, ConnectionResetError):
+        pass  # the parent went away: nothing to report to, nothing to print
+    os._exit(0)
+
+
+def _serve(conn: Connection, state: Any, device: str, redzone: bool, threads: int, table_ref: str) -> None:
     # TRITON_INTERPRET was decided by the parent's entry point and is inherited: nothing to set here.
     import torch
 
     # Share the cores: N workers each running torch's default one-thread-per-core CPU ops
     # (case generation, host-side oracle work) oversubscribe the machine N times over.
     torch.set_num_threads(threads)
-
     rz = None
     if device.startswith("cuda"):
         if redzone:  # must precede this process's first CUDA allocation
@@ -96,21 +155,34 @@ def _worker_main(conn: Connection, device: str, redzone: bool, threads: int, tab
             rz = rzmod.install()
         torch.cuda.set_device(torch.device(device))
     session = Session(table=table_from_ref(table_ref), redzone=rz)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    held: frozenset[tuple[str, str, str]] = frozenset()
+    queue: collections.deque[Task] = collections.deque()
+
+    def phase(part: str) -> None:
+        state[1] = PHASES.get(part, CONTRACT)
+
     conn.send(("ready", None))
     while True:
-        try:
-            task = conn.recv()
-        except EOFError:
-            return
-        if task is None:
-            return
-        result = execute(task, session)
+        # Read everything the parent sent, so a quarantine that arrived behind queued tasks
+        # applies to them; block only when there is nothing to run.
+        while conn.poll() or not queue:
+            message = conn.recv()
+            if message is None:
+                return
+            tag, payload = message
+            if tag == "task":
+                queue.append(payload)
+            elif tag == "quarantine":
+                held = payload
+        task = strip_quarantined(queue.popleft(), held)
+        state[0], state[1], state[2] = float(task.index), VALID, time.monotonic()
+        result = execute(task, session, on_phase=phase)
         broken = _cuda_broken(device) if device.startswith("cuda") else None
         if broken is not None:
             result = charge_broken_context(task, result, broken, session.table)
+        state[1] = IDLE
         # "retire" rides on the result itself: the pool must never hand this worker another task.
-        conn.send(("result", {**result.to_wire(), "retire": broken is not None}))
+        conn.send(("result", (task.index, result.to_wire(), broken is not None)))
         if broken is not None:
             # An illegal address leaves the process's CUDA context unusable: every later case
             # would fail here. Exit; the pool replaces this worker with a fresh process.
@@ -139,7 +211,8 @@ def charge_broken_context(task: Task, result: TaskResult, error: str, table: OpT
     crash = Finding(kind=Kind.CRASH, op=task.op, impl=task.impl_ref, case_id=task.case_id(table), seed=task.seed,
                     spec=described.spec, cause="cuda_context",
                     message=f"the CUDA context broke during this case ({error}); worker replaced")
-    return TaskResult(findings=kept + (crash,), skipped=result.skipped, seconds=result.seconds)
+    return TaskResult(findings=kept + (crash,), skipped=result.skipped, seconds=result.seconds,
+                      features=result.features, spec=result.spec)
 
 
 def _death_message(exitcode: int | None) -> str:
@@ -153,21 +226,30 @@ def _death_message(exitcode: int | None) -> str:
     return f"worker exited with status {exitcode}"
 
 
+# --- the pool ----------------------------------------------------------------------
+
 @dataclass
 class _Worker:
     device: str
     process: mp.process.BaseProcess
     conn: Connection
+    state: Any  # shared doubles: [task index, part (IDLE/VALID/CONTRACT), monotonic start]
     ready: bool = False
-    task: Task | None = None
-    started: float = 0.0
+    queue: collections.deque[Task] = field(default_factory=collections.deque)  # sent, no result yet
+
+    def running(self) -> Task | None:
+        """The task the worker is in now, as it published it (None: between tasks)."""
+        if self.state[1] == IDLE:
+            return None
+        index = int(self.state[0])
+        return next((t for t in self.queue if t.index == index), None)
 
 
 class WorkerPool:
-    """One spawned worker per device slot; crash- and hang-proof."""
+    """One spawned worker per device slot, each with a short queue; crash- and hang-proof."""
 
     def __init__(self, *, devices: list[str], timeout: float, redzone: bool = False,
-                 table_ref: str = DEFAULT_TABLE) -> None:
+                 table_ref: str = DEFAULT_TABLE, depth: int = QUEUE_DEPTH) -> None:
         if not devices:
             raise ValueError("WorkerPool: devices=[] must name at least one device")
         self._table_ref = table_ref
@@ -175,111 +257,153 @@ class WorkerPool:
         self._ctx = mp.get_context("spawn")
         self._timeout = timeout
         self._redzone = redzone
+        self._depth = depth
         self._start_failures = 0
         self._size = len(devices)
+        self._held: frozenset[tuple[str, str, str]] = frozenset()
+        self._orphans: collections.deque[Task] = collections.deque()  # queued on a worker that died
         self._workers = [self._start(d) for d in devices]
 
     def _start(self, device: str) -> _Worker:
         parent, child = self._ctx.Pipe()
+        state = self._ctx.RawArray("d", 3)
         threads = max(1, (os.cpu_count() or 1) // max(1, self._size))
-        proc = self._ctx.Process(target=_worker_main, args=(child, device, self._redzone, threads, self._table_ref),
-                                 daemon=True,
-                                 name=f"mlafuzz-{device}")
+        proc = self._ctx.Process(target=_worker_main,
+                                 args=(child, state, device, self._redzone, threads, self._table_ref, os.getpid()),
+                                 daemon=True, name=f"mlafuzz-{device}")
         proc.start()
         child.close()
-        return _Worker(device=device, process=proc, conn=parent)
+        worker = _Worker(device=device, process=proc, conn=parent, state=state)
+        if self._held:
+            self._send(worker, ("quarantine", self._held))
+        return worker
+
+    @staticmethod
+    def _send(worker: _Worker, message: Any) -> bool:
+        try:
+            worker.conn.send(message)
+            return True
+        except (OSError, BrokenPipeError):
+            return False  # it died: wait() notices and replaces it
 
     def free_slots(self) -> int:
-        return sum(1 for w in self._workers if w.ready and w.task is None)
+        if self._orphans:
+            return 0  # the orphans go first (see wait)
+        return sum(self._depth - len(w.queue) for w in self._workers if w.ready)
 
     def in_flight(self) -> int:
-        return sum(1 for w in self._workers if w.task is not None)
+        return sum(len(w.queue) for w in self._workers) + len(self._orphans)
 
     def submit(self, task: Task) -> None:
-        worker = next(w for w in self._workers if w.ready and w.task is None)
+        worker = min((w for w in self._workers if w.ready and len(w.queue) < self._depth),
+                     key=lambda w: len(w.queue))
         task = _on_device(task, worker.device)
-        worker.task, worker.started = task, time.monotonic()
-        worker.conn.send(task)
+        worker.queue.append(task)
+        self._send(worker, ("task", task))
 
-    def _replace(self, worker: _Worker) -> None:
+    def quarantine(self, classes: frozenset[tuple[str, str, str]]) -> None:
+        """From now on, no worker runs these (op, impl, error-input class) triples, queued tasks too."""
+        self._held = classes
+        for w in self._workers:
+            self._send(w, ("quarantine", classes))
+
+    def _replace(self, worker: _Worker, *, lost: Task | None = None) -> None:
+        """Kill and restart ``worker``; the tasks it had queued (but ``lost``) go to the others."""
         if worker.process.is_alive():
             worker.process.kill()
         worker.process.join(timeout=5)
         worker.conn.close()
+        self._orphans.extend(t for t in worker.queue if t is not lost)
         self._workers[self._workers.index(worker)] = self._start(worker.device)
 
-    def _lost(self, worker: _Worker, kind: Kind, message: str) -> tuple[Task, TaskResult]:
-        task = worker.task
-        assert task is not None
+    def _lost(self, worker: _Worker, task: Task, part: int, kind: Kind, message: str, since: float
+              ) -> tuple[Task, TaskResult]:
         described = task.with_spec(self._table)
+        if part == CONTRACT and task.contract:
+            cause = f"contract:{task.contract}:{kind.value.lower()}"
+            message = f"{message} (in its error input {task.contract})"
+        else:
+            cause = kind.value.lower()
         finding = Finding(kind=kind, op=task.op, impl=task.impl_ref, case_id=task.case_id(self._table),
-                          seed=task.seed, spec=described.spec, cause=kind.value.lower(), message=message,
-                          extra={"device": worker.device})
-        self._replace(worker)
-        return task, TaskResult(findings=(finding,), seconds=time.monotonic() - worker.started)
+                          seed=task.seed, spec=described.spec, cause=cause, message=message,
+                          extra={"device": worker.device, "part": "contract" if part == CONTRACT else "valid",
+                                 **({"invalid_class": task.contract} if part == CONTRACT else {})})
+        self._replace(worker, lost=task)
+        return task, TaskResult(findings=(finding,), seconds=time.monotonic() - since)
+
+    def _drain(self, worker: _Worker, out: list[tuple[Task, TaskResult]]) -> bool:
+        """Read the worker's messages; True when it asked to retire."""
+        retire = False
+        try:
+            while worker.conn.poll():
+                tag, payload = worker.conn.recv()
+                if tag == "ready":
+                    worker.ready = True
+                    self._start_failures = 0
+                elif tag == "result":
+                    index, wire, retire = payload
+                    task = next((t for t in worker.queue if t.index == index), None)
+                    if task is not None:
+                        worker.queue.remove(task)
+                        out.append((task, TaskResult.from_wire(wire)))
+        except (EOFError, OSError):
+            pass
+        return retire
 
     def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]:
         out: list[tuple[Task, TaskResult]] = []
+        while self._orphans and any(w.ready and len(w.queue) < self._depth for w in self._workers):
+            self.submit(self._orphans.popleft())
         watch = {w.conn: w for w in self._workers}
         watch.update({w.process.sentinel: w for w in self._workers})
         ready = wait(list(watch), timeout=timeout)
-        now = time.monotonic()
         seen: set[int] = set()
         for handle in ready:
             worker = watch[handle]
             if id(worker) in seen:
                 continue
             seen.add(id(worker))
-            got_message = retire = False
-            try:
-                while worker.conn.poll():
-                    tag, payload = worker.conn.recv()
-                    got_message = True
-                    if tag == "ready":
-                        worker.ready = True
-                        self._start_failures = 0
-                    elif tag == "result" and worker.task is not None:
-                        out.append((worker.task, TaskResult.from_wire(payload)))
-                        worker.task = None
-                        retire = bool(payload.get("retire"))
-            except (EOFError, OSError):
-                pass
-            if retire:  # its CUDA context broke: it is exiting; start its successor now
+            if self._drain(worker, out):  # its CUDA context broke: it is exiting; start its successor now
                 self._replace(worker)
                 continue
-            if not worker.process.is_alive() and not got_message:
-                if worker.task is not None:
-                    worker.process.join(timeout=1)
-                    out.append(self._lost(worker, Kind.CRASH, f"{_death_message(worker.process.exitcode)} "
-                                                              f"while running this case on {worker.device}"))
-                else:
-                    if not worker.ready:
-                        self._start_failures += 1
-                        if self._start_failures >= MAX_START_FAILURES:
-                            raise WorkerStartError(
-                                f"worker processes on {worker.device} die before they are ready "
-                                f"({_death_message(worker.process.exitcode)}, {self._start_failures} times); "
-                                "their error is printed above; --in-process shows it directly")
-                    self._replace(worker)  # died while idle or starting: bring up another
+            if worker.process.is_alive():
+                continue
+            worker.process.join(timeout=1)
+            self._drain(worker, out)  # results it sent before it died count
+            running, part, since = worker.running(), int(worker.state[1]), worker.state[2]
+            if running is not None:
+                out.append(self._lost(worker, running, part, Kind.CRASH,
+                                      f"{_death_message(worker.process.exitcode)} while running this case on "
+                                      f"{worker.device}", since))
+                continue
+            if not worker.ready:
+                self._start_failures += 1
+                if self._start_failures >= MAX_START_FAILURES:
+                    raise WorkerStartError(
+                        f"worker processes on {worker.device} die before they are ready "
+                        f"({_death_message(worker.process.exitcode)}, {self._start_failures} times); "
+                        "their error is printed above; --in-process shows it directly")
+            self._replace(worker)  # died while idle or starting: bring up another
+        now = time.monotonic()
         for worker in list(self._workers):
-            if worker.task is not None and now - worker.started > self._timeout:
-                out.append(self._lost(worker, Kind.TIMEOUT,
-                                      f"no result after {self._timeout:.0f} s on {worker.device}; worker killed"))
+            running = worker.running()
+            if running is not None and now - worker.state[2] > self._timeout:
+                out.append(self._lost(worker, running, int(worker.state[1]), Kind.TIMEOUT,
+                                      f"no result after {self._timeout:.0f} s on {worker.device}; worker killed",
+                                      worker.state[2]))
         return out
 
     def close(self) -> None:
         for w in self._workers:
-            try:
-                if w.task is None:
-                    w.conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
+            self._send(w, None)
         deadline = time.monotonic() + 3
         for w in self._workers:
             w.process.join(timeout=max(0.0, deadline - time.monotonic()))
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join(timeout=2)
+            w.conn.close()
+        self._workers = []
 
 
 def _on_device(task: Task, device: str) -> Task:
@@ -289,7 +413,7 @@ def _on_device(task: Task, device: str) -> Task:
 
 
 def device_slots(*, device: str, workers: int | None) -> list[str]:
-    """Device strings for the workers: one per GPU by default, or ``workers`` CPU processes."""
+    """Device strings for the workers: one per GPU by default, or ``workers`` processes."""
     if device == "cuda":
         import torch
 

@@ -51,8 +51,11 @@ def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_p
         blk = t0 // block_size
         off = t0 - blk * block_size
         valid = nonneg & (blk < max_blocks) & row_ok
+        # `!= False`: a bool mask under the CPU interpreter, where the scalars row_ok and is_pf  # noqa: E712 (a bool mask: see above)
+        # broadcast into integer arrays, which Triton >= 3.7's interpreter rejects as a mask;
+        # compiled, the i1 compare folds away.
         base = tl.load(table_ptr + tl.where(row_ok & ~is_pf, req, 0) * table_s0 + blk * table_s1,
-                       mask=valid & ~is_pf, other=0).to(tl.int64)
+                       mask=(valid & ~is_pf) != False, other=0).to(tl.int64)  # noqa: E712 (a bool mask: see above)
         value = tl.where(is_pf, start + tok, base * block_stride + off)
         expected = tl.where(valid, value.to(tl.int32), -1)
         actual = tl.load(out_ptr + row * out_s0 + c)

@@ -142,12 +142,16 @@ def _check_records(after8_ptr, before8_ptr, kv_ptr, pe_ptr, inv_ptr, bad_ptr, kv
     tiles = tl.arange(0, 4)
     cols = tiles[:, None] * 128 + tl.arange(0, 128)[None, :]  # [4, 128]: element e of tile e // 128
     rcols = tl.arange(0, 64)
+    # The masks below broadcast the scalar `written` over a block and compare with False: under
+    # the CPU interpreter the broadcast scalar is an integer array, which Triton >= 3.7's
+    # interpreter rejects as a mask, and the compare makes it bool; compiled, it folds away.
     # What the record must hold if no token writes it: its old bytes.
-    old_code = tl.load(before8_ptr + rec + cols, mask=~written & (cols >= 0), other=0).to(tl.int32)
-    old_scale = tl.load(before32_ptr + (rec + 512) // 4 + tiles, mask=~written & (tiles >= 0), other=0)
-    old_rope = tl.load(before16_ptr + (rec + 528) // 2 + rcols, mask=~written & (rcols >= 0), other=0)
+    old_code = tl.load(before8_ptr + rec + cols, mask=(~written & (cols >= 0)) != False, other=0).to(tl.int32)  # noqa: E712 (a bool mask: see above)
+    old_scale = tl.load(before32_ptr + (rec + 512) // 4 + tiles, mask=(~written & (tiles >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
+    old_rope = tl.load(before16_ptr + (rec + 528) // 2 + rcols, mask=(~written & (rcols >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
     # What it must hold if token t0 writes it: the token's encoding.
-    h = tl.load(kv16_ptr + t0 * kv_stride + cols, mask=written & (cols >= 0), other=0).to(tl.int32) & 0xFFFF
+    h = tl.load(kv16_ptr + t0 * kv_stride + cols, mask=(written & (cols >= 0)) != False,  # noqa: E712 (a bool mask: see above)
+                other=0).to(tl.int32) & 0xFFFF
     fbits = _f32_bits_of_16(h, IS_BF16)
     x = fbits.to(tl.float32, bitcast=True)
     xbits = fbits & 0x7FFFFFFF
@@ -163,7 +167,7 @@ def _check_records(after8_ptr, before8_ptr, kv_ptr, pe_ptr, inv_ptr, bad_ptr, kv
         scale_bits = tl.maximum(q_bits, 0x00800000)
     scale = tl.broadcast_to(scale_bits.to(tl.float32, bitcast=True)[:, None], (4, 128))
     new_code = _e4m3fn_code(div_rn(x, scale, USE_ASM), USE_CVT)
-    new_rope = tl.load(pe16_ptr + t0 * pe_stride + rcols, mask=written & (rcols >= 0), other=0)
+    new_rope = tl.load(pe16_ptr + t0 * pe_stride + rcols, mask=(written & (rcols >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
     exp_code = tl.where(written, new_code, old_code)
     exp_scale = tl.where(written, scale_bits, old_scale)
     exp_rope = tl.where(written, new_rope, old_rope)
