@@ -41,8 +41,8 @@ class Case:
         return case_id_for(op=self.op, seed=self.seed, spec_json=spec_to_json(self.spec))
 
     def cloned_tensors(self, *, skip: Iterable[str] = ()) -> dict[str, torch.Tensor | None]:
-        """Fresh copies that keep each tensor's strides (non-contiguous inputs stay so), except
-        the names in ``skip``."""
+        """Fresh copies that keep each tensor's strides (non-contiguous inputs stay so) and the
+        bytes between its elements, except the names in ``skip``."""
         skip = frozenset(skip)
         return {k: _clone_keep_strides(v) for k, v in self.tensors.items() if k not in skip}
 
@@ -67,10 +67,15 @@ def case_id_for(*, op: str, seed: int, spec_json: str) -> str:
 
 
 def _clone_keep_strides(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A copy with t's strides and the bytes between its elements: a view's copy is a copy of the
+    span of storage it covers (a column slice's other columns, the other half of a split row), so
+    an implementation that reads between the elements, as a kernel assuming contiguity does,
+    reads the case's values, never uninitialized memory."""
     if t is None:
         return None
     if t.is_contiguous():
         return t.clone()
-    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
+    if t.numel() == 0:
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.as_strided((span,), (1,)).clone().as_strided(t.size(), t.stride())

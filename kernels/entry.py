@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import shutil
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,8 +24,10 @@ class ImplEntry:
     description: str = ""
     capabilities: frozenset[str] = frozenset({"seq_starts"})  # optional SPEC features it has
     requires: tuple[str, ...] = ()  # Python packages it cannot be loaded without (e.g. triton)
+    tools: tuple[str, ...] = ()  # programs on PATH it builds itself with on first load (e.g. g++)
     expected_kind: str | None = None  # for planted-bug mutants: the finding kind it should draw
     is_mutant: bool = False
+    awaits: str | None = None  # for mutants: the drawn inputs its bug needs that are not drawn yet
     # Contract revisions (SPEC section 7). ``revision``: the one this entry is always judged under
     # (a pin, e.g. a mutant of one revision's rule), whatever the run names. ``revisions``: the
     # ones it can follow, by a keyword-only ``revision=`` argument the harness binds (our writers);
@@ -39,8 +42,14 @@ class ImplEntry:
                              f" revisions={sorted(self.revisions)} follows the run's: give one of them")
 
     def missing(self) -> tuple[str, ...]:
-        """The packages of ``requires`` this Python cannot import."""
+        """The packages of ``requires`` this Python cannot import, then the ``tools`` not on PATH."""
+        return self._missing_packages() + self._missing_tools()
+
+    def _missing_packages(self) -> tuple[str, ...]:
         return tuple(p for p in self.requires if not _importable(p))
+
+    def _missing_tools(self) -> tuple[str, ...]:
+        return tuple(t for t in self.tools if shutil.which(t) is None)
 
     def check_device(self, device: str) -> str:
         """The device kind ('cpu', 'cuda'); ImplError when this entry cannot run there."""
@@ -48,10 +57,14 @@ class ImplEntry:
         if kind not in self.devices:
             raise ImplError(f"impl {self.op}={self.name} does not run on device={kind!r}"
                             f" (runs on: {', '.join(sorted(self.devices))})")
-        missing = self.missing()
+        missing = self._missing_packages()
         if missing:
             raise ImplError(f"impl {self.op}={self.name} needs {', '.join(missing)}, which is not installed here"
                             f" (pip install 'mlafuzz[{missing[0]}]', or pick another --impl {self.op}=...)")
+        tools = self._missing_tools()
+        if tools:
+            raise ImplError(f"impl {self.op}={self.name} needs {', '.join(tools)} on PATH to build itself"
+                            f" (install it, or pick another --impl {self.op}=...)")
         return kind
 
     def judged_under(self, run_revision: str) -> str:

@@ -9,7 +9,7 @@ FLT_MIN)), ``2026-09`` the power-of-two scale of vLLM PR #49435.
 
 from __future__ import annotations
 
-__all__ = ["WRITER_REVISIONS", "NEWEST", "POW2_SCALE", "check_revision"]
+__all__ = ["WRITER_REVISIONS", "NEWEST", "POW2_SCALE", "check_revision", "scale_rule"]
 
 WRITER_REVISIONS: tuple[str, ...] = ("2026-07", "2026-09")
 NEWEST: str = WRITER_REVISIONS[-1]
@@ -22,3 +22,9 @@ def check_revision(revision: object) -> str:
     if revision not in WRITER_REVISIONS:
         raise ValueError(f"revision={revision!r}: our writers implement {', '.join(WRITER_REVISIONS)}")
     return revision  # type: ignore[return-value]
+
+
+def scale_rule(revision: str) -> int:
+    """The CUDA writer kernels' ``scale_rule`` for ``revision``: 0 is SPEC section 2 as written,
+    1 the power-of-two scale with the 1e-4f floor (an int, so a later rule is one more)."""
+    return 1 if check_revision(revision) in POW2_SCALE else 0

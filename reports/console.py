@@ -41,6 +41,8 @@ def summary_line(s: Mapping[str, Any]) -> str:
     rate = s.get("cases_per_second") or 0.0
     quarantined = s.get("quarantined") or []
     held = f", {plural(len(quarantined), 'error-input class', 'error-input classes')} quarantined" if quarantined else ""
+    restarts = s.get("worker_restarts") or 0
+    held += f", {plural(restarts, 'worker restart')}" if restarts else ""
     return (f"mlafuzz: {s.get('cases', 0)} cases ({ops or 'none'}), {plural(s.get('findings', 0), 'finding')}"
             f"{' (' + kinds + ')' if kinds else ''} in {plural(s.get('buckets', 0), 'bucket')},"
             f" {s.get('skipped', 0)} skipped{held},"
@@ -82,16 +84,26 @@ class MutantRow(Protocol):
     cases: int
     seconds: float
     size: str
+    awaits: str | None
+
+
+def _mutant_result(r: MutantRow) -> str:
+    return "killed" if r.killed else "awaiting" if r.awaits else "SURVIVED"
 
 
 def mutants_table(results: Sequence[MutantRow]) -> list[str]:
     lines = [f"{'mutant':<28} {'expected':<23} {'result':<9} {'kind found':<40} {'cases':>6} {'s':>6}  minimized"]
     for r in results:
-        lines.append(f"{r.name:<28} {r.expected:<23} {'killed' if r.killed else 'SURVIVED':<9} "
+        lines.append(f"{r.name:<28} {r.expected:<23} {_mutant_result(r):<9} "
                      f"{','.join(r.found) or '-':<40} {r.cases:>6} {r.seconds:>6.1f}  {r.size}")
     killed = sum(r.killed for r in results)
+    waiting = [r for r in results if not r.killed and r.awaits]
     lines.append(f"mutation score: {killed}/{len(results)} killed"
-                 f" ({100.0 * killed / len(results) if results else 0:.0f}%)")
+                 f" ({100.0 * killed / len(results) if results else 0:.0f}%)"
+                 f"{f', {len(waiting)} awaiting inputs not drawn yet' if waiting else ''}")
+    lines += [f"  awaiting: {r.name} needs {r.awaits}" for r in waiting]
+    lines += [f"  stale mark: {r.name} was killed although marked as awaiting {r.awaits}; drop the mark"
+              for r in results if r.killed and r.awaits]
     return lines
 
 

@@ -20,7 +20,7 @@ from mlafuzz.reports.atomic import atomic_write
 from mlafuzz.reports.jsonl import FINDINGS_FILE, read_jsonl
 from mlafuzz.reports.model import RUN_FILE, SUMMARY_FILE, ReportError, impls_from_findings, shard_label
 
-_SUMMED = ("cases", "skipped", "findings", "infos")
+_SUMMED = ("cases", "skipped", "findings", "infos", "worker_restarts")
 _COUNTERS = ("per_op", "by_kind", "coverage", "features")  # key -> n, or op -> key -> n: summed per key
 _RUN_KEYS = ("seed", "device", "shard", "cases")  # what a finding needs to be re-run
 

@@ -1,6 +1,8 @@
 """``mlafuzz mutants``: fuzz the catalog of planted bugs and report the mutation score.
 
-Exit 1 if a mutant survives or a correct implementation draws a finding.
+Exit 1 if a mutant survives or a correct implementation draws a finding. A mutant
+the catalog marks as awaiting inputs the generators do not draw yet is reported
+as awaiting when it survives, and does not fail the run.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     m = sub.add_parser("mutants", help="fuzz the catalog of planted bugs and report the mutation score",
                        description="Fuzz every planted-bug mutant until it draws its expected finding kind "
                                    "(killed) or its budget ends (survived), and the correct implementations in the "
-                                   "same run. Exit 1 if a mutant survives or a correct implementation draws a finding.")
+                                   "same run. Mutants that crash their process run in worker processes. Exit 1 if a "
+                                   "mutant survives or a correct implementation draws a finding; a mutant whose bug "
+                                   "needs inputs not drawn yet is reported as awaiting them and does not fail the run.")
     m.add_argument("--op", action="append", choices=names, help="only the mutants of this op (repeatable)")
     m.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
     m.add_argument("--budget-per-mutant", type=positive_seconds, default=None, metavar="SECONDS",
@@ -38,9 +42,17 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 
     table = table_from_ref(DEFAULT_TABLE)
     session = Session(table=table)
-    # On the GPU a mutant may write out of bounds: isolate it, with the red-zone allocator on.
+    # On the GPU a mutant may write out of bounds: isolate it, with the red-zone allocator on. On
+    # the CPU the catalog runs in this process, but for the mutants that crash their process.
     executor = (WorkerPool(devices=["cuda:0"], timeout=120.0, redzone=True, table_ref=DEFAULT_TABLE)
                 if args.device == "cuda" else InProcess(session=session))
+    pools: list[WorkerPool] = []
+
+    def isolated() -> WorkerPool:
+        if not pools:
+            pools.append(WorkerPool(devices=[args.device], timeout=120.0, table_ref=DEFAULT_TABLE))
+        return pools[0]
+
     budget = args.budget_per_mutant
     if budget is None and args.cases_per_mutant is None:
         budget = 30.0
@@ -48,13 +60,15 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     try:  # one warm executor for the whole catalog; a dead worker is replaced
         results, clean = run_mutants(session=session, ops=ops, device=args.device, budget=budget,
                                      cases=args.cases_per_mutant, out=Path(args.out), seed=args.seed,
-                                     shrink_budget=args.shrink_budget, executor=executor)
+                                     shrink_budget=args.shrink_budget, executor=executor,
+                                     isolated=isolated if args.device != "cuda" else None)
     finally:
-        executor.close()
+        for e in (executor, *pools):
+            e.close()
     for line in console.mutants_table(results):
         print(line)
     for problem in clean:
         print(f"correct implementation drew findings: {problem}")
     if not clean:
         print(f"correct implementations ({', '.join(ops)}): no findings")
-    return EXIT_FINDINGS if clean or not all(r.killed for r in results) else EXIT_OK
+    return EXIT_FINDINGS if clean or any(r.failed for r in results) else EXIT_OK

@@ -129,6 +129,7 @@ class FuzzSummary:
     terminated: bool = False  # the interruption was a SIGTERM (CI's cancel)
     quarantined: set = field(default_factory=set)  # (op, impl, error-input class) that crashed a worker
     quarantined_crashes: int = 0  # crashes of a quarantined class after its first (queued before it was held)
+    worker_restarts: int = 0  # workers replaced while the cases ran (shrinking's own not counted)
 
     @property
     def rate(self) -> float:
@@ -141,7 +142,7 @@ class FuzzSummary:
                 "seconds": round(self.seconds, 3), "cases_per_second": round(self.rate, 3),
                 "interrupted": self.interrupted, "terminated": self.terminated,
                 "quarantined": [list(k) for k in sorted(self.quarantined)],
-                "quarantined_crashes": self.quarantined_crashes}
+                "quarantined_crashes": self.quarantined_crashes, "worker_restarts": self.worker_restarts}
 
 
 class Recorder:
@@ -215,6 +216,7 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
            "ulp": config.policy.ulp, "revision": config.revision}
     atomic_write(config.out_dir / "run.json", json.dumps(run, indent=2) + "\n")
     summary = FuzzSummary()
+    restarts_before = executor.restarts()  # an executor may outlive a run (mutants share one)
     start = time.monotonic()
     index = submitted = 0
     with JsonlSink(config.out_dir / FINDINGS_FILE) as sink:
@@ -238,6 +240,7 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
                     break
                 for task, result in executor.wait(0.1):
                     recorder.record(task, result)
+                summary.worker_restarts = executor.restarts() - restarts_before
                 if on_progress:
                     summary.seconds = time.monotonic() - start
                     on_progress(summary.to_json(), summary.seconds)

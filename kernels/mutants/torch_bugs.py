@@ -1,7 +1,8 @@
 """The planted bugs' code: each is the correct algorithm with one named change (the ``bug``).
 
 The torch variants run anywhere (so the catalog runs on CPU CI); the Triton
-variant reproduces a launch bug on the GPU. The catalog (catalog.py) names
+variant reproduces a launch bug on the GPU; CUDA kernels with planted bugs are
+cuda_mutants.py (mutants.cu), the crashing C++ host check host_throw.py. The catalog (catalog.py) names
 them and says which finding each must draw.
 """
 
@@ -16,6 +17,14 @@ import torch
 from mlafuzz.kernels.checks import check_block_ids, check_convert_args, check_gather_args, check_gather_values
 
 FLT_MIN = torch.finfo(torch.float32).tiny
+
+
+def _as_contiguous(t: torch.Tensor, *, rows: int | None = None) -> torch.Tensor:
+    """``t``'s first ``rows`` rows read as a kernel that assumes contiguity reads them: from its
+    first element, with row stride = its width and column stride 1 (what such a kernel's
+    ``ptr + r * width + c`` reads, whatever t's strides are)."""
+    n = t.shape[0] if rows is None else rows
+    return t.as_strided((n, t.shape[1]), (t.shape[1], 1))
 
 
 # --- convert -------------------------------------------------------------------
@@ -126,6 +135,8 @@ def _gather(bug: str, src_cache, dst, block_table, workspace_starts, batch_size,
         check_gather_values(ws=ws_l, seq_starts=ss_l, total=total, block_size=bs, max_blocks=block_table.shape[1])
     if total == 0:
         return
+    if bug == "contiguous_table":  # its row stride taken to be its width (a column slice reads the wrong rows)
+        block_table = _as_contiguous(block_table)
     dev = dst.device
     ws = torch.tensor(ws_l, dtype=torch.int64, device=dev)
     j = torch.arange(total, dtype=torch.int64, device=dev)
@@ -140,6 +151,8 @@ def _gather(bug: str, src_cache, dst, block_table, workspace_starts, batch_size,
     rows = _dequant(bug, src_cache.view(torch.uint8)[ids, pos - blk * bs])
     if bug == "skip_last_row":
         rows, dst_rows = rows[:-1], dst[:-1]
+    elif bug == "dst_storage_start":  # rows written from the storage's first element, not dst's own
+        dst_rows = dst.as_strided(dst.shape, dst.stride(), 0)
     else:
         dst_rows = dst
     dst_rows.copy_(rows)
@@ -215,6 +228,10 @@ def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds
     from mlafuzz.kernels.torch_impl import check_writer_call, records_with_scales
 
     check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)  # the one bug is below, not here
+    if bug == "contiguous_kv_c":  # [T, 512] / [T, 64] taken to be contiguous: views of one [T, 576] read wrong
+        n = slot_mapping.shape[0]
+        return writer_torch(_as_contiguous(kv_c, rows=n), _as_contiguous(k_pe, rows=n), kv_cache, slot_mapping,
+                            kv_cache_dtype, scale)
     n = slot_mapping.shape[0]
     kv, pe = kv_c[:n], k_pe[:n]
     if bug in SCALE_BUGS:
