@@ -5,6 +5,11 @@ positions, then values. Floats are compared as bit patterns: bit-exact by
 default, or within ``Policy.ulp`` units in the last place. Integers are exact.
 Messages follow torch.testing: ``Mismatched elements: 12 / 4096 (0.3%)``,
 ``greatest ulp distance 7 at [3, 129] (expected 0x3f80, got 0x3f81)``.
+
+``skip`` names elements another finding already accounts for (the write map's
+never-written elements: their values are the fill pattern, so a value or NaN
+mismatch there is the MISSING_WRITE again, not a second problem). They are
+left out of the value and NaN checks; every other element is compared.
 """
 
 from __future__ import annotations
@@ -73,7 +78,19 @@ def _shape_finding(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor
                            f"got shape {tuple(act.shape)} dtype {act.dtype}")
 
 
-def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, policy: Policy) -> list[Finding]:
+def _skip_mask(skip: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor | None:
+    """``skip`` as a flat mask of ``n`` elements on ``device`` (None: skip nothing)."""
+    if skip is None or skip.numel() != n or not bool(skip.any()):
+        return None
+    return skip.reshape(-1).to(device=device, dtype=torch.bool)
+
+
+def _skipped_note(skip: torch.Tensor | None) -> str:
+    return f"; {int(skip.sum())} never-written elements left to MISSING_WRITE" if skip is not None else ""
+
+
+def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, policy: Policy,
+                    skip: torch.Tensor | None) -> list[Finding]:
     # Masks and counts stay on the tensors' device; only the few shown mismatches cross to the host.
     width = 16 if exp.dtype in (torch.bfloat16, torch.float16) else 32
     view = _BITS_VIEW[exp.dtype]
@@ -85,6 +102,8 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
     a_nan = torch.isnan(act.contiguous().reshape(-1)).to(e_nan.device)
     total = e_bits.numel()
     shape = tuple(exp.shape)
+    keep = _skip_mask(skip, total, e_bits.device)
+    note = _skipped_note(keep)
     out: list[Finding] = []
 
     def shown(idx: torch.Tensor) -> tuple[Mismatch, ...]:
@@ -93,6 +112,8 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
                               actual=_hex(int(a_bits[i]), width)) for i in idx)
 
     nan_bad_mask = e_nan != a_nan
+    if keep is not None:
+        nan_bad_mask &= ~keep
     n = int(nan_bad_mask.sum())
     if n:
         sample = shown(nan_bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
@@ -100,10 +121,13 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
             kind=Kind.NAN_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
             cause=f"{name}:nan", mismatches=sample, count=n, total=total,
             message=f"{name}: NaN positions differ at {n} / {total} elements ({100.0 * n / total:.1f}%);"
-                    f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"))
+                    f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"
+                    f"{note}"))
 
     dist = (_ordered(e_bits, width) - _ordered(a_bits, width)).abs()
     bad_mask = ~(e_nan | a_nan) & (dist > policy.ulp)
+    if keep is not None:
+        bad_mask &= ~keep
     n = int(bad_mask.sum())
     if n:
         masked = torch.where(bad_mask, dist, torch.zeros_like(dist))
@@ -123,29 +147,40 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
             max_ulp=worst_dist,
             message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
                     f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape))}"
-                    f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"))
+                    f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"
+                    f"{note}"))
     return out
 
 
-def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor) -> list[Finding]:
+def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor,
+                    skip: torch.Tensor | None) -> list[Finding]:
     e = exp.reshape(-1)
     a = act.reshape(-1).to(e.device)
     if e.dtype == a.dtype and same_bits(e, a):
         return []
-    bad = (e != a).nonzero()[:MAX_SHOWN].reshape(-1).cpu()
-    n, total, shape = int((e != a).sum()), e.numel(), tuple(exp.shape)
+    differ = e != a
+    keep = _skip_mask(skip, e.numel(), e.device)
+    if keep is not None:
+        differ &= ~keep
+    n, total, shape = int(differ.sum()), e.numel(), tuple(exp.shape)
+    if not n:
+        return []
+    bad = differ.nonzero()[:MAX_SHOWN].reshape(-1).cpu()
     shown = tuple(Mismatch(index=_fmt_index(int(i), shape), expected=str(int(e[i])), actual=str(int(a[i])))
                   for i in bad[:MAX_SHOWN])
     return [Finding(
         kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
         cause=f"{name}:value", mismatches=shown, count=n, total=total,
         message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
-                f" first at {list(shown[0].index)} (expected {shown[0].expected}, got {shown[0].actual})")]
+                f" first at {list(shown[0].index)} (expected {shown[0].expected}, got {shown[0].actual})"
+                f"{_skipped_note(keep)}")]
 
 
 def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str, torch.Tensor | None],
-            policy: Policy, ctx: Context) -> list[Finding]:
-    """All differences between two output dicts, as findings (empty when equal)."""
+            policy: Policy, ctx: Context, skip: Mapping[str, torch.Tensor] | None = None) -> list[Finding]:
+    """All differences between two output dicts, as findings (empty when equal); ``skip``: per
+    output, a bool mask of elements not to compare (see the module docstring)."""
+    skip = skip or {}
     findings: list[Finding] = []
     for name, exp in expected.items():
         act = actual.get(name)
@@ -160,7 +195,7 @@ def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str,
         if exp.shape != act.shape or exp.dtype != act.dtype:
             findings.append(_shape_finding(ctx, name, exp, act))
         elif exp.dtype in _BITS_VIEW:
-            findings.extend(_float_findings(ctx, name, exp, act, policy))
+            findings.extend(_float_findings(ctx, name, exp, act, policy, skip.get(name)))
         else:
-            findings.extend(_exact_findings(ctx, name, exp, act))
+            findings.extend(_exact_findings(ctx, name, exp, act, skip.get(name)))
     return findings

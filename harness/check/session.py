@@ -68,10 +68,17 @@ class Session:
         return self._entries[key]
 
     def load(self, entry: ImplEntry, device: str) -> Callable:
-        """The entry's callable for ``device``, loaded once per process."""
+        """The entry's callable for ``device``, loaded once per process; an ImplError (one line) when
+        its signature cannot take the call the op makes (its row's ``call``)."""
         key = (entry.op, entry.name, device.split(":")[0])
         if key not in self._loaded:
-            self._loaded[key] = entry.load(device)
+            fn = entry.load(device)
+            shape = self.table.get(entry.op).call
+            why = shape.mismatch(fn) if shape is not None else None
+            if why is not None:
+                raise ImplError(f"--impl {entry.op}={entry.name}: cannot take SPEC's call {shape.text(entry.op)}"
+                                f" ({why})")
+            self._loaded[key] = fn
         return self._loaded[key]
 
     def sub(self, device: str) -> SubImpls:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import writer as gen
-from mlafuzz.harness.ops.op import Op, Outputs
+from mlafuzz.harness.ops.op import CallShape, Op, Outputs
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
@@ -34,4 +34,5 @@ WRITER = Op(
     invoke=invoke, defaults={"cpu": ("torch",), "cuda": ("cuda", "torch")},
     contract=frozenset({"wrong_dtype", "wrong_shape"}),
     inplace=frozenset({"kv_cache"}),
+    call=CallShape(positional=("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale")),
 )
