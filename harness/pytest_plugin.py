@@ -238,9 +238,10 @@ class FuzzSession:
 
         device = self._device_for_worker()
         self.session.load(item.entry, device)  # an impl that can't run here fails the item with one line
+        from mlafuzz.reports.rundir import clear_run
+
         out = self.item_dir(item)
-        for stale_file in ("findings.jsonl", "summary.json"):  # this item's previous run, not appended to
-            (out / stale_file).unlink(missing_ok=True)
+        clear_run(out)  # this item's previous run: replaced, never appended to
         found: list = []
         config = FuzzConfig(ops=(item.op,), impls={item.op: item.ref}, device=device, budget=self.budget,
                             seed=self.seed, out_dir=out, shard=Shard(index=self.worker.index, count=self.worker.count),

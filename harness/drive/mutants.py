@@ -2,7 +2,8 @@
 
 Each mutant is fuzzed until it draws its expected finding kind, or its budget
 (seconds, or cases) runs out; the correct implementations are fuzzed in the
-same run and must draw nothing.
+same run and must draw nothing. Each gets its own run folder under ``out``,
+cleared first: a catalog run replaces the last one, never appends to it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from mlafuzz.generators.draw import SMALL
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz, shrink_and_bundle
 from mlafuzz.harness.drive.workers import Executor
+from mlafuzz.reports.rundir import clear_run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +43,7 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
         expected = entry.expected_kind or ""
         config = FuzzConfig(ops=(entry.op,), impls={entry.op: entry.name}, device=device, budget=budget, cases=cases,
                             seed=seed, out_dir=out / entry.name, knobs=SMALL, shrink_budget=0.0, table=session.table)
+        clear_run(config.out_dir)
         start = time.monotonic()
         # The executor (and its warm workers) is shared by every mutant.
         summary = fuzz(config, executor=executor, stop_when=lambda s: expected in s.by_kind)
@@ -60,6 +63,7 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
         ref = session.default_ref(op, device)
         config = FuzzConfig(ops=(op,), impls={op: ref}, device=device, budget=budget, cases=cases, seed=seed,
                             out_dir=out / f"correct-{op}", knobs=SMALL, table=session.table)
+        clear_run(config.out_dir)
         summary = fuzz(config, executor=executor)
         if summary.findings:
             clean_problems.append(f"{op}={ref}: {summary.findings} findings ({', '.join(sorted(summary.by_kind))})")

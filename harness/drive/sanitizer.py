@@ -94,6 +94,9 @@ class SanitizerExecutor:
             out += done
         return out
 
+    def cancel(self) -> None:
+        self._pending = []
+
     def close(self) -> None:
         self._pending = []
 
