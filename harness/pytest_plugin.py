@@ -245,7 +245,8 @@ class FuzzSession:
         found: list = []
         config = FuzzConfig(ops=(item.op,), impls={item.op: item.ref}, device=device, budget=self.budget,
                             seed=self.seed, out_dir=out, shard=Shard(index=self.worker.index, count=self.worker.count),
-                            shrink_budget=self.shrink_budget, table=self.session.table)
+                            shrink_budget=self.shrink_budget, table=self.session.table,
+                            timeout=self.timeout if self.isolate else None)
         executor = self._executor(device)
         try:
             summary = fuzz(config, executor=executor, on_finding=found.append)

@@ -207,3 +207,9 @@ def test_same_seed_reproduces_the_same_cases(tmp_path, capsys):
               "--device", "cpu", "--cases", "20", "--seed", "9", "--out", str(out), "--quiet"])
         runs.append([(f["case_id"], f["message"]) for f in _findings(out)])
     assert runs[0] and runs[0] == runs[1]
+
+
+def test_version_is_one_line_and_exit_0(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip().startswith("mlafuzz ")

@@ -3,6 +3,7 @@ takes them in, and mismatches it does not explain stay findings of their own."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
@@ -16,12 +17,12 @@ from mlafuzz.tests.support.helpers import draw_spec, materialize, resolve, run_c
 CASES = 12  # drawn cases per check (run seed 0)
 
 
-def _kinds(op: str, impl: str) -> list[set[str]]:
+def _kinds(op: str, impl: str, device: str = "cpu") -> list[set[str]]:
     entry = resolve(op, impl)
     out = []
     for i in range(CASES):
         seed = case_seed(0, op, i)
-        result = run_case(case=materialize(draw_spec(op, seed=seed), seed, "cpu"), entry=entry)
+        result = run_case(case=materialize(draw_spec(op, seed=seed), seed, device), entry=entry)
         out.append({f.kind.value for f in result.findings if f.severity is Severity.ERROR})
     return out
 
@@ -42,6 +43,13 @@ def test_the_comparator_leaves_out_the_elements_it_is_told_to_skip():
 
 def test_a_gather_that_skips_its_last_row_draws_missing_write_alone():
     kinds = _kinds("gather", "gather_skip_last_row")
+    assert {"MISSING_WRITE"} in kinds and all(k <= {"MISSING_WRITE"} for k in kinds), kinds
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_gather_that_skips_its_last_row_draws_missing_write_alone():
+    """The fast path flags the case, the full path judges it on the device: the same one bucket."""
+    kinds = _kinds("gather", "gather_skip_last_row", device="cuda")
     assert {"MISSING_WRITE"} in kinds and all(k <= {"MISSING_WRITE"} for k in kinds), kinds
 
 
