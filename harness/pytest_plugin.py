@@ -238,13 +238,15 @@ class FuzzSession:
 
         device = self._device_for_worker()
         self.session.load(item.entry, device)  # an impl that can't run here fails the item with one line
+        from mlafuzz.reports.rundir import clear_run
+
         out = self.item_dir(item)
-        for stale_file in ("findings.jsonl", "summary.json"):  # this item's previous run, not appended to
-            (out / stale_file).unlink(missing_ok=True)
+        clear_run(out)  # this item's previous run: replaced, never appended to
         found: list = []
         config = FuzzConfig(ops=(item.op,), impls={item.op: item.ref}, device=device, budget=self.budget,
                             seed=self.seed, out_dir=out, shard=Shard(index=self.worker.index, count=self.worker.count),
-                            shrink_budget=self.shrink_budget, table=self.session.table)
+                            shrink_budget=self.shrink_budget, table=self.session.table,
+                            timeout=self.timeout if self.isolate else None)
         executor = self._executor(device)
         try:
             summary = fuzz(config, executor=executor, on_finding=found.append)

@@ -74,14 +74,22 @@ class Session:
     def load(self, entry: ImplEntry, device: str, *, revision: str | None = None) -> Callable:
         """The entry's callable for ``device``, loaded once per process; for an entry that follows
         revisions (``ImplEntry.revisions``), the one bound to ``revision`` (None: the newest), one
-        per revision. Other entries ignore ``revision``: one callable serves every case."""
+        per revision. Other entries ignore ``revision``: one callable serves every case. An
+        ImplError (one line) when its signature cannot take the call the op makes (its row's
+        ``call``)."""
         if entry.revisions is None:
             revision = None
         elif revision is None:
             revision = NEWEST_REVISION
         key = (entry.op, entry.name, device.split(":")[0], revision)
         if key not in self._loaded:
-            self._loaded[key] = entry.load(device, revision=revision)
+            fn = entry.load(device, revision=revision)
+            shape = self.table.get(entry.op).call
+            why = shape.mismatch(fn) if shape is not None else None
+            if why is not None:
+                raise ImplError(f"--impl {entry.op}={entry.name}: cannot take SPEC's call {shape.text(entry.op)}"
+                                f" ({why})")
+            self._loaded[key] = fn
         return self._loaded[key]
 
     def sub(self, device: str) -> SubImpls:

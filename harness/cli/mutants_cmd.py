@@ -10,7 +10,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mlafuzz.harness.cli.args import EXIT_FINDINGS, EXIT_OK, nonneg_int, nonneg_seconds, positive_int, positive_seconds
+from mlafuzz.harness.cli.args import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    UsageError,
+    nonneg_int,
+    nonneg_seconds,
+    positive_int,
+    positive_seconds,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
@@ -20,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
                                    "same run. Mutants that crash their process run in worker processes. Exit 1 if a "
                                    "mutant survives or a correct implementation draws a finding; a mutant whose bug "
                                    "needs inputs not drawn yet is reported as awaiting them and does not fail the run.")
-    m.add_argument("--op", action="append", choices=names, help="only the mutants of this op (repeatable)")
+    m.add_argument("--op", action="append", choices=names,
+                   help="only the mutants of this op, and its correct implementation (repeatable; default: all)")
     m.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
     m.add_argument("--budget-per-mutant", type=positive_seconds, default=None, metavar="SECONDS",
                    help="wall-clock budget per mutant and per correct implementation (default 30 unless"
@@ -29,8 +38,10 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
                    help="at most N cases per mutant and per correct implementation (machine-independent)")
     m.add_argument("--shrink-budget", type=nonneg_seconds, default=5.0, metavar="SECONDS",
                    help="time to minimize each kill, for the table's last column (0: skip)")
-    m.add_argument("--seed", type=nonneg_int, default=0, help="run seed (default 0)")
-    m.add_argument("--out", default="mlafuzz-mutants", metavar="DIR", help="run directories, one per mutant")
+    m.add_argument("--seed", type=nonneg_int, default=0, help="run seed: same seed, same cases (default 0)")
+    m.add_argument("--out", default="mlafuzz-mutants", metavar="DIR",
+                   help="a run folder per mutant and per correct implementation, each replaced by the next "
+                        "catalog run (default ./mlafuzz-mutants)")
     m.set_defaults(func=cmd_mutants)
 
 
@@ -39,7 +50,12 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     from mlafuzz.harness.drive.mutants import run_mutants
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, InProcess, WorkerPool, table_from_ref
     from mlafuzz.reports import console
+    from mlafuzz.reports.rundir import RunDirError, check_writable
 
+    try:
+        check_writable(Path(args.out), what="--out")
+    except RunDirError as exc:
+        raise UsageError(f"mlafuzz: {exc}") from None
     table = table_from_ref(DEFAULT_TABLE)
     session = Session(table=table)
     # On the GPU a mutant may write out of bounds: isolate it, with the red-zone allocator on. On

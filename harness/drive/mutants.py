@@ -8,7 +8,8 @@ writers: both), else under the newest. A mutant expected to crash or hang its
 process runs on an isolated executor (worker processes) even where the rest run
 in this process. A mutant marked ``awaits`` (its bug only shows on inputs the
 generators do not draw yet) that survives is reported as awaiting, not as
-survived.
+survived. Each gets its own run folder under ``out``, cleared first: a catalog
+run replaces the last one, never appends to it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz, shrink_and_bundle
 from mlafuzz.harness.drive.workers import Executor
 from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
+from mlafuzz.reports.rundir import clear_run
 
 ISOLATED_KINDS = frozenset({"CRASH", "TIMEOUT"})  # what a mutant can only show by taking its process down
 
@@ -61,6 +63,7 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
         runner = isolated() if isolated is not None and expected in ISOLATED_KINDS else executor
         config = FuzzConfig(ops=(entry.op,), impls={entry.op: entry.name}, device=device, budget=budget, cases=cases,
                             seed=seed, out_dir=out / entry.name, knobs=SMALL, shrink_budget=0.0, table=session.table)
+        clear_run(config.out_dir)
         start = time.monotonic()
         # The executor (and its warm workers) is shared by every mutant.
         summary = fuzz(config, executor=runner, stop_when=lambda s: expected in s.by_kind)
@@ -84,6 +87,7 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
             name = f"correct-{op}" if len(revisions) == 1 else f"correct-{op}-{revision}"
             config = FuzzConfig(ops=(op,), impls={op: ref}, device=device, budget=budget, cases=cases, seed=seed,
                                 out_dir=out / name, knobs=SMALL, table=session.table, revision=revision)
+            clear_run(config.out_dir)
             summary = fuzz(config, executor=executor)
             if summary.findings:
                 clean_problems.append(f"{op}={ref} (revision {revision}): {summary.findings} findings"

@@ -98,6 +98,8 @@ class SanitizerExecutor:
 
     def restarts(self) -> int:
         return self._restarts
+    def cancel(self) -> None:
+        self._pending = []
 
     def close(self) -> None:
         self._pending = []

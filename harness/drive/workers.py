@@ -49,6 +49,7 @@ class Executor(Protocol):
     def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]: ...
     def quarantine(self, classes: frozenset[tuple[str, str, str]]) -> None: ...
     def restarts(self) -> int: ...  # worker processes replaced so far (a crash, a hang, a broken context)
+    def cancel(self) -> None: ...  # drop every task in flight, their results never come
     def close(self) -> None: ...
 
 
@@ -104,6 +105,8 @@ class InProcess:
 
     def restarts(self) -> int:
         return 0  # nothing to restart: a crash here ends the run
+    def cancel(self) -> None:
+        self._done = []
 
     def close(self) -> None:
         pass
@@ -326,6 +329,15 @@ class WorkerPool:
         self._held = classes
         for w in self._workers:
             self._send(w, ("quarantine", classes))
+
+    def cancel(self) -> None:
+        """Drop every task in flight: a worker holding one is replaced (a shrink out of time must
+        not wait for a case that hangs)."""
+        self._orphans.clear()
+        for worker in list(self._workers):
+            if worker.queue:
+                worker.queue.clear()
+                self._replace(worker)
 
     def _replace(self, worker: _Worker, *, lost: Task | None = None) -> None:
         """Kill and restart ``worker``; the tasks it had queued (but ``lost``) go to the others."""

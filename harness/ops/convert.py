@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import convert as gen
-from mlafuzz.harness.ops.op import Op, Outputs
+from mlafuzz.harness.ops.op import CallShape, Op, Outputs
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
@@ -70,4 +70,7 @@ CONVERT = Op(
     # SPEC 3's "must reject with a clear exception before launching" (the PR #48642 fix).
     contract=frozenset({"length_mismatch", "wrong_dtype", "k_mismatch", "k_not_multiple_of_block_n"}),
     needs=gen.needs, fit=gen.fit, row_sets=row_sets,
+    call=CallShape(positional=("req_id", "block_table", "token_indices"),
+                   keywords=("BLOCK_SIZE", "NUM_TOPK_TOKENS", "BLOCK_N", "HAS_PREFILL_WORKSPACE",
+                             "prefill_workspace_request_ids", "prefill_workspace_starts", "return_valid_counts")),
 )

@@ -13,6 +13,7 @@ an op's name. Adding an op is one file per folder and one row in table.py.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -32,6 +33,32 @@ Invoke = Callable[[Callable, Case, Mapping[str, Any], Callable[[str], Callable]]
 
 def no_needs(case: Case) -> frozenset[str]:
     return frozenset()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallShape:
+    """The call ``invoke`` makes of an implementation, as SPEC names its parameters: the ones it
+    passes by position, then by keyword. An implementation whose signature cannot take that call
+    is refused when it is loaded (one line), not found out case by case."""
+
+    positional: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+
+    def text(self, op: str) -> str:
+        return f"{op}({', '.join(self.positional + tuple(f'{k}=...' for k in self.keywords))})"
+
+    def mismatch(self, fn: Callable) -> str | None:
+        """Why ``fn`` cannot be called this way, or None (also when its signature is hidden, as for
+        some builtins and torch ops: the call itself then says)."""
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return None
+        try:
+            signature.bind(*self.positional, **dict.fromkeys(self.keywords))
+        except TypeError as exc:
+            return f"its signature {signature} cannot take it: {exc}"
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +94,7 @@ class Op:
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None
+    call: CallShape | None = None  # the call invoke makes; None: not checked at load time
 
     def invalid_class(self, name: str) -> InvalidClass:
         for k in self.invalid:

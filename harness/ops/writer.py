@@ -17,7 +17,7 @@ import torch
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import writer as gen
 from mlafuzz.harness.ops.names import NEWEST_REVISION
-from mlafuzz.harness.ops.op import Op, Outputs
+from mlafuzz.harness.ops.op import CallShape, Op, Outputs
 
 # The cause of a writer VALUE_MISMATCH that fp32 log2f could explain (see ``review``).
 LOG2F_BAND_CAUSE = "kv_cache:log2f_band"
@@ -113,4 +113,5 @@ WRITER = Op(
     contract=frozenset({"wrong_dtype", "wrong_shape"}),
     inplace=frozenset({"kv_cache"}),
     review=review,
+    call=CallShape(positional=("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale")),
 )

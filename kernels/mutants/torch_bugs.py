@@ -225,13 +225,13 @@ def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds
             revision: str):
     """The writer of ``revision`` with one ``bug``: a wrong tile scale (``SCALE_BUGS``, codes then
     made from it correctly) or a wrong slot."""
-    from mlafuzz.kernels.torch_impl import check_writer_call, records_with_scales
+    from mlafuzz.kernels.torch_impl import check_writer_call, records_with_scales, writer_torch
 
     check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)  # the one bug is below, not here
     if bug == "contiguous_kv_c":  # [T, 512] / [T, 64] taken to be contiguous: views of one [T, 576] read wrong
         n = slot_mapping.shape[0]
         return writer_torch(_as_contiguous(kv_c, rows=n), _as_contiguous(k_pe, rows=n), kv_cache, slot_mapping,
-                            kv_cache_dtype, scale)
+                            kv_cache_dtype, scale, revision=revision)
     n = slot_mapping.shape[0]
     kv, pe = kv_c[:n], k_pe[:n]
     if bug in SCALE_BUGS:

@@ -1,4 +1,5 @@
-"""The harness proves its power: every planted bug in the CPU catalog is killed, the correct impls stay clean."""
+"""The harness proves its power: every planted bug in the CPU catalog is killed with its one expected
+kind (one cause, one bucket), and the correct impls stay clean."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.cli.main import main
 from mlafuzz.harness.drive.mutants import run_mutants
-from mlafuzz.harness.drive.workers import InProcess
+from mlafuzz.harness.drive.workers import InProcess, WorkerPool
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.kernels.registry import Registry, default_registry
 from mlafuzz.reports import console
@@ -18,6 +19,7 @@ from mlafuzz.reports import console
 # devicegen); the unit tests of tests/kernels/test_mutant_kernels.py build those layouts by hand.
 AWAITING_ON_CPU = {"gather_contiguous_table", "writer_contiguous_kv_c"}
 AWAITING_ON_CUDA = AWAITING_ON_CPU | {"gather_int32_offset"}
+CASES_PER_MUTANT = 40
 
 
 def test_catalog_has_at_least_20_described_mutants_across_all_ops():
@@ -28,7 +30,7 @@ def test_catalog_has_at_least_20_described_mutants_across_all_ops():
     assert {m.name for m in mutants if m.awaits} == AWAITING_ON_CUDA
 
 
-def test_every_cpu_mutant_is_killed_and_correct_implementations_draw_nothing(tmp_path, capsys):
+def test_the_mutants_command_kills_the_cpu_catalog_and_the_correct_implementations_draw_nothing(tmp_path, capsys):
     # The crashing mutant (gather_cpp_throw) runs in a worker process: this process survives it.
     rc = main(["mutants", "--device", "cpu", "--cases-per-mutant", "40", "--shrink-budget", "0",
                "--out", str(tmp_path)])
@@ -41,6 +43,29 @@ def test_every_cpu_mutant_is_killed_and_correct_implementations_draw_nothing(tmp
         assert rows[name] == "killed", out
     assert "no findings" in out and "stale mark" not in out, out
     assert rc == 0
+
+
+def test_every_cpu_mutant_is_killed_drawing_only_its_kind_and_correct_implementations_draw_nothing(tmp_path):
+    """One cause, one bucket: each mutant's findings are of its expected kind alone."""
+    session = Session(table=OPS)
+    pools: list[WorkerPool] = []
+
+    def isolated() -> WorkerPool:  # for the mutants that take their process down
+        if not pools:
+            pools.append(WorkerPool(devices=["cpu"], timeout=120.0))
+        return pools[0]
+
+    try:
+        results, clean = run_mutants(session=session, ops=list(OPS.names), device="cpu", budget=None,
+                                     cases=CASES_PER_MUTANT, out=tmp_path, seed=0, shrink_budget=0.0,
+                                     executor=InProcess(session=session), isolated=isolated)
+    finally:
+        for pool in pools:
+            pool.close()
+    assert len(results) >= 20
+    assert [r.name for r in results if not r.killed and not r.awaits] == []
+    assert {r.name: r.found for r in results if r.killed and r.found != (r.expected,)} == {}
+    assert clean == []
 
 
 def _session_with_mutant(**changes) -> Session:

@@ -32,7 +32,7 @@ def _kinds_until(name: str, stop) -> tuple[int | None, set[str]]:
 
 def test_the_four_planted_step_bugs_are_registered_with_their_kinds():
     assert {n: resolve("step", n).expected_kind for n in MUTANTS} == {
-        "step_full_req_id": "METADATA_MISMATCH", "step_no_seq_starts": "VALUE_MISMATCH",
+        "step_full_req_id": "METADATA_MISMATCH", "step_no_seq_starts": "METADATA_MISMATCH",
         "step_second_split": "METADATA_MISMATCH", "step_ws_not_restarted": "METADATA_MISMATCH"}
 
 
