@@ -34,7 +34,8 @@ FULL = WriterSpec(num_tokens=6, paging=Paging(block_size=4, spare_blocks=2))
 
 
 def _fake_entry(runtime: FakeRuntime):
-    return dataclasses.replace(resolve("writer", "torch"), name="fake_zero_grid",
+    # Implements one revision (no revision= keyword), like an external writer.
+    return dataclasses.replace(resolve("writer", "torch"), name="fake_zero_grid", revisions=None,
                                loader=lambda device: runtime.zero_grid_writer())
 
 

@@ -81,7 +81,7 @@ def test_dst_storage_start_gather_writes_before_dst_into_its_guard_zone_and_torc
     # The harness's dst is already a row slice: 4 KiB into a guarded buffer (harness/memory/guards.py).
     case = materialize(GATHER, 4)
     kinds = _kinds(case, "gather_dst_storage_start", "gather")
-    assert Kind.OOB_WRITE in kinds and Kind.MISSING_WRITE in kinds
+    assert kinds == {Kind.OOB_WRITE}  # its missing rows inside dst fold into the one misplaced-write finding
     assert _kinds(case, "torch", "gather") == set()
 
 
