@@ -126,6 +126,7 @@ def _hard_tiles(dtype: torch.dtype) -> torch.Tensor:
 
 @pytest.mark.parametrize("revision", REVISIONS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.slow
 def test_yes_on_the_oracles_cache_for_every_16_bit_input_pattern_and_hard_tiles(dtype, revision):
     kv_c = _hard_tiles(dtype)
     n = kv_c.shape[0]
@@ -152,6 +153,7 @@ def test_an_unknown_revision_is_cannot_tell_not_a_verdict():
 @pytest.mark.parametrize("values", list(WriterValues))
 @given(seed=st.integers(0, 2**32 - 1), where=st.integers(0, 2**31), bit=st.integers(0, 7))
 @settings(max_examples=2, deadline=None)
+@pytest.mark.slow
 def test_yes_on_the_oracles_cache_no_on_any_single_bit_flip(values, dtype, revision, seed, where, bit):
     t = _case(values, dtype, seed)
     after = _expected(t, revision)
@@ -205,6 +207,7 @@ def test_duplicate_out_of_range_and_short_inputs_say_no_without_raising():
     assert _match(t, after[:, :2]) is False
 
 
+@pytest.mark.slow
 def test_checks_of_interleaved_cases_and_a_smaller_cache_after_a_bigger_see_only_their_own_slots():
     """The slot -> token map is one buffer per device, reused without clearing: entries left by
     earlier checks (other slots, a larger cache, a duplicate's trouble mark) must read as empty."""
@@ -303,6 +306,7 @@ _PTX_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_gpu_build_compiles_offline_with_ieee_division_and_the_asked_e4m3_encode():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)

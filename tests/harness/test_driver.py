@@ -24,17 +24,15 @@ def _findings(out: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("planted, kind", [("abort_gather.py", "CRASH"), ("hang_gather.py", "TIMEOUT")])
-def test_dying_or_hanging_impl_is_reported_and_the_run_goes_on_to_its_budget(planted, kind, tmp_path, capsys):
-    start = time.monotonic()
-    rc = main(["fuzz", "--impl", f"gather={PLANTED / planted}:gather", "--device", "cpu", "--budget", "12",
-               "--timeout", "2", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"])
+def test_dying_or_hanging_impl_is_reported_and_the_run_goes_on_to_its_last_case(planted, kind, tmp_path, capsys):
+    rc = main(["fuzz", "--impl", f"gather={PLANTED / planted}:gather", "--device", "cpu", "--cases", "10",
+               "--timeout", "3", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"])
     assert rc == 1
     found = _findings(tmp_path)
     assert {f["kind"] for f in found} == {kind}
     assert all(f["spec"] and f["seed"] is not None for f in found)  # each names the case that did it
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["cases"] > len(found)  # cases after the first failure still ran
-    assert time.monotonic() - start >= 12
+    assert summary["cases"] == 10 and 0 < len(found) < 10  # every case ran, the ones after a failure too
 
 
 def test_single_request_bug_shrinks_to_at_most_two_requests_and_replays(tmp_path, capsys):

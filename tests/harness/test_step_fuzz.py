@@ -49,7 +49,7 @@ def test_every_planted_step_bug_draws_its_named_kind(name):
 
 
 def test_fuzzing_our_step_pipeline_on_cpu_finds_nothing(tmp_path, capsys):
-    rc = main(["fuzz", "--op", "step", "--impl", "step=ours", "--device", "cpu", "--budget", "20", "--in-process",
+    rc = main(["fuzz", "--op", "step", "--impl", "step=ours", "--device", "cpu", "--cases", "20", "--in-process",
                "--quiet", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out + (tmp_path / "findings.jsonl").read_text()

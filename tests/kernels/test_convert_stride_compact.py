@@ -124,6 +124,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_the_gpu_build_of_both_options_compiles_offline_for_sm90():
     import subprocess
     import sys

@@ -124,6 +124,7 @@ def test_mutants_cu_bug_codes_are_the_ones_python_passes():
     assert found == expected
 
 
+@pytest.mark.slow
 def test_mutants_cu_compiles_for_sm90_without_a_gpu(tmp_path):
     if cuda_ext._find_nvcc() is None:
         pytest.skip("nvcc not found: no CUDA toolkit on this machine (CI installs one)")
