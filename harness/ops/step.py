@@ -51,7 +51,6 @@ from mlafuzz.generators.ops import step as gen
 from mlafuzz.harness.ops.op import CallShape, Op, Outputs
 from mlafuzz.reports.findings import Finding, Kind
 
-SUB_ENV: dict[str, str] = {"convert": "MLAFUZZ_STEP_CONVERT", "gather": "MLAFUZZ_STEP_GATHER"}
 SUB_REFS_KEY = "_step_sub_impls"  # non-tensor output: the sub-implementations' --impl references
 
 METADATA_OUTPUTS = frozenset({
