@@ -53,8 +53,9 @@ class Case:
 
     def cloned_tensors(self, *, skip: Iterable[str] = ()) -> dict[str, torch.Tensor | None]:
         """Fresh copies in the tensors' own layouts (a view's base is copied and the view made
-        again: strides, storage offset and the bytes around it are kept), except the names in
-        ``skip``. A tensor with zero blocks is copied as zeros (views.zeros) and its other blocks."""
+        again: strides, storage offset and the bytes around and between its elements are kept),
+        except the names in ``skip``. A tensor with zero blocks is copied as zeros (rng.records
+        ``zeros``) and its other blocks."""
         skip = frozenset(skip)
         return {k: clone_like(v, zero_blocks=self.zero_blocks.get(k, 0))
                 for k, v in self.tensors.items() if k not in skip}
@@ -77,7 +78,9 @@ _SMALL_BASE = 1 << 20  # a view's base up to this many bytes past the view is co
 
 
 def clone_like(t: torch.Tensor | None, *, zero_blocks: int = 0) -> torch.Tensor | None:
-    """A copy of ``t`` in its own layout (``Case.cloned_tensors``)."""
+    """A copy of ``t`` in its own layout (``Case.cloned_tensors``): an implementation that reads
+    outside a view's elements, as a kernel assuming contiguity does, reads the case's values in the
+    copy too, never uninitialized memory."""
     if t is None:
         return None
     if zero_blocks:
@@ -91,6 +94,10 @@ def clone_like(t: torch.Tensor | None, *, zero_blocks: int = 0) -> torch.Tensor 
     if storage.nbytes() <= 4 * span + _SMALL_BASE:  # a view of a base of about its size: copy the base
         base = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage).clone().view(t.dtype)
         return base.as_strided(t.size(), t.stride(), t.storage_offset())
-    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
+    if t.is_contiguous():
+        return t.clone()
+    if t.numel() == 0:
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+    # A small view of a large storage: the span it covers (the bytes between its elements).
+    covered = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.as_strided((covered,), (1,)).clone().as_strided(t.size(), t.stride())

@@ -19,6 +19,7 @@ import dataclasses
 import enum
 import functools
 import json
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -166,6 +167,13 @@ def spec_to_dict(spec: Any) -> dict[str, Any]:
 
 def _decode(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):  # an optional field, ``T | None``
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None and len(inner) < len(typing.get_args(tp)):
+            return None
+        if len(inner) != 1:
+            raise SpecError(f"{where}: unsupported field type {tp!r}")  # a bug in a spec class
+        return _decode(inner[0], value, where)
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, list):

@@ -1,9 +1,10 @@
 """pytest plugin: fuzz implementations as test items, one per op and implementation.
 
-Inactive unless ``--mlafuzz-budget SECONDS`` is given. Then the session gets
-an item per ``--mlafuzz-impl OP=REF`` (repeatable; default: the device's own
-implementations), e.g. ``mlafuzz::gather[torch]``. Each item runs the fuzz
-loop for the budget and fails with its findings (the first few buckets, each
+Inactive unless ``--mlafuzz-budget SECONDS`` or ``--mlafuzz-cases N`` is given.
+Then the session gets an item per ``--mlafuzz-impl OP=REF`` (repeatable;
+default: the device's own implementations), e.g. ``mlafuzz::gather[torch]``.
+Each item runs the fuzz loop for the budget (or N cases of its shard, whichever
+ends first: a count is the same work on any machine) and fails with its findings (the first few buckets, each
 with its message and replay command); with ``--mlafuzz-ledger FILE`` only
 findings the ledger doesn't expect fail, and stale ledger entries are listed
 in the terminal summary.
@@ -39,6 +40,8 @@ MAX_BUCKETS_SHOWN = 5
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("mlafuzz", "mlafuzz: differential fuzzing of sparse-MLA KV-cache kernels")
+    g.addoption("--mlafuzz-cases", type=int, default=None, metavar="N",
+                help="fuzz each item for N cases of its shard (with or instead of --mlafuzz-budget)")
     g.addoption("--mlafuzz-budget", type=float, default=None, metavar="SECONDS",
                 help="fuzz each op/implementation item for SECONDS (the plugin is off without this)")
     g.addoption("--mlafuzz-impl", action="append", default=[], metavar="OP=REF",
@@ -134,9 +137,13 @@ class FuzzSession:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.budget = float(config.getoption("mlafuzz_budget"))
-        if not self.budget > 0:
+        budget, cases = config.getoption("mlafuzz_budget"), config.getoption("mlafuzz_cases")
+        self.budget = float(budget) if budget is not None else None
+        self.cases = int(cases) if cases is not None else None
+        if self.budget is not None and not self.budget > 0:
             raise pytest.UsageError(f"--mlafuzz-budget={self.budget} must be > 0 seconds")
+        if self.cases is not None and self.cases < 1:
+            raise pytest.UsageError(f"--mlafuzz-cases={self.cases} must be >= 1")
         self.seed = int(config.getoption("mlafuzz_seed"))
         self.worker = worker_of(config)
         out = config.getoption("mlafuzz_out")
@@ -216,6 +223,10 @@ class FuzzSession:
     def item_dir(self, item: FuzzItem) -> Path:
         return self.out_root / f"{item.op}-{item.label.replace(':', '_')}-{self.worker.name}"
 
+    def _limit(self) -> str:
+        return " / ".join(x for x in (f"{self.cases} cases" if self.cases else "",
+                                       f"{self.budget:g} s" if self.budget else "") if x)
+
     def _executor(self, device: str):
         from mlafuzz.harness.drive.workers import InProcess, WorkerPool
 
@@ -238,13 +249,16 @@ class FuzzSession:
 
         device = self._device_for_worker()
         self.session.load(item.entry, device)  # an impl that can't run here fails the item with one line
+        from mlafuzz.reports.rundir import clear_run
+
         out = self.item_dir(item)
-        for stale_file in ("findings.jsonl", "summary.json"):  # this item's previous run, not appended to
-            (out / stale_file).unlink(missing_ok=True)
+        clear_run(out)  # this item's previous run: replaced, never appended to
         found: list = []
         config = FuzzConfig(ops=(item.op,), impls={item.op: item.ref}, device=device, budget=self.budget,
+                            cases=self.cases,
                             seed=self.seed, out_dir=out, shard=Shard(index=self.worker.index, count=self.worker.count),
-                            shrink_budget=self.shrink_budget, table=self.session.table)
+                            shrink_budget=self.shrink_budget, table=self.session.table,
+                            timeout=self.timeout if self.isolate else None)
         executor = self._executor(device)
         try:
             summary = fuzz(config, executor=executor, on_finding=found.append)
@@ -269,7 +283,7 @@ class FuzzSession:
                                       cases=summary.cases + summary.skipped,
                                       shard=(self.worker.index, self.worker.count), out=str(out / "replay"))
         title = (f"mlafuzz: {item.op}={item.ref} on {device} (seed {self.seed}, shard {self.worker.index}/"
-                 f"{self.worker.count}, {self.budget:g} s): {len(unexpected)} unexpected findings in"
+                 f"{self.worker.count}, {self._limit()}): {len(unexpected)} unexpected findings in"
                  f" {console.plural(len(buckets), 'bucket')}"
                  + (f", {len(expected)} expected per ledger" if expected else ""))
         raise FuzzFailure(console.plugin_failure(
@@ -302,6 +316,7 @@ class FuzzSession:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("mlafuzz_budget", default=None) is None:
+    if config.getoption("mlafuzz_budget", default=None) is None and config.getoption("mlafuzz_cases",
+                                                                                      default=None) is None:
         return  # inactive: plain pytest runs never import torch through us
     config.pluginmanager.register(FuzzSession(config), SESSION_PLUGIN)

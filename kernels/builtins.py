@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry, module_attr
+from mlafuzz.kernels.revisions import WRITER_REVISIONS
+
+# Our converts take both SPEC section 7 options (their signatures say so too: kernels/external.py).
+CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front"})
+# Our writers follow either contract revision through their keyword-only ``revision=``.
+FOLLOWS = frozenset(WRITER_REVISIONS)
 
 # The CUDA kernels check on the host only what SPEC section 4 says vLLM checks.
 CUDA_GATHER_REJECTS = frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"})
@@ -16,25 +22,28 @@ CUDA_WRITER_REJECTS = frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"
 
 
 def _entry(*, op: str, name: str, module: str, attr: str, devices: tuple[str, ...], rejects: frozenset[str],
-           description: str, requires: tuple[str, ...] = ()) -> ImplEntry:
+           description: str, requires: tuple[str, ...] = (), capabilities: frozenset[str] = frozenset({"seq_starts"}),
+           revisions: frozenset[str] | None = None) -> ImplEntry:
     return ImplEntry(op=op, name=name, loader=module_attr(module, attr), devices=frozenset(devices),
-                     rejects=rejects, description=description, requires=requires)
+                     rejects=rejects, description=description, requires=requires, capabilities=capabilities,
+                     revisions=revisions)
 
 
 BUILTINS: tuple[ImplEntry, ...] = (
     _entry(op="convert", name="triton", module="mlafuzz.kernels.triton_convert", attr="convert",
-           devices=("cpu", "cuda"), rejects=CONVERT_REJECTS, requires=("triton",),
+           devices=("cpu", "cuda"), rejects=CONVERT_REJECTS, requires=("triton",), capabilities=CONVERT_OPTIONS,
            description="our Triton kernel, one program per row (interpreted on CPU)"),
     _entry(op="convert", name="torch", module="mlafuzz.kernels.torch_impl", attr="convert_torch",
-           devices=("cpu", "cuda"), rejects=CONVERT_REJECTS, description="vectorized torch implementation"),
+           devices=("cpu", "cuda"), rejects=CONVERT_REJECTS, capabilities=CONVERT_OPTIONS,
+           description="vectorized torch implementation"),
     _entry(op="gather", name="torch", module="mlafuzz.kernels.torch_impl", attr="gather_torch",
            devices=("cpu", "cuda"), rejects=GATHER_TORCH_REJECTS,
            description="vectorized torch implementation with host-side checks"),
     _entry(op="gather", name="cuda", module="mlafuzz.kernels.cuda_ext", attr="gather", devices=("cuda",),
            rejects=CUDA_GATHER_REJECTS, description="our CUDA kernel: one warp per output row, 16-byte lanes"),
     _entry(op="writer", name="torch", module="mlafuzz.kernels.torch_impl", attr="writer_torch",
-           devices=("cpu", "cuda"), rejects=WRITER_TORCH_REJECTS,
-           description="torch fp8_ds_mla writer (concat_and_cache_mla signature)"),
+           devices=("cpu", "cuda"), rejects=WRITER_TORCH_REJECTS, revisions=FOLLOWS,
+           description="torch fp8_ds_mla writer (concat_and_cache_mla signature), either revision"),
     _entry(op="writer", name="cuda", module="mlafuzz.kernels.cuda_ext", attr="writer", devices=("cuda",),
-           rejects=CUDA_WRITER_REJECTS, description="our CUDA fp8_ds_mla writer"),
+           rejects=CUDA_WRITER_REJECTS, revisions=FOLLOWS, description="our CUDA fp8_ds_mla writer, either revision"),
 )

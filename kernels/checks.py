@@ -2,7 +2,13 @@
 
 Every check runs before any launch and raises an ``InvalidInputError`` (a
 ``ValueError``) or, for dtype and type problems, an ``InvalidDtypeError``
-(both a ``TypeError`` and an ``InvalidInputError``). Each error carries a
+(both a ``TypeError`` and an ``InvalidInputError``). Where vLLM's convert
+refuses with an ``assert`` (its dtypes, the row-count match, K against
+NUM_TOPK_TOKENS and BLOCK_N, the prefill arguments), ours raises an
+``AssertedInputError`` / ``AssertedDtypeError``: the same classes, and an
+``AssertionError`` too, so code written against vLLM (its tests'
+``pytest.raises(AssertionError)``, a caller's ``except AssertionError``)
+catches our refusals as it catches vLLM's. Each error carries a
 ``reason`` drawn from the vocabulary the harness uses for invalid-input
 classes, so a contract (``CONVERT_REJECTS``, ``GATHER_TORCH_REJECTS``,
 ``WRITER_TORCH_REJECTS``) can name what an implementation promises to reject.
@@ -23,6 +29,8 @@ import torch
 __all__ = [
     "InvalidInputError",
     "InvalidDtypeError",
+    "AssertedInputError",
+    "AssertedDtypeError",
     "CONVERT_REJECTS",
     "GATHER_TORCH_REJECTS",
     "WRITER_TORCH_REJECTS",
@@ -55,6 +63,7 @@ CONVERT_REJECTS = frozenset(
         "wrong_shape",  # wrong number of dims; prefill ids length != N
         "device_mismatch",  # tensors on different devices
         "missing_prefill_args",  # HAS_PREFILL_WORKSPACE without ids/starts
+        "bad_block_stride",  # BLOCK_STRIDE_ROWS given but not an int >= 1 (SPEC section 7)
     }
 )
 
@@ -97,16 +106,25 @@ class InvalidDtypeError(InvalidInputError, TypeError):
     """A tensor of the wrong dtype, or a non-tensor where a tensor belongs."""
 
 
-def _require_tensor(name: str, t: object) -> torch.Tensor:
+class AssertedInputError(InvalidInputError, AssertionError):
+    """A refusal where vLLM's convert asserts: also an AssertionError (drop-in behaviour)."""
+
+
+class AssertedDtypeError(InvalidDtypeError, AssertedInputError):
+    """A dtype refusal where vLLM's convert asserts: a TypeError and an AssertionError."""
+
+
+def _require_tensor(name: str, t: object, error: type[InvalidDtypeError] = InvalidDtypeError) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise InvalidDtypeError("wrong_dtype", f"{name} must be a torch.Tensor, got {name}={type(t).__name__}")
+        raise error("wrong_dtype", f"{name} must be a torch.Tensor, got {name}={type(t).__name__}")
     return t
 
 
-def _require_dtype(name: str, t: torch.Tensor, dtypes: Sequence[torch.dtype]) -> None:
+def _require_dtype(name: str, t: torch.Tensor, dtypes: Sequence[torch.dtype],
+                   error: type[InvalidDtypeError] = InvalidDtypeError) -> None:
     if t.dtype not in dtypes:
         want = " or ".join(str(d) for d in dtypes)
-        raise InvalidDtypeError("wrong_dtype", f"{name}.dtype={t.dtype}, expected {want}")
+        raise error("wrong_dtype", f"{name}.dtype={t.dtype}, expected {want}")
 
 
 def _require_dim(name: str, t: torch.Tensor, ndim: int) -> None:
@@ -141,18 +159,22 @@ def check_convert_args(
     HAS_PREFILL_WORKSPACE: object,
     prefill_workspace_request_ids: object,
     prefill_workspace_starts: object,
+    *,
+    BLOCK_STRIDE_ROWS: object = None,
 ) -> None:
     """Reject, on the host and before launch, every input SPEC §3 says to reject.
 
     Order: tensor types and dtypes, dims, devices, the constexpr-like ints,
     K against NUM_TOPK_TOKENS and BLOCK_N, the row-count match, the prefill
-    arguments. Nothing here reads tensor *values* (no device sync).
+    arguments. Nothing here reads tensor *values* (no device sync). What vLLM
+    asserts raises an ``AssertedInputError`` (see the module docstring).
+    ``BLOCK_STRIDE_ROWS`` (SPEC §7): None, or an int >= 1.
     """
-    ri = _require_tensor("req_id", req_id)
-    bt = _require_tensor("block_table", block_table)
-    ti = _require_tensor("token_indices", token_indices)
+    ri = _require_tensor("req_id", req_id, AssertedDtypeError)
+    bt = _require_tensor("block_table", block_table, AssertedDtypeError)
+    ti = _require_tensor("token_indices", token_indices, AssertedDtypeError)
     for name, t in (("req_id", ri), ("block_table", bt), ("token_indices", ti)):
-        _require_dtype(name, t, (torch.int32,))
+        _require_dtype(name, t, (torch.int32,), AssertedDtypeError)
     if not isinstance(HAS_PREFILL_WORKSPACE, (bool, int)):
         raise InvalidDtypeError(
             "wrong_dtype", f"HAS_PREFILL_WORKSPACE={HAS_PREFILL_WORKSPACE!r} must be a bool"
@@ -160,17 +182,17 @@ def check_convert_args(
     ids = starts = None
     if HAS_PREFILL_WORKSPACE:
         if prefill_workspace_request_ids is None or prefill_workspace_starts is None:
-            raise InvalidInputError(
+            raise AssertedInputError(
                 "missing_prefill_args",
                 "HAS_PREFILL_WORKSPACE=True needs prefill_workspace_request_ids and "
                 f"prefill_workspace_starts, got prefill_workspace_request_ids="
                 f"{None if prefill_workspace_request_ids is None else 'tensor'}, "
                 f"prefill_workspace_starts={None if prefill_workspace_starts is None else 'tensor'}",
             )
-        ids = _require_tensor("prefill_workspace_request_ids", prefill_workspace_request_ids)
-        starts = _require_tensor("prefill_workspace_starts", prefill_workspace_starts)
-        _require_dtype("prefill_workspace_request_ids", ids, (torch.int32,))
-        _require_dtype("prefill_workspace_starts", starts, (torch.int32,))
+        ids = _require_tensor("prefill_workspace_request_ids", prefill_workspace_request_ids, AssertedDtypeError)
+        starts = _require_tensor("prefill_workspace_starts", prefill_workspace_starts, AssertedDtypeError)
+        _require_dtype("prefill_workspace_request_ids", ids, (torch.int32,), AssertedDtypeError)
+        _require_dtype("prefill_workspace_starts", starts, (torch.int32,), AssertedDtypeError)
     _require_dim("req_id", ri, 1)
     _require_dim("block_table", bt, 2)
     _require_dim("token_indices", ti, 2)
@@ -187,20 +209,22 @@ def check_convert_args(
         ]
     )
     _require_int("BLOCK_SIZE", BLOCK_SIZE, "bad_block_size", 1)
+    if BLOCK_STRIDE_ROWS is not None:
+        _require_int("BLOCK_STRIDE_ROWS", BLOCK_STRIDE_ROWS, "bad_block_stride", 1)
     bn = _require_int("BLOCK_N", BLOCK_N, "bad_block_n", 1)
     if bn & (bn - 1):
         raise InvalidInputError("bad_block_n", f"BLOCK_N={bn} must be a power of two")
     k = _require_int("NUM_TOPK_TOKENS", NUM_TOPK_TOKENS, "k_mismatch", 0)
     if ti.shape[1] != k:
-        raise InvalidInputError(
+        raise AssertedInputError(
             "k_mismatch", f"token_indices.shape[1]={ti.shape[1]} != NUM_TOPK_TOKENS={k}"
         )
     if k % bn:
-        raise InvalidInputError(
+        raise AssertedInputError(
             "k_not_multiple_of_block_n", f"NUM_TOPK_TOKENS={k} % BLOCK_N={bn} = {k % bn} != 0"
         )
     if ri.shape[0] != ti.shape[0]:
-        raise InvalidInputError(
+        raise AssertedInputError(
             "length_mismatch", f"req_id.shape[0]={ri.shape[0]} != token_indices.shape[0]={ti.shape[0]}"
         )
     if ids is not None and ids.shape[0] != ti.shape[0]:

@@ -4,13 +4,15 @@ Public API, with the exact SPEC.md / vLLM signatures:
 
 - ``gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None)``:
   SPEC section 4 (cp_gather_and_upconvert with seq_starts); writes ``dst`` in place.
-- ``writer(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None)``:
-  vLLM's ``concat_and_cache_mla`` for the fp8_ds_mla dtype (SPEC section 2); ``scale`` is
-  ignored, as vLLM ignores it for this dtype. The RoPE bytes are k_pe's 16-bit patterns copied as
+- ``writer(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None, *,
+  revision=NEWEST)``: vLLM's ``concat_and_cache_mla`` for the fp8_ds_mla dtype (SPEC section 2);
+  ``scale`` is ignored, as vLLM ignores it for this dtype; the keyword-only ``revision`` picks
+  the contract revision's tile scale rule (SPEC section 7). The RoPE bytes are k_pe's 16-bit patterns copied as
   is, as vLLM and mlafuzz.oracles.codec do, also for an fp16 k_pe; ``writer_impl(...,
   convert_fp16_rope=True)`` rounds an fp16 k_pe to bf16 instead (RNE, NaN -> 0x7FC0).
 - ``load_extension(*, verbose=False) -> BuildInfo``: JIT-build on first use (GPU machine), cached
   per process; the build folder is keyed by source, torch version, CUDA version and GPU arch.
+  ``build_extension`` does the same for another source (the planted bugs' kernels/mutants/csrc).
 - ``nvcc_compile_check(*, out_dir, arch="sm_90") -> Path``: compile the .cu to an object with
   nvcc and no GPU (CI); proves the real kernel and binding code compiles for the target arch.
 
@@ -33,16 +35,18 @@ import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
 from mlafuzz.kernels.checks import check_gather_args, check_writer_args
+from mlafuzz.kernels.revisions import NEWEST, check_revision, scale_rule
 
 __all__ = [
     "BuildInfo",
     "EXTENSION_NAME",
     "SOURCE",
+    "build_extension",
     "gather",
     "gather_impl",
     "load_extension",
@@ -116,9 +120,9 @@ def _cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "mlafuzz"
 
 
-def _build_key(arch: str) -> str:
+def _build_key(arch: str, *, folders: Sequence[Path] = (CSRC,)) -> str:
     h = hashlib.sha256()
-    for path in sorted(CSRC.iterdir()):
+    for path in sorted(p for folder in folders for p in folder.iterdir()):
         if path.is_file():
             h.update(path.name.encode())
             h.update(path.read_bytes())
@@ -141,12 +145,12 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
-@functools.cache
-def load_extension(*, verbose: bool = False) -> BuildInfo:
-    """Build (first time on this machine) and load the extension; cached for the process.
-
-    Raises RuntimeError with a one-line message when there is no CUDA device, no nvcc or no
-    ninja."""
+def build_extension(*, name: str, source: Path, include_dirs: Sequence[Path] = (),
+                    verbose: bool = False) -> BuildInfo:
+    """Build (first time on this machine) and load the torch extension ``name`` from ``source``
+    with the exact flags; the build folder is keyed by the sources of ``source``'s folder and of
+    ``include_dirs``, the torch, CUDA and Python versions and the GPU arch. Raises RuntimeError with
+    a one-line message when there is no CUDA device, no nvcc or no ninja."""
     arch = _present_arch()
     if _find_nvcc() is None:
         raise RuntimeError("mlafuzz CUDA extension: nvcc not found (set CUDA_HOME or add it to PATH)")
@@ -154,25 +158,36 @@ def load_extension(*, verbose: bool = False) -> BuildInfo:
 
     if not cpp_extension.is_ninja_available():
         raise RuntimeError("mlafuzz CUDA extension: ninja not found (pip install ninja)")
-    build_dir = _cache_root() / f"ext-{_build_key(arch)}"
+    folders = tuple(dict.fromkeys((source.parent, *include_dirs)))
+    build_dir = _cache_root() / f"{'ext' if name == EXTENSION_NAME else name}-{_build_key(arch, folders=folders)}"
     build_dir.mkdir(parents=True, exist_ok=True)
-    cold = not (build_dir / f"{EXTENSION_NAME}.so").exists()
+    cold = not (build_dir / f"{name}.so").exists()
     major, minor = arch.removeprefix("sm_")[:-1], arch[-1]
     t0 = time.perf_counter()
     with _env("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}"):
         path = cpp_extension.load(
-            name=EXTENSION_NAME,
-            sources=[str(SOURCE)],
+            name=name,
+            sources=[str(source)],
             extra_cflags=["-O3"],
             extra_cuda_cflags=nvcc_flags(arch),
+            extra_include_paths=[str(d) for d in include_dirs],
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=verbose,
         )
     info = BuildInfo(cold=cold, seconds=time.perf_counter() - t0, path=Path(str(path)), arch=arch)
-    _log.info("mlafuzz CUDA extension %s in %.1f s (%s)",
-              "built" if cold else "loaded", info.seconds, info.path)
+    _log.info("mlafuzz CUDA extension %s %s in %.1f s (%s)",
+              name, "built" if cold else "loaded", info.seconds, info.path)
     return info
+
+
+@functools.cache
+def load_extension(*, verbose: bool = False) -> BuildInfo:
+    """Build (first time on this machine) and load the extension; cached for the process.
+
+    Raises RuntimeError with a one-line message when there is no CUDA device, no nvcc or no
+    ninja."""
+    return build_extension(name=EXTENSION_NAME, source=SOURCE, verbose=verbose)
 
 
 def _ops():
@@ -219,27 +234,30 @@ def gather(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor
 
 
 def writer_impl(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                slot_mapping: torch.Tensor, *, convert_fp16_rope: bool = False) -> None:
+                slot_mapping: torch.Tensor, *, convert_fp16_rope: bool = False, revision: str = NEWEST) -> None:
     """``writer`` with the RoPE knob exposed: ``convert_fp16_rope=True`` stores an fp16 k_pe as
     its value rounded to bf16 (RNE, NaN -> 0x7FC0) instead of its raw 16-bit pattern."""
+    check_revision(revision)
     _require_cuda("kv_cache", kv_cache)
     check_writer_args(kv_c, k_pe, kv_cache, slot_mapping, "fp8_ds_mla")  # see gather_impl
     if slot_mapping.dtype != torch.int64:
         raise TypeError(f"slot_mapping.dtype={slot_mapping.dtype} must be torch.int64")
-    _ops().writer(kv_c, k_pe, _as_bytes(kv_cache), slot_mapping, bool(convert_fp16_rope))
+    _ops().writer(kv_c, k_pe, _as_bytes(kv_cache), slot_mapping, bool(convert_fp16_rope), scale_rule(revision))
 
 
 def writer(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
            slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
-           scale: torch.Tensor | None = None) -> None:
+           scale: torch.Tensor | None = None, *, revision: str = NEWEST) -> None:
     """vLLM's concat_and_cache_mla for kv_cache_dtype="fp8_ds_mla" (SPEC section 2): per token
-    with slot >= 0, per 128-tile scale = max(amax / 448, FLT_MIN), codes = satfinite e4m3(x /
-    scale), RoPE = k_pe's raw 16-bit patterns. ``scale`` is accepted and ignored (vLLM ignores it
-    for this dtype); any other kv_cache_dtype raises ValueError before anything runs."""
+    with slot >= 0, per 128-tile scale = max(amax / 448, FLT_MIN) under revision 2026-07, or
+    2**ceil(log2(max(amax / 448, 1e-4f))) (exact, on the bits) under 2026-09 (SPEC section 7);
+    codes = satfinite e4m3(x / scale), RoPE = k_pe's raw 16-bit patterns. ``scale`` is accepted
+    and ignored (vLLM ignores it for this dtype); any other kv_cache_dtype, or an unknown
+    ``revision``, raises ValueError before anything runs."""
     if kv_cache_dtype != "fp8_ds_mla":
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: only 'fp8_ds_mla' is supported")
     del scale
-    writer_impl(kv_c, k_pe, kv_cache, slot_mapping)
+    writer_impl(kv_c, k_pe, kv_cache, slot_mapping, revision=revision)
 
 
 def _cpu_torch_workarounds() -> list[str]:
@@ -265,11 +283,13 @@ def _torch_cxx_std() -> str:
 
 
 def nvcc_compile_check(*, out_dir: Path, arch: str = "sm_90", std: str | None = None,
-                       timeout_s: float = 300.0) -> Path:
-    """Compile kernels/csrc/fp8_ds_mla.cu to an object file with nvcc, without a GPU, against
-    the installed torch headers (a CPU build of torch ships the CUDA headers too), with the JIT
-    build's flags. ``std`` defaults to the standard the installed torch builds extensions with.
-    Returns the object's path; raises RuntimeError (nvcc's output included) on failure."""
+                       timeout_s: float = 300.0, source: Path = SOURCE, name: str = EXTENSION_NAME,
+                       include_dirs: Sequence[Path] = ()) -> Path:
+    """Compile ``source`` (default kernels/csrc/fp8_ds_mla.cu) to an object file with nvcc,
+    without a GPU, against the installed torch headers (a CPU build of torch ships the CUDA headers
+    too), with the JIT build's flags. ``std`` defaults to the standard the installed torch builds
+    extensions with. Returns the object's path; raises RuntimeError (nvcc's output included) on
+    failure."""
     nvcc = _find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found (set CUDA_HOME or add it to PATH)")
@@ -277,18 +297,18 @@ def nvcc_compile_check(*, out_dir: Path, arch: str = "sm_90", std: str | None = 
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    obj = out_dir / f"fp8_ds_mla.{arch}.o"
-    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    obj = out_dir / f"{source.stem}.{arch}.o"
+    includes = [*map(str, include_dirs), *cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     cmd = [
         nvcc, "-c", f"-std={std or _torch_cxx_std()}", *nvcc_flags(arch),
         *cpp_extension.COMMON_NVCC_FLAGS,
         "-Xcompiler", "-fPIC",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        "-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={EXTENSION_NAME}",
+        "-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={name}",
         *_cpu_torch_workarounds(),
         *(f"-I{p}" for p in includes),
-        str(SOURCE), "-o", str(obj),
+        str(source), "-o", str(obj),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0 or not obj.exists():

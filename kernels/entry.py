@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import shutil
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,12 +24,32 @@ class ImplEntry:
     description: str = ""
     capabilities: frozenset[str] = frozenset({"seq_starts"})  # optional SPEC features it has
     requires: tuple[str, ...] = ()  # Python packages it cannot be loaded without (e.g. triton)
+    tools: tuple[str, ...] = ()  # programs on PATH it builds itself with on first load (e.g. g++)
     expected_kind: str | None = None  # for planted-bug mutants: the finding kind it should draw
     is_mutant: bool = False
+    awaits: str | None = None  # for mutants: the drawn inputs its bug needs that are not drawn yet
+    # Contract revisions (SPEC section 7). ``revision``: the one this entry is always judged under
+    # (a pin, e.g. a mutant of one revision's rule), whatever the run names. ``revisions``: the
+    # ones it can follow, by a keyword-only ``revision=`` argument the harness binds (our writers);
+    # then it is judged under the run's. Neither (external implementations): it implements one
+    # revision, the one the run names.
+    revision: str | None = None
+    revisions: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.revision is not None and self.revisions is not None:
+            raise ValueError(f"ImplEntry {self.op}={self.name}: revision={self.revision!r} pins one revision,"
+                             f" revisions={sorted(self.revisions)} follows the run's: give one of them")
 
     def missing(self) -> tuple[str, ...]:
-        """The packages of ``requires`` this Python cannot import."""
-        return tuple(p for p in self.requires if importlib.util.find_spec(p) is None)
+        """The packages of ``requires`` this Python cannot import, then the ``tools`` not on PATH."""
+        return self._missing_packages() + self._missing_tools()
+
+    def _missing_packages(self) -> tuple[str, ...]:
+        return tuple(p for p in self.requires if not _importable(p))
+
+    def _missing_tools(self) -> tuple[str, ...]:
+        return tuple(t for t in self.tools if shutil.which(t) is None)
 
     def check_device(self, device: str) -> str:
         """The device kind ('cpu', 'cuda'); ImplError when this entry cannot run there."""
@@ -35,16 +57,45 @@ class ImplEntry:
         if kind not in self.devices:
             raise ImplError(f"impl {self.op}={self.name} does not run on device={kind!r}"
                             f" (runs on: {', '.join(sorted(self.devices))})")
-        missing = self.missing()
+        missing = self._missing_packages()
         if missing:
             raise ImplError(f"impl {self.op}={self.name} needs {', '.join(missing)}, which is not installed here"
                             f" (pip install 'mlafuzz[{missing[0]}]', or pick another --impl {self.op}=...)")
+        tools = self._missing_tools()
+        if tools:
+            raise ImplError(f"impl {self.op}={self.name} needs {', '.join(tools)} on PATH to build itself"
+                            f" (install it, or pick another --impl {self.op}=...)")
         return kind
 
-    def load(self, device: str) -> Callable:
+    def judged_under(self, run_revision: str) -> str:
+        """The revision a case of this entry is judged under when the run names ``run_revision``."""
+        return self.revision if self.revision is not None else run_revision
+
+    def follows(self, revision: str) -> bool:
+        """Whether this entry can be judged under ``revision``."""
+        if self.revision is not None:
+            return revision == self.revision
+        return self.revisions is None or revision in self.revisions
+
+    def load(self, device: str, *, revision: str | None = None) -> Callable:
         """A fresh load of the callable for ``device`` (callers keep it: harness sessions cache one
-        per process); ImplError if it cannot run there."""
-        return self.loader(self.check_device(device))
+        per process, and per revision); ImplError if it cannot run there. For an entry that follows
+        revisions, ``revision`` is bound as the call's keyword-only ``revision=``; otherwise it is
+        ignored (a pinned entry's loader binds its own, an external one has none)."""
+        fn = self.loader(self.check_device(device))
+        if self.revisions is None or revision is None:
+            return fn
+        if revision not in self.revisions:
+            raise ImplError(f"impl {self.op}={self.name} does not follow contract revision {revision!r}"
+                            f" (follows: {', '.join(sorted(self.revisions))})")
+        return functools.partial(fn, revision=revision)
+
+
+def _importable(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a broken or blocked install is as good as none
+        return False
 
 
 def module_attr(module: str, attr: str) -> Callable[[str], Callable]:

@@ -69,18 +69,29 @@ def external_entry(op: str, ref: str, *, rejects: Iterable[str]) -> ImplEntry:
                      description=f"external implementation {ref}", capabilities=caps)
 
 
+# Optional convert features (SPEC section 7) by the keyword that carries them, as vLLM spells it.
+CONVERT_OPTION_KEYWORDS = {"BLOCK_STRIDE_ROWS": "block_stride_rows", "COMPACT_TO_FRONT": "compact_to_front"}
+
+
 def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
     """Fit an external callable to SPEC's signature and say which optional features it has.
 
     A gather with ``seq_lens`` and no ``seq_starts`` (the pre-#48642 signature)
     is wrapped to the new call and lacks the ``seq_starts`` capability: cases
-    that need it are skipped and reported, not failed.
+    that need it are skipped and reported, not failed. A convert has the
+    ``block_stride_rows`` / ``compact_to_front`` capability when its signature
+    names ``BLOCK_STRIDE_ROWS`` / ``COMPACT_TO_FRONT`` (a ``**kwargs`` proves
+    nothing: it may drop them); the harness passes those keywords only to
+    implementations that have them, so an older convert is called as before.
     """
-    if op != "gather":
-        return fn, frozenset({"seq_starts"})
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins and torch ops may hide their signature
+        params = None
+    if op == "convert":
+        named = frozenset(CONVERT_OPTION_KEYWORDS[p] for p in (params or ()) if p in CONVERT_OPTION_KEYWORDS)
+        return fn, named
+    if op != "gather" or params is None:
         return fn, frozenset({"seq_starts"})
     if "seq_starts" not in params and "seq_lens" in params:
         return adapt_old_gather(fn), frozenset()

@@ -37,6 +37,11 @@ class Registry:
     def get(self, op: str, name: str) -> ImplEntry | None:
         return self.entries_by_key.get((op, name))
 
+    def is_builtin(self, op: str, ref: str) -> bool:
+        """Whether ``ref`` names a registered implementation or vLLM's installed one, rather than
+        code it would import from a module or file (``module:attr``, ``path.py:attr``)."""
+        return self.get(op, ref) is not None or ref == "vllm"
+
     def entries(self, *, op: str | None = None, mutants: bool | None = None) -> list[ImplEntry]:
         out = [e for e in self.entries_by_key.values() if op in (None, e.op)]
         if mutants is not None:

@@ -294,7 +294,7 @@ step_ws_not_restarted = WsNotRestartedMutant()
 _MUTANTS: dict[str, tuple[str, str, str]] = {
     "step_full_req_id": ("step_full_req_id", "METADATA_MISMATCH",
                          "full req_id_per_token passed to convert with decode-only indices (SPEC 5.4)"),
-    "step_no_seq_starts": ("step_no_seq_starts", "VALUE_MISMATCH",
+    "step_no_seq_starts": ("step_no_seq_starts", "METADATA_MISMATCH",
                            "context chunks gathered without seq_starts (SPEC 4 / 5.2)"),
     "step_second_split": ("step_second_split", "METADATA_MISMATCH",
                           "fp8 metadata counts from a second split with threshold 1 (SPEC 5.3)"),

@@ -26,6 +26,7 @@ from mlafuzz.kernels.checks import (
     check_gather_values,
     check_writer_args,
 )
+from mlafuzz.kernels.revisions import NEWEST, POW2_SCALE, WRITER_REVISIONS, check_revision
 
 __all__ = [
     "convert_torch",
@@ -36,6 +37,8 @@ __all__ = [
     "CONVERT_REJECTS",
     "GATHER_TORCH_REJECTS",
     "WRITER_TORCH_REJECTS",
+    "WRITER_REVISIONS",
+    "tile_scales_torch",
 ]
 
 _TILE = 128  # NoPE elements per scale
@@ -43,6 +46,9 @@ _NUM_TILES = NOPE_DIM // _TILE
 _FP8_MAX = 448.0
 _FLT_MIN = torch.finfo(torch.float32).tiny  # 2**-126, the smallest normal f32
 _FP8_NAN_CODE = 0x7F  # what __nv_cvt_float_to_fp8(NaN, __NV_SATFINITE, E4M3) gives
+# The C literal 1e-4f, by its bits: a Python float goes through float64 first, and the floor
+# must be exactly the float32 the CUDA writer compares with.
+_F32_1E_4_BITS = 0x38D1B717
 
 
 # ---------------------------------------------------------------- convert (§3)
@@ -53,19 +59,25 @@ def convert_torch(
     block_table: torch.Tensor,
     token_indices: torch.Tensor,
     BLOCK_SIZE: int = 64,
+    BLOCK_STRIDE_ROWS: int | None = None,
     NUM_TOPK_TOKENS: int = 2048,
     BLOCK_N: int = 128,
     HAS_PREFILL_WORKSPACE: bool = False,
     prefill_workspace_request_ids: torch.Tensor | None = None,
     prefill_workspace_starts: torch.Tensor | None = None,
     return_valid_counts: bool = False,
+    *,
+    COMPACT_TO_FRONT: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """SPEC §3 in vectorized torch; same contract as ``triton_convert.convert``.
 
     Rejects ``CONVERT_REJECTS`` on the host. Like the Triton kernel, a row
     whose req lies outside [0, R), or a prefill row whose workspace id lies
     outside [0, len(starts)), yields -1 where it would have read out of bounds.
-    Arithmetic is int32 and wraps like the kernel's.
+    Arithmetic is int32 and wraps like the kernel's. The SPEC §7 options:
+    ``BLOCK_STRIDE_ROWS`` (None = BLOCK_SIZE) multiplies the table entry of a
+    cache slot; ``COMPACT_TO_FRONT`` packs each row's valid values at its
+    front (column order, by a stable sort on "invalid"), -1 after.
     """
     check_convert_args(
         req_id,
@@ -77,8 +89,10 @@ def convert_torch(
         HAS_PREFILL_WORKSPACE,
         prefill_workspace_request_ids,
         prefill_workspace_starts,
+        BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
     )
     num_reqs, max_blocks = block_table.shape
+    stride = BLOCK_SIZE if BLOCK_STRIDE_ROWS is None else BLOCK_STRIDE_ROWS
     tok = token_indices
     nonneg = tok >= 0
     tok_s = torch.where(nonneg, tok, 0)  # divide non-negative values only
@@ -95,7 +109,9 @@ def convert_torch(
         base = block_table[rows, cols]  # every index is in range by construction
     else:
         base = torch.zeros_like(tok)
-    val = base * BLOCK_SIZE + off  # int32 * python int stays int32
+    # int32 * python int stays int32 on the CPU; wrap explicitly all the same, so no device or
+    # torch version can promote the product and skip the kernel's int32 wraparound.
+    val = _wrap_int32(base.long() * stride + off.long())
 
     if HAS_PREFILL_WORKSPACE:
         pref = prefill_workspace_request_ids.long()
@@ -106,13 +122,23 @@ def convert_torch(
             pstart = torch.where(pref_ok, starts[torch.where(pref_ok, pref, 0)], 0)
         else:
             pstart = torch.zeros_like(req_id)
-        val = torch.where(is_pref[:, None], pstart[:, None] + tok_s, val)
+        val = torch.where(is_pref[:, None], _wrap_int32(pstart[:, None].long() + tok_s.long()), val)
         valid = in_table & torch.where(is_pref, pref_ok, req_ok)[:, None]
 
-    out = torch.where(valid, val, -1).to(torch.int32).contiguous()
+    out = torch.where(valid, val, -1).to(torch.int32)
+    if COMPACT_TO_FRONT and out.numel():
+        # A stable sort on "invalid" moves the valid columns to the front, keeping their order.
+        order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+        out = torch.gather(out, 1, order)
+    out = out.contiguous()
     if not return_valid_counts:
         return out
     return out, valid.sum(dim=1, dtype=torch.int32)
+
+
+def _wrap_int32(v: torch.Tensor) -> torch.Tensor:
+    """int64 -> int32 with two's-complement wraparound (what the kernels' int32 arithmetic gives)."""
+    return ((v + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
 # ----------------------------------------------------------------- codec (§2)
@@ -133,15 +159,46 @@ def dequant_records_torch(records: torch.Tensor) -> torch.Tensor:
     return torch.cat([nope.view(n, NOPE_DIM), rope], dim=1)
 
 
-def encode_records_torch(kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
-    """bf16/fp16 kv_c [n, 512], k_pe [n, 64] -> uint8 [n, 656] records (SPEC §2)."""
+def _pow2_ceil_torch(s: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= s, exactly, for float32 s >= 1e-4f (normal, never NaN).
+
+    On the bits rather than ``exp2(ceil(log2(s)))``: log2 can round onto an integer for an s just
+    above a power of two. A non-zero mantissa means s is not a power of two: the exponent field goes
+    up by one and the mantissa is cleared (exponent 254 + 1 is inf, as float32 overflow is); inf
+    keeps its bits."""
+    bits = s.view(torch.int32)
+    man = bits & 0x7FFFFF
+    exp = bits & 0x7F800000
+    up = exp + 0x00800000
+    return torch.where((man == 0) | (exp == 0x7F800000), bits, up).view(torch.float32)
+
+
+def tile_scales_torch(kv_c: torch.Tensor, *, revision: str = NEWEST) -> torch.Tensor:
+    """float32 [n, 4]: the stored scale of each 128-element tile of kv_c [n, 512] under ``revision``."""
+    check_revision(revision)
     n = kv_c.shape[0]
     x = kv_c.to(torch.float32).view(n, _NUM_TILES, _TILE)
     # fmaxf semantics: a NaN element never wins the max.
     amax = torch.where(torch.isnan(x), 0.0, x.abs()).amax(dim=2)
     # A true f32 division. Dividing by a Python scalar would not be one on
     # CUDA: torch turns `tensor / scalar` into a multiply by the reciprocal.
-    scale = torch.clamp_min(amax / torch.full_like(amax, _FP8_MAX), _FLT_MIN)
+    q = amax / torch.full_like(amax, _FP8_MAX)
+    if revision not in POW2_SCALE:
+        return torch.clamp_min(q, _FLT_MIN)
+    floor = torch.full_like(q, _F32_1E_4_BITS, dtype=torch.int32).view(torch.float32)
+    return _pow2_ceil_torch(torch.maximum(q, floor))
+
+
+def encode_records_torch(kv_c: torch.Tensor, k_pe: torch.Tensor, *, revision: str = NEWEST) -> torch.Tensor:
+    """bf16/fp16 kv_c [n, 512], k_pe [n, 64] -> uint8 [n, 656] records (SPEC §2, §7 for ``revision``)."""
+    return records_with_scales(kv_c, k_pe, scale=tile_scales_torch(kv_c, revision=revision))
+
+
+def records_with_scales(kv_c: torch.Tensor, k_pe: torch.Tensor, *, scale: torch.Tensor) -> torch.Tensor:
+    """The records of kv_c [n, 512], k_pe [n, 64] given each tile's float32 scale [n, 4]: codes
+    satfinite e4m3fn(x / scale) (a true division), the scales stored as given, k_pe's raw bits."""
+    n = kv_c.shape[0]
+    x = kv_c.to(torch.float32).view(n, _NUM_TILES, _TILE)
     q = x / scale[:, :, None]
     # satfinite: finite overflow (and inf) saturates to +-448; clamp keeps NaN.
     q = torch.clamp(q, -_FP8_MAX, _FP8_MAX)
@@ -234,6 +291,8 @@ def writer_torch(
     slot_mapping: torch.Tensor,
     kv_cache_dtype: str = "fp8_ds_mla",
     scale: torch.Tensor | None = None,
+    *,
+    revision: str = NEWEST,
 ) -> None:
     """vLLM's concat_and_cache_mla for kv_cache_dtype="fp8_ds_mla", in place.
 
@@ -244,8 +303,11 @@ def writer_torch(
     including a slot >= num_blocks * bs (a host read of slot_mapping).
     A slot named by several tokens gets the last one's record, on every
     device (a GPU kernel races there; we pick the oracle's reading).
+    ``revision`` (keyword only, beyond vLLM's signature): the contract revision whose tile scale
+    rule to follow (SPEC §7; the newest by default); an unknown one is a ValueError.
     """
     del scale  # the fp8_ds_mla path computes its own per-tile scales
+    check_revision(revision)
     check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
     num_blocks, bs, _ = kv_cache.shape
     t = slot_mapping.shape[0]
@@ -262,7 +324,7 @@ def writer_torch(
     last = torch.ones_like(s_sorted, dtype=torch.bool)
     last[:-1] = s_sorted[1:] != s_sorted[:-1]
     idx = idx[perm[last]]
-    rec = encode_records_torch(kv_c[idx], k_pe[idx])
+    rec = encode_records_torch(kv_c[idx], k_pe[idx], revision=revision)
     s = slots[idx]
     cache = kv_cache.view(torch.uint8)
     cache[torch.div(s, bs, rounding_mode="floor"), s % bs] = rec

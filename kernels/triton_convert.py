@@ -22,6 +22,21 @@ device-to-device copy of token_indices (3.8 TB/s), i.e. 84% of copy
 bandwidth; 23.4 us (75%) with return_valid_counts; 22.7 us (77%) with prefill
 rows and counts. TILE 512..2048 at 4 warps were equal; 8 or 16 warps slower.
 
+Later options (SPEC section 7), both off by default so the default launch is
+the kernel measured above:
+
+- ``BLOCK_STRIDE_ROWS`` (vLLM's name and place in the signature; None means
+  BLOCK_SIZE): a cache slot is ``block_table[req, blk] * BLOCK_STRIDE_ROWS +
+  off``, still int32; a runtime argument, not a constexpr, so a fuzz run over
+  many strides compiles one kernel; prefill rows (workspace offsets) ignore it;
+- ``COMPACT_TO_FRONT`` (keyword only; vLLM reaches compaction only through its
+  DCP variant): a row's valid values are packed at its front, -1 after, and
+  valid_counts stays exact. The row's program packs each tile with a prefix
+  sum of its valid mask, after the row's count so far, then writes -1 from
+  the row's count to K: the order is column order (deterministic, though the
+  contract leaves it unspecified) and no atomics are needed, since one program
+  owns the row.
+
 Semantics beyond the SPEC (documented choices, never reached by valid input):
 a row whose ``req`` lies outside ``[0, R)`` reads no table entry and yields -1
 in every column that would have read one; a prefill row whose workspace id
@@ -75,12 +90,15 @@ def _convert_kernel(
     pid_stride,
     ps_stride,
     out_stride0,
+    block_stride,  # BLOCK_STRIDE_ROWS; read only with HAS_STRIDE
     K: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
     HAS_PREFILL: tl.constexpr,
     RETURN_COUNTS: tl.constexpr,
     TI_COL_I64: tl.constexpr,  # column offsets of token_indices need int64
+    HAS_STRIDE: tl.constexpr,
+    COMPACT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_id_ptr + row * req_stride)
@@ -122,21 +140,38 @@ def _convert_kernel(
         blk = tok_s // BLOCK_SIZE
         off = tok_s % BLOCK_SIZE
         valid = nonneg & (blk < max_blocks) & row_ok
-        # `!= False` makes the mask a bool array under the CPU interpreter: there a scalar
+        # `!= False` makes the mask a bool array under the CPU interpreter: there a scalar  # noqa: E712 (a bool mask: see above)
         # predicate (row_ok, table_row) broadcast into a block is an integer array, which
         # Triton >= 3.7's interpreter rejects as a mask. Compiled, the i1 compare folds away
         # (against 0 it would widen to i32 first and survive until LLVM).
         base = tl.load(
             bt_row_ptr + blk.to(tl.int64) * bt_stride1,
-            mask=(valid & table_row) != False,
+            mask=(valid & table_row) != False,  # noqa: E712 (a bool mask: see above)
             other=0,
         )
-        val = base * BLOCK_SIZE + off
+        if HAS_STRIDE:
+            val = base * block_stride + off
+        else:
+            val = base * BLOCK_SIZE + off
         if HAS_PREFILL:
             val = tl.where(is_prefill, pref_start + tok_s, val)
-        tl.store(out_row_ptr + c, tl.where(valid, val, -1))
-        if RETURN_COUNTS:
+        if COMPACT:
+            # Valid column j of this tile goes to the row's count so far plus its rank among the
+            # tile's valid columns: distinct slots, all below the row's final count.
+            v = valid.to(tl.int32)
+            dest = count + tl.cumsum(v, axis=0) - 1
+            tl.store(out_row_ptr + dest, val, mask=valid != False)  # noqa: E712 (a bool mask, as above)
+        else:
+            tl.store(out_row_ptr + c, tl.where(valid, val, -1))
+        if RETURN_COUNTS or COMPACT:
             count += tl.sum(valid.to(tl.int32), axis=0)
+
+    if COMPACT:
+        # The tail: columns from the row's count on. Disjoint from the packed prefix, so the
+        # order of the two passes' stores does not matter.
+        for start in tl.range(0, K, TILE):
+            c = start + cols
+            tl.store(out_row_ptr + c, tl.full([TILE], -1, tl.int32), mask=c >= count)
 
     if RETURN_COUNTS:
         tl.store(valid_counts_ptr + row, count)
@@ -152,21 +187,26 @@ def convert(
     block_table: torch.Tensor,
     token_indices: torch.Tensor,
     BLOCK_SIZE: int = 64,
+    BLOCK_STRIDE_ROWS: int | None = None,
     NUM_TOPK_TOKENS: int = 2048,
     BLOCK_N: int = 128,
     HAS_PREFILL_WORKSPACE: bool = False,
     prefill_workspace_request_ids: torch.Tensor | None = None,
     prefill_workspace_starts: torch.Tensor | None = None,
     return_valid_counts: bool = False,
+    *,
+    COMPACT_TO_FRONT: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Map request-local top-k indices to global cache slots (SPEC §3).
+    """Map request-local top-k indices to global cache slots (SPEC §3, §7 for the options).
 
     Returns ``out`` int32 [N, K] (freshly allocated, contiguous), and
     ``valid_counts`` int32 [N] too when ``return_valid_counts``. Inputs may
     have any strides. Raises ``checks.InvalidInputError`` (a ValueError; a
-    TypeError too for dtype problems) before launching for every class in
-    ``CONVERT_REJECTS``. Values (req >= R, tok >= seq_len, ...) are not
-    checked on the host: that would need a device sync.
+    TypeError too for dtype problems; an AssertionError too where vLLM
+    asserts) before launching for every class in ``CONVERT_REJECTS``. Values
+    (req >= R, tok >= seq_len, ...) are not checked on the host: that would
+    need a device sync. ``BLOCK_STRIDE_ROWS`` and ``COMPACT_TO_FRONT``: see
+    the module docstring.
     """
     check_convert_args(
         req_id,
@@ -178,6 +218,7 @@ def convert(
         HAS_PREFILL_WORKSPACE,
         prefill_workspace_request_ids,
         prefill_workspace_starts,
+        BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
     )
     n, k = token_indices.shape
     device = token_indices.device
@@ -195,14 +236,15 @@ def convert(
 
     launch(req_id, block_table, token_indices, out, counts, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
            HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE, prefill_workspace_request_ids=prefill_workspace_request_ids,
-           prefill_workspace_starts=prefill_workspace_starts, grid_rows=n)
+           prefill_workspace_starts=prefill_workspace_starts, grid_rows=n, BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
+           COMPACT_TO_FRONT=bool(COMPACT_TO_FRONT))
     return (out, counts) if return_valid_counts else out
 
 
 def launch(req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor, out: torch.Tensor,
            counts: torch.Tensor | None, *, BLOCK_SIZE: int, BLOCK_N: int, HAS_PREFILL_WORKSPACE: bool,
            prefill_workspace_request_ids: torch.Tensor | None, prefill_workspace_starts: torch.Tensor | None,
-           grid_rows: int) -> None:
+           grid_rows: int, BLOCK_STRIDE_ROWS: int | None = None, COMPACT_TO_FRONT: bool = False) -> None:
     """Launch the kernel over ``grid_rows`` rows with no checks (``convert`` checks first).
 
     Separate so that planted-bug variants (kernels/mutants.py) can reproduce
@@ -237,12 +279,15 @@ def launch(req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch
         ids.stride(0),
         starts.stride(0),
         out.stride(0),
+        BLOCK_SIZE if BLOCK_STRIDE_ROWS is None else BLOCK_STRIDE_ROWS,
         K=k,
         BLOCK_SIZE=BLOCK_SIZE,
         TILE=pick_tile(k, BLOCK_N),
         HAS_PREFILL=has_prefill,
         RETURN_COUNTS=return_valid_counts,
         TI_COL_I64=ti_col_i64,
+        HAS_STRIDE=BLOCK_STRIDE_ROWS is not None,
+        COMPACT=COMPACT_TO_FRONT,
         num_warps=_NUM_WARPS,
     )
 

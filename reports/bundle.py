@@ -1,6 +1,7 @@
 """Repro bundles: one folder per finding bucket, replayable on any machine that can run the impl.
 
-Layout: ``case.json`` (schema version, op, spec, seed, impl, policy, device),
+Layout: ``case.json`` (schema version, op, spec, seed, impl, policy, device,
+the contract revision the finding was judged under),
 ``inputs.pt`` (the case's tensors on the CPU, read back with
 ``weights_only=True``; a cache at the top of a larger one as its blocks past
 the zero ones, case.json's ``zero_blocks`` saying how many), ``finding.json``, ``env.json`` and ``replay.txt`` (the
@@ -10,11 +11,12 @@ bundle is whole or absent.
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import platform
 import re
 import shlex
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,8 @@ class Bundle:
     contract: str | None
     finding: Finding
     inputs: dict[str, torch.Tensor]
+    revision: str | None = None  # the contract revision (SPEC 7) to replay under; None: a bundle from before revisions
+    timeout: float | None = None  # the run's per-case limit (a TIMEOUT bundle replays under it)
 
 
 def env_info() -> dict[str, Any]:
@@ -80,15 +84,21 @@ def replay_command(path: Path) -> str:
 
 def write_bundle(*, root: Path, name: str, op: str, spec: dict[str, Any], seed: int, impl: str, device: str,
                  ulp: int, rerun: bool, contract: str | None, finding: Finding,
-                 inputs: dict[str, torch.Tensor | None], extra: dict[str, Any] | None = None) -> Path:
+                 inputs: dict[str, torch.Tensor | None], extra: dict[str, Any] | None = None,
+                 revision: str | None = None, timeout: float | None = None) -> Path:
+    """``revision``: the contract revision to replay under; default the one the finding was judged
+    under. ``timeout``: the run's per-case limit (a TIMEOUT bundle replays under it)."""
     path = root / slug(name)
     path.mkdir(parents=True, exist_ok=True)
     case = {"schema_version": BUNDLE_SCHEMA, "op": op, "spec": spec, "seed": seed, "impl": impl, "device": device,
-            "policy": {"ulp": ulp}, "rerun": rerun, "contract": contract, **(extra or {})}
+            "policy": {"ulp": ulp}, "rerun": rerun, "contract": contract,
+            "revision": revision if revision is not None else finding.revision, **(extra or {})}
+    if timeout is not None:
+        case["timeout"] = timeout
     tensors = {k: v.detach().cpu() for k, v in inputs.items() if v is not None}
-    tmp = path / "inputs.pt.tmp"
-    torch.save(tensors, tmp)
-    os.replace(tmp, path / "inputs.pt")
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    atomic_write(path / "inputs.pt", buffer.getvalue())
     atomic_write(path / "case.json", (json.dumps(case, indent=2, sort_keys=True) + "\n").encode())
     atomic_write(path / "finding.json", (json.dumps(finding.to_json(), indent=2, sort_keys=True) + "\n").encode())
     atomic_write(path / "env.json", (json.dumps(env_info(), indent=2, sort_keys=True) + "\n").encode())
@@ -144,15 +154,41 @@ def read_bundle(path: Path) -> Bundle:
         finding = Finding.from_json(finding_data)
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"finding.json: malformed finding: {exc}") from None
-    try:
-        inputs = torch.load(path / "inputs.pt", map_location="cpu", weights_only=True)
-    except Exception as exc:  # weights_only refuses pickled code: a tampered or foreign file
-        raise BundleError(f"inputs.pt: refused to load ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
-                          ) from None
-    if not isinstance(inputs, dict) or not all(isinstance(v, torch.Tensor) for v in inputs.values()):
-        raise BundleError("inputs.pt: must hold a dict of tensors")
+    inputs = _load_inputs(path / "inputs.pt")
     policy = case.get("policy") or {}
+    timeout = case.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise BundleError(f"{path / 'case.json'}: timeout={timeout!r} must be a number of seconds > 0")
     return Bundle(path=path, op=_field(case, "op", str), spec=_field(case, "spec", dict),
                   seed=_field(case, "seed", int), impl=_field(case, "impl", str), device=_field(case, "device", str),
                   ulp=int(policy.get("ulp", 0)), rerun=bool(case.get("rerun", False)),
-                  contract=case.get("contract"), finding=finding, inputs=inputs)
+                  contract=case.get("contract"), finding=finding, inputs=inputs,
+                  revision=_revision(case, finding),
+                  timeout=float(timeout) if timeout is not None else None)
+
+
+def _load_inputs(path: Path) -> dict[str, torch.Tensor]:
+    """inputs.pt's tensors, read with ``weights_only=True``: a file that holds anything else (pickled
+    code in a tampered or foreign bundle) is refused in one line, never run."""
+    try:
+        with warnings.catch_warnings():  # torch's own advice on weights_only is not for this reader
+            warnings.simplefilter("ignore")
+            inputs = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
+        blocked = next((line for line in lines if "GLOBAL" in line), None)
+        if blocked is not None:  # what weights_only refused, without torch's boilerplate around it
+            raise BundleError(f"{path.name}: refused to load: it holds pickled objects, not only tensors "
+                              f"({blocked.rstrip('.')}); bundles are read with weights_only=True") from None
+        first = (lines[0] if lines else "").split(". ")[0].rstrip(".")
+        raise BundleError(f"{path.name}: not a readable tensor file ({type(exc).__name__}: {first[:160]})") from None
+    if not isinstance(inputs, dict) or not all(isinstance(v, torch.Tensor) for v in inputs.values()):
+        raise BundleError(f"{path.name}: must hold a dict of tensors")
+    return inputs
+
+
+def _revision(case: dict[str, Any], finding: Finding) -> str | None:
+    value = case.get("revision", finding.revision)
+    if value is not None and not isinstance(value, str):
+        raise BundleError(f"case.json: revision={value!r} must be a string")
+    return value

@@ -64,6 +64,7 @@ class Finding:
     spec: dict[str, Any] | None = None
     repro: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    revision: str | None = None  # the contract revision it was judged under (SPEC section 7); None: not recorded
 
     @property
     def dedup_key(self) -> tuple[str, str, str, str]:

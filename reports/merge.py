@@ -1,12 +1,20 @@
 """Merge shard run directories into one: findings concatenated, counts summed, provenance kept.
 
-Nothing is deduplicated: every findings line of every shard is kept, in shard
-order, with ``extra["shard"]`` saying which shard directory (and, when its
-run.json exists, which seed/shard config) it came from, so a finding stays
-replayable after the merge; the shards' bundle lists are concatenated. Counts
-(cases, skipped, findings, infos, per op, per kind, per feature) are summed; ``buckets`` is recounted over the merged
-findings (the same bucket in two shards is one bucket); ``seconds`` is the
-slowest shard's (shards run side by side) and ``shard_seconds`` their sum.
+Shards of one run share its seed and its shard scheme (the N of K/N): a merge
+of runs with different seeds or schemes is refused, since their counts would
+not add up to any run. A directory whose run.json says it ran the same cases
+as another (same seed, shard, ops, implementations and case knobs: a shard
+uploaded twice, a job re-run into a second folder) is a duplicate: the one
+with fewer cases is dropped, and the result says so (``MergeResult.dropped``).
+
+Every findings line of every kept shard is kept, in shard order, with
+``extra["shard"]`` saying which shard directory (and, when its run.json
+exists, which seed/shard config) it came from, so a finding stays replayable
+after the merge; the shards' bundle lists are concatenated. Counts (cases,
+skipped, findings, infos, per op, per kind, per feature, per bucket) are
+summed; ``buckets`` is recounted over the merged findings (the same bucket in
+two shards is one bucket); ``seconds`` is the slowest shard's (shards run side
+by side) and ``shard_seconds`` their sum.
 """
 
 from __future__ import annotations
@@ -18,11 +26,31 @@ from typing import Any, Iterable, Mapping
 
 from mlafuzz.reports.atomic import atomic_write
 from mlafuzz.reports.jsonl import FINDINGS_FILE, read_jsonl
-from mlafuzz.reports.model import RUN_FILE, SUMMARY_FILE, ReportError, impls_from_findings, shard_label
+from mlafuzz.reports.model import (
+    BUCKET_SEP,
+    RUN_FILE,
+    SUMMARY_FILE,
+    ReportError,
+    bucket_counts,
+    impls_from_findings,
+    shard_label,
+)
 
-_SUMMED = ("cases", "skipped", "findings", "infos")
+_SUMMED = ("cases", "skipped", "findings", "infos", "worker_restarts")
 _COUNTERS = ("per_op", "by_kind", "coverage", "features")  # key -> n, or op -> key -> n: summed per key
 _RUN_KEYS = ("seed", "device", "shard", "cases")  # what a finding needs to be re-run
+# run.json keys that do not change which cases a run made (how many it made, how long it might take).
+_NOT_IDENTITY = frozenset({"cases", "budget", "timeout", "merged_from"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dropped:
+    """A run directory left out of a merge: it repeats the cases of ``kept``."""
+
+    dir: Path
+    kept: Path
+    seed: Any
+    shard: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +59,7 @@ class MergeResult:
     shards: int
     findings_lines: int
     summary: Mapping[str, Any]
+    dropped: tuple[Dropped, ...] = ()
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -39,7 +68,7 @@ def _load_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ReportError(f"{path}: not valid JSON: {' '.join(str(exc).split())}") from None
+        raise ReportError(f"merge: {path}: not valid JSON: {' '.join(str(exc).split())}") from None
     return data if isinstance(data, dict) else {}
 
 
@@ -68,6 +97,50 @@ def _add_nested(total: dict[str, Any], part: Mapping[str, Any]) -> None:
             total[key] = total.get(key, 0) + value
 
 
+def _scheme(run: Mapping[str, Any]) -> str | None:
+    label = shard_label(run.get("shard"))
+    return label.partition("/")[2] if label else None
+
+
+def _check_one_run(dirs: list[Path], runs: list[dict[str, Any]]) -> None:
+    """ReportError unless the runs that say their seed and shard share one seed and one scheme."""
+    checks = (("seeds", lambda r: r.get("seed"), lambda r: f"seed {r.get('seed')}"),
+              ("shard schemes", _scheme, lambda r: f"shard {shard_label(r.get('shard'))}"))
+    for what, value, show in checks:
+        told = [(d, r) for d, r in zip(dirs, runs) if r and value(r) is not None]
+        for d, r in told[1:]:
+            d0, r0 = told[0]
+            if value(r) != value(r0):
+                raise ReportError(f"merge: the runs have different {what} ({d0}: {show(r0)}, {d}: {show(r)}):"
+                                  " shards of one run share its seed and its K/N split")
+
+
+def _without_duplicates(dirs: list[Path], runs: list[dict[str, Any]], summaries: list[dict[str, Any]]
+                        ) -> tuple[list[int], list[Dropped]]:
+    """Indices of the directories to merge, and the ones dropped as repeats of another's cases."""
+    kept: dict[str, int] = {}
+    dropped: list[Dropped] = []
+    order: list[int] = []
+    for i, run in enumerate(runs):
+        if not run or "seed" not in run:  # nothing says which cases it ran: never guessed
+            order.append(i)
+            continue
+        identity = json.dumps({k: v for k, v in run.items() if k not in _NOT_IDENTITY}, sort_keys=True, default=str)
+        j = kept.get(identity)
+        if j is None:
+            kept[identity] = i
+            order.append(i)
+            continue
+        more = int(summaries[i].get("cases") or 0) > int(summaries[j].get("cases") or 0)
+        keep, drop = (i, j) if more else (j, i)
+        if more:
+            order[order.index(j)] = i
+            kept[identity] = i
+        dropped.append(Dropped(dir=dirs[drop], kept=dirs[keep], seed=run.get("seed"),
+                               shard=shard_label(run.get("shard"))))
+    return order, dropped
+
+
 def _common_run(runs: list[dict[str, Any]], dirs: list[Path]) -> dict[str, Any]:
     """The run.json of the merge: the keys all shards agree on (never the shard), and where it came from."""
     present = [r for r in runs if r]
@@ -85,7 +158,12 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
     dirs = [Path(d) for d in dirs]
     out = Path(out)
     _check_dirs(dirs, out)
+    all_runs = [_load_json(d / RUN_FILE) for d in dirs]
+    all_summaries = [_load_json(d / SUMMARY_FILE) for d in dirs]
+    _check_one_run(dirs, all_runs)
+    order, dropped = _without_duplicates(dirs, all_runs, all_summaries)
     out.mkdir(parents=True, exist_ok=True)
+    per_bucket: dict[str, int] = {}
     lines: list[str] = []
     totals: dict[str, Any] = {k: 0 for k in _SUMMED}
     counters: dict[str, dict[str, Any]] = {}
@@ -95,8 +173,9 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
     seconds: list[float] = []
     runs: list[dict[str, Any]] = []
     interrupted = partial = False
-    for index, d in enumerate(dirs):
-        summary, run = _load_json(d / SUMMARY_FILE), _load_json(d / RUN_FILE)
+    kept_dirs = [dirs[i] for i in order]
+    for index, i in enumerate(order):
+        d, summary, run = dirs[i], all_summaries[i], all_runs[i]
         runs.append(run)
         label = shard_label(run.get("shard"))  # None without run.json: never guessed from the order
         origin: dict[str, Any] = {"index": index, "dir": str(d), "label": label}
@@ -110,6 +189,13 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
             lines.append(json.dumps(rec, sort_keys=True, allow_nan=False, default=str))
             if rec.get("severity", "error") == "error":
                 buckets.add((rec.get("kind"), rec.get("op"), rec.get("impl"), rec.get("cause", "")))
+        counts = bucket_counts(summary)
+        if not counts:  # an older or killed shard: its findings lines are all it can show
+            for rec in records:
+                key = BUCKET_SEP.join(str(rec.get(k, "")) for k in ("kind", "op", "impl", "cause"))
+                per_bucket[key] = per_bucket.get(key, 0) + 1
+        for key, n in counts.items():
+            per_bucket[BUCKET_SEP.join(key)] = per_bucket.get(BUCKET_SEP.join(key), 0) + n
         has_summary = bool(summary)
         if not has_summary:  # a killed shard: count what its findings file shows, and say the total is partial
             partial = True
@@ -132,11 +218,13 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
                            (r.get("op"), r.get("impl")) for r in records)})
     wall = max(seconds, default=0.0)
     merged = {**totals, "per_op": {}, "by_kind": {}, **counters, "buckets": len(buckets), "bundles": bundles,
+              "bucket_counts": per_bucket,
               "seconds": round(wall, 3), "shard_seconds": round(sum(seconds), 3),
               "cases_per_second": round(totals["cases"] / wall, 3) if wall > 0 else 0.0,
               "interrupted": interrupted, "partial": partial, "shards": shards}
     atomic_write(out / FINDINGS_FILE, "".join(line + "\n" for line in lines))
     atomic_write(out / SUMMARY_FILE, json.dumps(merged, indent=2) + "\n")
     if any(runs):
-        atomic_write(out / RUN_FILE, json.dumps(_common_run(runs, dirs), indent=2, default=str) + "\n")
-    return MergeResult(out=out, shards=len(dirs), findings_lines=len(lines), summary=merged)
+        atomic_write(out / RUN_FILE, json.dumps(_common_run(runs, kept_dirs), indent=2, default=str) + "\n")
+    return MergeResult(out=out, shards=len(kept_dirs), findings_lines=len(lines), summary=merged,
+                       dropped=tuple(dropped))

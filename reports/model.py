@@ -24,12 +24,32 @@ from mlafuzz.reports.jsonl import FINDINGS_FILE, read_findings
 BucketKey = tuple[str, str, str, str]  # Finding.dedup_key: kind, op, impl, cause
 
 SUMMARY_FILE = "summary.json"
+BUCKET_SEP = "\x1f"  # summary.json's bucket_counts key: the dedup key joined by it
 RUN_FILE = "run.json"
 UNKNOWN_IMPL = "?"
 
 
 class ReportError(ValueError):
     """A run directory that cannot be reported on; the message is one line."""
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 bucket', '2 buckets' (``words`` for an irregular plural)."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def bucket_counts(summary: Mapping[str, Any]) -> dict[BucketKey, int]:
+    """summary.json's ``bucket_counts``: every bucket's number of findings (findings.jsonl keeps at
+    most a sample of a bucket's lines); {} when the summary has none."""
+    raw = summary.get("bucket_counts") if isinstance(summary, Mapping) else None
+    if not isinstance(raw, Mapping):
+        return {}
+    out: dict[BucketKey, int] = {}
+    for key, n in raw.items():
+        parts = str(key).split(BUCKET_SEP)
+        if len(parts) == 4 and isinstance(n, int) and not isinstance(n, bool):
+            out[(parts[0], parts[1], parts[2], parts[3])] = n
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,9 +95,15 @@ class Judgement:
 @dataclass(frozen=True, kw_only=True)
 class Bucket:
     key: BucketKey
-    findings: tuple[Finding, ...]
+    findings: tuple[Finding, ...]  # the lines findings.jsonl holds (a sample when the bucket is large)
     status: str  # the judgement's: failure | expected | info
     waiver: Waiver | None = None
+    total: int = 0  # summary.json's count of the bucket's findings, 0 when it has none
+
+    @property
+    def count(self) -> int:
+        """The bucket's number of findings: the run's count, never fewer than the lines read."""
+        return max(self.total, len(self.findings))
 
     kind = property(lambda self: self.key[0])
     op = property(lambda self: self.key[1])
@@ -155,16 +181,8 @@ class RunReport:
         return not self.failures
 
     def count(self, status: str) -> int:
-        """Findings in buckets of ``status``: summary.json's count of each bucket where it has one
-        (findings.jsonl holds at most a sample per bucket), else the lines read."""
-        counts = self.summary.get("bucket_counts") if isinstance(self.summary, Mapping) else None
-        total = 0
-        for b in self.buckets:
-            if b.status != status:
-                continue
-            n = counts.get("\x1f".join(b.key)) if isinstance(counts, Mapping) else None
-            total += n if isinstance(n, int) and n >= len(b.findings) else len(b.findings)
-        return total
+        """Findings in buckets of ``status`` (each bucket's ``count``: the run's, not the sample's)."""
+        return sum(b.count for b in self.buckets if b.status == status)
 
     def buckets_with(self, status: str) -> tuple[Bucket, ...]:
         return tuple(b for b in self.buckets if b.status == status)
@@ -187,14 +205,14 @@ class RunReport:
 
     def headline(self) -> str:
         cases = self.summary.get("cases")
-        ran = f"{cases} cases" if isinstance(cases, int) else "cases unknown"
+        ran = plural(cases, "case") if isinstance(cases, int) else "cases unknown"
         if self.passed:
-            extra = [f"{len(self.buckets_with(s))} {s} buckets" for s in ("expected", "info")
+            extra = [plural(len(self.buckets_with(s)), f"{s} bucket") for s in ("expected", "info")
                      if self.buckets_with(s)]
             return f"mlafuzz: passed, {ran}" + (f" ({', '.join(extra)})" if extra else "")
-        return (f"mlafuzz: {len(self.failures)} failing buckets ({self.count('failure')} findings)"
-                f" in {sum(1 for t in self.testcases if t.failures)} of {len(self.testcases)}"
-                f" implementations, {ran}")
+        return (f"mlafuzz: {plural(len(self.failures), 'failing bucket')} ({plural(self.count('failure'), 'finding')})"
+                f" in {sum(1 for t in self.testcases if t.failures)} of"
+                f" {plural(len(self.testcases), 'implementation')}, {ran}")
 
 
 # --- reading ----------------------------------------------------------------
@@ -230,9 +248,11 @@ def configured_impls(run: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def group_buckets(findings: Iterable[Finding], judgement: Judgement) -> tuple[Bucket, ...]:
-    """Findings grouped by dedup key, in order of first appearance, with the judgement's status;
-    failures first, then expected, then info."""
+def group_buckets(findings: Iterable[Finding], judgement: Judgement,
+                  counts: Mapping[BucketKey, int] | None = None) -> tuple[Bucket, ...]:
+    """Findings grouped by dedup key, in order of first appearance, with the judgement's status
+    and ``counts`` (``bucket_counts``); failures first, then expected, then info."""
+    counts = counts or {}
     groups: dict[BucketKey, list[Finding]] = {}
     for f in findings:
         groups.setdefault(f.dedup_key, []).append(f)
@@ -240,7 +260,7 @@ def group_buckets(findings: Iterable[Finding], judgement: Judgement) -> tuple[Bu
     for key, members in groups.items():
         default = "failure" if any(f.severity is Severity.ERROR for f in members) else "info"
         buckets.append(Bucket(key=key, findings=tuple(members), status=judgement.statuses.get(key, default),
-                              waiver=judgement.waivers.get(key)))
+                              waiver=judgement.waivers.get(key), total=counts.get(key, 0)))
     order = {"failure": 0, "expected": 1, "info": 2}
     return tuple(sorted(buckets, key=lambda b: order[b.status]))
 
@@ -319,7 +339,7 @@ def load_run(run_dir: Path | str) -> RunView:
         raise ReportError(f"run_dir={run_dir}: {FINDINGS_FILE} holds a record that is not a finding: "
                           f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
     summary = _read_json(summary_path, notes)
-    if not summary:
+    if not summary_path.is_file():
         notes.append(f"no {SUMMARY_FILE}: the run was killed or is still running; counts come from {FINDINGS_FILE}")
     run = _read_json(run_dir / RUN_FILE, notes)
     return RunView(run_dir=run_dir, findings=findings, summary=summary, run=run, notes=tuple(notes))
@@ -327,7 +347,7 @@ def load_run(run_dir: Path | str) -> RunView:
 
 def build_report(view: RunView, judgement: Judgement) -> RunReport:
     """The run as every format renders it, under the harness's judgement."""
-    buckets = group_buckets(view.findings, judgement)
+    buckets = group_buckets(view.findings, judgement, bucket_counts(view.summary))
     testcases = _testcases(buckets, view.summary, view.run)
     return RunReport(run_dir=view.run_dir, findings=view.findings, buckets=buckets, testcases=testcases,
                      summary=view.summary, run=view.run, stale=judgement.stale, notes=view.notes)
@@ -371,6 +391,9 @@ def replay_command(finding: Finding, run: Mapping[str, Any] | None = None, *, bu
     if run.get("device"):
         parts += ["--device", str(run["device"]).split(":")[0]]
     parts += ["--seed", str(run["seed"])]
+    revision = finding.revision or run.get("revision")
+    if isinstance(revision, str) and revision:
+        parts += ["--revision", revision]
     shard_text = shard_label(run.get("shard"))
     if shard_text and shard_text != "0/1":
         parts += ["--shard", shard_text]

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Mapping
 
-from mlafuzz.reports.console import summary_line
+from mlafuzz.reports.console import shrink_line, summary_line
 
 # Features a run should reach; shown as hit counts so gaps stand out.
 KEY_FEATURES = (
@@ -63,3 +63,22 @@ class Progress:
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
+            self._live = None
+
+
+class ShrinkProgress:
+    """Lines for shrinking: each bucket's start and end, and a progress line every ``interval``
+    seconds while one goes on (an attempt of a slow case can take seconds)."""
+
+    def __init__(self, *, quiet: bool, interval: float = 5.0) -> None:
+        self.quiet, self.interval = quiet, interval
+        self._last = time.monotonic()
+
+    def __call__(self, event: str, facts: Mapping[str, Any]) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if event == "step" and now - self._last < self.interval:
+            return
+        self._last = now
+        print(shrink_line(event, facts), file=sys.stderr, flush=True)

@@ -1,5 +1,12 @@
 """The ``convert`` op's inputs (SPEC.md section 3): spec, drawer, materializer, features, shrink
-steps and error-input classes. The op table (harness/ops) wires them to the oracle and the call."""
+steps and error-input classes. The op table (harness/ops) wires them to the oracle and the call.
+
+SPEC section 7's options (a block stride in rows, compact-to-front output) are optional
+capabilities of an implementation. The drawer draws them for every case; ``fit`` takes out what
+an implementation lacks before the case is built (the harness calls it with the implementation's
+capabilities: the drawer cannot see them), and ``needs`` says what a given spec needs, so a
+spec given whole to an implementation without it is a counted skip, never a false finding.
+"""
 
 from __future__ import annotations
 
@@ -63,12 +70,16 @@ class ConvertSpec:
     return_valid_counts: bool = True
     table_view: View = View.PLAIN  # block_table a column or row slice of a larger table (SPEC 8)
     rows_view: View = View.PLAIN  # ROWS: req_id and token_indices rows of the whole step's tensors (SPEC 5.4)
+    block_stride_rows: int | None = None  # SPEC 7 BLOCK_STRIDE_ROWS: rows per block slot (None: not passed)
+    compact: bool = False  # SPEC 7 COMPACT_TO_FRONT: valid slots packed at each row's front
 
     def __post_init__(self) -> None:
         coerce_tuple(self, "requests", ConvertRequest)
         coerce_enum(self, "topk_mode", TopkMode)
         coerce_enum(self, "table_view", View)
         coerce_enum(self, "rows_view", View)
+        if self.block_stride_rows is not None:
+            check_int("ConvertSpec", "block_stride_rows", self.block_stride_rows, lo=1, hi=1 << 20)
         if not self.requests:
             fail("ConvertSpec", "requests", self.requests, "must hold at least one request")
         check_topk_tiling("ConvertSpec", topk=self.topk, block_n=self.block_n)
@@ -111,6 +122,10 @@ def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
         return_valid_counts=not d.boolean(),
         table_view=draw_view(d, knobs, (View.COLUMNS, View.ROWS)),
         rows_view=draw_view(d, knobs, (View.ROWS,)),
+        # A stride of block_size + extra: equal to it at times (the option passed with its
+        # default's value), mostly larger, as padded layouts are.
+        block_stride_rows=(bs + d.integer(0, bs + 7)) if d.boolean() else None,
+        compact=d.boolean(),
     )
 
 
@@ -163,6 +178,11 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         "BLOCK_SIZE": bs, "NUM_TOPK_TOKENS": k, "BLOCK_N": spec.block_n,
         "HAS_PREFILL_WORKSPACE": spec.prefill_workspace, "return_valid_counts": spec.return_valid_counts,
     }
+    # The options only when drawn: an implementation without them is called exactly as before.
+    if spec.block_stride_rows is not None:
+        params["BLOCK_STRIDE_ROWS"] = spec.block_stride_rows
+    if spec.compact:
+        params["COMPACT_TO_FRONT"] = True
     return Case(op="convert", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors,
                 params=params)
 
@@ -186,7 +206,33 @@ def features(spec: ConvertSpec) -> set[str]:
         out.add("block-boundary")
     if any(r.num_tokens == 0 for r in spec.requests):
         out.add("empty-request")
+    if spec.block_stride_rows is not None:
+        out.add("stride:padded" if spec.block_stride_rows > spec.paging.block_size else "stride:block_size")
+    if spec.compact:
+        out.add("compact")
     return out | view_features(spec.paging, table=spec.table_view, rows=spec.rows_view)
+
+
+# --- optional capabilities (SPEC section 7) ------------------------------------
+
+STRIDE, COMPACT = "block_stride_rows", "compact_to_front"  # capability names (kernels/external.py)
+
+
+def needs(case: Case) -> frozenset[str]:
+    """The optional capabilities this case calls for."""
+    p = case.params
+    return frozenset({STRIDE} if "BLOCK_STRIDE_ROWS" in p else ()) | frozenset({COMPACT} if p.get("COMPACT_TO_FRONT")
+                                                                                else ())
+
+
+def fit(spec: ConvertSpec, capabilities: frozenset[str]) -> ConvertSpec:
+    """``spec`` without the options an implementation with ``capabilities`` lacks."""
+    changes: dict = {}
+    if spec.block_stride_rows is not None and STRIDE not in capabilities:
+        changes["block_stride_rows"] = None
+    if spec.compact and COMPACT not in capabilities:
+        changes["compact"] = False
+    return dataclasses.replace(spec, **changes) if changes else spec
 
 
 def size(spec: ConvertSpec) -> dict[str, int]:
@@ -214,6 +260,12 @@ def reduce(s: ConvertSpec) -> Iterator[ConvertSpec]:
     for mode in (TopkMode.VALID, TopkMode.PADDED):
         if s.topk_mode is not mode:
             yield dataclasses.replace(s, topk_mode=mode)
+    if s.compact:
+        yield dataclasses.replace(s, compact=False)
+    if s.block_stride_rows is not None:
+        yield dataclasses.replace(s, block_stride_rows=None)
+        if s.block_stride_rows != s.paging.block_size:
+            yield dataclasses.replace(s, block_stride_rows=s.paging.block_size)
 
 
 # --- error inputs (SPEC section 3: "must reject with a clear exception before launching") ---
@@ -243,6 +295,11 @@ def _bad_block_size(case: Case) -> Case | None:
     return with_(case, params={"BLOCK_SIZE": 0})
 
 
+def _bad_block_stride(case: Case) -> Case | None:
+    # Only where the case passes a stride: an implementation without the option never gets one.
+    return with_(case, params={"BLOCK_STRIDE_ROWS": 0}) if "BLOCK_STRIDE_ROWS" in case.params else None
+
+
 def _req_out_of_range(case: Case) -> Case | None:
     req = case.tensors["req_id"].clone()
     if not req.numel():
@@ -262,6 +319,8 @@ INVALID: tuple[InvalidClass, ...] = (
                  description="NUM_TOPK_TOKENS is not a multiple of BLOCK_N"),
     InvalidClass(name="bad_block_size", memory_safe=True, make=_bad_block_size,
                  description="BLOCK_SIZE == 0"),
+    InvalidClass(name="bad_block_stride", memory_safe=True, make=_bad_block_stride,
+                 description="BLOCK_STRIDE_ROWS == 0 (SPEC 7's option, where the case passes one)"),
     InvalidClass(name="req_out_of_range", memory_safe=False, make=_req_out_of_range,
                  description="a req_id >= the block table's rows (not checked by vLLM)"),
 )

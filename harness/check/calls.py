@@ -54,16 +54,16 @@ def first_line(exc: BaseException) -> str:
 def _invoke(*, op: Op, fn: Callable, case: Case, inputs: Mapping[str, Any], guards: Mapping[str, Guarded],
             sub: Callable[[str], Callable], wait: bool, redzone: RedZone | None) -> Call:
     args = {**inputs, **{k: g.view for k, g in guards.items()}}
-    cuda = case.device.startswith("cuda")
     if redzone is not None:
         redzone.check()  # start clean: only this call's writes count
     try:
         outputs = op.invoke(fn, case, args, sub)
-        pending = cuda_errors.take_pending() if cuda else None
+        # Before anything of the harness's touches the device: what the call left pending is its own.
+        pending = cuda_errors.take_pending(case.device)
         if pending is None and (wait or redzone is not None):
             sync(case.device)
     except Exception as exc:  # a refusal or a failure: the caller decides which it is
-        pending = cuda_errors.take_pending() if cuda else None
+        pending = cuda_errors.take_pending(case.device)
         return Call(outputs=None, inputs=inputs, guards=guards, error=exc, launch_error=pending,
                     redzone=tuple(redzone.check()) if redzone is not None and pending is None else ())
     return Call(outputs=outputs, inputs=inputs, guards=guards, error=None, launch_error=pending,

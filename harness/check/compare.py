@@ -5,16 +5,29 @@ positions, then values. Floats are compared as bit patterns: bit-exact by
 default, or within ``Policy.ulp`` units in the last place. Integers are exact.
 Messages follow torch.testing: ``Mismatched elements: 12 / 4096 (0.3%)``,
 ``greatest ulp distance 7 at [3, 129] (expected 0x3f80, got 0x3f81)``.
+
+Row-set mode (``row_sets``, the op row says which outputs): an output whose rows
+hold an unspecified order (convert's compact-to-front, SPEC section 7) is
+compared row by row as a multiset of its first ``counts[i]`` values, with -1
+in every later column (``oracles.convert.rows_as_sets_equal``). Same checks
+before it (shape, dtype), one finding per output like every other mode.
+
+``skip`` names elements another finding already accounts for (the write map's
+never-written elements: their values are the fill pattern, so a value or NaN
+mismatch there is the MISSING_WRITE again, not a second problem). They are
+left out of the value and NaN checks; every other element is compared.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
 from mlafuzz.harness.memory.bits import same_bits
+from mlafuzz.oracles.convert import rows_as_sets_equal
 from mlafuzz.reports.findings import Finding, Kind, Mismatch
 
 MAX_SHOWN = 5
@@ -77,8 +90,19 @@ def _shape_finding(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor
                            f"got shape {tuple(act.shape)} dtype {act.dtype}")
 
 
+def _skip_mask(skip: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor | None:
+    """``skip`` as a flat mask of ``n`` elements on ``device`` (None: skip nothing)."""
+    if skip is None or skip.numel() != n or not bool(skip.any()):
+        return None
+    return skip.reshape(-1).to(device=device, dtype=torch.bool)
+
+
+def _skipped_note(skip: torch.Tensor | None) -> str:
+    return f"; {int(skip.sum())} never-written elements left to MISSING_WRITE" if skip is not None else ""
+
+
 def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, policy: Policy,
-                    origin: int = 0) -> list[Finding]:
+                    skip: torch.Tensor | None, origin: int = 0) -> list[Finding]:
     # Masks and counts stay on the tensors' device; only the few shown mismatches cross to the host.
     width = 16 if exp.dtype in (torch.bfloat16, torch.float16) else 32
     view = _BITS_VIEW[exp.dtype]
@@ -90,6 +114,8 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
     a_nan = torch.isnan(act.contiguous().reshape(-1)).to(e_nan.device)
     total = e_bits.numel()
     shape = tuple(exp.shape)
+    keep = _skip_mask(skip, total, e_bits.device)
+    note = _skipped_note(keep)
     out: list[Finding] = []
 
     def shown(idx: torch.Tensor) -> tuple[Mismatch, ...]:
@@ -98,6 +124,8 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
                               actual=_hex(int(a_bits[i]), width)) for i in idx)
 
     nan_bad_mask = e_nan != a_nan
+    if keep is not None:
+        nan_bad_mask &= ~keep
     n = int(nan_bad_mask.sum())
     if n:
         sample = shown(nan_bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
@@ -105,10 +133,13 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
             kind=Kind.NAN_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
             cause=f"{name}:nan", mismatches=sample, count=n, total=total,
             message=f"{name}: NaN positions differ at {n} / {total} elements ({100.0 * n / total:.1f}%);"
-                    f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"))
+                    f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"
+                    f"{note}"))
 
     dist = (_ordered(e_bits, width) - _ordered(a_bits, width)).abs()
     bad_mask = ~(e_nan | a_nan) & (dist > policy.ulp)
+    if keep is not None:
+        bad_mask &= ~keep
     n = int(bad_mask.sum())
     if n:
         masked = torch.where(bad_mask, dist, torch.zeros_like(dist))
@@ -128,30 +159,81 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
             max_ulp=worst_dist,
             message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
                     f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape, origin))}"
-                    f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"))
+                    f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"
+                    f"{note}"))
     return out
 
 
-def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, origin: int = 0) -> list[Finding]:
+def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor,
+                    skip: torch.Tensor | None, origin: int = 0) -> list[Finding]:
     e = exp.reshape(-1)
     a = act.reshape(-1).to(e.device)
     if e.dtype == a.dtype and same_bits(e, a):
         return []
-    bad = (e != a).nonzero()[:MAX_SHOWN].reshape(-1).cpu()
-    n, total, shape = int((e != a).sum()), e.numel(), tuple(exp.shape)
+    differ = e != a
+    keep = _skip_mask(skip, e.numel(), e.device)
+    if keep is not None:
+        differ &= ~keep
+    n, total, shape = int(differ.sum()), e.numel(), tuple(exp.shape)
+    if not n:
+        return []
+    bad = differ.nonzero()[:MAX_SHOWN].reshape(-1).cpu()
     shown = tuple(Mismatch(index=_fmt_index(int(i), shape, origin), expected=str(int(e[i])), actual=str(int(a[i])))
                   for i in bad[:MAX_SHOWN])
     return [Finding(
         kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
         cause=f"{name}:value", mismatches=shown, count=n, total=total,
         message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
-                f" first at {list(shown[0].index)} (expected {shown[0].expected}, got {shown[0].actual})")]
+                f" first at {list(shown[0].index)} (expected {shown[0].expected}, got {shown[0].actual})"
+                f"{_skipped_note(keep)}")]
+
+
+def _row_story(exp: list[int], act: list[int], count: int) -> str:
+    """What is wrong with one compacted row, in a few words: slots missing from its prefix, slots
+    that should not be there, a non-(-1) value in its tail."""
+    missing = Counter(exp[:count]) - Counter(act[:count])
+    extra = Counter(act[:count]) - Counter(exp[:count])
+    parts = []
+    if missing:
+        parts.append(f"missing {', '.join(str(v) for v in list(missing.elements())[:3])}")
+    if extra:
+        parts.append(f"unexpected {', '.join(str(v) for v in list(extra.elements())[:3])}")
+    tail = [(j, v) for j, v in enumerate(act[count:], start=count) if v != -1]
+    if tail:
+        parts.append(f"{tail[0][1]} at column {tail[0][0]} of the -1 tail")
+    return "; ".join(parts) or "differs"
+
+
+def _row_set_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor,
+                      counts: torch.Tensor) -> list[Finding]:
+    ok = rows_as_sets_equal(expected=exp, actual=act, counts=counts)
+    if bool(ok.all()):
+        return []
+    bad = (~ok).nonzero().reshape(-1).cpu()
+    n, total = int(bad.numel()), exp.shape[0]
+    counts_l = counts.reshape(-1).cpu()
+    shown = []
+    for i in bad[:MAX_SHOWN].tolist():
+        c = int(counts_l[i])
+        shown.append(Mismatch(index=(i,), expected=f"{c} valid slots, then -1",
+                              actual=_row_story(exp[i].tolist(), act[i].tolist(), c)))
+    return [Finding(
+        kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
+        cause=f"{name}:row_set", mismatches=tuple(shown), count=n, total=total,
+        message=f"{name}: Mismatched rows: {n} / {total} ({100.0 * n / total:.1f}%), compared as multisets with a"
+                f" -1 tail; first at [{shown[0].index[0]}] (expected {shown[0].expected}, got {shown[0].actual})")]
 
 
 def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str, torch.Tensor | None],
-            policy: Policy, ctx: Context, origin: Mapping[str, int] | None = None) -> list[Finding]:
-    """All differences between two output dicts, as findings (empty when equal). ``origin``: per
-    output, the first row its tensors start at in the full one (indices are reported there)."""
+            policy: Policy, ctx: Context, row_sets: Mapping[str, torch.Tensor] | None = None,
+            skip: Mapping[str, torch.Tensor] | None = None, origin: Mapping[str, int] | None = None) -> list[Finding]:
+    """All differences between two output dicts, as findings (empty when equal). ``row_sets``:
+    outputs compared in row-set mode (see the module docstring), name -> the expected count of
+    each row's valid prefix; ``skip``: per output, a bool mask of elements not to compare;
+    ``origin``: per output, the first row its tensors start at in the full one (indices are
+    reported there)."""
+    row_sets = row_sets or {}
+    skip = skip or {}
     origin = origin or {}
     findings: list[Finding] = []
     for name, exp in expected.items():
@@ -166,8 +248,10 @@ def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str,
             continue
         if exp.shape != act.shape or exp.dtype != act.dtype:
             findings.append(_shape_finding(ctx, name, exp, act))
+        elif name in row_sets and exp.dim() == 2:
+            findings.extend(_row_set_findings(ctx, name, exp, act, row_sets[name]))
         elif exp.dtype in _BITS_VIEW:
-            findings.extend(_float_findings(ctx, name, exp, act, policy, origin.get(name, 0)))
+            findings.extend(_float_findings(ctx, name, exp, act, policy, skip.get(name), origin.get(name, 0)))
         else:
-            findings.extend(_exact_findings(ctx, name, exp, act, origin.get(name, 0)))
+            findings.extend(_exact_findings(ctx, name, exp, act, skip.get(name), origin.get(name, 0)))
     return findings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Collection, Iterator, Mapping
 
 import torch
 
@@ -66,20 +66,26 @@ def input_mutations(case: Case, inputs: Mapping[str, Any], ctx: Context, *, inpl
     return out
 
 
-def rerun_pairs(first: Call, second: Call) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+def rerun_pairs(first: Call, second: Call, *, unordered: Collection[str] = ()
+                ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
     """(name, first run's, second run's) of each output the impl allocated, alike in shape and
-    dtype: the ones whose bits a re-run is held to (guarded outputs answer to the write map)."""
+    dtype: the ones whose bits a re-run is held to (guarded outputs answer to the write map).
+    ``unordered``: outputs whose rows hold an unspecified order (the comparator's row-set mode):
+    each row sorted, so two runs that agree as multisets agree here."""
     for name, a in (first.outputs or {}).items():
         b = (second.outputs or {}).get(name)
         if (name not in first.guards and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
                 and a.shape == b.shape and a.dtype == b.dtype):
+            if name in unordered and a.dim() == 2:
+                a, b = a.sort(dim=1).values, b.sort(dim=1).values
             yield name, a, b
 
 
-def rerun_differs(first: Call, second: Call, ctx: Context) -> list[Finding]:
-    """Nondeterminism of outputs the impl allocated (guarded ones use the write map)."""
+def rerun_differs(first: Call, second: Call, ctx: Context, *, unordered: Collection[str] = ()) -> list[Finding]:
+    """Nondeterminism of outputs the impl allocated (guarded ones use the write map); outputs in
+    ``unordered`` by row multisets (see ``rerun_pairs``)."""
     out = []
-    for name, a, b in rerun_pairs(first, second):
+    for name, a, b in rerun_pairs(first, second, unordered=unordered):
         if not same_bits(a, b):
             n = int((as_bits(a) != as_bits(b)).sum())
             out.append(Finding(kind=Kind.NONDETERMINISM, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,

@@ -5,10 +5,16 @@ checked. For guarded outputs (or a sampled re-run) a second run over the other
 fill follows: its guard zones, the two runs' write map, and the re-run's
 agreement with the first. Every case on the CPU takes this path, and any case
 the GPU fast path flags (harness/fast).
+
+One cause, one finding: elements the write map shows were never written are
+MISSING_WRITE's, and the comparator leaves them out (their bytes are the fill
+pattern, so comparing them would file the same bug again as VALUE_MISMATCH
+and NAN_MISMATCH); mismatches anywhere else are still reported.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
 
 from mlafuzz.generators.case import Case
@@ -22,7 +28,7 @@ from mlafuzz.harness.check.detectors import (
 )
 from mlafuzz.harness.check.narrow import narrow, narrowed_names
 from mlafuzz.harness.check.stages import stage
-from mlafuzz.harness.memory.guards import PATTERNS, oob_findings, write_map_findings
+from mlafuzz.harness.memory.guards import PATTERNS, never_written, oob_findings, write_map_findings
 from mlafuzz.harness.memory.redzone import RedZone
 from mlafuzz.harness.ops.op import Op
 from mlafuzz.reports.findings import Finding, Kind
@@ -60,10 +66,16 @@ def full_path(*, op: Op, case: Case, fn: Callable, ctx: Context, policy: Policy,
             second = call_copied(op=op, fn=fn, case=case, fill=PATTERNS[1], sub=sub,
                                  reuse=None if mutated else first.inputs, redzone=redzone)
             second, _ = narrow(op, case, second, ctx)  # the first run's writes there are reported
+    unwritten = {}
+    if second is not None and second.error is None:
+        with stage("guards"):
+            unwritten = {name: m for name, g in second.guards.items()
+                         if (m := never_written(first.guards[name], g)) is not None}
     with stage("oracle"):
         expected = (oracle or op.oracle)(case)
-        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx,
-                            origin=narrowed_names(op, case))
+        sets = op.row_sets(case, expected) if op.row_sets else {}  # outputs compared as row multisets
+        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx, row_sets=sets,
+                            skip=unwritten, origin=narrowed_names(op, case))
         findings += head
     findings = review(op, case, first, findings, ctx)
     with stage("guards"):
@@ -84,5 +96,38 @@ def full_path(*, op: Op, case: Case, fn: Callable, ctx: Context, policy: Policy,
                                  if not any(f.dedup_key == h.dedup_key for h in findings)]
                     findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=ctx.op,
                                                    impl=ctx.impl, case_id=ctx.case_id)
-                findings += rerun_differs(first, second, ctx)
-    return findings
+                findings += rerun_differs(first, second, ctx, unordered=frozenset(sets))
+    return fold_misplaced(findings)
+
+
+# What a write outside an output explains inside it: rows written to the wrong place leave the
+# right ones unwritten or holding another row's values.
+_EXPLAINED_BY_OOB = (Kind.MISSING_WRITE, Kind.VALUE_MISMATCH, Kind.NAN_MISMATCH, Kind.SUBNORMAL_FLUSH)
+
+
+def fold_misplaced(findings: list[Finding]) -> list[Finding]:
+    """One cause, one bucket: where a guarded output was written outside its bounds (OOB_WRITE
+    on that tensor), its own missing writes and value mismatches are the same misplaced writes
+    seen from inside, and are folded into the OOB_WRITE (named in its message and
+    ``extra["folded"]``), not reported as other buckets."""
+    oob = {f.tensor: f for f in findings if f.kind is Kind.OOB_WRITE and f.tensor is not None}
+    if not oob:
+        return findings
+    folded: dict[str, list[Finding]] = {}
+    kept = []
+    for f in findings:
+        if f.kind in _EXPLAINED_BY_OOB and f.tensor in oob:
+            folded.setdefault(f.tensor, []).append(f)
+        else:
+            kept.append(f)
+    out = []
+    for f in kept:
+        inside = folded.get(f.tensor) if f.kind is Kind.OOB_WRITE else None
+        if inside:
+            what = ", ".join(f"{g.kind.value} ({g.count} elements)" for g in inside)
+            f = dataclasses.replace(f, message=f"{f.message}; inside it, the same misplaced writes: {what}",
+                                    extra={**f.extra, "folded": [{"kind": g.kind.value, "cause": g.cause,
+                                                                  "count": g.count} for g in inside]})
+            folded.pop(f.tensor)
+        out.append(f)
+    return out

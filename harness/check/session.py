@@ -1,5 +1,6 @@
 """What one process keeps between cases: the op table, the registry, the implementations it has
-loaded (each once), the sub-implementations a pipeline op calls, and warn-once notes.
+loaded (each once, and once per contract revision for an entry that follows revisions), the
+sub-implementations a pipeline op calls, and warn-once notes.
 
 One ``Session`` per worker process (or per in-process run), built at its start
 and handed down: nothing here lives in module globals.
@@ -13,12 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from mlafuzz.harness.memory.redzone import RedZone
+from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.kernels.entry import ImplEntry, ImplError
 from mlafuzz.kernels.registry import Registry, default_registry
 
-# A pipeline op's sub-implementations, chosen by the environment so spawned workers inherit them.
-SUB_ENV = {"convert": "MLAFUZZ_STEP_CONVERT", "gather": "MLAFUZZ_STEP_GATHER"}
+
+def sub_env(op: str) -> str:
+    """The variable naming a pipeline op's sub-implementation of ``op`` (``MLAFUZZ_STEP_CONVERT``):
+    the environment, so spawned workers inherit the choice."""
+    return f"MLAFUZZ_STEP_{op.upper()}"
 
 
 def default_ref(table: OpTable, registry: Registry, op: str, device: str) -> str:
@@ -43,8 +48,7 @@ class SubImpls:
     refs: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, op: str) -> Callable:
-        ref = os.environ.get(SUB_ENV.get(op, "")) or default_ref(self.session.table, self.session.registry, op,
-                                                                self.device)
+        ref = os.environ.get(sub_env(op)) or default_ref(self.session.table, self.session.registry, op, self.device)
         self.refs[op] = ref
         return self.session.load(self.session.entry(op, ref), self.device)
 
@@ -56,7 +60,7 @@ class Session:
         self.redzone = redzone
         self.fast: Any = None  # the GPU fast path's resources (harness/fast), when this process uses it
         self._entries: dict[tuple[str, str, frozenset[str] | None], ImplEntry] = {}
-        self._loaded: dict[tuple[str, str, str], Callable] = {}
+        self._loaded: dict[tuple[str, str, str, str | None], Callable] = {}
         self._warned: set[str] = set()
 
     def entry(self, op: str, ref: str, *, rejects: Iterable[str] | None = None) -> ImplEntry:
@@ -67,11 +71,25 @@ class Session:
                                                        rejects=rejects)
         return self._entries[key]
 
-    def load(self, entry: ImplEntry, device: str) -> Callable:
-        """The entry's callable for ``device``, loaded once per process."""
-        key = (entry.op, entry.name, device.split(":")[0])
+    def load(self, entry: ImplEntry, device: str, *, revision: str | None = None) -> Callable:
+        """The entry's callable for ``device``, loaded once per process; for an entry that follows
+        revisions (``ImplEntry.revisions``), the one bound to ``revision`` (None: the newest), one
+        per revision. Other entries ignore ``revision``: one callable serves every case. An
+        ImplError (one line) when its signature cannot take the call the op makes (its row's
+        ``call``)."""
+        if entry.revisions is None:
+            revision = None
+        elif revision is None:
+            revision = NEWEST_REVISION
+        key = (entry.op, entry.name, device.split(":")[0], revision)
         if key not in self._loaded:
-            self._loaded[key] = entry.load(device)
+            fn = entry.load(device, revision=revision)
+            shape = self.table.get(entry.op).call
+            why = shape.mismatch(fn) if shape is not None else None
+            if why is not None:
+                raise ImplError(f"--impl {entry.op}={entry.name}: cannot take SPEC's call {shape.text(entry.op)}"
+                                f" ({why})")
+            self._loaded[key] = fn
         return self._loaded[key]
 
     def sub(self, device: str) -> SubImpls:

@@ -1,13 +1,20 @@
 """``mlafuzz fuzz``: fuzz implementations against the oracles.
 
 Exit 0: nothing found (or only what the ledger expects); 1: findings; 2: a
-usage or environment error (one line); 130 interrupted.
+usage or environment error (one line); 130 interrupted; 143 stopped by SIGTERM.
+
+Every argument is checked before a worker starts or an implementation runs:
+the run folder too. A folder that holds an earlier run is refused unless
+``--overwrite`` (its run files are removed first) or ``--resume`` (the run goes
+on: drive/resume.py); the default ``./mlafuzz-out``, used when ``--out`` is not
+given, is a scratch folder and is cleared with a one-line note.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import signal
 import sys
 from collections.abc import Iterator
@@ -26,12 +33,18 @@ from mlafuzz.harness.cli.args import (
     positive_seconds,
     shard,
 )
+from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
+
+DEFAULT_OUT = "mlafuzz-out"
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
     f = sub.add_parser("fuzz", help="fuzz implementations against the oracles",
                        description="Fuzz implementations against the oracles. Exit 0: nothing found; 1: findings "
-                       "(appended to OUT/findings.jsonl as they happen); 2: usage or environment error.")
+                       "(appended to OUT/findings.jsonl as they happen); 2: usage or environment error (one line, "
+                       "before any worker starts); 130 / 143: stopped by Ctrl-C / SIGTERM before any finding "
+                       "(summary.json still written). A --out that holds an earlier run needs --overwrite or "
+                       "--resume; the default ./mlafuzz-out is replaced.")
     f.add_argument("--op", action="append", choices=names,
                    help="op to fuzz (repeatable); default: every op with an --impl, else all ops")
     f.add_argument("--impl", action="append", metavar="OP=REF",
@@ -42,11 +55,24 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     f.add_argument("--budget", type=positive_seconds, metavar="SECONDS",
                    help="wall-clock budget; default 60 s when --cases is not given either")
     f.add_argument("--seed", type=nonneg_int, default=0, help="run seed: same seed, same cases (default 0)")
-    f.add_argument("--out", default="mlafuzz-out", metavar="DIR", help="run directory (default ./mlafuzz-out)")
-    f.add_argument("--spec", metavar="FILE", help="run this spec (JSON, as in a repro bundle) with varying seeds")
+    f.add_argument("--out", metavar="DIR",
+                   help=f"run folder; one that holds an earlier run is refused unless --overwrite or --resume "
+                        f"(default ./{DEFAULT_OUT}, a scratch folder: an earlier run there is cleared, with a note)")
+    again = f.add_mutually_exclusive_group()
+    again.add_argument("--overwrite", action="store_true",
+                       help="--out holds an earlier run: remove its files (findings, summary, bundles) first")
+    again.add_argument("--resume", action="store_true",
+                       help="--out holds an earlier run of these same options: go on with it (its counts kept, "
+                            "its cases not run again; --cases and --budget are for this session); a folder "
+                            "without a run starts one")
+    f.add_argument("--spec", metavar="FILE",
+                   help="run this spec with varying seeds: a spec JSON, a repro bundle's case.json or its folder")
     f.add_argument("--size", choices=("small", "large"), default="small",
                    help="case size knobs: small (CPU, interpreter) or large (realistic GPU sizes)")
     f.add_argument("--ulp", type=nonneg_int, default=0, help="bf16 ulp budget (default 0: bit-exact)")
+    f.add_argument("--revision", choices=REVISIONS, default=NEWEST_REVISION,
+                   help=f"contract revision (SPEC section 7) to judge the implementations under (default the newest,"
+                        f" {NEWEST_REVISION}); a registry entry that pins one (a mutant of one revision's rule) keeps its own")
     f.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N", help="run only shard K of N (0-based)")
     f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
     f.add_argument("--workers", type=positive_int, default=None,
@@ -65,7 +91,8 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
                    help="GPU exact mode: run cases under compute-sanitizer memcheck with the caching allocator "
                         "off; its reports become findings (slow)")
     f.add_argument("--contract", action="append", metavar="OP=CLASS,...",
-                   help="hold an external impl to this (weaker) contract instead of SPEC's must-reject list")
+                   help="hold an external impl to this (weaker) contract instead of SPEC's must-reject list "
+                        "(CLASS: the op's error-input classes; OP= alone: it promises to reject nothing)")
     f.add_argument("--ledger", metavar="FILE",
                    help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
                         "entries that matched nothing are printed as stale")
@@ -91,13 +118,16 @@ def executor_for(args: argparse.Namespace, *, table_ref: str):
 
 
 def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: str) -> dict[str, str]:
-    """op -> --impl reference, each resolved and loaded once here so mistakes surface as one line."""
+    """op -> --impl reference, each resolved and loaded once here (its signature checked against
+    the op's call) so mistakes surface as one line before any worker starts."""
     from mlafuzz.kernels.entry import ImplError
     from mlafuzz.kernels.registry import parse_impl_arg
 
     chosen: dict[str, str] = {}
     for text in texts or ():
         op, ref = parse_impl_arg(text, ops=session.table.names)
+        if op not in ops:
+            raise ImplError(f"--impl {text}: op {op!r} is not fuzzed in this run (ops: {', '.join(ops)})")
         chosen[op] = ref
     refs = {}
     for op in ops:
@@ -115,26 +145,89 @@ def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: 
     return refs
 
 
+def parse_contracts(texts: list[str] | None, table: Any) -> dict[str, tuple[str, ...]]:
+    """--contract OP=CLASS,... -> op -> classes, each class one of the op's error-input classes."""
+    rejects: dict[str, tuple[str, ...]] = {}
+    for text in texts or ():
+        op, sep, classes = text.partition("=")
+        if not sep or not op:
+            raise UsageError(f"mlafuzz: --contract {text!r}: expected OP=CLASS,... (OP= alone: rejects nothing)")
+        if op not in table:
+            raise UsageError(f"mlafuzz: --contract {text!r}: unknown op {op!r} (ops: {', '.join(table.names)})")
+        known = [k.name for k in table.get(op).invalid]
+        names = tuple(c for c in classes.split(",") if c)
+        bad = [c for c in names if c not in known]
+        if bad:
+            raise UsageError(f"mlafuzz: --contract {text!r}: op {op!r} has no error-input class {bad[0]!r}"
+                             f" (classes: {', '.join(known) or 'none'})")
+        rejects[op] = names
+    return rejects
+
+
+def read_spec(text: str, table: Any) -> Any:
+    """--spec: a spec JSON, a repro bundle's case.json, or a bundle folder; one line naming the file
+    when it is none of them."""
+    from mlafuzz.generators.spec import SpecError, spec_from_dict
+
+    path = Path(text)
+    if path.is_dir():
+        if not (path / "case.json").is_file():
+            raise UsageError(f"mlafuzz: --spec {text}: a folder without case.json (not a repro bundle)")
+        path = path / "case.json"
+    if not path.is_file():
+        raise UsageError(f"mlafuzz: --spec {text!r}: no such file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"mlafuzz: --spec {path}: not valid JSON ({' '.join(str(exc).split())})") from None
+    if isinstance(data, dict) and isinstance(data.get("spec"), dict) and "seed" in data and "impl" in data:
+        data = data["spec"]  # a bundle's case.json: its spec, in spec_to_dict form, is one field of it
+    try:
+        return spec_from_dict(data, types=table.spec_types)
+    except SpecError as exc:
+        raise UsageError(f"mlafuzz: --spec {path}: {exc}") from None
+
+
+def prepare_out(args: argparse.Namespace) -> tuple[Path, bool]:
+    """The run folder, checked before anything runs (nothing is created or removed yet): (path,
+    whether it holds an earlier run, which then is cleared or, with --resume, continued)."""
+    from mlafuzz.reports.rundir import RunDirError, check_writable, holds_run
+
+    explicit = args.out is not None
+    out = Path(args.out if explicit else DEFAULT_OUT)
+    try:
+        check_writable(out, what="--out" if explicit else f"the default run folder ./{DEFAULT_OUT}")
+    except RunDirError as exc:
+        raise UsageError(f"mlafuzz: {exc}") from None
+    used = holds_run(out)
+    if used and explicit and not (args.overwrite or args.resume):
+        raise UsageError(f"mlafuzz: --out {out} holds an earlier run (its findings would mix with this one's): "
+                         "pass --overwrite to replace it, --resume to go on with it, or another --out")
+    return out, used
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from mlafuzz.generators.draw import KNOB_PRESETS
-    from mlafuzz.generators.spec import spec_from_json
     from mlafuzz.harness.check.compare import Policy
     from mlafuzz.harness.check.session import Session
     from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard, fuzz
+    from mlafuzz.harness.drive.resume import ResumeError, load_resume
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
     from mlafuzz.harness.ledger import LedgerError, judge, load_ledger
     from mlafuzz.kernels.registry import parse_impl_arg
     from mlafuzz.reports import console
-    from mlafuzz.reports.progress import Progress
+    from mlafuzz.reports.progress import Progress, ShrinkProgress
+    from mlafuzz.reports.rundir import clear_run
 
+    out, used = prepare_out(args)
     table = table_from_ref(DEFAULT_TABLE)
     fixed_spec = None
     if args.spec:
-        path = Path(args.spec)
-        if not path.is_file():
-            raise UsageError(f"mlafuzz: --spec {args.spec!r}: no such file")
-        fixed_spec = spec_from_json(path.read_text(), types=table.spec_types)
+        fixed_spec = read_spec(args.spec, table)
         ops = [fixed_spec.op]
+        other = [op for op in args.op or () if op != fixed_spec.op]
+        if other:
+            raise UsageError(f"mlafuzz: --op {other[0]} does not apply: --spec {args.spec} is a {fixed_spec.op} case")
     elif args.op:
         ops = list(dict.fromkeys(args.op))
     elif args.impl:
@@ -148,21 +241,30 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         ledger = load_ledger(args.ledger) if args.ledger else None
     except LedgerError as exc:
         raise UsageError(f"mlafuzz: --ledger: {exc}") from None
-    rejects = {}
-    for text in args.contract or ():
-        op, _, classes = text.partition("=")
-        rejects[op] = tuple(c for c in classes.split(",") if c)
+    rejects = parse_contracts(args.contract, table)
     session = Session(table=table)
     config = FuzzConfig(ops=tuple(ops), impls=select_impls(session, args.impl, ops, args.device), device=args.device,
-                        cases=cases, budget=budget, seed=args.seed, out_dir=Path(args.out),
+                        cases=cases, budget=budget, seed=args.seed, out_dir=out,
                         knobs=KNOB_PRESETS[args.size], policy=Policy(ulp=args.ulp), fixed_spec=fixed_spec,
                         shard=Shard(index=args.shard[0], count=args.shard[1]), shrink_budget=args.shrink_budget,
-                        rejects=rejects, table=table)
+                        rejects=rejects, table=table, revision=args.revision,
+                        timeout=None if args.in_process or args.sanitizer else args.timeout)
+    resume = None
+    if used and args.resume:
+        try:
+            resume = load_resume(out, config.run_json())
+        except ResumeError as exc:
+            raise UsageError(f"mlafuzz: {exc}") from None
+    elif used:
+        removed = clear_run(out)
+        if not args.overwrite and not args.quiet:
+            print(console.cleared_line(out=str(out), removed=removed), file=sys.stderr)
     if not args.quiet:
         print(console.start_line(impls=config.impls, device=args.device, seed=args.seed, cases=cases, budget=budget,
-                                 out=str(config.out_dir)), file=sys.stderr)
+                                 out=str(config.out_dir), revision=config.revision,
+                                 resumed=resume.summary if resume else None), file=sys.stderr)
     seen: set = set()
-    found: list = []  # for the verdict
+    found: list = list(resume.findings) if resume is not None else []  # the verdict is the whole run's
 
     def show(finding) -> None:
         found.append(finding)
@@ -172,9 +274,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     executor = executor_for(args, table_ref=DEFAULT_TABLE)
     progress = Progress(budget=budget, quiet=args.quiet)
+    shrinking = ShrinkProgress(quiet=args.quiet)
     with terminate_like_interrupt():
         try:
-            summary = fuzz(config, executor=executor, on_finding=show, on_progress=progress)
+            summary = fuzz(config, executor=executor, on_finding=show, on_progress=progress, resume=resume,
+                           on_shrink=lambda event, facts: (progress.close(), shrinking(event, facts)))
         finally:
             progress.close()
             executor.close()

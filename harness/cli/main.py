@@ -1,7 +1,9 @@
 """The ``mlafuzz`` command line.
 
 Exit codes: 0 nothing found, 1 findings, 2 a usage or environment error (one
-line on stderr, never a traceback), 130 interrupted. Nothing heavy is imported
+line on stderr, never a traceback), 130 interrupted, 143 stopped by SIGTERM.
+Option values that start with '-' reach their option's own check
+(``join_dash_values``). Nothing heavy is imported
 until a command runs, so ``--help`` answers at once; a command that runs cases
 first settles the environment (``TRITON_INTERPRET``) for its device, before
 anything imports triton.
@@ -31,6 +33,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(op)
         for e in registry.entries(op=op):
             tag = f" [mutant, expects {e.expected_kind}]" if e.is_mutant else ""
+            if e.revision:  # judged under this contract revision whatever --revision says
+                tag += f" [revision {e.revision}]"
             missing = e.missing()
             need = f" (needs {', '.join(missing)}: not installed)" if missing else ""
             print(f"  {e.name:<28} devices={','.join(sorted(e.devices)):<9} {e.description}{tag}{need}")
@@ -69,10 +73,50 @@ def _prepare_environment(args: argparse.Namespace) -> None:
     prepare(args.device)
 
 
+def _options(parser: argparse.ArgumentParser) -> tuple[set[str], set[str]]:
+    """(every option string of the parser and its subcommands, those that take one value)."""
+    every: set[str] = set()
+    valued: set[str] = set()
+    for action in parser._actions:  # argparse keeps its actions there; it has no public view of them
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                e, v = _options(sub)
+                every |= e
+                valued |= v
+        elif action.option_strings:
+            every.update(action.option_strings)
+            if action.nargs is None:
+                valued.update(action.option_strings)
+    return every, valued
+
+
+def join_dash_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """``--shard -1/2`` as ``--shard=-1/2``: argparse takes a value that starts with '-' (and is not
+    a negative number) for an option and says 'expected one argument'; joined, the value reaches
+    the option's own type, whose one line says what is wrong with it."""
+    every, valued = _options(parser)
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok == "--":
+            out += args[i:]
+            break
+        nxt = args[i + 1] if i + 1 < len(args) else None
+        if tok in valued and nxt is not None and nxt.startswith("-") and nxt != "-" and nxt.split("=")[0] not in every:
+            out.append(f"{tok}={nxt}")
+            i += 2
+            continue
+        out.append(tok)
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(join_dash_values(parser, sys.argv[1:] if argv is None else argv))
         from mlafuzz.harness.drive.environment import EnvironmentProblem
 
         try:

@@ -35,8 +35,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.output in (None, "-"):
         sys.stdout.write(text)
         return EXIT_OK
+    output = Path(args.output)
+    if output.is_dir():
+        raise _usage(f"mlafuzz report: -o {args.output}: is a folder; name the file to write")
+    if not output.parent.is_dir():  # a mistyped path is refused, never created
+        raise _usage(f"mlafuzz report: -o {args.output}: folder {output.parent} does not exist")
     try:
-        atomic_write(Path(args.output), text)
+        atomic_write(output, text)
     except OSError as exc:
         raise _usage(f"mlafuzz report: -o {args.output}: cannot write: {exc.strerror or exc}") from None
     print(f"mlafuzz: {args.format} report of {args.run_dir} -> {args.output}", file=sys.stderr)
@@ -53,10 +58,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
         raise _usage(f"mlafuzz {exc}") from None
     except OSError as exc:
         raise _usage(f"mlafuzz merge: --out {args.out}: cannot write: {exc.strerror or exc}") from None
-    s = result.summary
-    print(f"mlafuzz: merged {result.shards} run directories into {result.out}: {s['cases']} cases,"
-          f" {s['findings']} findings in {s['buckets']} buckets ({result.findings_lines} findings lines)"
-          f"{' [partial: a shard has no summary.json]' if s.get('partial') else ''}")
+    from mlafuzz.reports.console import merge_lines
+
+    for line in merge_lines(result):
+        print(line)
     return EXIT_OK
 
 
@@ -76,8 +81,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     m = subparsers.add_parser(
         "merge", help="merge shard run directories into one",
-        description="Concatenate the findings of shard run directories (nothing deduplicated, each line keeps "
-        "its shard), sum their summary counts, and write OUT/findings.jsonl and OUT/summary.json.")
+        description="Concatenate the findings of the shard run directories of one run (each line keeps its "
+        "shard), sum their summary counts, and write OUT/findings.jsonl and OUT/summary.json. Shards with "
+        "different seeds or K/N schemes are refused; a directory that repeats another's cases (same seed, "
+        "shard, ops and implementations) is dropped, with a line saying so.")
     m.add_argument("run_dirs", nargs="+", metavar="DIR", help="shard run directories")
     m.add_argument("--out", required=True, metavar="DIR", help="merged run directory (created)")
     m.set_defaults(func=cmd_merge)

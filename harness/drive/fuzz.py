@@ -7,7 +7,11 @@ case space into disjoint, deterministic slices: shard K owns the rounds of
 ``len(ops)`` consecutive cases numbered K mod N, so every shard fuzzes every op
 in the unsharded mix, and the shards together are the unsharded run.
 Findings are appended to findings.jsonl as they arrive; new buckets are shrunk
-and written as repro bundles after the main loop.
+and written as repro bundles after the main loop. findings.jsonl keeps at most
+``MAX_LINES_PER_BUCKET`` lines of a bucket (a broken implementation fails every
+case); summary.json's ``bucket_counts`` holds every bucket's full count, which
+is what reports count. A run goes on in its folder with ``resume`` (resume.py):
+summary.json says where it stopped.
 
 An error-input class that crashes a worker for an implementation is reported
 once (a CRASH naming the class) and quarantined for that implementation for
@@ -29,13 +33,19 @@ from typing import Any, Callable, Mapping
 from mlafuzz.generators.draw import Knobs
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.check.compare import Policy
+from mlafuzz.harness.drive.resume import Resume
+from mlafuzz.harness.drive.shrink import ShrinkResult, evaluate_sync, shrink
 from mlafuzz.harness.drive.tasks import Task, TaskResult
 from mlafuzz.harness.drive.workers import Executor
+from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.reports.atomic import atomic_write
+from mlafuzz.reports.bundle import replay_command, slug, write_bundle
 from mlafuzz.reports.findings import Finding, Kind, Severity
 from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlSink
+from mlafuzz.reports.model import BUCKET_SEP
+from mlafuzz.reports.model import bucket_counts as read_bucket_counts
 
 MAX_LINES_PER_BUCKET = 50  # a broken impl fails every case; keep the file readable
 
@@ -83,6 +93,8 @@ class FuzzConfig:
     shrink_budget: float = 0.0  # seconds per new bucket; 0: no shrinking and no bundles
     rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # weaker contracts per op
     table: OpTable = OPS
+    revision: str = NEWEST_REVISION  # the contract revision (SPEC 7) cases are judged under; an entry's pin wins
+    timeout: float | None = None  # the executor's per-case limit: recorded in bundles, bounds TIMEOUT shrinks
 
     def __post_init__(self) -> None:
         if self.cases is None and self.budget is None:
@@ -90,6 +102,16 @@ class FuzzConfig:
         missing = [op for op in self.ops if op not in self.impls]
         if missing:
             raise ValueError(f"FuzzConfig: ops={missing!r} have no implementation selected")
+
+    def run_json(self) -> dict[str, Any]:
+        """run.json: the run's configuration; resume.CASE_KEYS of it decide what case i is."""
+        return {"ops": list(self.ops), "impls": dict(self.impls), "device": self.device, "seed": self.seed,
+                "shard": f"{self.shard.index}/{self.shard.count}", "cases": self.cases, "budget": self.budget,
+                "ulp": self.policy.ulp, "knobs": dataclasses.asdict(self.knobs),
+                "spec": spec_to_dict(self.fixed_spec) if self.fixed_spec is not None else None,
+                "rejects": {op: list(v) for op, v in sorted(self.rejects.items())},
+                "rerun_every": self.rerun_every, "contract_every": self.contract_every, "timeout": self.timeout,
+                "revision": self.revision}
 
     def task(self, i: int, *, held: frozenset[tuple[str, str, str]] = frozenset()) -> Task:
         """Case i: its op, seed, error-input class and re-run are pure functions of (seed, i), the
@@ -108,7 +130,7 @@ class FuzzConfig:
             contract = next((c for c in turn if (op, self.impls[op], c) not in held), None)
         return Task(index=i, op=op, seed=seed, spec=spec, knobs=self.knobs, impl_ref=self.impls[op],
                     device=self.device, ulp=self.policy.ulp, rerun=bool(self.rerun_every) and r % self.rerun_every == 0,
-                    contract=contract, rejects=self.rejects.get(op))
+                    contract=contract, rejects=self.rejects.get(op), revision=self.revision)
 
 
 @dataclass(kw_only=True)
@@ -127,6 +149,12 @@ class FuzzSummary:
     terminated: bool = False  # the interruption was a SIGTERM (CI's cancel)
     quarantined: set = field(default_factory=set)  # (op, impl, error-input class) that crashed a worker
     quarantined_crashes: int = 0  # crashes of a quarantined class after its first (queued before it was held)
+    worker_restarts: int = 0  # workers replaced while the cases ran (shrinking's own not counted)
+    bucket_counts: collections.Counter = field(default_factory=collections.Counter)  # dedup key -> findings
+    known: frozenset = frozenset()  # error buckets of the run's earlier sessions (--resume): not shrunk again
+    next_case: int = 0  # the next case index the run would look at
+    unfinished: tuple[int, ...] = ()  # cases in flight when the run stopped: a resume runs them first
+    sessions: int = 1
 
     @property
     def rate(self) -> float:
@@ -135,11 +163,33 @@ class FuzzSummary:
     def to_json(self) -> dict[str, Any]:
         return {"cases": self.cases, "skipped": self.skipped, "per_op": dict(self.per_op),
                 "by_kind": dict(self.by_kind), "coverage": dict(self.coverage), "findings": self.findings,
-                "infos": self.infos, "buckets": len(self.buckets), "bundles": self.bundles,
+                "infos": self.infos, "buckets": len(set(self.buckets) | self.known), "bundles": self.bundles,
+                "bucket_counts": {BUCKET_SEP.join(k): n for k, n in self.bucket_counts.items()},
                 "seconds": round(self.seconds, 3), "cases_per_second": round(self.rate, 3),
                 "interrupted": self.interrupted, "terminated": self.terminated,
                 "quarantined": [list(k) for k in sorted(self.quarantined)],
-                "quarantined_crashes": self.quarantined_crashes}
+                "quarantined_crashes": self.quarantined_crashes, "worker_restarts": self.worker_restarts,
+                "next_case": self.next_case, "unfinished": list(self.unfinished), "sessions": self.sessions}
+
+    @classmethod
+    def resumed(cls, resume: Resume) -> FuzzSummary:
+        """The counts of a run's earlier sessions, to go on adding to."""
+        s = resume.summary
+
+        def counter(key: str) -> collections.Counter:
+            value = s.get(key)
+            return collections.Counter({k: v for k, v in value.items() if isinstance(v, int)}
+                                       if isinstance(value, Mapping) else {})
+
+        return cls(cases=int(s.get("cases", 0)), skipped=int(s.get("skipped", 0)), per_op=counter("per_op"),
+                   by_kind=counter("by_kind"), coverage=counter("coverage"), findings=int(s.get("findings", 0)),
+                   infos=int(s.get("infos", 0)), bundles=list(s.get("bundles") or ()),
+                   seconds=float(s.get("seconds", 0.0)),
+                   quarantined={tuple(k) for k in s.get("quarantined") or () if len(k) == 3},
+                   quarantined_crashes=int(s.get("quarantined_crashes", 0)),
+                   worker_restarts=int(s.get("worker_restarts", 0)),
+                   bucket_counts=collections.Counter(read_bucket_counts(s)),
+                   known=resume.known_buckets, next_case=resume.next_case, sessions=int(s.get("sessions", 1)) + 1)
 
 
 class Recorder:
@@ -148,7 +198,6 @@ class Recorder:
     def __init__(self, sink: JsonlSink, summary: FuzzSummary, on_finding: Callable[[Finding], None] | None,
                  executor: Executor) -> None:
         self.sink, self.summary, self.on_finding, self.executor = sink, summary, on_finding, executor
-        self.per_bucket: collections.Counter = collections.Counter()
 
     def _quarantine(self, f: Finding) -> bool:
         """True when ``f`` repeats a crash of an already quarantined class (it is then only
@@ -178,13 +227,14 @@ class Recorder:
             if f.severity is Severity.ERROR:
                 s.findings += 1
                 s.by_kind[f.kind.value] += 1
-                if f.dedup_key not in s.buckets:  # the task as it ran, its spec written out for shrinking
+                if f.dedup_key not in s.buckets and f.dedup_key not in s.known:
+                    # the task as it ran, its spec written out for shrinking
                     spec = result.spec if result.spec is not None else task.spec
                     s.buckets[f.dedup_key] = (dataclasses.replace(task, spec=spec) if spec is not None else task, f)
             else:
                 s.infos += 1
-            self.per_bucket[f.dedup_key] += 1
-            if self.per_bucket[f.dedup_key] <= MAX_LINES_PER_BUCKET:
+            s.bucket_counts[f.dedup_key] += 1
+            if s.bucket_counts[f.dedup_key] <= MAX_LINES_PER_BUCKET:
                 line = f.to_json()
                 line["extra"] = {**line["extra"], "features": sorted(result.features)}  # for reports' coverage
                 self.sink.write(line)
@@ -192,29 +242,25 @@ class Recorder:
                 self.on_finding(f)
 
 
-def evaluate_sync(executor: Executor, task: Task) -> TaskResult:
-    """Run one task to completion on an otherwise idle executor."""
-    while not executor.free_slots():
-        executor.wait(0.05)
-    executor.submit(task)
-    while True:
-        for done_task, result in executor.wait(0.05):
-            if done_task.index == task.index and done_task.spec == task.spec:
-                return result
-
-
 def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Finding], None] | None = None,
          on_progress: Callable[[dict[str, Any], float], None] | None = None,
-         stop_when: Callable[[FuzzSummary], bool] | None = None) -> FuzzSummary:
-    """Run until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl."""
+         stop_when: Callable[[FuzzSummary], bool] | None = None, resume: Resume | None = None,
+         on_shrink: Callable[[str, dict[str, Any]], None] | None = None) -> FuzzSummary:
+    """Run until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl.
+    ``resume``: the run's earlier sessions in out_dir, continued (their counts kept, their cases
+    not run again); ``on_shrink`` hears the shrinking of each new bucket (see shrink_and_bundle)."""
     config.out_dir.mkdir(parents=True, exist_ok=True)
-    run = {"ops": list(config.ops), "impls": dict(config.impls), "device": config.device, "seed": config.seed,
-           "shard": f"{config.shard.index}/{config.shard.count}", "cases": config.cases, "budget": config.budget,
-           "ulp": config.policy.ulp}
-    atomic_write(config.out_dir / "run.json", json.dumps(run, indent=2) + "\n")
-    summary = FuzzSummary()
+    atomic_write(config.out_dir / "run.json", json.dumps(config.run_json(), indent=2) + "\n")
+    summary = FuzzSummary.resumed(resume) if resume is not None else FuzzSummary()
+    if summary.quarantined:
+        executor.quarantine(frozenset(summary.quarantined))
+    base_seconds = summary.seconds
+    restarts_before = executor.restarts() - summary.worker_restarts  # an executor may outlive a run (mutants)
     start = time.monotonic()
-    index = submitted = 0
+    pending = collections.deque(resume.unfinished if resume is not None else ())  # run first, in order
+    index = max(summary.next_case, 0)
+    submitted = 0
+    in_flight: set[int] = set()
     with JsonlSink(config.out_dir / FINDINGS_FILE) as sink:
         recorder = Recorder(sink, summary, on_finding, executor)
         try:
@@ -224,10 +270,14 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
                     stop_when is not None and stop_when(summary))
                 while (budget_left and (config.cases is None or submitted < config.cases)
                        and executor.free_slots()):
-                    while not config.shard.owns(index, ops=len(config.ops)):
-                        index += 1
-                    executor.submit(config.task(index, held=frozenset(summary.quarantined)))
-                    index += 1
+                    if pending:
+                        i = pending.popleft()
+                    else:
+                        while not config.shard.owns(index, ops=len(config.ops)):
+                            index += 1
+                        i, index = index, index + 1
+                    in_flight.add(i)
+                    executor.submit(config.task(i, held=frozenset(summary.quarantined)))
                     submitted += 1
                 more = budget_left and (config.cases is None or submitted < config.cases)
                 if stop_when is not None and stop_when(summary):
@@ -235,20 +285,25 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
                 if not more and not executor.in_flight():
                     break
                 for task, result in executor.wait(0.1):
+                    in_flight.discard(task.index)
                     recorder.record(task, result)
+                summary.worker_restarts = executor.restarts() - restarts_before
                 if on_progress:
-                    summary.seconds = time.monotonic() - start
-                    on_progress(summary.to_json(), summary.seconds)
+                    summary.seconds = base_seconds + time.monotonic() - start
+                    on_progress(summary.to_json(), time.monotonic() - start)
         except KeyboardInterrupt as exc:
             summary.interrupted = True
             summary.terminated = isinstance(exc, Terminated)
-        summary.seconds = time.monotonic() - start
+        summary.seconds = base_seconds + time.monotonic() - start
+        summary.next_case = index
+        summary.unfinished = tuple(sorted(in_flight | set(pending)))
         _write_summary(config, summary)
         if config.shrink_budget > 0 and not summary.interrupted:
             try:
-                shrink_and_bundle(config, summary, executor)
-            except KeyboardInterrupt:
+                shrink_and_bundle(config, summary, executor, on_shrink=on_shrink)
+            except KeyboardInterrupt as exc:
                 summary.interrupted = True
+                summary.terminated = isinstance(exc, Terminated)
             _write_summary(config, summary)
     return summary
 
@@ -257,34 +312,60 @@ def _write_summary(config: FuzzConfig, summary: FuzzSummary) -> None:
     atomic_write(config.out_dir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
 
 
-def shrink_and_bundle(config: FuzzConfig, summary: FuzzSummary, executor: Executor) -> None:
-    from mlafuzz.harness.drive.shrink import shrink
-    from mlafuzz.reports.bundle import replay_command, slug, write_bundle
-
+def shrink_and_bundle(config: FuzzConfig, summary: FuzzSummary, executor: Executor, *,
+                      on_shrink: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+    """Shrink each new bucket within ``config.shrink_budget`` and write its repro bundle.
+    ``on_shrink(event, facts)`` hears "start" (bucket, number, of, budget), "step" (attempts,
+    accepted, size: after each attempt) and "done" (attempts, accepted, seconds, size, complete)."""
     table = config.table
-    for key, (task, finding) in list(summary.buckets.items()):
-        if finding.cause == "harness_error":
-            continue
-        result = shrink(task=task.with_spec(table), finding=finding, evaluate=lambda t: evaluate_sync(executor, t),
-                        budget=config.shrink_budget, table=table)
-        small = result.task
-        spec = table.decode(small.spec)
-        size = table.get(small.op).size(spec)
-        # The loop oracle confirms the minimized case (the vectorized one found it).
-        verified = None
-        if finding.kind not in (Kind.CRASH, Kind.TIMEOUT):
-            check = evaluate_sync(executor, dataclasses.replace(small, slow_oracle=True, index=-1))
-            verified = any(f.kind == finding.kind and f.cause == finding.cause for f in check.findings)
-        case = table.materialize(spec, small.seed, "cpu")
-        name = "-".join(key)
-        path = config.out_dir / "bundles" / slug(name)
-        final = dataclasses.replace(result.finding, repro=replay_command(path))
-        write_bundle(root=config.out_dir / "bundles", name=name, op=small.op, spec=small.spec, seed=small.seed,
-                     impl=small.impl_ref, device=config.device, ulp=small.ulp, rerun=small.rerun,
-                     contract=small.contract, finding=final, inputs=case.generated_tensors(),
-                     extra={"shrink": {"attempts": result.attempts, "accepted": result.accepted,
-                                       "seconds": round(result.seconds, 2), "size": size,
-                                       "loop_oracle_agrees": verified},
-                            "zero_blocks": dict(case.zero_blocks)})
-        summary.bundles.append({"bucket": list(key), "path": str(path), "replay": final.repro,
-                                "size": size, "shrink_seconds": round(result.seconds, 2)})
+    todo = [(key, task, finding) for key, (task, finding) in summary.buckets.items()
+            if finding.cause != "harness_error"]
+    for number, (key, task, finding) in enumerate(todo, 1):
+        if on_shrink is not None:
+            on_shrink("start", {"bucket": key, "number": number, "of": len(todo), "budget": config.shrink_budget})
+
+        def step(attempts: int, accepted: int, spec: dict[str, Any], op: str = task.op) -> None:
+            if on_shrink is not None:
+                on_shrink("step", {"attempts": attempts, "accepted": accepted,
+                                   "size": table.get(op).size(table.decode(spec))})
+
+        result = shrink(task=task.with_spec(table), finding=finding,
+                        evaluate=lambda t, deadline: evaluate_sync(executor, t, deadline=deadline),
+                        budget=config.shrink_budget, table=table, on_step=step,
+                        attempt_seconds=config.timeout if finding.kind is Kind.TIMEOUT else 0.0)
+        _bundle(config, summary, executor, key=key, finding=finding, result=result)
+        if on_shrink is not None:
+            limit = config.timeout if finding.kind is Kind.TIMEOUT else None
+            note = (f"a TIMEOUT shows only after --timeout {limit:g} s, more than the {config.shrink_budget:g} s"
+                    " shrink budget: bundled as found" if limit is not None and not result.attempts else "")
+            on_shrink("done", {"bucket": key, "attempts": result.attempts, "accepted": result.accepted,
+                               "seconds": result.seconds, "size": summary.bundles[-1]["size"],
+                               "complete": result.complete, "note": note})
+
+
+def _bundle(config: FuzzConfig, summary: FuzzSummary, executor: Executor, *, key: tuple, finding: Finding,
+            result: ShrinkResult) -> None:
+    """The repro bundle of a shrunk bucket, and its line in summary.json's ``bundles``."""
+    table = config.table
+    small = result.task
+    spec = table.decode(small.spec)
+    size = table.get(small.op).size(spec)
+    # The loop oracle confirms the minimized case (the vectorized one found it).
+    verified = None
+    if finding.kind not in (Kind.CRASH, Kind.TIMEOUT):
+        check = evaluate_sync(executor, dataclasses.replace(small, slow_oracle=True, index=-1))
+        verified = check is not None and any(f.kind == finding.kind and f.cause == finding.cause
+                                             for f in check.findings)
+    case = table.materialize(spec, small.seed, "cpu")
+    name = "-".join(key)
+    path = config.out_dir / "bundles" / slug(name)
+    final = dataclasses.replace(result.finding, repro=replay_command(path))
+    write_bundle(root=config.out_dir / "bundles", name=name, op=small.op, spec=small.spec, seed=small.seed,
+                 impl=small.impl_ref, device=config.device, ulp=small.ulp, rerun=small.rerun,
+                 contract=small.contract, finding=final, inputs=case.generated_tensors(), timeout=config.timeout,
+                 extra={"shrink": {"attempts": result.attempts, "accepted": result.accepted,
+                                   "seconds": round(result.seconds, 2), "size": size,
+                                   "complete": result.complete, "loop_oracle_agrees": verified},
+                        "zero_blocks": dict(case.zero_blocks)})
+    summary.bundles.append({"bucket": list(key), "path": str(path), "replay": final.repro,
+                            "size": size, "shrink_seconds": round(result.seconds, 2)})

@@ -1,8 +1,15 @@
 """The harness proves its power on the catalog of planted bugs (``mlafuzz mutants``).
 
 Each mutant is fuzzed until it draws its expected finding kind, or its budget
-(seconds, or cases) runs out; the correct implementations are fuzzed in the
-same run and must draw nothing.
+(seconds, or cases) runs out; a mutant of one contract revision's rule is
+judged under it (its entry's pin). The correct implementations are fuzzed in
+the same run and must draw nothing, under every revision they follow (our
+writers: both), else under the newest. A mutant expected to crash or hang its
+process runs on an isolated executor (worker processes) even where the rest run
+in this process. A mutant marked ``awaits`` (its bug only shows on inputs the
+generators do not draw yet) that survives is reported as awaiting, not as
+survived. Each gets its own run folder under ``out``, cleared first: a catalog
+run replaces the last one, never appends to it.
 """
 
 from __future__ import annotations
@@ -11,11 +18,16 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from mlafuzz.generators.draw import SMALL
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz, shrink_and_bundle
 from mlafuzz.harness.drive.workers import Executor
+from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
+from mlafuzz.reports.rundir import clear_run
+
+ISOLATED_KINDS = frozenset({"CRASH", "TIMEOUT"})  # what a mutant can only show by taking its process down
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,39 +40,56 @@ class MutantResult:
     cases: int
     seconds: float
     size: str
+    awaits: str | None = None  # the catalog's mark: the inputs its bug needs are not drawn yet
+
+    @property
+    def failed(self) -> bool:
+        """Survived although the drawn inputs should have killed it."""
+        return not self.killed and self.awaits is None
 
 
 def run_mutants(*, session: Session, ops: list[str], device: str, budget: float | None, cases: int | None,
-                out: Path, seed: int, shrink_budget: float, executor: Executor) -> tuple[list[MutantResult], list[str]]:
-    """(one result per mutant that runs here, the problems of the correct implementations)."""
+                out: Path, seed: int, shrink_budget: float, executor: Executor,
+                isolated: Callable[[], Executor] | None = None) -> tuple[list[MutantResult], list[str]]:
+    """(one result per mutant that runs here, the problems of the correct implementations).
+    ``isolated``: the executor for mutants expected to crash or hang, asked for when the first one
+    runs (None: ``executor`` isolates its cases already)."""
     results = []
     kind = device.split(":")[0]
     for entry in session.registry.entries(mutants=True):
         if entry.op not in ops or kind not in entry.devices or entry.missing():
             continue
         expected = entry.expected_kind or ""
+        runner = isolated() if isolated is not None and expected in ISOLATED_KINDS else executor
         config = FuzzConfig(ops=(entry.op,), impls={entry.op: entry.name}, device=device, budget=budget, cases=cases,
                             seed=seed, out_dir=out / entry.name, knobs=SMALL, shrink_budget=0.0, table=session.table)
+        clear_run(config.out_dir)
         start = time.monotonic()
         # The executor (and its warm workers) is shared by every mutant.
-        summary = fuzz(config, executor=executor, stop_when=lambda s: expected in s.by_kind)
+        summary = fuzz(config, executor=runner, stop_when=lambda s: expected in s.by_kind)
         seconds = time.monotonic() - start
         size = ""
         if expected in summary.by_kind and shrink_budget > 0:
             summary.buckets = {key: v for key, v in summary.buckets.items() if key[0] == expected}
-            shrink_and_bundle(dataclasses.replace(config, shrink_budget=shrink_budget), summary, executor)
+            shrink_and_bundle(dataclasses.replace(config, shrink_budget=shrink_budget), summary, runner)
             if summary.bundles:
                 size = ", ".join(f"{k} {v}" for k, v in summary.bundles[0]["size"].items())
         results.append(MutantResult(op=entry.op, name=entry.name, expected=expected,
                                     killed=expected in summary.by_kind, found=tuple(sorted(summary.by_kind)),
-                                    cases=summary.cases, seconds=seconds, size=size))
-    # The correct implementations, same run, same budget: they must stay clean.
+                                    cases=summary.cases, seconds=seconds, size=size, awaits=entry.awaits))
+    # The correct implementations, same run, same budget per revision: they must stay clean.
     clean_problems = []
     for op in ops:
         ref = session.default_ref(op, device)
-        config = FuzzConfig(ops=(op,), impls={op: ref}, device=device, budget=budget, cases=cases, seed=seed,
-                            out_dir=out / f"correct-{op}", knobs=SMALL, table=session.table)
-        summary = fuzz(config, executor=executor)
-        if summary.findings:
-            clean_problems.append(f"{op}={ref}: {summary.findings} findings ({', '.join(sorted(summary.by_kind))})")
+        entry = session.entry(op, ref)
+        revisions = [r for r in REVISIONS if entry.revisions and r in entry.revisions] or [NEWEST_REVISION]
+        for revision in revisions:
+            name = f"correct-{op}" if len(revisions) == 1 else f"correct-{op}-{revision}"
+            config = FuzzConfig(ops=(op,), impls={op: ref}, device=device, budget=budget, cases=cases, seed=seed,
+                                out_dir=out / name, knobs=SMALL, table=session.table, revision=revision)
+            clear_run(config.out_dir)
+            summary = fuzz(config, executor=executor)
+            if summary.findings:
+                clean_problems.append(f"{op}={ref} (revision {revision}): {summary.findings} findings"
+                                      f" ({', '.join(sorted(summary.by_kind))})")
     return results, clean_problems

@@ -70,6 +70,7 @@ class SanitizerExecutor:
         self._device, self._batch, self._timeout = device, batch, timeout
         self._pending: list[Task] = []
         self._held: frozenset[tuple[str, str, str]] = frozenset()
+        self._restarts = 0  # children that died with cases of their batch left to run
 
     def free_slots(self) -> int:
         return max(0, self._batch - len(self._pending))
@@ -92,7 +93,13 @@ class SanitizerExecutor:
         while batch:
             done, batch = self._run_child(batch)
             out += done
+            self._restarts += bool(batch)
         return out
+
+    def restarts(self) -> int:
+        return self._restarts
+    def cancel(self) -> None:
+        self._pending = []
 
     def close(self) -> None:
         self._pending = []

@@ -8,6 +8,11 @@ restarts from it, until no proposal helps or the time budget is spent. The
 seed is kept, so every step is deterministic. (Hypothesis's own shrinker works
 on its choice sequence; our fuzz cases come from a seeded drawer, so we shrink
 the spec directly, with the same strategy.)
+
+The budget holds: every attempt runs under the time left (a worker still busy
+when it runs out is replaced, its attempt dropped), and an attempt that could
+not conclude in time is not started (a TIMEOUT shows only after the run's
+per-case limit, so with less time left than that the shrink stops).
 """
 
 from __future__ import annotations
@@ -15,12 +20,35 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.drive.tasks import Task, TaskResult
+from mlafuzz.harness.drive.workers import Executor
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.reports.findings import Finding
+
+Evaluate = Callable[[Task, float], "TaskResult | None"]  # (task, deadline on time.monotonic()) -> result
+
+
+def evaluate_sync(executor: Executor, task: Task, *, deadline: float | None = None) -> TaskResult | None:
+    """Run one task to completion on an otherwise idle executor; None when ``deadline`` (a
+    ``time.monotonic()`` value) passes first: the task is then dropped (``Executor.cancel``)."""
+    def late() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    while not executor.free_slots():
+        if late():
+            return None
+        executor.wait(0.05)
+    executor.submit(task)
+    while True:
+        for done_task, result in executor.wait(0.05):
+            if done_task.index == task.index and done_task.spec == task.spec:
+                return result
+        if late():
+            executor.cancel()
+            return None
 
 
 def same_finding(a: Finding, b: Finding) -> bool:
@@ -34,30 +62,45 @@ class ShrinkResult:
     attempts: int
     accepted: int
     seconds: float
+    complete: bool  # no simpler proposal reproduces (False: the budget ended the search)
 
 
-def shrink(*, task: Task, finding: Finding, evaluate: Callable[[Task], TaskResult], budget: float,
-           table: OpTable) -> ShrinkResult:
+def shrink(*, task: Task, finding: Finding, evaluate: Evaluate, budget: float, table: OpTable,
+           attempt_seconds: float = 0.0, on_step: Callable[[int, int, dict[str, Any]], None] | None = None
+           ) -> ShrinkResult:
     """The smallest task found within ``budget`` seconds that still shows ``finding`` (``task``
-    carries its spec dict)."""
+    carries its spec dict). ``attempt_seconds``: the least time an attempt needs to show the
+    finding (a TIMEOUT's limit); ``on_step(attempts, accepted, spec)`` hears every attempt."""
     start = time.monotonic()
+    deadline = start + budget
     best_task, best_finding = task, finding
     attempts = accepted = 0
-    improved = True
+    improved, complete = True, False
     reduce = table.get(task.op).reduce
-    while improved and time.monotonic() - start < budget:
+
+    def time_for_one() -> bool:
+        return deadline - time.monotonic() > attempt_seconds
+
+    while improved and time_for_one():
         improved = False
         spec = table.decode(best_task.spec)
         for candidate in reduce(spec):
-            if time.monotonic() - start >= budget:
+            if not time_for_one():
                 break
             attempts += 1
             trial = dataclasses.replace(best_task, spec=spec_to_dict(candidate))
-            result = evaluate(trial)
+            result = evaluate(trial, deadline)
+            if result is None:  # out of time mid-attempt
+                break
             match = next((f for f in result.findings if same_finding(f, finding)), None)
             if match is not None:
                 best_task, best_finding, improved = trial, match, True
                 accepted += 1
+            if on_step is not None:
+                on_step(attempts, accepted, best_task.spec)
+            if improved:
                 break
+        else:
+            complete = not improved  # every proposal tried, none reproduced: a local minimum
     return ShrinkResult(task=best_task, finding=best_finding, attempts=attempts, accepted=accepted,
-                        seconds=time.monotonic() - start)
+                        seconds=time.monotonic() - start, complete=complete)

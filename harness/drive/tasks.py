@@ -6,6 +6,19 @@ session) and the spec either as its dict (shrinking, replay, ``--spec``) or
 not at all: then the worker draws it from (op, seed, knobs), as the parent
 would, so a run's parent never builds or decodes a spec per case.
 ``execute`` is the same function in-process and in a worker.
+
+Two things a case takes from its implementation, settled in ``execute``:
+
+- its contract revision (SPEC section 7): the entry's pin, else the run's
+  (``Task.revision``, default the newest). It goes into the case's params, so
+  the op's oracle, the fused checks and the call (an entry that follows
+  revisions is loaded bound to it) all see the same one, and every finding
+  records it;
+- a drawn spec's optional features: the op row's ``fit`` leaves out what the
+  implementation lacks (convert's block stride and compaction, drawn for all),
+  so no drawn case is wasted on a skip. A spec given whole (``--spec``,
+  shrinking, replay) is never changed: a capability it needs and the
+  implementation lacks makes the case a counted skip (``Op.needs``).
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ from mlafuzz.harness.check.contracts import check_contract
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.run import run_case
 from mlafuzz.harness.memory.cuda_errors import looks_like_cuda_error
+from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.reports.findings import Finding, Kind
 
@@ -42,6 +56,7 @@ class Task:
     contract: str | None = None  # an invalid-input class to check as well
     rejects: tuple[str, ...] | None = None  # a weaker contract given on the command line
     slow_oracle: bool = False
+    revision: str | None = None  # the run's contract revision (None: the newest); an entry's pin wins
 
     def spec_obj(self, table: OpTable) -> Any:
         """The task's spec (decoded, or drawn from its seed)."""
@@ -81,13 +96,21 @@ def execute(task: Task, session: Session, *, on_phase: Callable[[str], None] | N
     worker publishes them, so a crash is charged to the part that caused it)."""
     start = time.perf_counter()
     called = False  # whether an implementation's call has been made (a CUDA error after it is its own)
+    revision = task.revision
     try:
         table = session.table
         op = table.get(task.op)
-        spec = task.spec_obj(table)
-        features = tuple(sorted(op.features(spec)))
         entry = session.entry(task.op, task.impl_ref, rejects=task.rejects)
+        revision = entry.judged_under(task.revision or NEWEST_REVISION)
+        if not entry.follows(revision):
+            return TaskResult(skipped=f"impl does not follow contract revision {revision}",
+                              seconds=time.perf_counter() - start)
+        spec = task.spec_obj(table)
+        if task.spec is None and op.fit is not None:
+            spec = op.fit(spec, entry.capabilities)
+        features = tuple(sorted(op.features(spec)))
         case = op.materialize(spec, seed=task.seed, device=task.device)
+        case = dataclasses.replace(case, params={**case.params, "revision": revision})
         if on_phase is not None:
             on_phase("valid")
         called = True
@@ -97,20 +120,21 @@ def execute(task: Task, session: Session, *, on_phase: Callable[[str], None] | N
         if task.contract and not result.skipped:
             if on_phase is not None:
                 on_phase(f"contract:{task.contract}")
-            extra = check_contract(op=op, case=case, entry=entry, fn=session.load(entry, task.device),
+            extra = check_contract(op=op, case=case, entry=entry,
+                                   fn=session.load(entry, task.device, revision=revision),
                                    klass=op.invalid_class(task.contract), sub=session.sub(task.device),
                                    ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
                                    redzone=session.redzone)
             spec_dict = spec_to_dict(spec)
-            findings += [dataclasses.replace(f, seed=task.seed, spec=spec_dict) for f in extra]
+            findings += [dataclasses.replace(f, seed=task.seed, spec=spec_dict, revision=revision) for f in extra]
         return TaskResult(findings=tuple(findings), skipped=result.skipped, seconds=time.perf_counter() - start,
                           features=features, spec=spec_to_dict(spec) if findings and task.spec is None else None)
     except Exception as exc:
-        return TaskResult(findings=(_unexpected(task, session, exc, called=called),),
+        return TaskResult(findings=(_unexpected(task, session, exc, called=called, revision=revision),),
                           seconds=time.perf_counter() - start)
 
 
-def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool) -> Finding:
+def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool, revision: str | None) -> Finding:
     """The finding for an exception that escaped a case. A CUDA error after an implementation's
     call is that call's (a pending launch error or a fault it caused surfacing in a harness op);
     anything else with no call in flight is the harness's own bug: loud, and the run goes on."""
@@ -122,11 +146,11 @@ def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool) -
         spec, case_id = task.spec, f"{task.op}-{task.seed}"
     if called and looks_like_cuda_error(exc):
         return Finding(kind=Kind.LAUNCH_ERROR, op=task.op, impl=task.impl_ref, case_id=case_id, seed=task.seed,
-                       spec=spec, cause="cuda_error_after_call",
+                       spec=spec, cause="cuda_error_after_call", revision=revision,
                        message=f"a CUDA error surfaced after the implementation's call, in the harness's next "
                                f"CUDA operation: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}",
                        extra={"traceback": tb})
     return Finding(kind=Kind.CRASH, op=task.op, impl=task.impl_ref, case_id=case_id, cause="harness_error",
-                   seed=task.seed, spec=spec,
+                   seed=task.seed, spec=spec, revision=revision,
                    message=f"harness error (not the implementation's fault): {type(exc).__name__}: {exc}",
                    extra={"traceback": tb})

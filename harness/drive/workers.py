@@ -48,6 +48,8 @@ class Executor(Protocol):
     def submit(self, task: Task) -> None: ...
     def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]: ...
     def quarantine(self, classes: frozenset[tuple[str, str, str]]) -> None: ...
+    def restarts(self) -> int: ...  # worker processes replaced so far (a crash, a hang, a broken context)
+    def cancel(self) -> None: ...  # drop every task in flight, their results never come
     def close(self) -> None: ...
 
 
@@ -101,6 +103,11 @@ class InProcess:
     def quarantine(self, classes: frozenset[tuple[str, str, str]]) -> None:
         self._held = classes
 
+    def restarts(self) -> int:
+        return 0  # nothing to restart: a crash here ends the run
+    def cancel(self) -> None:
+        self._done = []
+
     def close(self) -> None:
         pass
 
@@ -128,9 +135,24 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="mlafuzz-parent-watch", daemon=True).start()
 
 
+def _no_core_files() -> None:
+    """A crashing worker writes no core file (``MLAFUZZ_CORE_DUMPS=1`` keeps the system's limit):
+    crashes are what a fuzzer's workers are for, and the core of a process holding a CUDA context
+    runs to gigabytes, whose writing would cost each crash far more than the restart itself."""
+    if os.environ.get("MLAFUZZ_CORE_DUMPS") == "1":
+        return
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def _worker_main(conn: Connection, state: Any, device: str, redzone: bool, threads: int, table_ref: str,
                  parent: int) -> None:
     _die_with_parent(parent)
+    _no_core_files()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and CI's SIGTERM are the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -262,6 +284,7 @@ class WorkerPool:
         self._size = len(devices)
         self._held: frozenset[tuple[str, str, str]] = frozenset()
         self._orphans: collections.deque[Task] = collections.deque()  # queued on a worker that died
+        self._restarts = 0
         self._workers = [self._start(d) for d in devices]
 
     def _start(self, device: str) -> _Worker:
@@ -307,6 +330,15 @@ class WorkerPool:
         for w in self._workers:
             self._send(w, ("quarantine", classes))
 
+    def cancel(self) -> None:
+        """Drop every task in flight: a worker holding one is replaced (a shrink out of time must
+        not wait for a case that hangs)."""
+        self._orphans.clear()
+        for worker in list(self._workers):
+            if worker.queue:
+                worker.queue.clear()
+                self._replace(worker)
+
     def _replace(self, worker: _Worker, *, lost: Task | None = None) -> None:
         """Kill and restart ``worker``; the tasks it had queued (but ``lost``) go to the others."""
         if worker.process.is_alive():
@@ -315,6 +347,10 @@ class WorkerPool:
         worker.conn.close()
         self._orphans.extend(t for t in worker.queue if t is not lost)
         self._workers[self._workers.index(worker)] = self._start(worker.device)
+        self._restarts += 1
+
+    def restarts(self) -> int:
+        return self._restarts
 
     def _lost(self, worker: _Worker, task: Task, part: int, kind: Kind, message: str, since: float
               ) -> tuple[Task, TaskResult]:

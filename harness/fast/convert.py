@@ -5,6 +5,11 @@ oracle's" only when ``out`` (and ``valid_counts``, when given) are exactly
 what SPEC section 3 (as oracles.convert reads it) gives; anything else sends
 the harness to the oracle and comparator. Integer arithmetic only: int64,
 wrapped to int32 like the oracle.
+
+SPEC section 7's options: a block stride (``block_stride_rows``) is one more
+runtime multiplier, judged here; compact-to-front cases are not (``accepts``
+says no, before any call): their rows are multisets, which the full path's
+comparator judges.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from mlafuzz.harness.ops.op import Outputs
 @triton.jit
 def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_ptr, bad_ptr,
                    num_reqs, max_blocks, num_starts, table_s0, table_s1, ti_s0, ti_s1, out_s0, block_size,
-                   K: tl.constexpr, TILE: tl.constexpr, HAS_PREFILL: tl.constexpr, HAS_COUNTS: tl.constexpr):
+                   block_stride, K: tl.constexpr, TILE: tl.constexpr, HAS_PREFILL: tl.constexpr,
+                   HAS_COUNTS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_ptr + row).to(tl.int64)
     row_ok = (req >= 0) & (req < num_reqs)
@@ -45,12 +51,12 @@ def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_p
         blk = t0 // block_size
         off = t0 - blk * block_size
         valid = nonneg & (blk < max_blocks) & row_ok
-        # `!= False`: a bool mask under the CPU interpreter, where the scalars row_ok and is_pf
+        # `!= False`: a bool mask under the CPU interpreter, where the scalars row_ok and is_pf  # noqa: E712 (a bool mask: see above)
         # broadcast into integer arrays, which Triton >= 3.7's interpreter rejects as a mask;
         # compiled, the i1 compare folds away.
         base = tl.load(table_ptr + tl.where(row_ok & ~is_pf, req, 0) * table_s0 + blk * table_s1,
-                       mask=(valid & ~is_pf) != False, other=0).to(tl.int64)
-        value = tl.where(is_pf, start + tok, base * block_size + off)
+                       mask=(valid & ~is_pf) != False, other=0).to(tl.int64)  # noqa: E712 (a bool mask: see above)
+        value = tl.where(is_pf, start + tok, base * block_stride + off)
         expected = tl.where(valid, value.to(tl.int32), -1)
         actual = tl.load(out_ptr + row * out_s0 + c)
         bad += tl.sum((expected != actual).to(tl.int32), axis=0)
@@ -64,10 +70,12 @@ def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_
                       block_size: int, has_prefill_workspace: bool, prefill_workspace_request_ids,
                       prefill_workspace_starts, out: torch.Tensor,
                       valid_counts: torch.Tensor | None, flag: torch.Tensor | None = None,
-                      launchers: Launchers | None = None) -> torch.Tensor | None:
+                      launchers: Launchers | None = None, block_stride_rows: int | None = None
+                      ) -> torch.Tensor | None:
     """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
     check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization.
-    ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one."""
+    ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one.
+    ``block_stride_rows``: SPEC 7's stride (None: block_size)."""
     n, k = token_indices.shape
     if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
         return None
@@ -95,17 +103,23 @@ def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_
     args = (req_id.contiguous(), block_table, token_indices, outc,
             valid_counts if valid_counts is not None else outc, pw.contiguous(), ps.contiguous(), bad,
             block_table.shape[0], block_table.shape[1], num_starts, block_table.stride(0),
-            block_table.stride(1), token_indices.stride(0), token_indices.stride(1), outc.stride(0), block_size)
+            block_table.stride(1), token_indices.stride(0), token_indices.stride(1), outc.stride(0), block_size,
+            block_size if block_stride_rows is None else block_stride_rows)
     (launchers or Launchers())(_check_convert)(n, args, {"K": k, "TILE": tile,
                                                          "HAS_PREFILL": bool(has_prefill_workspace),
                                                          "HAS_COUNTS": valid_counts is not None})
     return bad
 
 
+def accepts(case: Case) -> bool:
+    """Compacted rows are multisets: the full path's comparator judges them."""
+    return not case.params.get("COMPACT_TO_FRONT")
+
+
 def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
     """The fast path's check of a convert call (convert has no guarded outputs: ``second`` is
     never given). False: it cannot tell from the host, nothing launched."""
-    if second is not None:
+    if second is not None or not accepts(case):
         return False
     t, p = case.tensors, case.params
     out, counts = outputs.get("out"), outputs.get("valid_counts")
@@ -116,4 +130,4 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
                              prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
                              prefill_workspace_starts=t["prefill_workspace_starts"], out=out,
                              valid_counts=counts if p["return_valid_counts"] else None, flag=flag,
-                             launchers=state.launchers) is not None
+                             launchers=state.launchers, block_stride_rows=p.get("BLOCK_STRIDE_ROWS")) is not None

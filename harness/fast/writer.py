@@ -2,8 +2,9 @@
 
 Like harness/fast/gather.py, a filter: ``writer_records_flag`` says "the
 oracle's" only when ``kv_cache_after`` is byte for byte what
-``oracles.codec.write_records`` makes from ``kv_cache_before`` under contract
-revision ``2026-07`` (SPEC section 2, "Writer"); anything else sends the
+``oracles.codec.write_records`` makes from ``kv_cache_before`` under the
+case's contract revision (SPEC section 2, "Writer", and section 7: the
+``REVISION`` constexpr, an index into ``REVISIONS``); anything else sends the
 harness to the oracle and the comparator. Anything outside the simple case
 (duplicate slots, a slot past the cache, odd dtypes or shapes, mixed devices)
 is "cannot tell".
@@ -22,10 +23,15 @@ Each step is codec.encode_rows's arithmetic, spelled so nothing can bend it:
 - amax is the integer max of the |x| bit patterns with NaNs replaced by +0
   (non-negative floats order like their bits; fmaxf ignores NaN, identity 0);
   an inf element gives amax = inf;
-- scale = max(amax / 448, FLT_MIN): one IEEE f32 division rounded to nearest
-  even (on the GPU the PTX ``div.rn.f32``, no ``.ftz``; under the CPU
-  interpreter numpy's f32 divide), then the max taken on the bits (the
+- scale = max(amax / 448, FLT_MIN) (2026-07): one IEEE f32 division rounded
+  to nearest even (on the GPU the PTX ``div.rn.f32``, no ``.ftz``; under the
+  CPU interpreter numpy's f32 divide), then the max taken on the bits (the
   quotient is never NaN), so a zero or subnormal quotient becomes FLT_MIN;
+- under 2026-09 the same quotient, floored at 1e-4f (0x38D1B717) on the bits,
+  then rounded up to a power of two exactly on the bits (the oracle's exact
+  rule, not log2f): a non-zero mantissa bumps the exponent and clears the
+  mantissa, a power of two and inf stay; s >= 1e-4f is normal, so no
+  subnormal case;
 - code = satfinite e4m3fn RNE of x / scale (same IEEE division); on sm_89+ the
   PTX ``cvt.rn.satfinite.e4m3x2.f32`` with NaN made 0x7F, elsewhere done with
   integer arithmetic on the f32 bits: NaN -> 0x7F whatever its sign; |y|
@@ -46,6 +52,7 @@ from mlafuzz.generators.case import Case
 from mlafuzz.harness.fast.ieee import div_rn, quiet, use_asm, use_cvt
 from mlafuzz.harness.fast.launch import Launchers
 from mlafuzz.harness.fast.state import CaseState
+from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
 from mlafuzz.harness.ops.op import Outputs
 
 RECORD_BYTES = 656
@@ -113,7 +120,7 @@ def _f32_bits_of_16(h, IS_BF16: tl.constexpr):
 
 @triton.jit
 def _check_records(after8_ptr, before8_ptr, kv_ptr, pe_ptr, inv_ptr, bad_ptr, kv_stride, pe_stride,
-                   IS_BF16: tl.constexpr, USE_ASM: tl.constexpr, USE_CVT: tl.constexpr):
+                   IS_BF16: tl.constexpr, USE_ASM: tl.constexpr, USE_CVT: tl.constexpr, REVISION: tl.constexpr):
     # The caches' bytes read as 16- and 32-bit words too, and the 16-bit floats as their patterns:
     # pointer casts here rather than typed views on the host (a view costs a few us there).
     after16_ptr = after8_ptr.to(tl.pointer_type(tl.int16))
@@ -139,11 +146,11 @@ def _check_records(after8_ptr, before8_ptr, kv_ptr, pe_ptr, inv_ptr, bad_ptr, kv
     # the CPU interpreter the broadcast scalar is an integer array, which Triton >= 3.7's
     # interpreter rejects as a mask, and the compare makes it bool; compiled, it folds away.
     # What the record must hold if no token writes it: its old bytes.
-    old_code = tl.load(before8_ptr + rec + cols, mask=(~written & (cols >= 0)) != False, other=0).to(tl.int32)
-    old_scale = tl.load(before32_ptr + (rec + 512) // 4 + tiles, mask=(~written & (tiles >= 0)) != False, other=0)
-    old_rope = tl.load(before16_ptr + (rec + 528) // 2 + rcols, mask=(~written & (rcols >= 0)) != False, other=0)
+    old_code = tl.load(before8_ptr + rec + cols, mask=(~written & (cols >= 0)) != False, other=0).to(tl.int32)  # noqa: E712 (a bool mask: see above)
+    old_scale = tl.load(before32_ptr + (rec + 512) // 4 + tiles, mask=(~written & (tiles >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
+    old_rope = tl.load(before16_ptr + (rec + 528) // 2 + rcols, mask=(~written & (rcols >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
     # What it must hold if token t0 writes it: the token's encoding.
-    h = tl.load(kv16_ptr + t0 * kv_stride + cols, mask=(written & (cols >= 0)) != False,
+    h = tl.load(kv16_ptr + t0 * kv_stride + cols, mask=(written & (cols >= 0)) != False,  # noqa: E712 (a bool mask: see above)
                 other=0).to(tl.int32) & 0xFFFF
     fbits = _f32_bits_of_16(h, IS_BF16)
     x = fbits.to(tl.float32, bitcast=True)
@@ -151,10 +158,16 @@ def _check_records(after8_ptr, before8_ptr, kv_ptr, pe_ptr, inv_ptr, bad_ptr, kv
     amax_bits = tl.max(tl.where(xbits > 0x7F800000, 0, xbits), axis=1)  # [4]: NaN ignored, identity +0
     amax = amax_bits.to(tl.float32, bitcast=True)
     q = div_rn(amax, tl.full([4], 448.0, tl.float32), USE_ASM)
-    scale_bits = tl.maximum(q.to(tl.int32, bitcast=True), 0x00800000)  # max(q, FLT_MIN); q >= +0, never NaN
+    q_bits = q.to(tl.int32, bitcast=True)  # q >= +0 and never NaN: its bits order like its values
+    if REVISION == 1:  # REVISIONS[1], 2026-09: max(q, 1e-4f), then the power of two >= it
+        s_bits = tl.maximum(q_bits, 0x38D1B717)
+        s_exp = s_bits & 0x7F800000
+        scale_bits = tl.where(((s_bits & 0x7FFFFF) == 0) | (s_exp == 0x7F800000), s_bits, s_exp + 0x00800000)
+    else:  # 2026-07: max(q, FLT_MIN)
+        scale_bits = tl.maximum(q_bits, 0x00800000)
     scale = tl.broadcast_to(scale_bits.to(tl.float32, bitcast=True)[:, None], (4, 128))
     new_code = _e4m3fn_code(div_rn(x, scale, USE_ASM), USE_CVT)
-    new_rope = tl.load(pe16_ptr + t0 * pe_stride + rcols, mask=(written & (rcols >= 0)) != False, other=0)
+    new_rope = tl.load(pe16_ptr + t0 * pe_stride + rcols, mask=(written & (rcols >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
     exp_code = tl.where(written, new_code, old_code)
     exp_scale = tl.where(written, scale_bits, old_scale)
     exp_rope = tl.where(written, new_rope, old_rope)
@@ -214,14 +227,17 @@ def slot_owners(*, slot_mapping: torch.Tensor, num_slots: int, launchers: Launch
 
 def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_before: torch.Tensor,
                         kv_cache_after: torch.Tensor, slot_mapping: torch.Tensor,
-                        flag: torch.Tensor | None = None, launchers: Launchers | None = None
-                        ) -> torch.Tensor | None:
+                        flag: torch.Tensor | None = None, launchers: Launchers | None = None,
+                        revision: str = NEWEST_REVISION) -> torch.Tensor | None:
     """A device int32 flag: 0 when kv_cache_after is exactly the oracle's, 1 when it differs,
     2 when the slots are ones this check does not handle (duplicate or out of range: the full
     check decides); None when it cannot tell from the host side (shapes, dtypes, devices it
     does not read). No host synchronization. ``flag``: a zeroed int tensor [2] on the cache's
     device to set instead (element 0: 1 when it differs; element 1: 2 when the slots are not
-    handled); it is returned as it is, the caller reading the larger of the two."""
+    handled); it is returned as it is, the caller reading the larger of the two. ``revision``: the
+    contract revision whose scale rule the records must follow (None from an unknown one)."""
+    if revision not in REVISIONS:
+        return None
     dev = kv_cache_after.device
     if any(t.device != dev for t in (kv_c, k_pe, kv_cache_before, slot_mapping)):
         return None
@@ -249,7 +265,8 @@ def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_befo
     with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
         args = (after, before, kv, pe, inv, bad, kv.stride(0), pe.stride(0))
         launchers(_check_records)(
-            num_slots, args, {"IS_BF16": kv.dtype == torch.bfloat16, "USE_ASM": use_asm(dev), "USE_CVT": use_cvt(dev)},
+            num_slots, args, {"IS_BF16": kv.dtype == torch.bfloat16, "USE_ASM": use_asm(dev), "USE_CVT": use_cvt(dev),
+                              "REVISION": REVISIONS.index(revision)},
             num_warps=1)
     return flag if flag is not None else bad.max().reshape(1)
 
@@ -263,4 +280,5 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
         return False
     return writer_records_flag(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
                                kv_cache_after=after, slot_mapping=t["slot_mapping"], flag=flag,
-                               launchers=state.launchers) is not None
+                               launchers=state.launchers,
+                               revision=case.params.get("revision") or NEWEST_REVISION) is not None

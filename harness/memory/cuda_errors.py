@@ -41,9 +41,11 @@ def _cudart() -> ctypes.CDLL | None:
     return None
 
 
-def take_pending() -> str | None:
-    """The CUDA error pending in this thread, cleared (as any later launch check would have
-    cleared it), or None. Never raises."""
+def take_pending(device: str) -> str | None:
+    """The CUDA error pending in this thread after a call on ``device``, cleared (as any later
+    launch check would have cleared it), or None; always None off CUDA. Never raises."""
+    if not device.startswith("cuda"):
+        return None
     lib = _cudart()
     if lib is not None:
         code = lib.cudaGetLastError()

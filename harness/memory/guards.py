@@ -97,6 +97,10 @@ def _byte_to_element(byte_index: int, view: torch.Tensor) -> list[int]:
     return list(reversed(idx))
 
 
+def _bytes(n: int) -> str:
+    return f"{n} byte" if n == 1 else f"{n} bytes"
+
+
 def oob_findings(*, name: str, g: Guarded, op: str, impl: str, case_id: str) -> list[Finding]:
     zone_before, zone_after = g.zones()  # stay on their device: only counts and a few indices cross to the host
     before = zone_before != g.fill
@@ -108,14 +112,25 @@ def oob_findings(*, name: str, g: Guarded, op: str, impl: str, case_id: str) -> 
     where = []
     if n_before:
         first = int(before.nonzero()[-1])  # closest to the output
-        where.append(f"{n_before} bytes before it (nearest {g.start - first} bytes before the start)")
+        where.append(f"{_bytes(n_before)} before it (the nearest at byte -{g.start - first} from its start)")
     if n_after:
         first = int(after.nonzero()[0])
-        where.append(f"{n_after} bytes after it (first {first} bytes past the end)")
+        where.append(f"{_bytes(n_after)} after it (the first at byte +{first} from its end)")
     side = "before" if n_before and not n_after else "after" if n_after and not n_before else "both"
     return [Finding(kind=Kind.OOB_WRITE, op=op, impl=impl, case_id=case_id, tensor=name, cause=f"{name}:oob_{side}",
                     count=n_before + n_after, total=zone_before.numel() + zone_after.numel(),
                     message=f"{name}: wrote outside the output: {' and '.join(where)}")]
+
+
+def never_written(run_a: Guarded, run_b: Guarded) -> torch.Tensor | None:
+    """Per element of the output (flat, bool): some byte of it was never written (it holds each
+    run's fill); None when every byte was written."""
+    a, b = run_a.region(), run_b.region()
+    if same_bits(a, b):  # one pass: fills differ, so equal runs wrote every byte, identically
+        return None
+    missing = (a == run_a.fill) & (b == run_b.fill)
+    per_element = missing.reshape(-1, run_a.view.element_size()).any(dim=1)
+    return per_element if bool(per_element.any()) else None
 
 
 def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, impl: str,
@@ -125,16 +140,15 @@ def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, im
     if same_bits(a, b):  # one pass: fills differ, so equal runs wrote every byte, identically
         return []
     out: list[Finding] = []
-    missing = (a == run_a.fill) & (b == run_b.fill)
-    n = int(missing.sum())
-    if n:
-        idx = missing.nonzero().reshape(-1)
-        first = _byte_to_element(int(idx[0]), run_a.view)
-        elems = int(torch.unique(idx // run_a.view.element_size()).numel())
+    unwritten = never_written(run_a, run_b)
+    if unwritten is not None:
+        elems = int(unwritten.sum())
+        first = _byte_to_element(int(unwritten.nonzero()[0]) * run_a.view.element_size(), run_a.view)
         out.append(Finding(kind=Kind.MISSING_WRITE, op=op, impl=impl, case_id=case_id, tensor=name,
                            cause=f"{name}:missing", count=elems, total=run_a.view.numel(),
                            mismatches=(Mismatch(index=tuple(first), expected="written", actual="untouched"),),
-                           message=f"{name}: {elems} / {run_a.view.numel()} elements never written, first at {first}"))
+                           message=f"{name}: {elems} / {run_a.view.numel()} elements never written, first at {first}"
+                                   " (their values are not compared again)"))
     written_both = (a != run_a.fill) & (b != run_b.fill)
     differ = written_both & (a != b)
     nd = int(differ.sum())

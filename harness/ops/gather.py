@@ -10,7 +10,7 @@ import torch
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import gather as gen
 from mlafuzz.harness.memory.guards import Guarded, guarded_empty
-from mlafuzz.harness.ops.op import Op, Outputs
+from mlafuzz.harness.ops.op import CallShape, Op, Outputs
 
 
 def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarded]:
@@ -47,4 +47,5 @@ GATHER = Op(
     invoke=invoke, defaults={"cpu": ("torch",), "cuda": ("cuda", "torch")},
     contract=frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"}),  # SPEC 4: what vLLM checks on the host
     guarded=guarded, needs=gen.needs,
+    call=CallShape(positional=("src_cache", "dst", "block_table", "workspace_starts", "batch_size", "seq_starts")),
 )

@@ -13,6 +13,7 @@ an op's name. Adding an op is one file per folder and one row in table.py.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -32,6 +33,32 @@ Invoke = Callable[[Callable, Case, Mapping[str, Any], Callable[[str], Callable]]
 
 def no_needs(case: Case) -> frozenset[str]:
     return frozenset()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallShape:
+    """The call ``invoke`` makes of an implementation, as SPEC names its parameters: the ones it
+    passes by position, then by keyword. An implementation whose signature cannot take that call
+    is refused when it is loaded (one line), not found out case by case."""
+
+    positional: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+
+    def text(self, op: str) -> str:
+        return f"{op}({', '.join(self.positional + tuple(f'{k}=...' for k in self.keywords))})"
+
+    def mismatch(self, fn: Callable) -> str | None:
+        """Why ``fn`` cannot be called this way, or None (also when its signature is hidden, as for
+        some builtins and torch ops: the call itself then says)."""
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            return None
+        try:
+            signature.bind(*self.positional, **dict.fromkeys(self.keywords))
+        except TypeError as exc:
+            return f"its signature {signature} cannot take it: {exc}"
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,9 +86,17 @@ class Op:
     guarded: Callable[..., dict[str, Guarded]] | None = None
     inplace: frozenset[str] = frozenset()  # inputs the op writes by design (not INPUT_MUTATION)
     needs: Callable[[Case], frozenset[str]] = no_needs  # capabilities a case needs of the implementation
+    # (drawn spec, the implementation's capabilities) -> the spec without the optional features it
+    # lacks: drawn options go only to implementations that have them (drive/tasks.py execute).
+    fit: Callable[[Any, frozenset[str]], Any] | None = None
+    # Outputs compared as multisets per row, not element by element (the one comparator's row-set
+    # mode, harness/check/compare.py): (case, expected outputs) -> {name: the expected count of
+    # each row's valid prefix}; after it every column must be -1. Convert's compact-to-front.
+    row_sets: Callable[[Case, Mapping[str, Any]], Mapping[str, Any]] | None = None
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None
+    call: CallShape | None = None  # the call invoke makes; None: not checked at load time
 
     def invalid_class(self, name: str) -> InvalidClass:
         for k in self.invalid:

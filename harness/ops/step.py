@@ -22,14 +22,20 @@ gather's SPEC 4 preconditions. A violation raises ``StepCallError``.
 Findings. Outputs are compared by name; ``invariants`` (int32 flags, the
 oracle's all ones) carries the cross-field checks of ``INVARIANTS``: the
 rows passed to convert and the gather calls made against the pipeline's own
-metadata outputs. ``review_step``, run through the optional ``OpDef.review``
-hook (a field on OpDef, called by runner.check_call on the first call's
-findings), re-files what the comparator says: mismatches of metadata outputs
-and each broken invariant become METADATA_MISMATCH (cause ``step:<name>``),
-and a ``StepCallError`` becomes METADATA_MISMATCH named after the broken
-precondition. Where OpDef has no ``review`` field the same problems still
-surface, as VALUE_MISMATCH on the named tensor or EXCEPTION naming the
-precondition.
+metadata outputs. ``review_step`` (the row's ``review``, run on the first
+call's findings) re-files what the comparator says, one cause one finding:
+
+- the metadata outputs that differ from the oracle's are one
+  METADATA_MISMATCH, named after the first of them in the order the pipeline
+  builds them (``METADATA_ORDER``: a wrong split makes every count after it
+  differ too), the others listed in its message;
+- each broken invariant is a METADATA_MISMATCH (cause ``step:<name>``), and a
+  ``StepCallError`` one named after the broken precondition;
+- the data outputs (``DATA_OUTPUTS``: what the sub-op calls made) cannot match
+  when the plan of those calls is wrong: their mismatches are folded into the
+  finding that says so (the metadata one, else the broken invariant about
+  their calls), which counts them in its message. With the plan right, a data
+  mismatch stays a finding of its own (a sub-implementation's bug).
 """
 
 from __future__ import annotations
@@ -42,10 +48,9 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import step as gen
-from mlafuzz.harness.ops.op import Op, Outputs
+from mlafuzz.harness.ops.op import CallShape, Op, Outputs
 from mlafuzz.reports.findings import Finding, Kind
 
-SUB_ENV: dict[str, str] = {"convert": "MLAFUZZ_STEP_CONVERT", "gather": "MLAFUZZ_STEP_GATHER"}
 SUB_REFS_KEY = "_step_sub_impls"  # non-tensor output: the sub-implementations' --impl references
 
 METADATA_OUTPUTS = frozenset({
@@ -54,8 +59,21 @@ METADATA_OUTPUTS = frozenset({
     "prefill_chunk_seq_tot", "context_chunk", "context_starts", "context_lens", "context_cu_seq_lens",
     "context_seq_tot", "invariants",
 })
+# The order the pipeline builds its metadata in (SPEC 5.1, 5.3, 5.4, 5.2): one that differs makes
+# those after it differ too.
+METADATA_ORDER = (
+    "num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens", "decode_query_len",
+    "num_active_decodes", "prefill_request_ids", "prefill_chunks", "workspace_starts", "prefill_chunk_seq_tot",
+    "dense_route", "context_chunk", "context_starts", "context_lens", "context_cu_seq_lens", "context_seq_tot",
+)
 # Cross-field invariants between the pipeline's own outputs and the calls it made (1 = holds).
 INVARIANTS = ("convert_decode_rows", "convert_prefill_rows", "gather_calls", "gathered_rows")
+# What the sub-op calls made, and the invariants about the calls that made it.
+DATA_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "decode_slots": ("convert_decode_rows",), "prefill_slots": ("convert_prefill_rows",),
+    "context_rows": ("gather_calls", "gathered_rows"), "prefill_seq_rows": ("gather_calls", "gathered_rows"),
+}
+_COMPARED = (Kind.VALUE_MISMATCH, Kind.NAN_MISMATCH, Kind.SUBNORMAL_FLUSH)  # the comparator's kinds
 REPORT_KEY = "_step_report"  # non-tensor output: invariant name -> why it broke (None: holds)
 
 
@@ -229,9 +247,13 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
 
 
 def review_step(case: Case, call: Any, findings: list[Finding], ctx: Any) -> list[Finding]:
-    """The step op's ``review``: metadata and call-contract problems become METADATA_MISMATCH."""
+    """The step op's ``review`` (see the module docstring): metadata and call-contract problems
+    become METADATA_MISMATCH, one per cause, with the data mismatches they explain folded in."""
     refs = (call.outputs or {}).get(SUB_REFS_KEY) if call.outputs else None
     extra = {"step_sub_impls": refs} if refs else {}
+    metadata: list[Finding] = []
+    broken: dict[str, Finding] = {}  # invariant -> its finding
+    data: list[Finding] = []
     out: list[Finding] = []
     for f in findings:
         f = dataclasses.replace(f, extra={**f.extra, **extra})
@@ -240,18 +262,57 @@ def review_step(case: Case, call: Any, findings: list[Finding], ctx: Any) -> lis
                                            message=str(call.error)))
         elif f.tensor == "invariants" and f.kind is Kind.VALUE_MISMATCH and call.outputs:
             report = call.outputs.get(REPORT_KEY) or {}
-            broken = [(n, why) for n, why in report.items() if why is not None] or [("invariants", f.message)]
-            out += [dataclasses.replace(f, kind=Kind.METADATA_MISMATCH, cause=f"step:{n}", mismatches=(),
-                                        message=f"cross-field invariant {n} broken: {why}") for n, why in broken]
+            why = [(n, w) for n, w in report.items() if w is not None] or [("invariants", f.message)]
+            for n, w in why:
+                broken[n] = dataclasses.replace(f, kind=Kind.METADATA_MISMATCH, cause=f"step:{n}", mismatches=(),
+                                                message=f"cross-field invariant {n} broken: {w}")
         elif f.tensor in METADATA_OUTPUTS and f.kind is Kind.VALUE_MISMATCH:
-            out.append(dataclasses.replace(f, kind=Kind.METADATA_MISMATCH, message=f"metadata {f.message}"))
+            metadata.append(f)
+        elif f.tensor in DATA_OUTPUTS and f.kind in _COMPARED:
+            data.append(f)
         else:
             out.append(f)
-    return out
+    first = _one_metadata_finding(metadata)
+    explained: dict[str, list[Finding]] = {}
+    for f in data:
+        by = "metadata" if first is not None else next((n for n in DATA_OUTPUTS[f.tensor] if n in broken), None)
+        if by is None:
+            out.append(f)  # the plan is right: the data is a sub-implementation's own problem
+        else:
+            explained.setdefault(by, []).append(f)
+    head = [] if first is None else [_folding(first, explained.get("metadata", []))]
+    return head + [_folding(f, explained.get(n, [])) for n, f in broken.items()] + out
+
+
+def _one_metadata_finding(metadata: list[Finding]) -> Finding | None:
+    """A case's metadata mismatches as one finding, named after the first in METADATA_ORDER."""
+    if not metadata:
+        return None
+    rank = {name: i for i, name in enumerate(METADATA_ORDER)}
+    ordered = sorted(metadata, key=lambda f: rank.get(f.tensor or "", len(rank)))
+    head, rest = ordered[0], [f.tensor for f in ordered[1:]]
+    after = f"; {len(rest)} more metadata outputs differ after it: {', '.join(str(t) for t in rest)}" if rest else ""
+    return dataclasses.replace(head, kind=Kind.METADATA_MISMATCH, message=f"metadata {head.message}{after}",
+                               extra={**head.extra, **({"also_differ": rest} if rest else {})})
+
+
+def _folding(f: Finding, folded: list[Finding]) -> Finding:
+    """``f``, also accounting for the data mismatches ``folded`` (what the calls it is about made)."""
+    if not folded:
+        return f
+    parts = [f"{g.tensor} {'shape' if g.cause.endswith(':shape') else f'{g.count} / {g.total} elements'}"
+             f" ({g.kind.value})" for g in folded]
+    return dataclasses.replace(
+        f, message=f"{f.message}; what the sub-op calls made differs as a consequence: {', '.join(parts)}",
+        extra={**f.extra, "folded": [{"tensor": g.tensor, "kind": g.kind.value, "cause": g.cause, "count": g.count,
+                                      "total": g.total} for g in folded]})
 
 
 STEP = Op(
     name="step", spec_type=gen.StepSpec, draw=gen.draw, materialize=gen.materialize, features=gen.features,
     size=gen.size, reduce=gen.reduce, invalid=(), oracle=_oracle(False), oracle_slow=_oracle(True),
     invoke=invoke, defaults={"cpu": ("ours",), "cuda": ("ours",)}, contract=frozenset(), review=review_step,
+    call=CallShape(keywords=("kv_cache", "block_table", "query_start_loc", "seq_lens", "req_id_per_token",
+                             "topk_indices", "num_tokens", "threshold", "require_uniform", "workspace_rows",
+                             "topk", "block_n", "convert", "gather")),
 )

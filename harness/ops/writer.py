@@ -1,13 +1,30 @@
 """The ``writer`` op's row of the op table (SPEC.md section 2, "Writer"): the call, the oracles,
-defaults. The cache is written in place by design."""
+defaults. The cache is written in place by design.
+
+The tile scale rule is the case's contract revision (SPEC section 7), in ``case.params["revision"]``
+(drive/tasks.py puts it there; the newest when a bare case has none): the oracle follows it, and
+the call gets it through the implementation's own binding (kernels/entry.py), never as an
+argument of vLLM's public signature.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
+
+import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import writer as gen
-from mlafuzz.harness.ops.op import Op, Outputs
+from mlafuzz.harness.ops.names import NEWEST_REVISION
+from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+
+# The cause of a writer VALUE_MISMATCH that fp32 log2f could explain (see ``review``).
+LOG2F_BAND_CAUSE = "kv_cache:log2f_band"
+
+
+def revision_of(case: Case) -> str:
+    return case.params.get("revision") or NEWEST_REVISION
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
@@ -18,8 +35,6 @@ def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], 
 
 def _oracle(loop: bool) -> Callable[[Case], Outputs]:
     def run(case: Case) -> Outputs:
-        import torch
-
         from mlafuzz.oracles import codec
 
         fn = codec.write_records_loop if loop else codec.write_records
@@ -29,9 +44,73 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
         if zero:  # the blocks past the zero ones, and the slots in them (a valid case has no other)
             shift = zero * cache.shape[1]
             cache, slots = cache[zero:], torch.where(slots >= 0, slots - shift, slots)
-        # TODO(revisions): the selected contract revision; 2026-07 until it is threaded through.
-        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=cache, slot_mapping=slots, revision="2026-07")}
+        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=cache, slot_mapping=slots,
+                               revision=revision_of(case))}
     return run
+
+
+def band_tokens(case: Case) -> torch.Tensor:
+    """bool [T]: tokens (slot >= 0) with a tile whose scale the revision's rule rounded up from a
+    prescale s where fp32 ``exp2f(ceilf(log2f(s)))`` may differ from the exact power of two the
+    oracle takes; all False under a rule that does not round (2026-07)."""
+    from mlafuzz.oracles.codec import tile_scales
+    from mlafuzz.oracles.writer_scale import log2f_may_disagree_mask
+
+    t = case.tensors
+    slots = t["slot_mapping"]
+    n = slots.shape[0]
+    if n == 0:
+        return torch.zeros(0, dtype=torch.bool)
+    ts = tile_scales(kv_c=t["kv_c"][:n], revision=revision_of(case))
+    rounded = ts.scale.view(torch.int32) != ts.prescale.view(torch.int32)
+    hit = (log2f_may_disagree_mask(ts.prescale) & rounded).any(dim=1)
+    return (hit & (slots >= 0).to(hit.device)).cpu()
+
+
+def relabel_band(findings: list, *, case: Case, band: torch.Tensor, differs: torch.Tensor) -> list:
+    """``findings`` with the writer's kv_cache VALUE_MISMATCH re-caused as ``LOG2F_BAND_CAUSE``
+    when every token whose record differs (``differs``, bool [T]) has a tile in the log2f band
+    (``band``, bool [T]): then a bit-exact writer that computes exp2f(ceilf(log2f(s))) in fp32
+    could be right by vLLM's own spelling, and the finding says so instead of claiming a wrong scale."""
+    if not bool(differs.any()) or bool((differs & ~band).any()):
+        return findings
+    out = []
+    for f in findings:
+        if f.kind.value == "VALUE_MISMATCH" and f.tensor == "kv_cache":
+            f = dataclasses.replace(
+                f, cause=LOG2F_BAND_CAUSE,
+                message=f"{f.message}; every differing record has a tile scale s within "
+                        "a few ulps above a power of two, where fp32 log2f may round onto the integer"
+                        " (SPEC 7: the oracle follows the exact ceil(log2(s)))")
+        out.append(f)
+    return out
+
+
+def review(case: Case, call: Any, findings: list, ctx: Any) -> list:
+    """Name the log2f band as the cause of a kv_cache mismatch it could explain (SPEC section 7).
+    Cheap unless a written tile lies in the band, which bf16 and fp16 inputs never reach
+    (oracles/writer_scale.py says why); only then are the differing records looked up."""
+    if not any(f.kind.value == "VALUE_MISMATCH" and f.tensor == "kv_cache" for f in findings):
+        return findings
+    if call.outputs is None or not isinstance(call.outputs.get("kv_cache"), torch.Tensor):
+        return findings
+    band = band_tokens(case)
+    if not bool(band.any()):
+        return findings
+    # Both past the cache's zero blocks when it has them (the full path compares only those).
+    expected = _oracle(False)(case)["kv_cache"].reshape(-1, 656).cpu()
+    actual = call.outputs["kv_cache"].reshape(-1, 656).cpu()
+    slots = case.tensors["slot_mapping"].cpu().to(torch.int64)
+    written = slots >= 0
+    slots = torch.where(written, slots - case.zero_blocks.get("kv_cache", 0) * case.tensors["kv_cache"].shape[1], slots)
+    bad_record = (expected.view(torch.uint8) != actual.view(torch.uint8)).any(dim=1)
+    wrote = torch.zeros_like(bad_record)
+    wrote[slots[written]] = True
+    if bool((bad_record & ~wrote).any()):  # a record no token writes changed: not a scale question
+        return findings
+    differs = torch.zeros_like(written)
+    differs[written] = bad_record[slots[written]]
+    return relabel_band(findings, case=case, band=band, differs=differs)
 
 
 WRITER = Op(
@@ -40,4 +119,6 @@ WRITER = Op(
     invoke=invoke, defaults={"cpu": ("torch",), "cuda": ("cuda", "torch")},
     contract=frozenset({"wrong_dtype", "wrong_shape"}),
     inplace=frozenset({"kv_cache"}),
+    review=review,
+    call=CallShape(positional=("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale")),
 )

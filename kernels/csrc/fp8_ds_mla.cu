@@ -1,7 +1,7 @@
 // mlafuzz: CUDA kernels for the fp8_ds_mla KV-cache record (SPEC.md sections 2 and 4).
 //
 //   gather  - cp_gather_and_upconvert with seq_starts: paged 656-byte records -> bf16 [total, 576]
-//   writer  - concat_and_cache_mla for kv_cache_dtype "fp8_ds_mla"
+//   writer  - concat_and_cache_mla for kv_cache_dtype "fp8_ds_mla" (both contract revisions, SPEC section 7)
 //
 // Design (gather, the bandwidth-bound one): one warp per output row, each warp one run of
 // `rows_per_warp` (1/2/4/8) consecutive rows, all of a run's loads in flight before its first
@@ -41,28 +41,12 @@
 #include <torch/library.h>
 
 #include "gather_device.cuh"  // constants, conversions, row -> record search, vector gather kernel
+#include "writer_device.cuh"  // the writer kernel and its parameters
 
 namespace mlafuzz_ds_mla {
 
-constexpr int kThreads = 256;  // 8 warps per block (scalar gather, writer)
+constexpr int kThreads = kWriterThreads;  // 8 warps per block (scalar gather, writer)
 constexpr int kWarpsPerBlock = kThreads / kWarp;
-
-// 16-bit input element -> f32 (exact for both bf16 and fp16, subnormals included).
-__device__ __forceinline__ float half_bits_to_float(uint16_t bits, bool is_fp16) {
-  return is_fp16 ? __half2float(__ushort_as_half(bits))
-                 : __bfloat162float(__ushort_as_bfloat16(bits));
-}
-
-// RoPE element -> stored 16-bit pattern. Default (SPEC section 2, vLLM, mlafuzz.oracles.codec): the
-// 16-bit pattern of k_pe copied as is, whatever its dtype -- for an fp16 k_pe vLLM stores fp16
-// bits that readers then take as bf16. With `convert` (opt-in, fp16 k_pe only) the fp16 value is
-// rounded to bf16 instead (RNE; NaN -> 0x7FC0, what torch's CPU .to(torch.bfloat16) gives).
-__device__ __forceinline__ uint32_t rope_bits(uint16_t bits, bool convert) {
-  if (!convert) return bits;
-  const float v = __half2float(__ushort_as_half(bits));
-  if (v != v) return 0x7FC0u;
-  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
 
 // ---------------------------------------------------------------------------------------------
 // gather, scalar path (the vector path is gather_vec_kernel in gather_device.cuh)
@@ -93,88 +77,6 @@ __global__ void __launch_bounds__(kThreads) gather_scalar_kernel(GatherParams p,
       }
       out[e * dst_col_stride] = bits;
     }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// writer (concat_and_cache_mla, fp8_ds_mla)
-// ---------------------------------------------------------------------------------------------
-
-struct WriterParams {
-  const uint16_t* kv_c;
-  const uint16_t* k_pe;
-  uint8_t* cache;
-  const int64_t* slot_mapping;
-  int64_t num_tokens;
-  int64_t kv_c_row_stride, kv_c_col_stride;  // elements
-  int64_t k_pe_row_stride, k_pe_col_stride;  // elements
-  int64_t slot_stride;                       // elements
-  int64_t cache_block_stride, cache_entry_stride;  // bytes
-  int32_t block_size;
-  bool kv_c_fp16;
-  bool convert_rope;  // fp16 k_pe rounded to bf16 instead of bit-copied (opt-in)
-  bool aligned8;  // records 8-byte aligned: word stores, else byte stores
-};
-
-__device__ __forceinline__ void store_u32(uint8_t* dst, uint32_t v, bool aligned) {
-  if (aligned) {
-    *reinterpret_cast<uint32_t*>(dst) = v;
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i] = static_cast<uint8_t>(v >> (8 * i));
-  }
-}
-
-// One warp per token. Lane l handles, for NoPE half h (0, 1), elements [256h + 8l, +8): tile
-// 2h + l/16, i.e. each tile is one 16-lane half-warp, reduced with xor shuffles of width < 16.
-// The same element mapping as vLLM's kernel, so codes are written 8 bytes per lane.
-__global__ void __launch_bounds__(kThreads) writer_kernel(WriterParams p) {
-  const int lane = threadIdx.x & (kWarp - 1);
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
-  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
-  for (int64_t t = warp; t < p.num_tokens; t += num_warps) {
-    const int64_t slot = p.slot_mapping[t * p.slot_stride];
-    if (slot < 0) continue;  // padding token: writes nothing
-    const int64_t blk = slot / p.block_size;
-    const int64_t off = slot % p.block_size;
-    uint8_t* rec = p.cache + blk * p.cache_block_stride + off * p.cache_entry_stride;
-    const uint16_t* x_row = p.kv_c + t * p.kv_c_row_stride;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int e0 = 256 * h + 8 * lane;
-      float x[8];
-      float amax = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        x[i] = half_bits_to_float(x_row[(e0 + i) * p.kv_c_col_stride], p.kv_c_fp16);
-        amax = fmaxf(amax, fabsf(x[i]));  // fmaxf drops a NaN operand
-      }
-#pragma unroll
-      for (int m = 8; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, m));
-      const float scale = fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN);
-      uint32_t w[2] = {0u, 0u};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const uint32_t code =
-            __nv_cvt_float_to_fp8(__fdiv_rn(x[i], scale), __NV_SATFINITE, __NV_E4M3);
-        w[i / 4] |= code << (8 * (i % 4));
-      }
-      uint8_t* cdst = rec + e0;
-      if (p.aligned8) {
-        *reinterpret_cast<uint2*>(cdst) = make_uint2(w[0], w[1]);
-      } else {
-        store_u32(cdst, w[0], false);
-        store_u32(cdst + 4, w[1], false);
-      }
-      if ((lane & 15) == 0) {
-        store_u32(rec + kScaleOffset + 4 * (2 * h + lane / 16), __float_as_uint(scale), p.aligned8);
-      }
-    }
-    // RoPE: 64 elements, two per lane, one 4-byte store per lane.
-    const uint16_t* pe_row = p.k_pe + t * p.k_pe_row_stride;
-    const uint32_t lo = rope_bits(pe_row[(2 * lane) * p.k_pe_col_stride], p.convert_rope);
-    const uint32_t hi = rope_bits(pe_row[(2 * lane + 1) * p.k_pe_col_stride], p.convert_rope);
-    store_u32(rec + kRopeOffset + 4 * lane, lo | (hi << 16), p.aligned8);
   }
 }
 
@@ -319,7 +221,7 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
 // kv_c and k_pe may differ in dtype. convert_fp16_rope: see rope_bits.
 // Not checked: slots < num_blocks * bs (written out of bounds otherwise), duplicate slots (racy).
 void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor& kv_cache,
-               const at::Tensor& slot_mapping, bool convert_fp16_rope) {
+               const at::Tensor& slot_mapping, bool convert_fp16_rope, int64_t scale_rule) {
   TORCH_CHECK(kv_cache.is_cuda(), "writer: kv_cache must be a CUDA tensor");
   TORCH_CHECK(kv_cache.scalar_type() == at::kByte,
               "writer: kv_cache must be uint8 (view an fp8 cache as uint8), got ",
@@ -346,6 +248,7 @@ void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor&
   check_same_device(kv_cache, kv_c, "writer: kv_c");
   check_same_device(kv_cache, k_pe, "writer: k_pe");
   check_same_device(kv_cache, slot_mapping, "writer: slot_mapping");
+  TORCH_CHECK(scale_rule == 0 || scale_rule == 1, "writer: scale_rule must be 0 (2026-07) or 1 (2026-09)");
   if (num_tokens == 0) return;
 
   WriterParams p;
@@ -363,6 +266,7 @@ void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor&
   p.cache_entry_stride = kv_cache.stride(1);
   p.block_size = static_cast<int32_t>(kv_cache.size(1));
   p.kv_c_fp16 = kv_c.scalar_type() == at::kHalf;
+  p.pow2_scale = scale_rule == 1;
   p.convert_rope = convert_fp16_rope && k_pe.scalar_type() == at::kHalf;
   p.aligned8 = (reinterpret_cast<uintptr_t>(p.cache) & 7u) == 0 && p.cache_block_stride % 8 == 0 &&
                p.cache_entry_stride % 8 == 0;
@@ -384,7 +288,7 @@ TORCH_LIBRARY(mlafuzz_fp8_ds_mla, m) {
       "bool stream_hints=False) -> ()");
   m.def(
       "writer(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
-      "bool convert_fp16_rope=False) -> ()");
+      "bool convert_fp16_rope=False, int scale_rule=0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(mlafuzz_fp8_ds_mla, CUDA, m) {

@@ -2,8 +2,17 @@
 
 Each mutant is a registry entry (``is_mutant=True``) with a one-line
 description and the finding kind it should draw; ``mlafuzz mutants`` fuzzes
-each one and reports killed or survived. Their code is in torch_bugs.py (and,
-for GPU kernels, next to it).
+each one and reports killed or survived. Their code: torch variants in
+torch_bugs.py (they run anywhere, so the catalog runs on CPU CI), bugs planted
+in our CUDA kernels in csrc/mutants.cu (cuda_mutants.py), the crashing C++ host
+check in host_throw.py. A mutant with both has one name: its CUDA kernel on the
+GPU, its torch variant on the CPU.
+
+``awaits`` marks a mutant whose bug class only shows on inputs the generators
+do not draw yet (SPEC 8's call-site layouts and huge caches, being added on
+branch devicegen); ``mutants`` reports it as awaiting rather than survived, and
+says so when it is killed anyway (then the mark is stale). Unit tests build
+those layouts by hand (tests/kernels/test_mutant_kernels.py).
 """
 
 from __future__ import annotations
@@ -11,18 +20,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from mlafuzz.kernels.builtins import CONVERT_OPTIONS, CUDA_GATHER_REJECTS, CUDA_WRITER_REJECTS
 from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry
+from mlafuzz.kernels.revisions import WRITER_REVISIONS
+
+DEVICEGEN = "(SPEC 8; drawn once branch devicegen lands)"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Mutant:
     op: str
     name: str
-    bug: str | None
+    bug: str | None  # its torch variant's bug (torch_bugs.py); None: it has none
     kind: str
     description: str
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # A writer mutant of one revision's rule is pinned to it (judged under it whatever the run
+    # names); None: it follows the run's revision like our writers (a bug outside the scale rule).
+    revision: str | None = None
+    capabilities: frozenset[str] = frozenset({"seq_starts"})  # optional SPEC features its signature has
+    cuda_bug: str | None = None  # its bug planted in our CUDA kernel (mutants.cu), used on the GPU
+    awaits: str | None = None  # the drawn inputs its bug needs that the generators do not draw yet
 
 
 CATALOG: tuple[Mutant, ...] = (
@@ -38,6 +57,12 @@ CATALOG: tuple[Mutant, ...] = (
            description="looks up the block table by row index instead of req_id"),
     Mutant(op="convert", name="convert_no_length_check", bug="no_length_check", kind="ACCEPTED_INVALID_INPUT",
            description="grid over req_id rows, no length check (the pre-#48642 launch), torch variant"),
+    Mutant(op="convert", name="convert_stride_ignored", bug="stride_ignored", kind="VALUE_MISMATCH",
+           capabilities=CONVERT_OPTIONS,
+           description="takes BLOCK_STRIDE_ROWS but multiplies the table entry by BLOCK_SIZE"),
+    Mutant(op="convert", name="convert_compact_tile_restart", bug="compact_tile_restart", kind="VALUE_MISMATCH",
+           capabilities=CONVERT_OPTIONS,
+           description="COMPACT_TO_FRONT packs each BLOCK_N tile from column 0 again: later tiles overwrite"),
     Mutant(op="gather", name="gather_no_seq_starts", bug="no_seq_starts", kind="VALUE_MISMATCH",
            description="reads every request from position 0 (seq_starts ignored)"),
     Mutant(op="gather", name="gather_wrong_scale_tile", bug="wrong_scale_tile", kind="VALUE_MISMATCH",
@@ -62,22 +87,63 @@ CATALOG: tuple[Mutant, ...] = (
            description="zeroes a cache record it read"),
     Mutant(op="gather", name="gather_no_value_checks", bug="no_value_checks", kind="ACCEPTED_INVALID_INPUT",
            description="promises the host-side ws/seq_starts checks but skips them"),
-    Mutant(op="writer", name="writer_scale_pow2", bug="scale_pow2", kind="VALUE_MISMATCH",
-           description="rounds the tile scale up to a power of two"),
+    Mutant(op="writer", name="writer_scale_pow2", bug="scale_pow2", kind="VALUE_MISMATCH", revision="2026-07",
+           description="rounds the tile scale up to a power of two (the 2026-09 rule where 2026-07 holds)"),
+    Mutant(op="writer", name="writer_round_down", bug="round_down", kind="VALUE_MISMATCH", revision="2026-09",
+           description="2026-09 scale rounded down to a power of two (floor, not ceil)"),
+    Mutant(op="writer", name="writer_floor_on_amax", bug="floor_on_amax", kind="VALUE_MISMATCH", revision="2026-09",
+           description="2026-09 1e-4 floor applied to amax before / 448, not to the scale"),
+    Mutant(op="writer", name="writer_no_ceiling", bug="no_ceiling", kind="VALUE_MISMATCH", revision="2026-09",
+           description="2026-09 scale floored at 1e-4 but not rounded to a power of two"),
+    Mutant(op="writer", name="writer_fp16_bits_2026_07", bug="fp16_bits", kind="VALUE_MISMATCH", revision="2026-07",
+           description="fp16 amax from the raw 16-bit patterns, as vLLM's native writer (2026-07)"),
+    Mutant(op="writer", name="writer_fp16_bits_2026_09", bug="fp16_bits", kind="VALUE_MISMATCH", revision="2026-09",
+           description="fp16 amax from the raw 16-bit patterns, as vLLM's native writer (2026-09)"),
     Mutant(op="writer", name="writer_writes_padding", bug="writes_padding", kind="VALUE_MISMATCH",
            description="padding tokens (slot -1) are written to slot 0"),
+    # Issue 16: a launch that is never checked.
+    Mutant(op="writer", name="writer_zero_grid", bug=None, cuda_bug="zero_grid", kind="LAUNCH_ERROR",
+           devices=("cuda",),
+           description="num_tokens == 0 launches a zero-size grid and never checks the launch (vLLM's writer)"),
+    # Issue 17: the call sites' layouts and real cache sizes (SPEC 8). The kinds are what the
+    # harness sees first on the drawn or hand-built layout: a wrong record read is a VALUE_MISMATCH;
+    # rows written from dst's storage start land in the guard zone before dst: OOB_WRITE.
+    Mutant(op="gather", name="gather_int32_offset", bug=None, cuda_bug="int32_offset", kind="VALUE_MISMATCH",
+           devices=("cuda",), awaits=f"caches past 2^32 bytes {DEVICEGEN}",
+           description="record byte offset block * block_stride + off * 656 computed in int32 (CUDA kernel)"),
+    Mutant(op="gather", name="gather_contiguous_table", bug="contiguous_table", cuda_bug="contiguous_table",
+           kind="VALUE_MISMATCH", awaits=f"column-sliced block tables {DEVICEGEN}",
+           description="block_table indexed as b * width + blk: row stride assumed = width (CUDA kernel; torch on cpu)"),
+    Mutant(op="gather", name="gather_dst_storage_start", bug="dst_storage_start", cuda_bug="dst_storage_start",
+           kind="OOB_WRITE",
+           description="dst rows written from its storage's start, not its data_ptr (CUDA kernel; torch on cpu)"),
+    Mutant(op="writer", name="writer_contiguous_kv_c", bug="contiguous_kv_c", cuda_bug="contiguous_kv_c",
+           kind="VALUE_MISMATCH", awaits=f"kv_c / k_pe as views of one [T, 576] tensor {DEVICEGEN}",
+           description="kv_c / k_pe read as contiguous [T, 512] / [T, 64], row strides ignored (CUDA kernel; torch on cpu)"),
 )
 
 
 REJECTS = {"convert": CONVERT_REJECTS, "gather": GATHER_TORCH_REJECTS, "writer": WRITER_TORCH_REJECTS}
+# A mutant with a CUDA kernel is held to that kernel's contract on every device (its torch variant
+# refuses more on the CPU, which a contract never forbids).
+KERNEL_REJECTS = {"gather": CUDA_GATHER_REJECTS, "writer": CUDA_WRITER_REJECTS}
 
 
-def _torch_loader(op: str, bug: str | None) -> Callable[[str], Callable]:
+def _loader(op: str, bug: str | None, cuda_bug: str | None, revision: str | None) -> Callable[[str], Callable]:
     def load(device: str) -> Callable:
+        if device == "cuda" and cuda_bug is not None:
+            from mlafuzz.kernels.mutants import cuda_mutants
+
+            return getattr(cuda_mutants, op)(cuda_bug, revision=revision)
         from mlafuzz.kernels.mutants import torch_bugs
 
-        return torch_bugs.load(op, bug)
+        return torch_bugs.load(op, bug, revision=revision)
     return load
+
+
+def _revisions(m: Mutant) -> frozenset[str] | None:
+    """What a mutant's entry follows: a writer mutant without a pin follows every revision."""
+    return frozenset(WRITER_REVISIONS) if m.op == "writer" and m.revision is None else None
 
 
 def _overwide_loader(device: str) -> Callable:
@@ -86,12 +152,25 @@ def _overwide_loader(device: str) -> Callable:
     return torch_bugs.triton_overwide()
 
 
+def _cpp_throw_loader(device: str) -> Callable:
+    from mlafuzz.kernels.mutants import host_throw
+
+    return host_throw.gather_cpp_throw(device)
+
+
 MUTANTS: tuple[ImplEntry, ...] = tuple(
-    ImplEntry(op=m.op, name=m.name, loader=_torch_loader(m.op, m.bug), devices=frozenset(m.devices),
-              rejects=REJECTS[m.op], description=m.description, expected_kind=m.kind, is_mutant=True)
+    ImplEntry(op=m.op, name=m.name, loader=_loader(m.op, m.bug, m.cuda_bug, m.revision), devices=frozenset(m.devices),
+              rejects=KERNEL_REJECTS[m.op] if m.cuda_bug else REJECTS[m.op], description=m.description,
+              expected_kind=m.kind, is_mutant=True, revision=m.revision, revisions=_revisions(m),
+              capabilities=m.capabilities, awaits=m.awaits)
     for m in CATALOG
 ) + (
     ImplEntry(op="convert", name="triton_overwide", loader=_overwide_loader, devices=frozenset({"cuda"}),
               rejects=CONVERT_REJECTS, expected_kind="OOB_WRITE", is_mutant=True, requires=("triton",),
               description="Triton kernel launched over req_id rows while out has token_indices rows (pre-#48642)"),
+    # Issue 16: a crash-prone error-input class. Its kind is CRASH, so `mutants` runs it in a worker.
+    ImplEntry(op="gather", name="gather_cpp_throw", loader=_cpp_throw_loader, devices=frozenset({"cpu", "cuda"}),
+              rejects=CUDA_GATHER_REJECTS, expected_kind="CRASH", is_mutant=True, tools=("g++",),
+              description="its C++ host check throws on a non-bf16 dst and the process aborts (vLLM on the H200);"
+                          " else ours"),
 )

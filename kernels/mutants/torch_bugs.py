@@ -1,13 +1,15 @@
 """The planted bugs' code: each is the correct algorithm with one named change (the ``bug``).
 
 The torch variants run anywhere (so the catalog runs on CPU CI); the Triton
-variant reproduces a launch bug on the GPU. The catalog (catalog.py) names
+variant reproduces a launch bug on the GPU; CUDA kernels with planted bugs are
+cuda_mutants.py (mutants.cu), the crashing C++ host check host_throw.py. The catalog (catalog.py) names
 them and says which finding each must draw.
 """
 
 from __future__ import annotations
 
 import functools
+import struct
 from typing import Callable
 
 import torch
@@ -17,14 +19,23 @@ from mlafuzz.kernels.checks import check_block_ids, check_convert_args, check_ga
 FLT_MIN = torch.finfo(torch.float32).tiny
 
 
+def _as_contiguous(t: torch.Tensor, *, rows: int | None = None) -> torch.Tensor:
+    """``t``'s first ``rows`` rows read as a kernel that assumes contiguity reads them: from its
+    first element, with row stride = its width and column stride 1 (what such a kernel's
+    ``ptr + r * width + c`` reads, whatever t's strides are)."""
+    n = t.shape[0] if rows is None else rows
+    return t.as_strided((n, t.shape[1]), (t.shape[1], 1))
+
+
 # --- convert -------------------------------------------------------------------
 
 def _convert(bug: str, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK_TOKENS=2048, BLOCK_N=128,
              HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
-             return_valid_counts=False):
+             return_valid_counts=False, *, BLOCK_STRIDE_ROWS=None, COMPACT_TO_FRONT=False):
     if bug != "no_length_check":
         check_convert_args(req_id, block_table, token_indices, BLOCK_SIZE, NUM_TOPK_TOKENS, BLOCK_N,
-                           HAS_PREFILL_WORKSPACE, prefill_workspace_request_ids, prefill_workspace_starts)
+                           HAS_PREFILL_WORKSPACE, prefill_workspace_request_ids, prefill_workspace_starts,
+                           BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS)
     n = token_indices.shape[0]
     rows = req_id.shape[0] if bug == "no_length_check" else n
     tok = token_indices.long()
@@ -45,7 +56,8 @@ def _convert(bug: str, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TO
         req = torch.arange(rows, device=req.device)[:, None].clamp(max=num_reqs - 1)
     table = block_table.long()
     entry = table[req.clamp(0, num_reqs - 1), blk.clamp(0, width - 1)]
-    vals = entry * bs + off
+    stride = bs if BLOCK_STRIDE_ROWS is None or bug == "stride_ignored" else BLOCK_STRIDE_ROWS
+    vals = entry * stride + off
     if HAS_PREFILL_WORKSPACE:
         ids = prefill_workspace_request_ids.long()[:rows, None]
         starts = prefill_workspace_starts.long()
@@ -57,10 +69,30 @@ def _convert(bug: str, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TO
         valid = torch.where(is_pf, valid_pf & in_range, valid)
     vals = ((vals + 2 ** 31) % 2 ** 32 - 2 ** 31)  # int32 wraparound, as the kernel computes
     out = torch.where(valid, vals, torch.full_like(vals, -1)).to(torch.int32)[:n]
+    if COMPACT_TO_FRONT:
+        out = _compact(out, valid[:n], tile=BLOCK_N if bug == "compact_tile_restart" else None)
     if not return_valid_counts:
         return out
     counted = (token_indices != -1) if bug == "count_all" else valid[:n]
     return out, counted.sum(dim=1).to(torch.int32)
+
+
+def _compact(out: torch.Tensor, valid: torch.Tensor, *, tile: int | None) -> torch.Tensor:
+    """Each row's valid values packed at its front, -1 after. ``tile``: the planted bug, packing
+    every tile of that many columns from column 0 of the row again, so a later tile's slots land on
+    an earlier tile's (and the tail starts after the last tile's count)."""
+    n, k = out.shape
+    packed = torch.full_like(out, -1)
+    step = k if tile is None else tile
+    for c0 in range(0, k, step):
+        v = valid[:, c0:c0 + step]
+        base = valid[:, :c0].sum(dim=1, keepdim=True) if tile is None else torch.zeros((n, 1), dtype=torch.int64,
+                                                                                        device=out.device)
+        dest = torch.where(v, base + v.long().cumsum(dim=1) - 1, torch.full_like(v, k, dtype=torch.int64))
+        wide = torch.cat([packed, packed.new_full((n, 1), -1)], dim=1)
+        wide.scatter_(1, dest, torch.where(v, out[:, c0:c0 + step], wide.gather(1, dest)))
+        packed = wide[:, :k]
+    return packed
 
 
 # --- gather --------------------------------------------------------------------
@@ -103,6 +135,8 @@ def _gather(bug: str, src_cache, dst, block_table, workspace_starts, batch_size,
         check_gather_values(ws=ws_l, seq_starts=ss_l, total=total, block_size=bs, max_blocks=block_table.shape[1])
     if total == 0:
         return
+    if bug == "contiguous_table":  # its row stride taken to be its width (a column slice reads the wrong rows)
+        block_table = _as_contiguous(block_table)
     dev = dst.device
     ws = torch.tensor(ws_l, dtype=torch.int64, device=dev)
     j = torch.arange(total, dtype=torch.int64, device=dev)
@@ -117,6 +151,8 @@ def _gather(bug: str, src_cache, dst, block_table, workspace_starts, batch_size,
     rows = _dequant(bug, src_cache.view(torch.uint8)[ids, pos - blk * bs])
     if bug == "skip_last_row":
         rows, dst_rows = rows[:-1], dst[:-1]
+    elif bug == "dst_storage_start":  # rows written from the storage's first element, not dst's own
+        dst_rows = dst.as_strided(dst.shape, dst.stride(), 0)
     else:
         dst_rows = dst
     dst_rows.copy_(rows)
@@ -133,22 +169,79 @@ def _gather(bug: str, src_cache, dst, block_table, workspace_starts, batch_size,
 
 # --- writer --------------------------------------------------------------------
 
-def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None):
-    from mlafuzz.kernels.torch_impl import check_writer_call, encode_records_torch, writer_torch
+# The C literal 1e-4f, from its bits (a float64 that is exactly that float32).
+F32_1E_4: float = struct.unpack("<f", struct.pack("<I", 0x38D1B717))[0]
 
-    if bug is None:
-        return writer_torch(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(x), torch.zeros_like(x), x.abs()).amax(dim=2)  # fmaxf drops NaN
+
+
+def _over_448(v: torch.Tensor) -> torch.Tensor:
+    return v / torch.full_like(v, 448.0)
+
+
+def _floored(v: torch.Tensor, floor: float) -> torch.Tensor:
+    return torch.maximum(v, torch.full_like(v, floor))
+
+
+def _pow2(s: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    return torch.exp2(rounding(torch.log2(s)))  # vLLM's spelling, exp2f(ceilf(log2f(s))), in float32
+
+
+def _revision_scale(amax: torch.Tensor, revision: str) -> torch.Tensor:
+    """The revision's own scale rule, from a (possibly wrong) amax."""
+    if revision == "2026-07":
+        return _floored(_over_448(amax), FLT_MIN)
+    return _pow2(_floored(_over_448(amax), F32_1E_4), torch.ceil)
+
+
+def _fp16_bits_amax(kv_c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """vLLM's fp16 amax: fabsf of each element's raw 16-bit pattern read as an unsigned integer
+    (its fp16 dispatch type is uint16_t), so the tile max is over integers up to 65535; bf16 is
+    read by value there, as here."""
+    if kv_c.dtype != torch.float16:
+        return _amax(x)
+    raw = kv_c.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    return raw.to(torch.float32).view(x.shape).amax(dim=2)
+
+
+# bug -> (x [n, 4, 128] as f32, kv_c, the revision) -> the tile scales it stores [n, 4]
+SCALE_BUGS: dict[str, Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]] = {
+    # 2026-07: a rounded-up power-of-two scale, as some FP8 recipes (and 2026-09) use.
+    "scale_pow2": lambda x, kv_c, rev: _pow2(_floored(_over_448(_amax(x)), FLT_MIN), torch.ceil),
+    # 2026-09: the power of two below, not above: codes of the largest values saturate.
+    "round_down": lambda x, kv_c, rev: _pow2(_floored(_over_448(_amax(x)), F32_1E_4), torch.floor),
+    # 2026-09: the 1e-4 floor applied to amax, before the division, instead of to the scale.
+    "floor_on_amax": lambda x, kv_c, rev: _pow2(_over_448(_floored(_amax(x), F32_1E_4)), torch.ceil),
+    # 2026-09: floored, but never rounded to a power of two.
+    "no_ceiling": lambda x, kv_c, rev: _floored(_over_448(_amax(x)), F32_1E_4),
+    # Either revision: amax from the fp16 bit patterns, as vLLM's native writer does.
+    "fp16_bits": lambda x, kv_c, rev: _revision_scale(_fp16_bits_amax(kv_c, x), rev),
+}
+
+
+def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None, *,
+            revision: str):
+    """The writer of ``revision`` with one ``bug``: a wrong tile scale (``SCALE_BUGS``, codes then
+    made from it correctly) or a wrong slot."""
+    from mlafuzz.kernels.torch_impl import check_writer_call, records_with_scales, writer_torch
+
     check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)  # the one bug is below, not here
+    if bug == "contiguous_kv_c":  # [T, 512] / [T, 64] taken to be contiguous: views of one [T, 576] read wrong
+        n = slot_mapping.shape[0]
+        return writer_torch(_as_contiguous(kv_c, rows=n), _as_contiguous(k_pe, rows=n), kv_cache, slot_mapping,
+                            kv_cache_dtype, scale, revision=revision)
     n = slot_mapping.shape[0]
-    x = kv_c[:n].float().reshape(n, 4, 128)
+    kv, pe = kv_c[:n], k_pe[:n]
+    if bug in SCALE_BUGS:
+        s = SCALE_BUGS[bug](kv.float().reshape(n, 4, 128), kv, revision).to(torch.float32)
+    else:
+        from mlafuzz.kernels.torch_impl import tile_scales_torch
+
+        s = tile_scales_torch(kv, revision=revision)
+    records = records_with_scales(kv, pe, scale=s)
     slots = slot_mapping.long()
-    records = encode_records_torch(kv_c[:n], k_pe[:n])
-    if bug == "scale_pow2":  # a rounded-up power-of-two scale, as some FP8 recipes use
-        amax = torch.nan_to_num(x.abs(), nan=0.0).amax(dim=2)
-        s = torch.maximum(amax / torch.full_like(amax, 448.0), torch.full_like(amax, FLT_MIN))
-        s = torch.exp2(torch.ceil(torch.log2(s)))
-        codes = torch.clamp(x / s[..., None], -448, 448).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, 512)
-        records = torch.cat([codes, s.contiguous().view(torch.uint8).reshape(n, 16), records[:, 528:]], dim=1)
     if bug == "writes_padding":
         slots = slots.clamp(min=0)
     keep = slots >= 0
@@ -175,10 +268,13 @@ def _triton_overwide(req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK
 FUNCS: dict[str, Callable] = {"convert": _convert, "gather": _gather, "writer": _writer}
 
 
-def load(op: str, bug: str | None) -> Callable:
-    """A fresh callable of op's planted ``bug`` (fresh: a stateful bug's state is its own)."""
+def load(op: str, bug: str | None, *, revision: str | None = None) -> Callable:
+    """A fresh callable of op's planted ``bug`` (fresh: a stateful bug's state is its own);
+    ``revision``: the contract revision a writer mutant is pinned to (None: the caller binds one)."""
     if op == "gather":
         return functools.partial(_gather, bug, calls=Calls())
+    if revision is not None:
+        return functools.partial(FUNCS[op], bug, revision=revision)
     return functools.partial(FUNCS[op], bug)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from mlafuzz.reports.findings import Finding, Kind
 from mlafuzz.reports.formats.text import bundle_text, finding_facts, one_line, xor_bits
-from mlafuzz.reports.model import Bucket, RunReport, shard_label
+from mlafuzz.reports.model import Bucket, RunReport, plural, shard_label
 
 MAX_DETAILED_BUCKETS = 200
 MAX_MEMBERS_LISTED = 25
@@ -115,14 +115,14 @@ def _cards(report: RunReport) -> str:
 def _testcases(report: RunReport) -> str:
     rows = [[_pill(t.status), f"<code>{e(t.op)}</code>", f'<code>{e(t.impl)}</code>',
              e(t.cases if t.cases is not None else "?"), e(len(t.failures)),
-             e(sum(len(b.findings) for b in t.buckets)), e(f"{t.seconds:.1f}")] for t in report.testcases]
+             e(sum(b.count for b in t.buckets)), e(f"{t.seconds:.1f}")] for t in report.testcases]
     return _table(["status", "op", "impl", "cases", "failing buckets", "findings", "seconds"], rows, num=(3, 4, 5, 6))
 
 
 def _buckets(report: RunReport) -> str:
     rows = [[_pill(b.status), f"<code>{e(b.kind)}</code>", f"<code>{e(b.op)}</code>",
              f'<code class="impl">{e(one_line(b.impl, 80))}</code>', f"<code>{e(b.cause or '-')}</code>",
-             e(len(b.findings)), e(b.max_ulp if b.max_ulp is not None else "-"),
+             e(b.count), e(b.max_ulp if b.max_ulp is not None else "-"),
              f'{e(one_line(b.first.message, 200))} <a href="#{e(b.slug)}">details</a>'] for b in report.buckets]
     return _table(["status", "kind", "op", "impl", "cause", "findings", "max ulp", "first message"], rows,
                   num=(5, 6))
@@ -253,12 +253,14 @@ def _bucket_detail(b: Bucket, report: RunReport) -> str:
         rows = [[f"<code>{e(g.case_id)}</code>", e(one_line(g.message, 240))]
                 for g in b.findings[1:MAX_MEMBERS_LISTED + 1]]
         more = len(b.findings) - 1 - MAX_MEMBERS_LISTED
-        members = (f"<details><summary>{len(b.findings) - 1} more finding(s) in this bucket</summary>"
+        members = (f"<details><summary>{plural(b.count - 1, 'more finding')} in this bucket"
+                   f"{f' ({len(b.findings)} recorded in findings.jsonl)' if b.count > len(b.findings) else ''}"
+                   "</summary>"
                    + _table(["case", "message"], rows)
                    + (f'<p class="meta">{more} more not listed.</p>' if more > 0 else "") + "</details>")
     return (f'<section class="bucket" id="{e(b.slug)}"><header>{_pill(b.status)}<h3>{e(b.kind)}</h3>'
             f'<code>{e(b.op)}={e(b.impl)}</code><span class="meta">cause <code>{e(b.cause or "-")}</code>'
-            f' &middot; {len(b.findings)} finding(s)</span></header><div>{waiver}'
+            f' &middot; {plural(b.count, "finding")}</span></header><div>{waiver}'
             f'<p class="mono">{e(f.message)}</p><dl class="facts">{facts}</dl>{_mismatches(f)}{replay_html}'
             f"{spec}{members}</div></section>")
 

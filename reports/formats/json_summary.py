@@ -18,7 +18,8 @@ SCHEMA_VERSION = 1
 def bucket_json(b: Bucket, report: RunReport) -> dict[str, Any]:
     f = b.first
     return {"kind": b.kind, "op": b.op, "impl": b.impl, "cause": b.cause, "status": b.status,
-            "severity": b.severity.value, "findings": len(b.findings), "max_ulp": b.max_ulp,
+            "severity": b.severity.value, "findings": b.count,
+            "findings_lines": len(b.findings), "max_ulp": b.max_ulp,
             "case_ids": [g.case_id for g in b.findings], "message": f.message, "first": f.to_json(),
             "replay": report.replay(f),
             "waiver": b.waiver.to_json() if b.waiver is not None else None}

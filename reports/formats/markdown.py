@@ -13,7 +13,7 @@ import html
 import re
 
 from mlafuzz.reports.formats.text import bundle_text, finding_facts, one_line, spec_json, xor_bits
-from mlafuzz.reports.model import Bucket, RunReport
+from mlafuzz.reports.model import Bucket, RunReport, plural
 
 MAX_DETAILED_BUCKETS = 30
 _STATUS_ICON = {"failure": "\u274c", "expected": "\u2796", "info": "\u2139\ufe0f", "passed": "\u2705",
@@ -60,7 +60,7 @@ def _bucket_details(b: Bucket, report: RunReport) -> list[str]:
     f = b.first
     out = ["<details>", f"<summary>{_STATUS_ICON[b.status]} <b>{html.escape(b.kind)}</b> "
            f"{html.escape(b.op)}={html.escape(one_line(b.impl, 120))} cause={html.escape(b.cause or '-')}"
-           f" \u2014 {len(b.findings)} finding(s)</summary>", ""]
+           f" \u2014 {plural(b.count, 'finding')}</summary>", ""]
     if b.waiver is not None:
         out += [f"Expected per ledger {text(b.waiver.label())}: {text(b.waiver.issue)}", ""]
     out += [text(f.message, 1000), ""]
@@ -90,14 +90,14 @@ def render_markdown(report: RunReport) -> str:
     out += _table(["status", "op", "impl", "cases", "failing buckets", "failing findings"],
                   [[_STATUS_ICON[tc.status], code(tc.op), code(tc.impl, 120), text(tc.cases if tc.cases is not None
                                                                                   else "?"),
-                    str(len(tc.failures)), str(sum(len(b.findings) for b in tc.failures))]
+                    str(len(tc.failures)), str(sum(b.count for b in tc.failures))]
                    for tc in report.testcases])
     out.append("")
     if report.buckets:
         out += ["### Finding buckets", ""]
         out += _table(["", "kind", "op", "impl", "cause", "findings", "first message"],
                       [[_STATUS_ICON[b.status], code(b.kind), code(b.op), code(b.impl, 80), code(b.cause or "-"),
-                        str(len(b.findings)), text(b.first.message, 160)] for b in report.buckets])
+                        str(b.count), text(b.first.message, 160)] for b in report.buckets])
         out.append("")
         out += ["### Details", ""]
         for b in report.buckets[:MAX_DETAILED_BUCKETS]:

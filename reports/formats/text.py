@@ -7,7 +7,7 @@ import re
 from typing import Any, Mapping
 
 from mlafuzz.reports.findings import Finding
-from mlafuzz.reports.model import Bucket, RunReport
+from mlafuzz.reports.model import Bucket, RunReport, plural
 
 MAX_MISMATCHES = 8  # per finding, in detail blocks
 _HEX = re.compile(r"^0x[0-9a-fA-F]+$")
@@ -44,6 +44,8 @@ def finding_facts(finding: Finding) -> list[tuple[str, str]]:
         facts.append(("mismatched", str(finding.count)))
     if finding.max_ulp is not None:
         facts.append(("max ulp", str(finding.max_ulp)))
+    if finding.revision:
+        facts.append(("revision", finding.revision))
     shard = finding.extra.get("shard") if isinstance(finding.extra, Mapping) else None
     if isinstance(shard, Mapping):
         label = shard.get("label")
@@ -64,7 +66,7 @@ def bundle_text(bundle: Mapping[str, Any] | None) -> str:
 def bucket_block(bucket: Bucket, report: RunReport) -> str:
     """The plain-text story of a bucket: its first finding in full and the replay command."""
     f = bucket.first
-    lines = [f"{bucket.title()}: {len(bucket.findings)} finding(s), severity {bucket.severity.value}"]
+    lines = [f"{bucket.title()}: {plural(bucket.count, 'finding')}, severity {bucket.severity.value}"]
     if bucket.waiver is not None:
         lines.append(f"expected per ledger {bucket.waiver.label()}: {bucket.waiver.issue}")
     lines.append(f"message: {f.message}")
@@ -76,7 +78,7 @@ def bucket_block(bucket: Bucket, report: RunReport) -> str:
         lines.append(f"spec: {spec_json(f)}")
     others = [g.case_id for g in bucket.findings[1:6]]
     if others:
-        lines.append(f"also in: {', '.join(others)}{' ...' if len(bucket.findings) > 6 else ''}")
+        lines.append(f"also in: {', '.join(others)}{' ...' if bucket.count > 6 else ''}")
     bundle = bundle_text(report.bundle_for(bucket))
     if bundle:
         lines.append(f"bundle: {bundle}")

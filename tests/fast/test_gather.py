@@ -67,6 +67,7 @@ def test_every_code_times_every_catalog_scale_and_random_scale_bits_match_the_or
 @pytest.mark.parametrize("values", list(ValueMode))
 @given(seed=st.integers(0, 2**32 - 1), flip=st.integers(0, 2**31))
 @settings(max_examples=5, deadline=None)
+@pytest.mark.slow
 def test_yes_on_the_oracles_rows_no_on_any_single_bit_flip_that_changes_the_value(values, seed, flip):
     spec = GatherSpec(requests=(GatherRequest(context_len=40, seq_start=5, length=12), GatherRequest(context_len=9),
                                 GatherRequest(context_len=30, seq_start=17, length=9)),
@@ -85,6 +86,7 @@ def test_yes_on_the_oracles_rows_no_on_any_single_bit_flip_that_changes_the_valu
 
 @given(seed=st.integers(0, 2**32 - 1), flip=st.integers(0, 2**31))
 @settings(max_examples=5, deadline=None)
+@pytest.mark.slow
 def test_two_runs_checked_in_one_pass_say_no_when_either_differs(seed, flip):
     spec = GatherSpec(requests=(GatherRequest(context_len=33, seq_start=3, length=20), GatherRequest(context_len=0),
                                 GatherRequest(context_len=21)),
@@ -123,6 +125,7 @@ def test_two_runs_that_differ_only_in_a_nan_payload_are_not_a_match():
 @pytest.mark.parametrize("values", [ValueMode.ALL_CODES, ValueMode.NAN, ValueMode.ACTIVATIONS])
 @given(seed=st.integers(0, 2**32 - 1), keep=st.integers(1, 2**20))
 @settings(max_examples=4, deadline=None)
+@pytest.mark.slow
 def test_a_prefilled_dst_is_a_match_only_once_every_byte_of_it_is_written(values, seed, keep):
     """The one-run write map: after gather_prefill, a dst where a kernel wrote every byte with the
     oracle's value matches; leave any byte (of any element, NaN ones included) unwritten and it

@@ -26,20 +26,21 @@ from mlafuzz.harness.fast.writer import (  # noqa: E402
     writer_records_flag,
 )
 from mlafuzz.oracles import codec  # noqa: E402
+from mlafuzz.oracles.writer_scale import NEWEST, REVISIONS  # noqa: E402
 from mlafuzz.tests.support.helpers import matches, materialize  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _expected(t) -> torch.Tensor:
-    # The fused check recomputes the 2026-07 scale rule (SPEC section 7).
+def _expected(t, revision: str = NEWEST) -> torch.Tensor:
+    # The fused check recomputes the scale rule of the revision it is given (SPEC section 7).
     return codec.write_records(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=t["kv_cache"],
-                               slot_mapping=t["slot_mapping"], revision="2026-07")
+                               slot_mapping=t["slot_mapping"], revision=revision)
 
 
-def _match(t, after: torch.Tensor) -> bool:
+def _match(t, after: torch.Tensor, revision: str = NEWEST) -> bool:
     return matches(writer_records_flag(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
-                                kv_cache_after=after, slot_mapping=t["slot_mapping"]))
+                                kv_cache_after=after, slot_mapping=t["slot_mapping"], revision=revision))
 
 
 def _case(values: WriterValues, dtype: InputDtype, seed: int, padding: bool = True):
@@ -123,8 +124,10 @@ def _hard_tiles(dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([shuffled.reshape(-1, 512), ordered.reshape(-1, 512), special.reshape(-1, 512).to(dtype)])
 
 
+@pytest.mark.parametrize("revision", REVISIONS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_yes_on_the_oracles_cache_for_every_16_bit_input_pattern_and_hard_tiles(dtype):
+@pytest.mark.slow
+def test_yes_on_the_oracles_cache_for_every_16_bit_input_pattern_and_hard_tiles(dtype, revision):
     kv_c = _hard_tiles(dtype)
     n = kv_c.shape[0]
     gen = torch.Generator().manual_seed(2)
@@ -132,31 +135,42 @@ def test_yes_on_the_oracles_cache_for_every_16_bit_input_pattern_and_hard_tiles(
     slots = torch.randperm(n + 6, generator=gen)[:n]
     slots[::9] = -1  # padding tokens
     t = _tensors(kv_c, k_pe, slots, num_blocks=(n + 6) // 2, bs=2)
-    after = _expected(t)
-    assert _match(t, after)
+    after = _expected(t, revision)
+    assert _match(t, after, revision)
+    # ... and no on the other revision's cache: the two rules differ on almost every tile.
+    other = next(r for r in REVISIONS if r != revision)
+    assert not _match(t, _expected(t, other), revision)
 
 
+def test_an_unknown_revision_is_cannot_tell_not_a_verdict():
+    t = _case(WriterValues.NORMAL, InputDtype.BF16, 3, padding=False)
+    assert writer_records_flag(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
+                               kv_cache_after=_expected(t), slot_mapping=t["slot_mapping"], revision="2026-08") is None
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
 @pytest.mark.parametrize("dtype", list(InputDtype))
 @pytest.mark.parametrize("values", list(WriterValues))
 @given(seed=st.integers(0, 2**32 - 1), where=st.integers(0, 2**31), bit=st.integers(0, 7))
-@settings(max_examples=3, deadline=None)
-def test_yes_on_the_oracles_cache_no_on_any_single_bit_flip(values, dtype, seed, where, bit):
+@settings(max_examples=2, deadline=None)
+@pytest.mark.slow
+def test_yes_on_the_oracles_cache_no_on_any_single_bit_flip(values, dtype, revision, seed, where, bit):
     t = _case(values, dtype, seed)
-    after = _expected(t)
-    assert _match(t, after)
+    after = _expected(t, revision)
+    assert _match(t, after, revision)
     flat = after.view(-1, 656)
     slots = t["slot_mapping"]
     written = slots[slots >= 0].cpu()
     if written.numel():
         s, byte = int(written[where % written.numel()]), (where // 7) % 656  # codes, scale bytes, rope bytes
         flat[s, byte] ^= 1 << bit
-        assert not _match(t, after)
+        assert not _match(t, after, revision)
         flat[s, byte] ^= 1 << bit
     unwritten = sorted(set(range(flat.shape[0])) - set(written.tolist()))
     assert unwritten  # the spare block
     s = unwritten[where % len(unwritten)]
     flat[s, (where // 11) % 656] ^= 1 << bit
-    assert not _match(t, after)
+    assert not _match(t, after, revision)
 
 
 def test_every_byte_region_of_a_written_record_is_checked():
@@ -193,6 +207,7 @@ def test_duplicate_out_of_range_and_short_inputs_say_no_without_raising():
     assert _match(t, after[:, :2]) is False
 
 
+@pytest.mark.slow
 def test_checks_of_interleaved_cases_and_a_smaller_cache_after_a_bigger_see_only_their_own_slots():
     """The slot -> token map is one buffer per device, reused without clearing: entries left by
     earlier checks (other slots, a larger cache, a duplicate's trouble mark) must read as empty."""
@@ -234,7 +249,7 @@ def test_layouts_extra_rows_int32_slots_and_fp8_input_cache():
     assert not _match(none, after)
 
 
-@pytest.mark.parametrize("mutant", ["writer_scale_pow2", "writer_writes_padding"])
+@pytest.mark.parametrize("mutant", ["writer_scale_pow2", "writer_writes_padding", "writer_no_ceiling"])
 def test_the_runner_skips_the_oracle_on_yes_and_a_mutant_is_still_found(mutant):
     import dataclasses
 
@@ -270,27 +285,28 @@ _PTX_SCRIPT = textwrap.dedent("""
         print("SKIP", exc)
         sys.exit(0)
     from mlafuzz.harness.fast.writer import _check_records
-    for is_bf16 in (True, False):
-        for use_cvt in (True, False):
-            sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv_ptr": "*bf16" if is_bf16 else "*fp16",
-                   "pe_ptr": "*bf16" if is_bf16 else "*fp16", "inv_ptr": "*i64",
-                   "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32",
-                   "IS_BF16": "constexpr", "USE_ASM": "constexpr", "USE_CVT": "constexpr"}
-            src = ASTSource(fn=_check_records, signature=sig,
-                            constexprs={"IS_BF16": is_bf16, "USE_ASM": True, "USE_CVT": use_cvt})
-            try:
-                k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-            except ImportError as exc:
-                print("SKIP", exc)
-                sys.exit(0)
-            ptx = k.asm["ptx"]
-            assert "div.rn.f32" in ptx, "no div.rn.f32"
-            assert "div.full" not in ptx and "div.approx" not in ptx, "an inexact division"
-            assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == use_cvt, "the e4m3 encode is not the one asked for"
+    for is_bf16, use_cvt, revision in ((True, True, 0), (True, False, 1), (False, True, 1), (False, False, 0)):
+        sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv_ptr": "*bf16" if is_bf16 else "*fp16",
+               "pe_ptr": "*bf16" if is_bf16 else "*fp16", "inv_ptr": "*i64",
+               "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32",
+               "IS_BF16": "constexpr", "USE_ASM": "constexpr", "USE_CVT": "constexpr", "REVISION": "constexpr"}
+        src = ASTSource(fn=_check_records, signature=sig,
+                        constexprs={"IS_BF16": is_bf16, "USE_ASM": True, "USE_CVT": use_cvt,
+                                    "REVISION": revision})
+        try:
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+        except ImportError as exc:
+            print("SKIP", exc)
+            sys.exit(0)
+        ptx = k.asm["ptx"]
+        assert "div.rn.f32" in ptx, "no div.rn.f32"
+        assert "div.full" not in ptx and "div.approx" not in ptx, "an inexact division"
+        assert ("cvt.rn.satfinite.e4m3x2.f32" in ptx) == use_cvt, "the e4m3 encode is not the one asked for"
     print("OK")
 """)
 
 
+@pytest.mark.slow
 def test_the_gpu_build_compiles_offline_with_ieee_division_and_the_asked_e4m3_encode():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)

@@ -136,3 +136,21 @@ def test_cumulative_workspace_starts_carry_one_more_entry():
     assert exact.tensors["workspace_starts"].tolist() == [0, 3, 3]
     assert cum.tensors["workspace_starts"].tolist() == [0, 3, 3, 9]
     assert exact.params["total"] == 9 and exact.tensors["seq_starts"].tolist() == [0, 0, 4]
+
+
+def test_a_strided_inputs_copy_keeps_its_strides_and_the_bytes_between_its_elements():
+    from mlafuzz.generators.invalid import with_
+
+    case = materialize(GatherSpec(requests=(GatherRequest(context_len=20, length=20),) * 3), 1)
+    wide = torch.arange(3 * 9, dtype=torch.int32).reshape(3, 9)
+    both = torch.randn(4, 576).to(torch.bfloat16)
+    case = with_(case, tensors={"block_table": wide[:, 2:5], "k_pe_like": both[:, 512:]})
+    copies = case.cloned_tensors()
+    for name in ("block_table", "k_pe_like"):
+        view, copy = case.tensors[name], copies[name]
+        assert copy.stride() == view.stride() and torch.equal(copy, view)
+        assert copy.untyped_storage().data_ptr() != view.untyped_storage().data_ptr()
+    # What a kernel assuming contiguity reads there: the case's own values, not uninitialized memory.
+    flat = copies["block_table"].as_strided((3 * 3,), (1,))
+    assert flat.tolist() == wide.reshape(-1)[2:11].tolist()
+    assert torch.equal(copies["k_pe_like"].as_strided((64 + 576,), (1,)), both.reshape(-1)[512:512 + 640])

@@ -30,8 +30,12 @@ def _gather(values: ValueMode) -> GatherSpec:
     ("gather_mutates_cache", ValueMode.ACTIVATIONS, Kind.INPUT_MUTATION),
     ("gather_nondeterministic", ValueMode.ACTIVATIONS, Kind.NONDETERMINISM),
 ])
-@pytest.mark.parametrize("fast, room", [(False, "1"), (True, "1"), (True, "0")],
-                         ids=["oracle", "fused-check", "fast-room-off"])
+@pytest.mark.parametrize("fast, room", [
+    pytest.param(False, "1", id="oracle"),
+    # Under the CPU interpreter the fused checks are slow; the GPU stage runs them (.ci/gpu fasttests).
+    pytest.param(True, "1", id="fused-check", marks=pytest.mark.slow),
+    pytest.param(True, "0", id="fast-room-off"),
+])
 def test_planted_gather_draws_its_kind_and_the_torch_gather_does_not(mutant, values, kind, fast, room, monkeypatch):
     """fused-check: the GPU's path, where the fused check of both runs stands in for the oracle,
     the comparator and the write map whenever it says yes (on CPU under the interpreter).

@@ -140,4 +140,4 @@ def test_fuzz_exits_0_when_every_finding_is_expected_and_names_stale_entries(tmp
             "--shrink-budget", "0", "--quiet", "--out", str(tmp_path / "run"), "--ledger", str(_toml(tmp_path, body))]
     assert main(argv) == 0
     assert "stale ledger entry expected[2] OOB_WRITE" in capsys.readouterr().err
-    assert main(argv[:-2]) == 1  # without the ledger the same findings fail
+    assert main(argv[:-2] + ["--overwrite"]) == 1  # without the ledger the same findings fail

@@ -54,7 +54,7 @@ def test_plugin_adds_nothing_without_a_budget(pytester):
 
 def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_rerun_command_under_xdist(pytester):
     result = pytester.runpytest_subprocess(
-        *_plugin_args(), "-n", "2", "-rA", "--mlafuzz-budget", "1.5", "--mlafuzz-seed", SEED,
+        *_plugin_args(), "-n", "2", "-rA", "--mlafuzz-cases", "4", "--mlafuzz-seed", SEED,
         "--mlafuzz-shrink-budget", "0", "--mlafuzz-impl", "gather=torch", "--mlafuzz-impl", f"gather={PLANTED}",
         "--mlafuzz-out", "out")
     result.assert_outcomes(passed=1, failed=1)
@@ -72,7 +72,7 @@ def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_rerun_comma
 
 def test_planted_failure_names_the_shrunk_bundles_replay_command(pytester):
     result = pytester.runpytest(
-        *_plugin_args(), "--mlafuzz-budget", "1", "--mlafuzz-seed", SEED, "--mlafuzz-shrink-budget", "0.3",
+        *_plugin_args(), "--mlafuzz-cases", "4", "--mlafuzz-seed", SEED, "--mlafuzz-shrink-budget", "0.3",
         "--mlafuzz-impl", f"gather={PLANTED}", "--mlafuzz-out", "out")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["collected 1 item",
@@ -85,7 +85,7 @@ def test_ledger_turns_planted_findings_into_expected_ones_and_names_stale_entrie
         for i, kind in enumerate(("VALUE_MISMATCH", "NAN_MISMATCH", "OOB_WRITE")))
     pytester.makefile(".toml", ledger=entries)
     result = pytester.runpytest(
-        *_plugin_args(), "--mlafuzz-budget", "1", "--mlafuzz-seed", SEED, "--mlafuzz-shrink-budget", "0",
+        *_plugin_args(), "--mlafuzz-cases", "4", "--mlafuzz-seed", SEED, "--mlafuzz-shrink-budget", "0",
         "--mlafuzz-impl", f"gather={PLANTED}", "--mlafuzz-ledger", "ledger.toml", "--mlafuzz-out", "out")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*stale ledger entry expected[[]2[]] OOB_WRITE gather=*https://x/2*"])
@@ -96,6 +96,7 @@ def test_ledger_turns_planted_findings_into_expected_ones_and_names_stale_entrie
     (["--mlafuzz-impl", "gather=nosuchimpl"], "no implementation named 'nosuchimpl'"),
     (["--mlafuzz-impl", "softmax=torch"], "unknown op 'softmax'"),
     (["--mlafuzz-budget", "0"], "--mlafuzz-budget=0.0 must be > 0"),
+    (["--mlafuzz-cases", "0"], "--mlafuzz-cases=0 must be >= 1"),
     (["--mlafuzz-ledger", "missing.toml"], "ledger=missing.toml: no such file"),
 ])
 def test_bad_plugin_options_are_one_line_usage_errors(pytester, argv, needle):

@@ -32,7 +32,7 @@ def _kinds_until(name: str, stop) -> tuple[int | None, set[str]]:
 
 def test_the_four_planted_step_bugs_are_registered_with_their_kinds():
     assert {n: resolve("step", n).expected_kind for n in MUTANTS} == {
-        "step_full_req_id": "METADATA_MISMATCH", "step_no_seq_starts": "VALUE_MISMATCH",
+        "step_full_req_id": "METADATA_MISMATCH", "step_no_seq_starts": "METADATA_MISMATCH",
         "step_second_split": "METADATA_MISMATCH", "step_ws_not_restarted": "METADATA_MISMATCH"}
 
 
@@ -49,7 +49,7 @@ def test_every_planted_step_bug_draws_its_named_kind(name):
 
 
 def test_fuzzing_our_step_pipeline_on_cpu_finds_nothing(tmp_path, capsys):
-    rc = main(["fuzz", "--op", "step", "--impl", "step=ours", "--device", "cpu", "--budget", "20", "--in-process",
+    rc = main(["fuzz", "--op", "step", "--impl", "step=ours", "--device", "cpu", "--cases", "20", "--in-process",
                "--quiet", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out + (tmp_path / "findings.jsonl").read_text()

@@ -18,6 +18,7 @@ from mlafuzz.tests.support.cuda_cases import HAS_CUDA
 # ----------------------------------------------------------------------------- CPU tests
 
 
+@pytest.mark.slow
 def test_nvcc_compile_check(tmp_path):
     """The real kernel + binding translation unit compiles for sm_90 on a machine without GPU."""
     if cuda_ext._find_nvcc() is None:

@@ -7,6 +7,7 @@ import torch
 
 from mlafuzz.kernels import cuda_ext
 from mlafuzz.oracles import codec
+from mlafuzz.oracles.writer_scale import NEWEST, REVISIONS
 from mlafuzz.tests.support.cuda_cases import (
     DEV,
     _oracle_gather,
@@ -22,8 +23,8 @@ from mlafuzz.tests.support.cuda_cases import (
 
 # ----------------------------------------------------------------------------- GPU: writer
 
-# Our CUDA writer implements SPEC section 2 as written: contract revision 2026-07.
-REVISION = "2026-07"
+# Our CUDA writer follows either contract revision (SPEC section 7), the newest by default.
+REVISION = NEWEST
 
 
 def _check_cache_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
@@ -48,14 +49,15 @@ WRITER_CASES = [
 
 
 @gpu
+@pytest.mark.parametrize("revision", REVISIONS)
 @pytest.mark.parametrize("p", WRITER_CASES, ids=lambda p: f"s{p['seed']}-bs{p['bs']}-{p['cache_layout']}")
-def test_writer_random_vs_oracle(ext, p):
+def test_writer_random_vs_oracle(ext, p, revision):
     """Special values per tile (NaN, all-NaN, +-inf, huge, subnormal, zeros, random bits, RNE ties),
     slot -1 padding, extra kv_c rows, fused (strided) kv_c/k_pe: the whole cache must equal
-    codec.write_records (revision 2026-07) byte for byte, untouched slots included."""
+    codec.write_records under the same contract revision byte for byte, untouched slots included."""
     gen = torch.Generator().manual_seed(p["seed"])
     kv_c, k_pe, slots, cache = kv_inputs(gen, bs=p["bs"], kv_dtype=p["kv_dtype"], pe_dtype=p["pe_dtype"])
-    expected = codec.write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, slot_mapping=slots, revision=REVISION)
+    expected = codec.write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, slot_mapping=slots, revision=revision)
     dev = DEV
     dev_cache = place_cache(cache, p["cache_layout"], dev)
     kv_c_d, k_pe_d, slots_d = kv_c.to(dev), k_pe.to(dev), slots.to(dev)
@@ -63,7 +65,7 @@ def test_writer_random_vs_oracle(ext, p):
         both = torch.cat([kv_c, k_pe, torch.zeros(kv_c.shape[0], 8, dtype=kv_c.dtype)], 1).to(dev)
         kv_c_d, k_pe_d = both[:, :512], both[:, 512:576]
     inputs_before = [kv_c_d.clone(), k_pe_d.clone(), slots_d.clone()]
-    cuda_ext.writer(kv_c_d, k_pe_d, dev_cache, slots_d, "fp8_ds_mla", None)
+    cuda_ext.writer(kv_c_d, k_pe_d, dev_cache, slots_d, "fp8_ds_mla", None, revision=revision)
     _sync()
     _check_cache_equal(dev_cache.view(torch.uint8), expected, f"writer {p}")
     # Whole underlying buffer (padding between records included) == the expected cache placed

@@ -31,6 +31,7 @@ from mlafuzz.oracles.codec import dequant_records as oracle_dequant  # noqa: E40
 from mlafuzz.oracles.codec import write_records as oracle_write_records  # noqa: E402
 from mlafuzz.oracles.convert import convert as oracle_convert  # noqa: E402
 from mlafuzz.oracles.gather import gather as oracle_gather  # noqa: E402
+from mlafuzz.oracles.writer_scale import NEWEST, REVISIONS  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
@@ -70,10 +71,10 @@ def local_fp8_rne(q):
     return torch.where(torch.isnan(q), 0x7F, code).to(torch.uint8)
 
 
-def reference_write(kv_c, k_pe, kv_cache, slot_mapping):
-    # The torch writer implements SPEC section 2 as written: revision 2026-07.
+def reference_write(kv_c, k_pe, kv_cache, slot_mapping, revision=NEWEST):
+    # The torch writer follows either contract revision (SPEC section 7), the newest by default.
     return oracle_write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache,
-                                slot_mapping=slot_mapping, revision="2026-07").view(torch.uint8).cpu()
+                                slot_mapping=slot_mapping, revision=revision).view(torch.uint8).cpu()
 
 
 def same_bits(a, b):
@@ -281,14 +282,15 @@ def _writer_inputs(g, t, dtype=torch.bfloat16):
     return kv_c, k_pe
 
 
+@pytest.mark.parametrize("revision", REVISIONS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_writer_matches_oracle_with_padding_slots(dtype):
+def test_writer_matches_oracle_with_padding_slots(dtype, revision):
     g = torch.Generator().manual_seed(3)
     kv_c, k_pe = _writer_inputs(g, 6, dtype)
     cache = torch.randint(0, 256, (3, 4, 656), generator=g, dtype=torch.uint8)
     slots = torch.tensor([5, -1, 0, 11, -1, 7], dtype=torch.int64)
-    want = reference_write(kv_c, k_pe, cache, slots)
-    writer_torch(kv_c, k_pe, cache, slots, "fp8_ds_mla", torch.tensor(1.0))
+    want = reference_write(kv_c, k_pe, cache, slots, revision)
+    writer_torch(kv_c, k_pe, cache, slots, "fp8_ds_mla", torch.tensor(1.0), revision=revision)
     assert torch.equal(cache, want)
 
 
@@ -313,7 +315,8 @@ def test_writer_uses_only_the_first_len_slot_mapping_rows_of_kv_c():
     assert torch.equal(cache, want)
 
 
-def test_writer_special_values_nan_inf_zero_tiny_and_saturation():
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_writer_special_values_nan_inf_zero_tiny_and_saturation(revision):
     kv_c = torch.zeros((4, 512), dtype=torch.float32)
     kv_c[0, :128] = torch.linspace(-3, 3, 128)
     kv_c[0, 5] = float("nan")  # ignored by amax, coded 0x7F
@@ -327,13 +330,14 @@ def test_writer_special_values_nan_inf_zero_tiny_and_saturation():
     k_pe = torch.full((4, 64), float("nan"), dtype=torch.bfloat16)
     cache = torch.zeros((1, 4, 656), dtype=torch.uint8)
     slots = torch.arange(4)
-    want = reference_write(kv_c, k_pe, cache, slots)
-    writer_torch(kv_c, k_pe, cache, slots)
+    want = reference_write(kv_c, k_pe, cache, slots, revision)
+    writer_torch(kv_c, k_pe, cache, slots, revision=revision)
     assert torch.equal(cache, want)
     rec = cache[0, 0]
     assert rec[5] == 0x7F and (rec[128:256] == 0x80).all() and rec[384] == 0x7F
     scales = rec[512:528].view(torch.float32)
-    assert scales[1] == FLT_MIN and torch.isinf(scales[3])
+    # An all-zero tile gets the floor: FLT_MIN, or 2**-13 (the power of two above 1e-4f).
+    assert scales[1] == (FLT_MIN if revision == "2026-07" else 2.0**-13) and torch.isinf(scales[3])
     assert (cache[0, 2, :128] == 0x7F).all()
 
 
@@ -473,3 +477,34 @@ def test_torch_impls_on_cuda_match_cpu_bit_for_bit():
     writer_torch(kv_c.cuda(), k_pe.cuda(), c_gpu, slots.cuda())
     assert torch.equal(c_gpu.cpu(), c_cpu)
     assert torch.equal(c_cpu, reference_write(kv_c, k_pe, orig, slots))
+
+
+def test_kernels_know_the_oracles_revisions():
+    """kernels/ may not import the references, so it keeps its own list: the same names, newest last."""
+    from mlafuzz.kernels import revisions
+
+    assert revisions.WRITER_REVISIONS == REVISIONS and revisions.NEWEST == NEWEST
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_writer_scales_are_the_oracles_on_every_16_bit_amax(dtype, revision):
+    """Each tile holds one 16-bit pattern (and zeros): every finite amax the writer can see, and
+    inf and NaN, against the oracle's tile scales, bit for bit."""
+    from mlafuzz.kernels.torch_impl import tile_scales_torch
+    from mlafuzz.oracles.codec import tile_scales
+
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(dtype)
+    kv_c = torch.zeros((bits.numel() // 4, 512), dtype=dtype)
+    kv_c.view(-1, 4, 128)[:, :, 7] = bits.view(-1, 4)
+    want = tile_scales(kv_c=kv_c, revision=revision).scale
+    got = tile_scales_torch(kv_c, revision=revision)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_writer_refuses_an_unknown_revision_before_writing():
+    cache = torch.zeros((1, 2, 656), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="revision"):
+        writer_torch(torch.ones((1, 512), dtype=torch.bfloat16), torch.ones((1, 64), dtype=torch.bfloat16), cache,
+                     torch.tensor([0]), revision="2026-08")
+    assert not cache.any()

@@ -99,6 +99,10 @@ def test_report_and_merge_subcommands_write_files_and_fail_in_one_line(shards, t
     assert _cli(["merge", *map(str, shards), "--out", str(tmp_path / "m")]) == 0
     assert "merged 2 run directories" in capsys.readouterr().out
     out = tmp_path / "r" / "junit.xml"
+    with pytest.raises(UsageError, match="folder .* does not exist"):  # a mistyped path is never created
+        _cli(["report", str(tmp_path / "m"), "--format", "junit", "-o", str(out)])
+    assert not out.parent.exists()
+    out.parent.mkdir()
     assert _cli(["report", str(tmp_path / "m"), "--format", "junit", "-o", str(out)]) == 0
     assert ET.parse(out).getroot().get("tests") == "1"
     assert _cli(["report", str(shards[0]), "--format", "json"]) == 0
@@ -125,3 +129,54 @@ def test_shards_without_run_json_are_attributed_by_their_findings_never_by_guess
     assert not (tmp_path / "m" / "run.json").exists()
     cases = {(t.impl, t.cases) for t in report_of(tmp_path / "m").testcases}
     assert cases == {(f"{PLANTED}:gather", 12), ("?", 5)}
+
+
+def _fake_run(path: Path, *, seed: int, shard: str, cases: int = 16, impl: str = "torch", lines: int = 2,
+              total: int = 5) -> Path:
+    """A run directory as fuzz writes it: one bucket of ``total`` findings, ``lines`` of them kept."""
+    from mlafuzz.reports.findings import Finding, Kind
+    from mlafuzz.reports.jsonl import JsonlSink
+
+    path.mkdir(parents=True)
+    f = Finding(kind=Kind.VALUE_MISMATCH, op="gather", impl=impl, case_id="c", message="m", cause="dst:value")
+    with JsonlSink(path / "findings.jsonl") as sink:
+        sink.write_findings([f] * lines)
+    (path / "summary.json").write_text(json.dumps({
+        "cases": cases, "skipped": 0, "findings": total, "infos": 0, "per_op": {"gather": cases},
+        "by_kind": {"VALUE_MISMATCH": total}, "bucket_counts": {"\x1f".join(f.dedup_key): total}}))
+    (path / "run.json").write_text(json.dumps({"ops": ["gather"], "impls": {"gather": impl}, "device": "cpu",
+                                               "seed": seed, "shard": shard, "cases": cases}))
+    return path
+
+
+@pytest.mark.parametrize("second, needle", [
+    ({"seed": 8, "shard": "1/2"}, "different seeds"),
+    ({"seed": 7, "shard": "1/4"}, "different shard schemes"),
+])
+def test_merge_refuses_runs_that_are_not_shards_of_one_run(second, needle, tmp_path):
+    a = _fake_run(tmp_path / "a", seed=7, shard="0/2")
+    b = _fake_run(tmp_path / "b", **second)
+    with pytest.raises(ReportError, match=needle) as info:
+        merge_runs([a, b], tmp_path / "m")
+    assert "\n" not in str(info.value) and not (tmp_path / "m").exists()
+
+
+def test_merge_drops_a_directory_that_repeats_anothers_cases_and_says_so(tmp_path, capsys):
+    a = _fake_run(tmp_path / "a", seed=7, shard="0/1")
+    copy = _fake_run(tmp_path / "copy", seed=7, shard="0/1")
+    other_impl = _fake_run(tmp_path / "other", seed=7, shard="0/1", impl="gather_no_seq_starts")
+    result = merge_runs([a, copy, other_impl], tmp_path / "m")
+    assert [(d.dir, d.kept) for d in result.dropped] == [(copy, a)]
+    assert result.summary["cases"] == 32 and result.shards == 2  # 16 + 16 of another impl, not 48
+    assert _cli(["merge", str(a), str(copy), "--out", str(tmp_path / "m2")]) == 0
+    out = capsys.readouterr().out
+    assert f"dropped {copy}: it repeats the cases of {a}" in out and "merged 1 run directory" in out
+    assert json.loads((tmp_path / "m2" / "summary.json").read_text())["cases"] == 16
+
+
+def test_merge_sums_bucket_counts_so_reports_count_every_finding(tmp_path):
+    a = _fake_run(tmp_path / "a", seed=7, shard="0/2", total=120)
+    b = _fake_run(tmp_path / "b", seed=7, shard="1/2", total=62)
+    merged = merge_runs([a, b], tmp_path / "m").summary
+    assert list(merged["bucket_counts"].values()) == [182] and merged["findings"] == 182
+    assert report_of(tmp_path / "m").headline().startswith("mlafuzz: 1 failing bucket (182 findings)")

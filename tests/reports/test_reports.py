@@ -208,3 +208,44 @@ def test_console_table_prints_a_row_per_bucket_failures_first(planted_run):
     out = "\n".join(lines)
     assert sum(line.startswith("failure") for line in lines) == len(_buckets_in_jsonl(planted_run))
     assert "VALUE_MISMATCH" in out and "NAN_MISMATCH" in out and "dst:value" in out
+
+
+@pytest.fixture(scope="module")
+def capped_run(tmp_path_factory) -> Path:
+    """A run whose bucket has more findings than findings.jsonl keeps lines of (the cap set to 2)."""
+    import mlafuzz.harness.drive.fuzz as fuzz_module
+
+    out = tmp_path_factory.mktemp("capped")
+    cap, fuzz_module.MAX_LINES_PER_BUCKET = fuzz_module.MAX_LINES_PER_BUCKET, 2
+    try:
+        rc = main(["fuzz", "--op", "gather", "--impl", "gather=gather_skip_last_row", "--device", "cpu", "--cases",
+                   "12", "--in-process", "--quiet", "--shrink-budget", "0", "--out", str(out)])
+    finally:
+        fuzz_module.MAX_LINES_PER_BUCKET = cap
+    assert rc == 1
+    return out
+
+
+def test_every_format_counts_a_buckets_findings_not_the_lines_kept_of_it(capped_run):
+    summary = json.loads((capped_run / "summary.json").read_text())
+    n = summary["findings"]
+    assert n > 2 and len(read_findings(capped_run / "findings.jsonl")) == 2
+    assert sum(summary["bucket_counts"].values()) == n + summary["infos"]
+    report = report_of(capped_run)
+    assert report.headline().startswith(f"mlafuzz: 1 failing bucket ({n} findings) in 1 of 1 implementation,")
+    doc = json.loads(render_dir(capped_run, "json"))
+    assert doc["counts"]["failure_findings"] == n and doc["buckets"][0]["findings"] == n
+    assert doc["buckets"][0]["findings_lines"] == 2
+    assert f"{n} findings, severity error" in ET.fromstring(render_dir(capped_run, "junit")).find(".//failure").text
+    md = render_dir(capped_run, "md")
+    assert f"| {n} |" in md and f"\u2014 {n} findings</summary>" in md
+    page = render_dir(capped_run, "html")
+    assert f"{n - 1} more findings in this bucket (2 recorded in findings.jsonl)" in page
+
+
+def test_counts_read_one_and_many_as_english(tmp_path):
+    f = Finding(kind=Kind.CRASH, op="gather", impl="cuda", case_id="c1", message="worker killed by SIGSEGV")
+    run = _write_run(tmp_path / "run", [f], summary={"cases": 1, "per_op": {"gather": 1}, "findings": 1})
+    headline = report_of(run).headline()
+    assert headline == "mlafuzz: 1 failing bucket (1 finding) in 1 of 1 implementation, 1 case"
+    assert "1 finding</summary>" in render_dir(run, "md") and "1 finding<" in render_dir(run, "html")

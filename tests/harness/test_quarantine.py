@@ -1,0 +1,90 @@
+"""A crash-prone error-input class costs a run one worker restart, not its rate.
+
+The first crash of an implementation in an error-input class is reported once
+(CRASH, cause contract:<class>:crash) and the class is quarantined for that
+implementation; its later turns go to the next class, and the valid cases run
+on. The cost is counted, not timed: summary.json's worker_restarts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlafuzz.harness.cli.main import main
+from mlafuzz.harness.drive.fuzz import FuzzConfig, FuzzSummary, Recorder
+from mlafuzz.harness.drive.tasks import TaskResult
+from mlafuzz.reports.findings import Finding, Kind
+
+PLANTED = Path(__file__).parents[1] / "support" / "planted"
+SEGV = f"{PLANTED / 'segv_on_wrong_dtype_gather.py'}:gather"
+CASES = 60
+
+
+def _wrong_dtype_turns(impl: str) -> list[int]:
+    """The cases of a CASES-case gather run whose error input would be wrong_dtype, unquarantined."""
+    config = FuzzConfig(ops=("gather",), impls={"gather": impl}, cases=CASES)
+    return [i for i in range(CASES) if config.task(i).contract == "wrong_dtype"]
+
+
+@pytest.mark.parametrize("impl", [SEGV, "gather_cpp_throw"], ids=["sigsegv", "cpp-throw"])
+def test_an_error_input_class_that_kills_its_worker_is_one_crash_one_restart_and_quarantined(impl, tmp_path,
+                                                                                               capsys):
+    assert len(_wrong_dtype_turns(impl)) == 3  # without the quarantine: three crashes, three restarts
+    rc = main(["fuzz", "--op", "gather", "--impl", f"gather={impl}", "--device", "cpu", "--cases", str(CASES),
+               "--workers", "1", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"])
+    assert rc == 1
+    found = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
+    crashes = [f for f in found if f["kind"] == "CRASH"]
+    assert len(crashes) == 1 and crashes[0]["cause"] == "contract:wrong_dtype:crash", crashes
+    assert "wrong_dtype" in crashes[0]["message"] and crashes[0]["extra"]["invalid_class"] == "wrong_dtype"
+    assert {f["kind"] for f in found} == {"CRASH"}  # its valid cases are ours: clean
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["quarantined"] == [["gather", impl, "wrong_dtype"]]
+    assert summary["quarantined_crashes"] == 0 and summary["worker_restarts"] == 1
+    assert summary["cases"] == CASES and summary["per_op"] == {"gather": CASES}  # the valid cases ran on
+    assert "1 error-input class quarantined, 1 worker restart" in capsys.readouterr().out
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.held: list[frozenset] = []
+
+    def quarantine(self, classes: frozenset) -> None:
+        self.held.append(classes)
+
+
+def _crash(index: int) -> Finding:
+    return Finding(kind=Kind.CRASH, op="gather", impl="x", case_id=f"c{index}", cause="contract:wrong_dtype:crash",
+                   message="worker killed by SIGSEGV (in its error input wrong_dtype)",
+                   extra={"part": "contract", "invalid_class": "wrong_dtype"})
+
+
+def test_a_second_crash_of_a_quarantined_class_is_counted_not_reported(tmp_path):
+    """A task queued before the quarantine reached its worker may still crash: counted, no finding."""
+    from mlafuzz.reports.jsonl import JsonlSink
+
+    config = FuzzConfig(ops=("gather",), impls={"gather": "x"}, cases=10)
+    summary, pool, seen = FuzzSummary(), _Pool(), []
+    with JsonlSink(tmp_path / "findings.jsonl") as sink:
+        recorder = Recorder(sink, summary, seen.append, pool)
+        for i in (1, 4):
+            recorder.record(config.task(i), TaskResult(findings=(_crash(i),)))
+    assert [f.case_id for f in seen] == ["c1"] and summary.by_kind == {"CRASH": 1}
+    assert summary.quarantined == {("gather", "x", "wrong_dtype")} and summary.quarantined_crashes == 1
+    assert pool.held == [frozenset({("gather", "x", "wrong_dtype")})]  # broadcast once, to every worker
+    assert config.task(28, held=frozenset(summary.quarantined)).contract == "wrong_shape"  # its turn moves on
+
+
+@pytest.mark.gpu
+def test_gpu_gather_cpp_throw_costs_one_restart_and_its_valid_cases_run_on(tmp_path, capsys):
+    rc = main(["fuzz", "--op", "gather", "--impl", "gather=gather_cpp_throw", "--device", "cuda",
+               "--cases", "200", "--workers", "2", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"])
+    assert rc == 1
+    found = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
+    assert [f["cause"] for f in found] == ["contract:wrong_dtype:crash"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["quarantined"] == [["gather", "gather_cpp_throw", "wrong_dtype"]]
+    assert summary["worker_restarts"] == 1 and summary["cases"] == 200
