@@ -6,9 +6,10 @@ judged under it (its entry's pin). The correct implementations are fuzzed in
 the same run and must draw nothing, under every revision they follow (our
 writers: both), else under the newest. A mutant expected to crash or hang its
 process runs on an isolated executor (worker processes) even where the rest run
-in this process. A mutant marked ``awaits`` (its bug only shows on inputs the
-generators do not draw yet) that survives is reported as awaiting, not as
-survived. Each gets its own run folder under ``out``, cleared first: a catalog
+in this process. A mutant is fuzzed at the case sizes its entry names (``size``:
+small, or large for a bug only caches past 2^32 bytes show). A mutant marked
+``awaits`` (its bug only shows on inputs the generators do not draw yet) that
+survives is reported as awaiting, not as survived. Each gets its own run folder under ``out``, cleared first: a catalog
 run replaces the last one, never appends to it.
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from mlafuzz.generators.draw import SMALL
+from mlafuzz.generators.draw import KNOB_PRESETS, SMALL
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz, shrink_and_bundle
 from mlafuzz.harness.drive.workers import Executor
@@ -62,7 +63,8 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
         expected = entry.expected_kind or ""
         runner = isolated() if isolated is not None and expected in ISOLATED_KINDS else executor
         config = FuzzConfig(ops=(entry.op,), impls={entry.op: entry.name}, device=device, budget=budget, cases=cases,
-                            seed=seed, out_dir=out / entry.name, knobs=SMALL, shrink_budget=0.0, table=session.table)
+                            seed=seed, out_dir=out / entry.name, knobs=KNOB_PRESETS[entry.size], shrink_budget=0.0,
+                            table=session.table)
         clear_run(config.out_dir)
         start = time.monotonic()
         # The executor (and its warm workers) is shared by every mutant.

@@ -9,10 +9,11 @@ check in host_throw.py. A mutant with both has one name: its CUDA kernel on the
 GPU, its torch variant on the CPU.
 
 ``awaits`` marks a mutant whose bug class only shows on inputs the generators
-do not draw yet (SPEC 8's call-site layouts and huge caches, being added on
-branch devicegen); ``mutants`` reports it as awaiting rather than survived, and
-says so when it is killed anyway (then the mark is stale). Unit tests build
-those layouts by hand (tests/kernels/test_mutant_kernels.py).
+do not draw yet; ``mutants`` reports it as awaiting rather than survived, and
+says so when it is killed anyway (then the mark is stale). ``size`` names the
+case sizes (``fuzz --size``) that draw what its bug needs: ``large`` for caches
+past 2^32 bytes (SPEC 8), which small cases never reach. Unit tests build the
+layouts by hand too (tests/kernels/test_mutant_kernels.py).
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ from mlafuzz.kernels.builtins import CONVERT_OPTIONS, CUDA_GATHER_REJECTS, CUDA_
 from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
-
-DEVICEGEN = "(SPEC 8; drawn once branch devicegen lands)"
-
 
 @dataclass(frozen=True, kw_only=True)
 class Mutant:
@@ -42,6 +40,7 @@ class Mutant:
     capabilities: frozenset[str] = frozenset({"seq_starts"})  # optional SPEC features its signature has
     cuda_bug: str | None = None  # its bug planted in our CUDA kernel (mutants.cu), used on the GPU
     awaits: str | None = None  # the drawn inputs its bug needs that the generators do not draw yet
+    size: str = "small"  # the case sizes (fuzz --size) that draw the inputs its bug needs
 
 
 CATALOG: tuple[Mutant, ...] = (
@@ -109,16 +108,16 @@ CATALOG: tuple[Mutant, ...] = (
     # harness sees first on the drawn or hand-built layout: a wrong record read is a VALUE_MISMATCH;
     # rows written from dst's storage start land in the guard zone before dst: OOB_WRITE.
     Mutant(op="gather", name="gather_int32_offset", bug=None, cuda_bug="int32_offset", kind="VALUE_MISMATCH",
-           devices=("cuda",), awaits=f"caches past 2^32 bytes {DEVICEGEN}",
+           devices=("cuda",), size="large",  # 1 large case in 20 sits past 2^31 or 2^32 bytes
            description="record byte offset block * block_stride + off * 656 computed in int32 (CUDA kernel)"),
     Mutant(op="gather", name="gather_contiguous_table", bug="contiguous_table", cuda_bug="contiguous_table",
-           kind="VALUE_MISMATCH", awaits=f"column-sliced block tables {DEVICEGEN}",
+           kind="VALUE_MISMATCH",
            description="block_table indexed as b * width + blk: row stride assumed = width (CUDA kernel; torch on cpu)"),
     Mutant(op="gather", name="gather_dst_storage_start", bug="dst_storage_start", cuda_bug="dst_storage_start",
            kind="OOB_WRITE",
            description="dst rows written from its storage's start, not its data_ptr (CUDA kernel; torch on cpu)"),
     Mutant(op="writer", name="writer_contiguous_kv_c", bug="contiguous_kv_c", cuda_bug="contiguous_kv_c",
-           kind="VALUE_MISMATCH", awaits=f"kv_c / k_pe as views of one [T, 576] tensor {DEVICEGEN}",
+           kind="VALUE_MISMATCH",
            description="kv_c / k_pe read as contiguous [T, 512] / [T, 64], row strides ignored (CUDA kernel; torch on cpu)"),
 )
 
@@ -162,7 +161,7 @@ MUTANTS: tuple[ImplEntry, ...] = tuple(
     ImplEntry(op=m.op, name=m.name, loader=_loader(m.op, m.bug, m.cuda_bug, m.revision), devices=frozenset(m.devices),
               rejects=KERNEL_REJECTS[m.op] if m.cuda_bug else REJECTS[m.op], description=m.description,
               expected_kind=m.kind, is_mutant=True, revision=m.revision, revisions=_revisions(m),
-              capabilities=m.capabilities, awaits=m.awaits)
+              capabilities=m.capabilities, awaits=m.awaits, size=m.size)
     for m in CATALOG
 ) + (
     ImplEntry(op="convert", name="triton_overwide", loader=_overwide_loader, devices=frozenset({"cuda"}),
