@@ -26,6 +26,7 @@ from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
 
+
 @dataclass(frozen=True, kw_only=True)
 class Mutant:
     op: str
