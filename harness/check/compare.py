@@ -123,24 +123,24 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
         return tuple(Mismatch(index=_fmt_index(i, shape, origin), expected=_hex(int(e_bits[i]), width),
                               actual=_hex(int(a_bits[i]), width)) for i in idx)
 
+    # One cause, one finding: NaN positions that differ beside ordinary value mismatches are part
+    # of the same wrong values (data read from the wrong place holds NaN codes too), so they are
+    # counted in the VALUE_MISMATCH; NAN_MISMATCH is for a tensor whose only fault is NaN handling.
     nan_bad_mask = e_nan != a_nan
-    if keep is not None:
-        nan_bad_mask &= ~keep
-    n = int(nan_bad_mask.sum())
-    if n:
-        sample = shown(nan_bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
-        out.append(Finding(
-            kind=Kind.NAN_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-            cause=f"{name}:nan", mismatches=sample, count=n, total=total,
-            message=f"{name}: NaN positions differ at {n} / {total} elements ({100.0 * n / total:.1f}%);"
-                    f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"
-                    f"{note}"))
-
     dist = (_ordered(e_bits, width) - _ordered(a_bits, width)).abs()
     bad_mask = ~(e_nan | a_nan) & (dist > policy.ulp)
     if keep is not None:
+        nan_bad_mask &= ~keep
         bad_mask &= ~keep
-    n = int(bad_mask.sum())
+    n_nan, n = int(nan_bad_mask.sum()), int(bad_mask.sum())
+    if n_nan and not n:
+        sample = shown(nan_bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
+        out.append(Finding(
+            kind=Kind.NAN_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
+            cause=f"{name}:nan", mismatches=sample, count=n_nan, total=total,
+            message=f"{name}: NaN positions differ at {n_nan} / {total} elements ({100.0 * n_nan / total:.1f}%);"
+                    f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"
+                    f"{note}"))
     if n:
         masked = torch.where(bad_mask, dist, torch.zeros_like(dist))
         worst = int(masked.argmax())
@@ -149,18 +149,19 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
         # Flushing happens on the f32 product, which may round up to the smallest
         # normal in bf16: count that value as "where the exact result is subnormal".
         subnormal = (e_mag > 0) & (e_mag <= _MIN_NORMAL_BITS[exp.dtype])
-        only_subnormal = not bool((bad_mask & ~subnormal).any())
+        only_subnormal = not n_nan and not bool((bad_mask & ~subnormal).any())
         kind = Kind.SUBNORMAL_FLUSH if only_subnormal else Kind.VALUE_MISMATCH
-        sample = shown(bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
+        sample = shown((bad_mask | nan_bad_mask).nonzero()[:MAX_SHOWN].reshape(-1))
         detail = " (every mismatch is where the exact result is subnormal)" if only_subnormal else ""
+        nan_note = f"; NaN positions differ at {n_nan} more" if n_nan else ""
         out.append(Finding(
             kind=kind, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-            cause=f"{name}:{'subnormal' if only_subnormal else 'value'}", mismatches=sample, count=n, total=total,
-            max_ulp=worst_dist,
-            message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
+            cause=f"{name}:{'subnormal' if only_subnormal else 'value'}", mismatches=sample, count=n + n_nan,
+            total=total, max_ulp=worst_dist,
+            message=f"{name}: Mismatched elements: {n + n_nan} / {total} ({100.0 * (n + n_nan) / total:.1f}%);"
                     f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape, origin))}"
                     f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"
-                    f"{note}"))
+                    f"{nan_note}{note}"))
     return out
 
 

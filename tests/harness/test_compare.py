@@ -52,6 +52,14 @@ def test_nan_where_oracle_has_none_is_a_nan_mismatch_not_a_value_mismatch():
     assert f.kind is Kind.NAN_MISMATCH and f.mismatches[0].index == (0, 0)
 
 
+def test_wrong_values_with_nan_positions_among_them_are_one_value_mismatch():
+    # Data read from the wrong place holds NaN codes too: one cause, one finding, every element counted.
+    exp = _bf16([0x3F80, 0x7FC0, 0x4000])
+    act = _bf16([0x7FC0, 0x3F80, 0x4040])
+    (f,) = _run(exp, act)
+    assert f.kind is Kind.VALUE_MISMATCH and f.count == 3 and "NaN positions differ at 2 more" in f.message
+
+
 def test_nan_payload_and_sign_do_not_matter():
     assert _run(_bf16([0x7FC0]), _bf16([0xFFFF])) == []
 

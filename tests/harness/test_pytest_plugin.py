@@ -13,8 +13,9 @@ from mlafuzz.harness.pytest_plugin import Worker, gpu_for, impl_label, worker_of
 pytest_plugins = ["pytester"]
 
 PLANTED = f"{Path(__file__).parents[1] / 'support' / 'planted' / 'gather_from_zero.py'}:gather"
-# Seed 7 puts a seq_starts case (which the planted gather gets wrong) among the first two cases of every
-# shard, so even a short budget on a slow machine finds it.
+TWO_BUGS = f"{Path(__file__).parents[1] / 'support' / 'planted' / 'gather_two_bugs.py'}:gather"  # two buckets
+# Seed 7 puts a seq_starts case (which the planted gather gets wrong) among the first 4 cases of
+# shard 0/1 and the first 8 of each of 2 shards.
 SEED = "7"
 
 
@@ -54,7 +55,7 @@ def test_plugin_adds_nothing_without_a_budget(pytester):
 
 def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_rerun_command_under_xdist(pytester):
     result = pytester.runpytest_subprocess(
-        *_plugin_args(), "-n", "2", "-rA", "--mlafuzz-cases", "4", "--mlafuzz-seed", SEED,
+        *_plugin_args(), "-n", "2", "-rA", "--mlafuzz-cases", "8", "--mlafuzz-seed", SEED,
         "--mlafuzz-shrink-budget", "0", "--mlafuzz-impl", "gather=torch", "--mlafuzz-impl", f"gather={PLANTED}",
         "--mlafuzz-out", "out")
     result.assert_outcomes(passed=1, failed=1)
@@ -81,12 +82,12 @@ def test_planted_failure_names_the_shrunk_bundles_replay_command(pytester):
 
 def test_ledger_turns_planted_findings_into_expected_ones_and_names_stale_entries(pytester):
     entries = "".join(
-        f'[[expected]]\nkind = "{kind}"\nop = "gather"\nimpl = "{PLANTED}"\ncause = "*"\nissue = "https://x/{i}"\n'
+        f'[[expected]]\nkind = "{kind}"\nop = "gather"\nimpl = "{TWO_BUGS}"\ncause = "*"\nissue = "https://x/{i}"\n'
         for i, kind in enumerate(("VALUE_MISMATCH", "NAN_MISMATCH", "OOB_WRITE")))
     pytester.makefile(".toml", ledger=entries)
-    result = pytester.runpytest(
-        *_plugin_args(), "--mlafuzz-cases", "4", "--mlafuzz-seed", SEED, "--mlafuzz-shrink-budget", "0",
-        "--mlafuzz-impl", f"gather={PLANTED}", "--mlafuzz-ledger", "ledger.toml", "--mlafuzz-out", "out")
+    result = pytester.runpytest(  # seed 3: its 4 cases draw both of the planted gather's buckets
+        *_plugin_args(), "--mlafuzz-cases", "4", "--mlafuzz-seed", "3", "--mlafuzz-shrink-budget", "0",
+        "--mlafuzz-impl", f"gather={TWO_BUGS}", "--mlafuzz-ledger", "ledger.toml", "--mlafuzz-out", "out")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*stale ledger entry expected[[]2[]] OOB_WRITE gather=*https://x/2*"])
     assert "expected[0]" not in result.stdout.str() and "expected[1]" not in result.stdout.str()

@@ -17,24 +17,24 @@ from mlafuzz.reports.jsonl import JsonlSink, read_findings
 from mlafuzz.reports.model import Judgement, ReportError
 from mlafuzz.tests.support.helpers import render_dir, report_of
 
-PLANTED = Path(__file__).parents[1] / "support" / "planted" / "gather_from_zero.py"
+PLANTED = Path(__file__).parents[1] / "support" / "planted" / "gather_two_bugs.py"
 VOID = {"meta", "br", "wbr", "hr", "img", "input", "link"}
 
 
 @pytest.fixture(scope="module")
 def planted_run(tmp_path_factory) -> Path:
-    """A real fuzz run of the planted gather (ignores seq_starts): findings in two buckets.
+    """A real fuzz run of the planted gather with two bugs (seq_starts ignored, NaN to 0): two buckets.
 
     No shrinking (its time varies too much for a unit test; the pytest-plugin test covers bundles end to end).
     """
     out = tmp_path_factory.mktemp("run")
-    # Seed 7: the second case already trips both the VALUE_MISMATCH and the NAN_MISMATCH bucket.
+    # Seed 3: its 8 cases trip both the VALUE_MISMATCH and the NAN_MISMATCH bucket.
     rc = main(["fuzz", "--op", "gather", "--impl", f"gather={PLANTED}:gather", "--device", "cpu", "--cases", "8",
-               "--seed", "7", "--out", str(out), "--quiet", "--in-process", "--shrink-budget", "0"])
+               "--seed", "3", "--out", str(out), "--quiet", "--in-process", "--shrink-budget", "0"])
     assert rc == 1
     if not (out / "run.json").exists():  # what the run records of its config, until fuzz writes it itself
         (out / "run.json").write_text(json.dumps({"ops": ["gather"], "impls": {"gather": f"{PLANTED}:gather"},
-                                                  "device": "cpu", "seed": 7, "cases": 8}))
+                                                  "device": "cpu", "seed": 3, "cases": 8}))
     return out
 
 
@@ -108,7 +108,7 @@ def test_junit_failure_carries_the_message_and_a_replay_command(planted_run):
         assert "Mismatched elements" in failure.get("message") or "NaN positions" in failure.get("message")
         replay_lines = [line for line in failure.text.splitlines() if line.startswith("replay: ")]
         assert len(replay_lines) == 1 and replay_lines[0].startswith("replay: mlafuzz ")
-        assert "--seed 7" in replay_lines[0] or "mlafuzz replay" in replay_lines[0]
+        assert "--seed 3" in replay_lines[0] or "mlafuzz replay" in replay_lines[0]
 
 
 def test_a_bundled_bucket_replays_with_its_bundle_command_in_every_format(tmp_path):
