@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("harness", "oracles", "generators", "kernels", "reports", "tests")
 
 
 def test_wheel_ships_every_source_file_the_gpu_paths_build_and_nothing_generic(tmp_path):
@@ -20,6 +21,11 @@ def test_wheel_ships_every_source_file_the_gpu_paths_build_and_nothing_generic(t
                    "mlafuzz/harness/cli/main.py", "mlafuzz/oracles/codec.py", "mlafuzz/generators/spec.py",
                    "mlafuzz/reports/jsonl.py", "mlafuzz/tests/conftest.py"):
         assert needed in names, needed
+    # Every module of the tree, in every subfolder: a folder missing from pyproject's package list
+    # installs nothing, and `pip install .` (the GPU image's way) then fails at its first import.
+    tree = {f"mlafuzz/{p.relative_to(ROOT).as_posix()}" for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")
+            if "__pycache__" not in p.parts}
+    assert sorted(tree - names) == []
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"mlafuzz"}, top  # no top-level `kernels`, `harness`, ...
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
