@@ -23,8 +23,9 @@ def test_wheel_ships_every_source_file_the_gpu_paths_build_and_nothing_generic(t
         assert needed in names, needed
     # Every module of the tree, in every subfolder: a folder missing from pyproject's package list
     # installs nothing, and `pip install .` (the GPU image's way) then fails at its first import.
-    tree = {f"mlafuzz/{p.relative_to(ROOT).as_posix()}" for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")
-            if "__pycache__" not in p.parts}
+    # The same for the C++/CUDA sources that the GPU paths and the planted kernels build at run time.
+    tree = {f"mlafuzz/{p.relative_to(ROOT).as_posix()}" for folder in FOLDERS for p in (ROOT / folder).rglob("*")
+            if p.is_file() and (p.suffix == ".py" or "csrc" in p.parts) and "__pycache__" not in p.parts}
     assert sorted(tree - names) == []
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"mlafuzz"}, top  # no top-level `kernels`, `harness`, ...
