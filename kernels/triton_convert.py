@@ -70,7 +70,16 @@ def pick_tile(k: int, block_n: int, max_tile: int = _MAX_TILE) -> int:
     return tile
 
 
-@triton.jit
+# Scalars that vary from call to call (shapes, the table's row stride, the block stride) are
+# not specialized on (== 1, % 16): each such variant is one more compile, and a fuzz run draws
+# hundreds of them. The column strides and the rows of token_indices and out stay specialized:
+# their == 1 and % 16 are what vectorize the row loads and stores. (K stays a constexpr: it takes
+# a few values, and the CPU interpreter of Triton 3.6 cannot loop to a runtime bound.)
+_RUNTIME_SCALARS = ["num_reqs", "max_blocks", "num_prefill_starts", "req_stride", "bt_stride0", "pid_stride",
+                    "ps_stride", "block_stride"]
+
+
+@triton.jit(do_not_specialize=_RUNTIME_SCALARS)
 def _convert_kernel(
     req_id_ptr,
     block_table_ptr,

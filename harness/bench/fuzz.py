@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from mlafuzz.generators.draw import KNOB_PRESETS, Knobs
+from mlafuzz.reports.findings import Severity
 
 WARM_CASES_PER_WORKER = 16  # enough for the common Triton variants to be compiled (and cached on disk)
 
@@ -32,7 +33,7 @@ def bench_fuzz(ops: list[str], *, seconds: float, workers: int, seed: int = 0, d
     knobs = knobs or LARGE
     size = next((name for name, k in KNOB_PRESETS.items() if k == knobs), "custom")
     devices = device_slots(device=device, workers=workers)
-    lines = [f"{'op':<8} {'cases/s':>9} {'cases':>7} {'seconds':>8} {'findings':>8}   impl",
+    lines = [f"{'op':<8} {'cases/s':>9} {'cases':>7} {'seconds':>8} {'findings':>8} {'infos':>6} {'skipped':>7}   impl",
              f"  fuzz --size {size} --device {device} --workers {len(devices)}, {seconds:g} s per op after"
              f" {WARM_CASES_PER_WORKER} untimed cases per worker; error inputs and re-runs as in a fuzz run, no"
              " shrinking"]
@@ -48,8 +49,10 @@ def bench_fuzz(ops: list[str], *, seconds: float, workers: int, seed: int = 0, d
                 summary = fuzz(FuzzConfig(budget=seconds, seed=seed, out_dir=Path(tmp) / op, **common),
                                executor=pool, on_finding=found.append)
                 lines.append(f"{op:<8} {summary.rate:>9.1f} {summary.cases:>7} {summary.seconds:>8.1f}"
-                             f" {summary.findings:>8}   {impls[op]}")
-                lines += [f"  finding: {f.kind.value} {f.message}" for f in found[:3]]
+                             f" {summary.findings:>8} {summary.infos:>6} {summary.skipped:>7}   {impls[op]}")
+                # Failures only: an info (an input outside the contract that ran) is worth a count.
+                errors = [f for f in found if f.severity is Severity.ERROR]
+                lines += [f"  finding: {f.kind.value} {f.message[:200]}" for f in errors[:3]]
     finally:
         pool.close()
     return lines

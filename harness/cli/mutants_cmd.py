@@ -65,8 +65,12 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     pools: list[WorkerPool] = []
 
     def isolated() -> WorkerPool:
+        # The mutants that crash or hang their process get a pool of their own, without the red
+        # zone on the GPU: what they show is the process's death, and each restart of a red-zone
+        # worker costs more than the crash it reports.
         if not pools:
-            pools.append(WorkerPool(devices=[args.device], timeout=120.0, table_ref=DEFAULT_TABLE))
+            device = "cuda:0" if args.device == "cuda" else args.device
+            pools.append(WorkerPool(devices=[device], timeout=120.0, table_ref=DEFAULT_TABLE))
         return pools[0]
 
     budget = args.budget_per_mutant
@@ -77,7 +81,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         results, clean = run_mutants(session=session, ops=ops, device=args.device, budget=budget,
                                      cases=args.cases_per_mutant, out=Path(args.out), seed=args.seed,
                                      shrink_budget=args.shrink_budget, executor=executor,
-                                     isolated=isolated if args.device != "cuda" else None)
+                                     isolated=isolated)
     finally:
         for e in (executor, *pools):
             e.close()

@@ -23,11 +23,12 @@ Two things a case takes from its implementation, settled in ``execute``:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from mlafuzz.generators.case import case_id_for
 from mlafuzz.generators.draw import SMALL, Knobs
@@ -90,12 +91,14 @@ class TaskResult:
                    seconds=data["seconds"], features=tuple(data.get("features") or ()), spec=data.get("spec"))
 
 
-def execute(task: Task, session: Session, *, on_phase: Callable[[str], None] | None = None) -> TaskResult:
+def execute(task: Task, session: Session, *, on_phase: Callable[[str], None] | None = None,
+            hold: Callable[[Any], ContextManager[None]] | None = None) -> TaskResult:
     """Run one task here and now. Harness errors become a finding, never an exception.
     ``on_phase`` hears "valid" before the case and "contract:<class>" before its error input (a
-    worker publishes them, so a crash is charged to the part that caused it)."""
+    worker publishes them, so a crash is charged to the part that caused it). ``hold(spec)`` is
+    held from making the case to its verdict (a worker's share of its GPU: memory/share.py)."""
     start = time.perf_counter()
-    called = False  # whether an implementation's call has been made (a CUDA error after it is its own)
+    progress = _Progress()
     revision = task.revision
     try:
         table = session.table
@@ -108,30 +111,53 @@ def execute(task: Task, session: Session, *, on_phase: Callable[[str], None] | N
         spec = task.spec_obj(table)
         if task.spec is None and op.fit is not None:
             spec = op.fit(spec, entry.capabilities)
-        features = tuple(sorted(op.features(spec)))
-        case = op.materialize(spec, seed=task.seed, device=task.device)
-        case = dataclasses.replace(case, params={**case.params, "revision": revision})
-        if on_phase is not None:
-            on_phase("valid")
-        called = True
-        result = run_case(session=session, case=case, entry=entry, policy=Policy(ulp=task.ulp), rerun=task.rerun,
-                          slow_oracle=task.slow_oracle)
-        findings = list(result.findings)
-        if task.contract and not result.skipped:
-            if on_phase is not None:
-                on_phase(f"contract:{task.contract}")
-            extra = check_contract(op=op, case=case, entry=entry,
-                                   fn=session.load(entry, task.device, revision=revision),
-                                   klass=op.invalid_class(task.contract), sub=session.sub(task.device),
-                                   ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
-                                   redzone=session.redzone)
-            spec_dict = spec_to_dict(spec)
-            findings += [dataclasses.replace(f, seed=task.seed, spec=spec_dict, revision=revision) for f in extra]
-        return TaskResult(findings=tuple(findings), skipped=result.skipped, seconds=time.perf_counter() - start,
-                          features=features, spec=spec_to_dict(spec) if findings and task.spec is None else None)
+        with hold(spec) if hold is not None else contextlib.nullcontext():
+            return _run(task, session, op=op, entry=entry, spec=spec, revision=revision, on_phase=on_phase,
+                        start=start, progress=progress)
     except Exception as exc:
-        return TaskResult(findings=(_unexpected(task, session, exc, called=called, revision=revision),),
+        if not progress.called and _out_of_memory(exc):
+            # The harness could not make this case on a GPU that other processes fill: a counted
+            # skip, never a finding against anyone.
+            return TaskResult(skipped=f"out of GPU memory making the case ({str(exc).splitlines()[0][:80]})",
+                              seconds=time.perf_counter() - start)
+        return TaskResult(findings=(_unexpected(task, session, exc, called=progress.called, revision=revision),),
                           seconds=time.perf_counter() - start)
+
+
+@dataclass
+class _Progress:
+    called: bool = False  # an implementation's call has been made (a CUDA error after it is its own)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
+def _run(task: Task, session: Session, *, op: Any, entry: Any, spec: Any, revision: str,
+         on_phase: Callable[[str], None] | None, start: float, progress: _Progress) -> TaskResult:
+    features = tuple(sorted(op.features(spec)))
+    case = op.materialize(spec, seed=task.seed, device=task.device)
+    case = dataclasses.replace(case, params={**case.params, "revision": revision})
+    if on_phase is not None:
+        on_phase("valid")
+    progress.called = True
+    result = run_case(session=session, case=case, entry=entry, policy=Policy(ulp=task.ulp), rerun=task.rerun,
+                      slow_oracle=task.slow_oracle)
+    findings = list(result.findings)
+    if task.contract and not result.skipped:
+        if on_phase is not None:
+            on_phase(f"contract:{task.contract}")
+        extra = check_contract(op=op, case=case, entry=entry,
+                               fn=session.load(entry, task.device, revision=revision),
+                               klass=op.invalid_class(task.contract), sub=session.sub(task.device),
+                               ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
+                               redzone=session.redzone)
+        spec_dict = spec_to_dict(spec)
+        findings += [dataclasses.replace(f, seed=task.seed, spec=spec_dict, revision=revision) for f in extra]
+    return TaskResult(findings=tuple(findings), skipped=result.skipped, seconds=time.perf_counter() - start,
+                      features=features, spec=spec_to_dict(spec) if findings and task.spec is None else None)
 
 
 def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool, revision: str | None) -> Finding:

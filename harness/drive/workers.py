@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.tasks import Task, TaskResult, execute
+from mlafuzz.harness.memory.share import GpuShare
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.reports.findings import Finding, Kind
 
@@ -177,6 +178,7 @@ def _serve(conn: Connection, state: Any, device: str, redzone: bool, threads: in
             rz = rzmod.install()
         torch.cuda.set_device(torch.device(device))
     session = Session(table=table_from_ref(table_ref), redzone=rz)
+    share = GpuShare(device) if device.startswith("cuda") else None  # huge cases take turns on a GPU
     held: frozenset[tuple[str, str, str]] = frozenset()
     queue: collections.deque[Task] = collections.deque()
 
@@ -198,7 +200,7 @@ def _serve(conn: Connection, state: Any, device: str, redzone: bool, threads: in
                 held = payload
         task = strip_quarantined(queue.popleft(), held)
         state[0], state[1], state[2] = float(task.index), VALID, time.monotonic()
-        result = execute(task, session, on_phase=phase)
+        result = execute(task, session, on_phase=phase, hold=share.case if share is not None else None)
         broken = _cuda_broken(device) if device.startswith("cuda") else None
         if broken is not None:
             result = charge_broken_context(task, result, broken, session.table)

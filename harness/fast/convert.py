@@ -24,7 +24,9 @@ from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.ops.op import Outputs
 
 
-@triton.jit
+# The per-case scalars are not specialized on (one compile serves every shape a run draws); the
+# column strides are (their == 1 vectorizes the loads). K stays a constexpr, as in the kernel.
+@triton.jit(do_not_specialize=["num_reqs", "max_blocks", "num_starts", "table_s0", "block_size", "block_stride"])
 def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_ptr, bad_ptr,
                    num_reqs, max_blocks, num_starts, table_s0, table_s1, ti_s0, ti_s1, out_s0, block_size,
                    block_stride, K: tl.constexpr, TILE: tl.constexpr, HAS_PREFILL: tl.constexpr,

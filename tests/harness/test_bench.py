@@ -12,12 +12,13 @@ from mlafuzz.harness.cli.main import main
 
 def test_bench_fuzz_runs_the_fuzz_loop_per_op_and_reports_its_cases_per_second():
     lines = bench_fuzz(["gather", "writer"], seconds=2.0, workers=1, device="cpu", knobs=SMALL)
-    assert lines[0].split()[:5] == ["op", "cases/s", "cases", "seconds", "findings"]
+    assert lines[0].split()[:7] == ["op", "cases/s", "cases", "seconds", "findings", "infos", "skipped"]
     assert "--size small --device cpu --workers 1, 2 s per op" in lines[1]
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert set(rows) == {"gather", "writer"}
-    for _, rate, cases, seconds, findings, impl in rows.values():
+    for _, rate, cases, seconds, findings, _infos, skipped, impl in rows.values():
         assert float(rate) > 0 and int(cases) > 0 and float(seconds) >= 2.0 and findings == "0" and impl == "torch"
+        assert skipped == "0"
         assert abs(float(rate) - int(cases) / float(seconds)) < 0.1 * float(rate) + 0.1
 
 
