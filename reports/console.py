@@ -126,11 +126,22 @@ def _mutant_result(r: MutantRow) -> str:
     return "killed" if r.killed else "awaiting" if r.awaits else "SURVIVED"
 
 
+MUTANTS_HEADER = f"{'mutant':<28} {'expected':<23} {'result':<9} {'kind found':<40} {'cases':>6} {'s':>6}  minimized"
+
+
+def mutant_row(r: MutantRow) -> str:
+    """One mutant's line of the table (printed as soon as that mutant is done)."""
+    return (f"{r.name:<28} {r.expected:<23} {_mutant_result(r):<9} "
+            f"{','.join(r.found) or '-':<40} {r.cases:>6} {r.seconds:>6.1f}  {r.size}")
+
+
 def mutants_table(results: Sequence[MutantRow]) -> list[str]:
-    lines = [f"{'mutant':<28} {'expected':<23} {'result':<9} {'kind found':<40} {'cases':>6} {'s':>6}  minimized"]
-    for r in results:
-        lines.append(f"{r.name:<28} {r.expected:<23} {_mutant_result(r):<9} "
-                     f"{','.join(r.found) or '-':<40} {r.cases:>6} {r.seconds:>6.1f}  {r.size}")
+    return [MUTANTS_HEADER, *(mutant_row(r) for r in results), *mutants_score(results)]
+
+
+def mutants_score(results: Sequence[MutantRow]) -> list[str]:
+    """The table's closing lines: the mutation score and the catalog marks to look at."""
+    lines: list[str] = []
     killed = sum(r.killed for r in results)
     waiting = [r for r in results if not r.killed and r.awaits]
     lines.append(f"mutation score: {killed}/{len(results)} killed"

@@ -77,15 +77,16 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     if budget is None and args.cases_per_mutant is None:
         budget = 30.0
     ops = list(dict.fromkeys(args.op or table.names))
+    print(console.MUTANTS_HEADER, flush=True)
     try:  # one warm executor for the whole catalog; a dead worker is replaced
         results, clean = run_mutants(session=session, ops=ops, device=args.device, budget=budget,
                                      cases=args.cases_per_mutant, out=Path(args.out), seed=args.seed,
                                      shrink_budget=args.shrink_budget, executor=executor,
-                                     isolated=isolated)
+                                     isolated=isolated, on_result=lambda r: print(console.mutant_row(r), flush=True))
     finally:
         for e in (executor, *pools):
             e.close()
-    for line in console.mutants_table(results):
+    for line in console.mutants_score(results):
         print(line)
     for problem in clean:
         print(f"correct implementation drew findings: {problem}")

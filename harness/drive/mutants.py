@@ -51,10 +51,12 @@ class MutantResult:
 
 def run_mutants(*, session: Session, ops: list[str], device: str, budget: float | None, cases: int | None,
                 out: Path, seed: int, shrink_budget: float, executor: Executor,
-                isolated: Callable[[], Executor] | None = None) -> tuple[list[MutantResult], list[str]]:
+                isolated: Callable[[], Executor] | None = None,
+                on_result: Callable[[MutantResult], None] | None = None) -> tuple[list[MutantResult], list[str]]:
     """(one result per mutant that runs here, the problems of the correct implementations).
     ``isolated``: the executor for mutants expected to crash or hang, asked for when the first one
-    runs (None: ``executor`` isolates its cases already)."""
+    runs (None: ``executor`` isolates its cases already). ``on_result`` hears each mutant's result
+    as soon as it is done (the CLI prints its row then: a run cut short still shows its part)."""
     results = []
     kind = device.split(":")[0]
     for entry in session.registry.entries(mutants=True):
@@ -79,6 +81,8 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
         results.append(MutantResult(op=entry.op, name=entry.name, expected=expected,
                                     killed=expected in summary.by_kind, found=tuple(sorted(summary.by_kind)),
                                     cases=summary.cases, seconds=seconds, size=size, awaits=entry.awaits))
+        if on_result is not None:
+            on_result(results[-1])
     # The correct implementations, same run, same budget per revision: they must stay clean.
     clean_problems = []
     for op in ops:

@@ -89,6 +89,19 @@ def test_a_survivor_fails_the_run_unless_the_catalog_marks_it_as_awaiting_inputs
     assert ("  awaiting: gather_unkillable needs huge caches" in lines) is (awaits is not None)
 
 
+def test_each_mutant_is_reported_as_soon_as_it_is_done_before_the_correct_implementations_run(tmp_path):
+    session = _session_with_mutant()
+    heard = []
+
+    def on_result(row):
+        heard.append((row.name, (tmp_path / "correct-gather").exists()))
+
+    results, _ = run_mutants(session=session, ops=["gather"], device="cpu", budget=None, cases=2, out=tmp_path,
+                             seed=0, shrink_budget=0.0, executor=InProcess(session=session), on_result=on_result)
+    assert heard == [("gather_unkillable", False)] and [r.name for r in results] == ["gather_unkillable"]
+    assert (tmp_path / "correct-gather").exists()
+
+
 def test_a_killed_mutant_still_marked_as_awaiting_is_called_stale(tmp_path):
     session = Session(table=OPS, registry=Registry.of(
         (*(e for e in default_registry().entries_by_key.values() if not e.is_mutant),
