@@ -26,8 +26,10 @@ def main(baseline: str, crashing: str) -> int:
     base, crash = load(baseline), load(crashing)
     ratio = crash["cases_per_second"] / base["cases_per_second"] if base["cases_per_second"] else 0.0
     for name, s in (("baseline", base), ("crashing", crash)):
-        print(f"{name:<9} {s['cases']:>6} valid cases in {s['seconds']:6.1f} s = {s['cases_per_second']:7.2f} cases/s;"
-              f" {s['crashes']} CRASH, {s['worker_restarts']} worker restarts, quarantined {s['quarantined']}")
+        print(
+            f"{name:<9} {s['cases']:>6} valid cases in {s['seconds']:6.1f} s = {s['cases_per_second']:7.2f} cases/s;"
+            f" {s['crashes']} CRASH, {s['worker_restarts']} worker restarts, quarantined {s['quarantined']}"
+        )
     problems = []
     if ratio < 0.8:
         problems.append(f"valid-input rate {ratio:.2f}x of the baseline's (< 0.80)")

@@ -57,15 +57,18 @@ class Case:
         except the names in ``skip``. A tensor with zero blocks is copied as zeros (rng.records
         ``zeros``) and its other blocks."""
         skip = frozenset(skip)
-        return {k: clone_like(v, zero_blocks=self.zero_blocks.get(k, 0))
-                for k, v in self.tensors.items() if k not in skip}
-
+        return {
+            k: clone_like(v, zero_blocks=self.zero_blocks.get(k, 0)) for k, v in self.tensors.items() if k not in skip
+        }
 
     def generated_tensors(self) -> dict[str, torch.Tensor]:
         """What a repro bundle stores and checks: every tensor, one with zero blocks only past them
         (a 4 GB cache holds a few MB the case made)."""
-        return {k: (v[self.zero_blocks[k]:].clone() if self.zero_blocks.get(k) else v)  # its own storage
-                for k, v in self.tensors.items() if v is not None}
+        return {
+            k: (v[self.zero_blocks[k] :].clone() if self.zero_blocks.get(k) else v)  # its own storage
+            for k, v in self.tensors.items()
+            if v is not None
+        }
 
 
 def case_id_for(*, op: str, seed: int, spec_json: str) -> str:

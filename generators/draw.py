@@ -97,8 +97,15 @@ class Knobs:
     views_one_in: int = 3  # each call-site view (SPEC 8) is drawn 1 time in N (0: never)
 
     def __post_init__(self) -> None:
-        for name in ("max_requests", "max_seq_len", "max_tokens_per_request", "max_prefill_tokens", "max_rows",
-                     "max_table", "max_records"):
+        for name in (
+            "max_requests",
+            "max_seq_len",
+            "max_tokens_per_request",
+            "max_prefill_tokens",
+            "max_rows",
+            "max_table",
+            "max_records",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Knobs: {name}={getattr(self, name)!r} must be >= 1")
 
@@ -108,11 +115,25 @@ SMALL = Knobs()
 # stays within the worker memory bound (README: at most about 10 GB, a 4.3 GB cache with its one
 # working copy): rows <= 16384, a table <= 2**19 entries (2 MB), <= 2**19 generated records (344 MB),
 # 1 case in 20 on a 2.1 or 4.3 GB cache.
-LARGE = Knobs(max_requests=256, max_seq_len=131072, max_tokens_per_request=4, max_prefill_tokens=2048,
-              block_sizes=(64, 64, 64, 1, 16, 128), block_ns=(128,), topk_multiples=(16, 16, 16, 16, 1, 4, 8, 32),
-              max_spare_blocks=64, max_extra_cols=8, max_rows=16384, max_table=1 << 19, max_records=1 << 19,
-              log_sizes=True, row_tiles=(2, 8, 128, 256, 1024), base_one_in=20, base_offsets=(1 << 31, 1 << 32),
-              views_one_in=3)
+LARGE = Knobs(
+    max_requests=256,
+    max_seq_len=131072,
+    max_tokens_per_request=4,
+    max_prefill_tokens=2048,
+    block_sizes=(64, 64, 64, 1, 16, 128),
+    block_ns=(128,),
+    topk_multiples=(16, 16, 16, 16, 1, 4, 8, 32),
+    max_spare_blocks=64,
+    max_extra_cols=8,
+    max_rows=16384,
+    max_table=1 << 19,
+    max_records=1 << 19,
+    log_sizes=True,
+    row_tiles=(2, 8, 128, 256, 1024),
+    base_one_in=20,
+    base_offsets=(1 << 31, 1 << 32),
+    views_one_in=3,
+)
 KNOB_PRESETS: dict[str, Knobs] = {"small": SMALL, "large": LARGE}
 
 

@@ -26,5 +26,6 @@ class InvalidClass:
 
 def with_(case: Case, *, tensors: dict | None = None, params: dict | None = None) -> Case:
     """``case`` with some tensors or params replaced (the rest shared, never copied)."""
-    return dataclasses.replace(case, tensors={**case.tensors, **(tensors or {})},
-                               params={**case.params, **(params or {})})
+    return dataclasses.replace(
+        case, tensors={**case.tensors, **(tensors or {})}, params={**case.params, **(params or {})}
+    )

@@ -47,7 +47,7 @@ def drop_each(items: tuple) -> Iterator[tuple]:
         yield items[:half]
         yield items[half:]
         for j in range(len(items)):
-            yield items[:j] + items[j + 1:]
+            yield items[:j] + items[j + 1 :]
 
 
 def halvings(n: int, floor: int = 0) -> Iterator[int]:
@@ -62,7 +62,7 @@ def halvings(n: int, floor: int = 0) -> Iterator[int]:
 def with_request(spec: Any, j: int, **changes: Any) -> Any:
     """``spec`` with request ``j`` changed (raises SpecError if that is not a valid spec)."""
     reqs = spec.requests
-    return dataclasses.replace(spec, requests=reqs[:j] + (dataclasses.replace(reqs[j], **changes),) + reqs[j + 1:])
+    return dataclasses.replace(spec, requests=reqs[:j] + (dataclasses.replace(reqs[j], **changes),) + reqs[j + 1 :])
 
 
 def attempt(make: Callable[[], Any]) -> Iterator[Any]:

@@ -151,6 +151,7 @@ class Paging:
 
 # --- JSON round trip -------------------------------------------------------
 
+
 def _encode(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
@@ -212,8 +213,7 @@ def _decode_dataclass(cls: type, value: Any, where: str) -> Any:
     known = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise SpecError(f"{where}: unknown field {unknown[0]!r} for {cls.__name__}"
-                        f" (known: {', '.join(sorted(known))})")
+        raise SpecError(f"{where}: unknown field {unknown[0]!r} for {cls.__name__} (known: {', '.join(sorted(known))})")
     kwargs = {k: _decode(hints[k], v, f"{where}.{k}") for k, v in value.items()}
     try:
         return cls(**kwargs)
@@ -231,9 +231,11 @@ def spec_from_dict(data: Any, *, types: Mapping[str, type]) -> Any:
         raise SpecError(f"unknown top-level field {unknown[0]!r} (known: op, schema_version, spec)")
     version = data.get("schema_version")
     if isinstance(version, int) and not isinstance(version, bool) and 0 < version < SCHEMA_VERSION:
-        raise SpecError(f"schema_version={version} was written by an older mlafuzz whose generator made other"
-                        f" bytes for the same spec and seed: it cannot be replayed bit-identically (this mlafuzz"
-                        f" reads {SCHEMA_VERSION}); draw the case again")
+        raise SpecError(
+            f"schema_version={version} was written by an older mlafuzz whose generator made other"
+            f" bytes for the same spec and seed: it cannot be replayed bit-identically (this mlafuzz"
+            f" reads {SCHEMA_VERSION}); draw the case again"
+        )
     if version != SCHEMA_VERSION:
         raise SpecError(f"schema_version={version!r} is not supported (this mlafuzz reads {SCHEMA_VERSION})")
     op = data.get("op")

@@ -45,8 +45,8 @@ def placed(t: Tensor, *, junk: Tensor, before: int, cols: int) -> Tensor:
     if t.dim() == 1:
         junk[rows] = t
         return junk[rows]
-    junk[rows, :t.shape[1]] = t
-    return junk[rows, :t.shape[1]]
+    junk[rows, : t.shape[1]] = t
+    return junk[rows, : t.shape[1]]
 
 
 def table_view(table: Tensor, view: View, *, draws: Draws, num_blocks: int) -> Tensor:

@@ -68,8 +68,15 @@ class LedgerEntry:
         return f"expected[{self.index}] {self.kind} {self.op}={self.impl} cause={self.cause}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "kind": self.kind, "op": self.op, "impl": self.impl, "cause": self.cause,
-                "issue": self.issue, "note": self.note}
+        return {
+            "index": self.index,
+            "kind": self.kind,
+            "op": self.op,
+            "impl": self.impl,
+            "cause": self.cause,
+            "issue": self.issue,
+            "note": self.note,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,8 +90,7 @@ class Ledger:
         hits.sort(key=lambda e: e.cause == WILDCARD)
         return hits[0] if hits else None
 
-    def stale(self, findings: Iterable[Finding], *, ran: Iterable[tuple[str, str]] | None = None
-              ) -> list[LedgerEntry]:
+    def stale(self, findings: Iterable[Finding], *, ran: Iterable[tuple[str, str]] | None = None) -> list[LedgerEntry]:
         """Entries that matched none of ``findings``.
 
         ``ran``, the (op, impl) pairs that were actually fuzzed, limits the
@@ -93,17 +99,24 @@ class Ledger:
         """
         matched = {id(e) for f in findings for e in self.entries if e.matches(f)}
         pairs = None if ran is None else set(ran)
-        return [e for e in self.entries
-                if id(e) not in matched and (pairs is None or (e.op, e.impl) in pairs)]
-
+        return [e for e in self.entries if id(e) not in matched and (pairs is None or (e.op, e.impl) in pairs)]
 
     def waiver(self, entry: LedgerEntry) -> Waiver:
-        return Waiver(index=entry.index, kind=entry.kind, op=entry.op, impl=entry.impl, cause=entry.cause,
-                      issue=entry.issue, note=entry.note, ledger=str(self.path))
+        return Waiver(
+            index=entry.index,
+            kind=entry.kind,
+            op=entry.op,
+            impl=entry.impl,
+            cause=entry.cause,
+            issue=entry.issue,
+            note=entry.note,
+            ledger=str(self.path),
+        )
 
 
-def judge(findings: Iterable[Finding], *, ledger: Ledger | None = None,
-          ran: Iterable[tuple[str, str]] | None = None) -> Judgement:
+def judge(
+    findings: Iterable[Finding], *, ledger: Ledger | None = None, ran: Iterable[tuple[str, str]] | None = None
+) -> Judgement:
     """The verdict: each finding bucket (``Finding.dedup_key``) is "failure" (an error no ledger
     entry waives), "expected" (waived) or "info" (only INFO findings: never fails); the run passed
     when no bucket failed. ``ran``: the (op, impl) pairs fuzzed, for the stale entries."""
@@ -123,11 +136,13 @@ def judge(findings: Iterable[Finding], *, ledger: Ledger | None = None,
         statuses[key] = "expected" if entry is not None else "failure"
     stale = tuple(ledger.waiver(e) for e in ledger.stale(found, ran=ran)) if ledger else ()
     matched = tuple(sorted({e.index for f in found for e in ledger.entries if e.matches(f)})) if ledger else ()
-    return Judgement(statuses=statuses, waivers=waivers, stale=stale, matched=matched,
-                     ledger=str(ledger.path) if ledger else None)
+    return Judgement(
+        statuses=statuses, waivers=waivers, stale=stale, matched=matched, ledger=str(ledger.path) if ledger else None
+    )
 
 
 # --- loading ----------------------------------------------------------------
+
 
 def _parse(path: Path, text: str) -> Any:
     as_json = path.suffix.lower() == ".json" or (path.suffix.lower() != ".toml" and text.lstrip()[:1] in "[{")
@@ -151,8 +166,11 @@ def _entry(path: Path, index: int, raw: Any) -> LedgerEntry:
         raise LedgerError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_KNOWN))})")
     for key in _REQUIRED:
         if key not in raw:
-            raise LedgerError(f"{where}: {key}= is required ({key}='*' is allowed for cause only)"
-                              if key == "cause" else f"{where}: {key}= is required")
+            raise LedgerError(
+                f"{where}: {key}= is required ({key}='*' is allowed for cause only)"
+                if key == "cause"
+                else f"{where}: {key}= is required"
+            )
     for key in _KNOWN & set(raw):
         if not isinstance(raw[key], str) or (key != "note" and not raw[key].strip()):
             raise LedgerError(f"{where}: {key}={raw[key]!r} must be a non-empty string")
@@ -164,8 +182,15 @@ def _entry(path: Path, index: int, raw: Any) -> LedgerEntry:
     for key in ("kind", "op", "impl"):
         if raw[key] == WILDCARD:
             raise LedgerError(f"{where}: {key}='*' is not allowed (only cause may be '*')")
-    return LedgerEntry(kind=raw["kind"], op=raw["op"], impl=raw["impl"], cause=raw["cause"], issue=refs[0],
-                       note=raw.get("note", ""), index=index)
+    return LedgerEntry(
+        kind=raw["kind"],
+        op=raw["op"],
+        impl=raw["impl"],
+        cause=raw["cause"],
+        issue=refs[0],
+        note=raw.get("note", ""),
+        index=index,
+    )
 
 
 def load_ledger(path: Path | str) -> Ledger:
@@ -180,8 +205,10 @@ def load_ledger(path: Path | str) -> Ledger:
     data = _parse(path, text)
     raw_entries = data.get("expected", None) if isinstance(data, dict) else data
     if isinstance(data, dict) and set(data) - {"expected"}:
-        raise LedgerError(f"ledger={path}: unknown top-level key {sorted(set(data) - {'expected'})[0]!r}"
-                          " (the file holds one 'expected' array of entries)")
+        raise LedgerError(
+            f"ledger={path}: unknown top-level key {sorted(set(data) - {'expected'})[0]!r}"
+            " (the file holds one 'expected' array of entries)"
+        )
     if not isinstance(raw_entries, list):
         raise LedgerError(f"ledger={path}: expected a top-level 'expected' array of entries")
     entries = tuple(_entry(path, i, raw) for i, raw in enumerate(raw_entries))

@@ -40,25 +40,57 @@ MAX_BUCKETS_SHOWN = 5
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("mlafuzz", "mlafuzz: differential fuzzing of sparse-MLA KV-cache kernels")
-    g.addoption("--mlafuzz-cases", type=int, default=None, metavar="N",
-                help="fuzz each item for N cases of its shard (with or instead of --mlafuzz-budget)")
-    g.addoption("--mlafuzz-budget", type=float, default=None, metavar="SECONDS",
-                help="fuzz each op/implementation item for SECONDS (the plugin is off without this)")
-    g.addoption("--mlafuzz-impl", action="append", default=[], metavar="OP=REF",
-                help="implementation to fuzz (repeatable; an op may appear more than once); "
-                     "default: the device's own implementations")
+    g.addoption(
+        "--mlafuzz-cases",
+        type=int,
+        default=None,
+        metavar="N",
+        help="fuzz each item for N cases of its shard (with or instead of --mlafuzz-budget)",
+    )
+    g.addoption(
+        "--mlafuzz-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="fuzz each op/implementation item for SECONDS (the plugin is off without this)",
+    )
+    g.addoption(
+        "--mlafuzz-impl",
+        action="append",
+        default=[],
+        metavar="OP=REF",
+        help="implementation to fuzz (repeatable; an op may appear more than once); "
+        "default: the device's own implementations",
+    )
     g.addoption("--mlafuzz-seed", type=int, default=0, metavar="N", help="run seed (default 0)")
-    g.addoption("--mlafuzz-out", default=None, metavar="DIR",
-                help="findings go to DIR/<op>-<impl>-<worker>/ (default ./mlafuzz-out)")
-    g.addoption("--mlafuzz-ledger", default=None, metavar="FILE",
-                help="expected-failures ledger (TOML or JSON): only unexpected findings fail")
-    g.addoption("--mlafuzz-device", choices=("cpu", "cuda"), default=None,
-                help="default: cuda when available, else cpu")
-    g.addoption("--mlafuzz-shrink-budget", type=float, default=10.0, metavar="SECONDS",
-                help="time to minimize each new finding bucket into a repro bundle (default 10; 0: none)")
-    g.addoption("--mlafuzz-isolate", action="store_true",
-                help="run cases in a spawned worker process: a crashing or hanging impl becomes a finding"
-                     " instead of taking the pytest worker down (slower start)")
+    g.addoption(
+        "--mlafuzz-out",
+        default=None,
+        metavar="DIR",
+        help="findings go to DIR/<op>-<impl>-<worker>/ (default ./mlafuzz-out)",
+    )
+    g.addoption(
+        "--mlafuzz-ledger",
+        default=None,
+        metavar="FILE",
+        help="expected-failures ledger (TOML or JSON): only unexpected findings fail",
+    )
+    g.addoption(
+        "--mlafuzz-device", choices=("cpu", "cuda"), default=None, help="default: cuda when available, else cpu"
+    )
+    g.addoption(
+        "--mlafuzz-shrink-budget",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="time to minimize each new finding bucket into a repro bundle (default 10; 0: none)",
+    )
+    g.addoption(
+        "--mlafuzz-isolate",
+        action="store_true",
+        help="run cases in a spawned worker process: a crashing or hanging impl becomes a finding"
+        " instead of taking the pytest worker down (slower start)",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,10 +158,14 @@ class FuzzCollector(pytest.Collector):
     def collect(self) -> list[pytest.Item]:
         labels = [impl_label(ref) for _, ref, _ in self.specs]
         # Two refs with one short label (same file name, different folders): fall back to the whole ref.
-        labels = [label if labels.count(label) == 1 else re.sub(r"[^A-Za-z0-9_.:=+-]", "_", ref)
-                  for label, (_, ref, _) in zip(labels, self.specs)]
-        return [FuzzItem.from_parent(self, name=f"{op}[{label}]", op=op, ref=ref, label=label, entry=entry)
-                for label, (op, ref, entry) in zip(labels, self.specs)]
+        labels = [
+            label if labels.count(label) == 1 else re.sub(r"[^A-Za-z0-9_.:=+-]", "_", ref)
+            for label, (_, ref, _) in zip(labels, self.specs)
+        ]
+        return [
+            FuzzItem.from_parent(self, name=f"{op}[{label}]", op=op, ref=ref, label=label, entry=entry)
+            for label, (op, ref, entry) in zip(labels, self.specs)
+        ]
 
 
 class FuzzSession:
@@ -194,8 +230,9 @@ class FuzzSession:
 
         s = self.session
         try:
-            pairs = ([parse_impl_arg(t, ops=s.table.names) for t in texts]
-                     or [(op, s.default_ref(op, self.device)) for op in s.table.names])
+            pairs = [parse_impl_arg(t, ops=s.table.names) for t in texts] or [
+                (op, s.default_ref(op, self.device)) for op in s.table.names
+            ]
             return [(op, ref, s.entry(op, ref)) for op, ref in dict.fromkeys(pairs)]
         except ImplError as exc:
             raise pytest.UsageError(f"mlafuzz: {exc}") from None
@@ -203,10 +240,12 @@ class FuzzSession:
     # --- collection ---------------------------------------------------------
 
     @pytest.hookimpl(tryfirst=True)  # before -k/-m deselection, so it applies to our items too
-    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
-                                      items: list[pytest.Item]) -> None:
-        collector = FuzzCollector.from_parent(session, name="mlafuzz", nodeid="mlafuzz",
-                                              path=session.path / "mlafuzz", specs=self.specs)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        collector = FuzzCollector.from_parent(
+            session, name="mlafuzz", nodeid="mlafuzz", path=session.path / "mlafuzz", specs=self.specs
+        )
         items.extend(session.genitems(collector))  # emits the collect report, so "collected N items" counts ours
 
     # --- running ------------------------------------------------------------
@@ -224,8 +263,9 @@ class FuzzSession:
         return self.out_root / f"{item.op}-{item.label.replace(':', '_')}-{self.worker.name}"
 
     def _limit(self) -> str:
-        return " / ".join(x for x in (f"{self.cases} cases" if self.cases else "",
-                                       f"{self.budget:g} s" if self.budget else "") if x)
+        return " / ".join(
+            x for x in (f"{self.cases} cases" if self.cases else "", f"{self.budget:g} s" if self.budget else "") if x
+        )
 
     def _executor(self, device: str):
         from mlafuzz.harness.drive.workers import InProcess, WorkerPool
@@ -254,11 +294,19 @@ class FuzzSession:
         out = self.item_dir(item)
         clear_run(out)  # this item's previous run: replaced, never appended to
         found: list = []
-        config = FuzzConfig(ops=(item.op,), impls={item.op: item.ref}, device=device, budget=self.budget,
-                            cases=self.cases,
-                            seed=self.seed, out_dir=out, shard=Shard(index=self.worker.index, count=self.worker.count),
-                            shrink_budget=self.shrink_budget, table=self.session.table,
-                            timeout=self.timeout if self.isolate else None)
+        config = FuzzConfig(
+            ops=(item.op,),
+            impls={item.op: item.ref},
+            device=device,
+            budget=self.budget,
+            cases=self.cases,
+            seed=self.seed,
+            out_dir=out,
+            shard=Shard(index=self.worker.index, count=self.worker.count),
+            shrink_budget=self.shrink_budget,
+            table=self.session.table,
+            timeout=self.timeout if self.isolate else None,
+        )
         executor = self._executor(device)
         try:
             summary = fuzz(config, executor=executor, on_finding=found.append)
@@ -279,17 +327,32 @@ class FuzzSession:
         expected = [f for f in found if judgement.statuses.get(f.dedup_key) == "expected"]
         buckets = [b for b in group_buckets(unexpected, judgement)]
         bundles = {tuple(b.get("bucket", ())): b.get("replay") for b in summary.bundles if isinstance(b, dict)}
-        rerun = console.rerun_command(op=item.op, impl=item.ref, device=self.device, seed=self.seed,
-                                      cases=summary.cases + summary.skipped,
-                                      shard=(self.worker.index, self.worker.count), out=str(out / "replay"))
-        title = (f"mlafuzz: {item.op}={item.ref} on {device} (seed {self.seed}, shard {self.worker.index}/"
-                 f"{self.worker.count}, {self._limit()}): {len(unexpected)} unexpected findings in"
-                 f" {console.plural(len(buckets), 'bucket')}"
-                 + (f", {len(expected)} expected per ledger" if expected else ""))
-        raise FuzzFailure(console.plugin_failure(
-            title=title, summary=totals, buckets=buckets, shown=MAX_BUCKETS_SHOWN,
-            replay_for=lambda b: b.first.repro or bundles.get(b.key) or rerun,
-            findings_path=str(out / "findings.jsonl"), run_dir=str(out)))
+        rerun = console.rerun_command(
+            op=item.op,
+            impl=item.ref,
+            device=self.device,
+            seed=self.seed,
+            cases=summary.cases + summary.skipped,
+            shard=(self.worker.index, self.worker.count),
+            out=str(out / "replay"),
+        )
+        title = (
+            f"mlafuzz: {item.op}={item.ref} on {device} (seed {self.seed}, shard {self.worker.index}/"
+            f"{self.worker.count}, {self._limit()}): {len(unexpected)} unexpected findings in"
+            f" {console.plural(len(buckets), 'bucket')}"
+            + (f", {len(expected)} expected per ledger" if expected else "")
+        )
+        raise FuzzFailure(
+            console.plugin_failure(
+                title=title,
+                summary=totals,
+                buckets=buckets,
+                shown=MAX_BUCKETS_SHOWN,
+                replay_for=lambda b: b.first.repro or bundles.get(b.key) or rerun,
+                findings_path=str(out / "findings.jsonl"),
+                run_dir=str(out),
+            )
+        )
 
     # --- summing up (on the controller under xdist; reports carry user_properties) ---
 
@@ -307,8 +370,11 @@ class FuzzSession:
             return
         from mlafuzz.reports.console import stale_lines
 
-        stale = [self.ledger.waiver(e) for e in self.ledger.entries
-                 if e.index not in self._matched and (e.op, e.impl) in self._ran]
+        stale = [
+            self.ledger.waiver(e)
+            for e in self.ledger.entries
+            if e.index not in self._matched and (e.op, e.impl) in self._ran
+        ]
         if stale:
             terminalreporter.section("mlafuzz: stale ledger entries")
             for line in stale_lines(stale):
@@ -316,7 +382,9 @@ class FuzzSession:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("mlafuzz_budget", default=None) is None and config.getoption("mlafuzz_cases",
-                                                                                      default=None) is None:
+    if (
+        config.getoption("mlafuzz_budget", default=None) is None
+        and config.getoption("mlafuzz_cases", default=None) is None
+    ):
         return  # inactive: plain pytest runs never import torch through us
     config.pluginmanager.register(FuzzSession(config), SESSION_PLUGIN)

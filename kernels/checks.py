@@ -120,8 +120,9 @@ def _require_tensor(name: str, t: object, error: type[InvalidDtypeError] = Inval
     return t
 
 
-def _require_dtype(name: str, t: torch.Tensor, dtypes: Sequence[torch.dtype],
-                   error: type[InvalidDtypeError] = InvalidDtypeError) -> None:
+def _require_dtype(
+    name: str, t: torch.Tensor, dtypes: Sequence[torch.dtype], error: type[InvalidDtypeError] = InvalidDtypeError
+) -> None:
     if t.dtype not in dtypes:
         want = " or ".join(str(d) for d in dtypes)
         raise error("wrong_dtype", f"{name}.dtype={t.dtype}, expected {want}")
@@ -176,9 +177,7 @@ def check_convert_args(
     for name, t in (("req_id", ri), ("block_table", bt), ("token_indices", ti)):
         _require_dtype(name, t, (torch.int32,), AssertedDtypeError)
     if not isinstance(HAS_PREFILL_WORKSPACE, (bool, int)):
-        raise InvalidDtypeError(
-            "wrong_dtype", f"HAS_PREFILL_WORKSPACE={HAS_PREFILL_WORKSPACE!r} must be a bool"
-        )
+        raise InvalidDtypeError("wrong_dtype", f"HAS_PREFILL_WORKSPACE={HAS_PREFILL_WORKSPACE!r} must be a bool")
     ids = starts = None
     if HAS_PREFILL_WORKSPACE:
         if prefill_workspace_request_ids is None or prefill_workspace_starts is None:
@@ -216,13 +215,9 @@ def check_convert_args(
         raise InvalidInputError("bad_block_n", f"BLOCK_N={bn} must be a power of two")
     k = _require_int("NUM_TOPK_TOKENS", NUM_TOPK_TOKENS, "k_mismatch", 0)
     if ti.shape[1] != k:
-        raise AssertedInputError(
-            "k_mismatch", f"token_indices.shape[1]={ti.shape[1]} != NUM_TOPK_TOKENS={k}"
-        )
+        raise AssertedInputError("k_mismatch", f"token_indices.shape[1]={ti.shape[1]} != NUM_TOPK_TOKENS={k}")
     if k % bn:
-        raise AssertedInputError(
-            "k_not_multiple_of_block_n", f"NUM_TOPK_TOKENS={k} % BLOCK_N={bn} = {k % bn} != 0"
-        )
+        raise AssertedInputError("k_not_multiple_of_block_n", f"NUM_TOPK_TOKENS={k} % BLOCK_N={bn} = {k % bn} != 0")
     if ri.shape[0] != ti.shape[0]:
         raise AssertedInputError(
             "length_mismatch", f"req_id.shape[0]={ri.shape[0]} != token_indices.shape[0]={ti.shape[0]}"
@@ -306,9 +301,7 @@ def check_gather_values(
                 "ws_decreasing", f"workspace_starts[{i}]={ws[i]} < workspace_starts[{i - 1}]={ws[i - 1]}"
             )
     if ws[b - 1] > total:
-        raise InvalidInputError(
-            "ws_past_total", f"workspace_starts[{b - 1}]={ws[b - 1]} > total=dst.shape[0]={total}"
-        )
+        raise InvalidInputError("ws_past_total", f"workspace_starts[{b - 1}]={ws[b - 1]} > total=dst.shape[0]={total}")
     # Only requests with rows read anything, so only they are checked below.
     for i in range(b):
         n = (ws[i + 1] if i + 1 < b else total) - ws[i]
@@ -367,6 +360,4 @@ def check_writer_args(
         raise InvalidInputError("wrong_shape", f"k_pe.shape[0]={kp.shape[0]} != kv_c.shape[0]={kc.shape[0]}")
     if sm.shape[0] > kc.shape[0]:
         # vLLM walks slot_mapping; each entry reads one row of kv_c / k_pe.
-        raise InvalidInputError(
-            "wrong_shape", f"slot_mapping.shape[0]={sm.shape[0]} > kv_c.shape[0]={kc.shape[0]}"
-        )
+        raise InvalidInputError("wrong_shape", f"slot_mapping.shape[0]={sm.shape[0]} > kv_c.shape[0]={kc.shape[0]}")

@@ -98,9 +98,7 @@ def nvcc_flags(arch: str) -> list[str]:
 
 def _present_arch() -> str:
     if not torch.cuda.is_available():
-        raise RuntimeError(
-            "mlafuzz CUDA extension: no CUDA device (torch.cuda.is_available() is False)"
-        )
+        raise RuntimeError("mlafuzz CUDA extension: no CUDA device (torch.cuda.is_available() is False)")
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}"
 
@@ -126,8 +124,7 @@ def _build_key(arch: str, *, folders: Sequence[Path] = (CSRC,)) -> str:
         if path.is_file():
             h.update(path.name.encode())
             h.update(path.read_bytes())
-    for part in (torch.__version__, str(torch.version.cuda), arch, sys.version.split()[0],
-                 *nvcc_flags(arch)):
+    for part in (torch.__version__, str(torch.version.cuda), arch, sys.version.split()[0], *nvcc_flags(arch)):
         h.update(b"\0" + part.encode())
     return h.hexdigest()[:16]
 
@@ -145,8 +142,7 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
-def build_extension(*, name: str, source: Path, include_dirs: Sequence[Path] = (),
-                    verbose: bool = False) -> BuildInfo:
+def build_extension(*, name: str, source: Path, include_dirs: Sequence[Path] = (), verbose: bool = False) -> BuildInfo:
     """Build (first time on this machine) and load the torch extension ``name`` from ``source``
     with the exact flags; the build folder is keyed by the sources of ``source``'s folder and of
     ``include_dirs``, the torch, CUDA and Python versions and the GPU arch. Raises RuntimeError with
@@ -176,8 +172,9 @@ def build_extension(*, name: str, source: Path, include_dirs: Sequence[Path] = (
             verbose=verbose,
         )
     info = BuildInfo(cold=cold, seconds=time.perf_counter() - t0, path=Path(str(path)), arch=arch)
-    _log.info("mlafuzz CUDA extension %s %s in %.1f s (%s)",
-              name, "built" if cold else "loaded", info.seconds, info.path)
+    _log.info(
+        "mlafuzz CUDA extension %s %s in %.1f s (%s)", name, "built" if cold else "loaded", info.seconds, info.path
+    )
     return info
 
 
@@ -207,10 +204,18 @@ def _require_cuda(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be a CUDA tensor")
 
 
-def gather_impl(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
-                workspace_starts: torch.Tensor, batch_size: int,
-                seq_starts: torch.Tensor | None = None, *, rows_per_warp: int = GATHER_ROWS_PER_WARP,
-                force_scalar: bool = False, stream_hints: bool = GATHER_STREAM_HINTS) -> None:
+def gather_impl(
+    src_cache: torch.Tensor,
+    dst: torch.Tensor,
+    block_table: torch.Tensor,
+    workspace_starts: torch.Tensor,
+    batch_size: int,
+    seq_starts: torch.Tensor | None = None,
+    *,
+    rows_per_warp: int = GATHER_ROWS_PER_WARP,
+    force_scalar: bool = False,
+    stream_hints: bool = GATHER_STREAM_HINTS,
+) -> None:
     """``gather`` with the kernel's tuning knobs exposed (tests and benchmarks)."""
     _require_cuda("src_cache", src_cache)
     # The host checks run here, in Python, before the op: an exception raised by TORCH_CHECK
@@ -219,13 +224,27 @@ def gather_impl(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.T
     check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
     if rows_per_warp not in GATHER_ROWS_CHOICES:
         raise ValueError(f"rows_per_warp={rows_per_warp!r} must be one of {GATHER_ROWS_CHOICES}")
-    _ops().gather(_as_bytes(src_cache), dst, block_table, workspace_starts, int(batch_size),
-                  seq_starts, int(rows_per_warp), bool(force_scalar), bool(stream_hints))
+    _ops().gather(
+        _as_bytes(src_cache),
+        dst,
+        block_table,
+        workspace_starts,
+        int(batch_size),
+        seq_starts,
+        int(rows_per_warp),
+        bool(force_scalar),
+        bool(stream_hints),
+    )
 
 
-def gather(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
-           workspace_starts: torch.Tensor, batch_size: int,
-           seq_starts: torch.Tensor | None = None) -> None:
+def gather(
+    src_cache: torch.Tensor,
+    dst: torch.Tensor,
+    block_table: torch.Tensor,
+    workspace_starts: torch.Tensor,
+    batch_size: int,
+    seq_starts: torch.Tensor | None = None,
+) -> None:
     """SPEC section 4: dst[ws[b] + j] = dequant(record at position seq_starts[b] + j of request
     b); the last request's rows run to dst.size(0). Writes dst in place. Host-side checks only
     (dtypes, shapes, devices, table/ws/seq_starts lengths >= batch_size); see gather_op in the
@@ -233,8 +252,15 @@ def gather(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor
     gather_impl(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
 
 
-def writer_impl(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                slot_mapping: torch.Tensor, *, convert_fp16_rope: bool = False, revision: str = NEWEST) -> None:
+def writer_impl(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    convert_fp16_rope: bool = False,
+    revision: str = NEWEST,
+) -> None:
     """``writer`` with the RoPE knob exposed: ``convert_fp16_rope=True`` stores an fp16 k_pe as
     its value rounded to bf16 (RNE, NaN -> 0x7FC0) instead of its raw 16-bit pattern."""
     check_revision(revision)
@@ -245,9 +271,16 @@ def writer_impl(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
     _ops().writer(kv_c, k_pe, _as_bytes(kv_cache), slot_mapping, bool(convert_fp16_rope), scale_rule(revision))
 
 
-def writer(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-           slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
-           scale: torch.Tensor | None = None, *, revision: str = NEWEST) -> None:
+def writer(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str = "fp8_ds_mla",
+    scale: torch.Tensor | None = None,
+    *,
+    revision: str = NEWEST,
+) -> None:
     """vLLM's concat_and_cache_mla for kv_cache_dtype="fp8_ds_mla" (SPEC section 2): per token
     with slot >= 0, per 128-tile scale = max(amax / 448, FLT_MIN) under revision 2026-07, or
     2**ceil(log2(max(amax / 448, 1e-4f))) (exact, on the bits) under 2026-09 (SPEC section 7);
@@ -282,9 +315,16 @@ def _torch_cxx_std() -> str:
     return "c++20" if "-std=c++20" in inspect.getsource(cpp_extension) else "c++17"
 
 
-def nvcc_compile_check(*, out_dir: Path, arch: str = "sm_90", std: str | None = None,
-                       timeout_s: float = 300.0, source: Path = SOURCE, name: str = EXTENSION_NAME,
-                       include_dirs: Sequence[Path] = ()) -> Path:
+def nvcc_compile_check(
+    *,
+    out_dir: Path,
+    arch: str = "sm_90",
+    std: str | None = None,
+    timeout_s: float = 300.0,
+    source: Path = SOURCE,
+    name: str = EXTENSION_NAME,
+    include_dirs: Sequence[Path] = (),
+) -> Path:
     """Compile ``source`` (default kernels/csrc/fp8_ds_mla.cu) to an object file with nvcc,
     without a GPU, against the installed torch headers (a CPU build of torch ships the CUDA headers
     too), with the JIT build's flags. ``std`` defaults to the standard the installed torch builds
@@ -301,18 +341,23 @@ def nvcc_compile_check(*, out_dir: Path, arch: str = "sm_90", std: str | None = 
     includes = [*map(str, include_dirs), *cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     cmd = [
-        nvcc, "-c", f"-std={std or _torch_cxx_std()}", *nvcc_flags(arch),
+        nvcc,
+        "-c",
+        f"-std={std or _torch_cxx_std()}",
+        *nvcc_flags(arch),
         *cpp_extension.COMMON_NVCC_FLAGS,
-        "-Xcompiler", "-fPIC",
+        "-Xcompiler",
+        "-fPIC",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        "-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={name}",
+        "-DTORCH_API_INCLUDE_EXTENSION_H",
+        f"-DTORCH_EXTENSION_NAME={name}",
         *_cpu_torch_workarounds(),
         *(f"-I{p}" for p in includes),
-        str(source), "-o", str(obj),
+        str(source),
+        "-o",
+        str(obj),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0 or not obj.exists():
-        raise RuntimeError(
-            f"nvcc failed (rc={proc.returncode}): {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
-        )
+        raise RuntimeError(f"nvcc failed (rc={proc.returncode}): {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
     return obj

@@ -39,8 +39,10 @@ class ImplEntry:
 
     def __post_init__(self) -> None:
         if self.revision is not None and self.revisions is not None:
-            raise ValueError(f"ImplEntry {self.op}={self.name}: revision={self.revision!r} pins one revision,"
-                             f" revisions={sorted(self.revisions)} follows the run's: give one of them")
+            raise ValueError(
+                f"ImplEntry {self.op}={self.name}: revision={self.revision!r} pins one revision,"
+                f" revisions={sorted(self.revisions)} follows the run's: give one of them"
+            )
 
     def missing(self) -> tuple[str, ...]:
         """The packages of ``requires`` this Python cannot import, then the ``tools`` not on PATH."""
@@ -56,16 +58,22 @@ class ImplEntry:
         """The device kind ('cpu', 'cuda'); ImplError when this entry cannot run there."""
         kind = device.split(":")[0]
         if kind not in self.devices:
-            raise ImplError(f"impl {self.op}={self.name} does not run on device={kind!r}"
-                            f" (runs on: {', '.join(sorted(self.devices))})")
+            raise ImplError(
+                f"impl {self.op}={self.name} does not run on device={kind!r}"
+                f" (runs on: {', '.join(sorted(self.devices))})"
+            )
         missing = self._missing_packages()
         if missing:
-            raise ImplError(f"impl {self.op}={self.name} needs {', '.join(missing)}, which is not installed here"
-                            f" (pip install 'mlafuzz[{missing[0]}]', or pick another --impl {self.op}=...)")
+            raise ImplError(
+                f"impl {self.op}={self.name} needs {', '.join(missing)}, which is not installed here"
+                f" (pip install 'mlafuzz[{missing[0]}]', or pick another --impl {self.op}=...)"
+            )
         tools = self._missing_tools()
         if tools:
-            raise ImplError(f"impl {self.op}={self.name} needs {', '.join(tools)} on PATH to build itself"
-                            f" (install it, or pick another --impl {self.op}=...)")
+            raise ImplError(
+                f"impl {self.op}={self.name} needs {', '.join(tools)} on PATH to build itself"
+                f" (install it, or pick another --impl {self.op}=...)"
+            )
         return kind
 
     def judged_under(self, run_revision: str) -> str:
@@ -87,8 +95,10 @@ class ImplEntry:
         if self.revisions is None or revision is None:
             return fn
         if revision not in self.revisions:
-            raise ImplError(f"impl {self.op}={self.name} does not follow contract revision {revision!r}"
-                            f" (follows: {', '.join(sorted(self.revisions))})")
+            raise ImplError(
+                f"impl {self.op}={self.name} does not follow contract revision {revision!r}"
+                f" (follows: {', '.join(sorted(self.revisions))})"
+            )
         return functools.partial(fn, revision=revision)
 
 
@@ -101,6 +111,8 @@ def _importable(package: str) -> bool:
 
 def module_attr(module: str, attr: str) -> Callable[[str], Callable]:
     """A loader that imports ``module`` and takes ``attr`` when the entry is first loaded."""
+
     def load(device: str) -> Callable:
         return getattr(importlib.import_module(module), attr)
+
     return load

@@ -64,9 +64,15 @@ def external_entry(op: str, ref: str, *, rejects: Iterable[str]) -> ImplEntry:
     is_path = target.endswith(".py") or "/" in target or os.sep in target
     fn = _load_from_path(target, attr, ref) if is_path else _load_from_module(target, attr, ref)
     fn, caps = adapt_signature(op, fn)
-    return ImplEntry(op=op, name=ref, loader=lambda device: fn, devices=frozenset({"cpu", "cuda"}),
-                     rejects=frozenset(rejects),
-                     description=f"external implementation {ref}", capabilities=caps)
+    return ImplEntry(
+        op=op,
+        name=ref,
+        loader=lambda device: fn,
+        devices=frozenset({"cpu", "cuda"}),
+        rejects=frozenset(rejects),
+        description=f"external implementation {ref}",
+        capabilities=caps,
+    )
 
 
 # Optional convert features (SPEC section 7) by the keyword that carries them, as vLLM spells it.

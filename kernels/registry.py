@@ -48,8 +48,7 @@ class Registry:
             out = [e for e in out if e.is_mutant == mutants]
         return sorted(out, key=lambda e: (e.op, e.is_mutant, e.name))
 
-    def resolve(self, op: str, ref: str, *, contract: Iterable[str], rejects: Iterable[str] | None = None
-                ) -> ImplEntry:
+    def resolve(self, op: str, ref: str, *, contract: Iterable[str], rejects: Iterable[str] | None = None) -> ImplEntry:
         """The entry ``--impl op=ref`` names; ``contract``: what SPEC holds an external
         implementation to (the op table's), unless ``rejects`` (a user's --contract) says less.
         Every failure is an ImplError with one line."""
@@ -59,13 +58,17 @@ class Registry:
         promised = frozenset(contract if rejects is None else rejects)
         if ref == "vllm":
             from mlafuzz.kernels.vllm import vllm_entry
+
             return vllm_entry(op, rejects=promised)
         if ":" in ref:
             from mlafuzz.kernels.external import external_entry
+
             return external_entry(op, ref, rejects=promised)
         names = ", ".join(e.name for e in self.entries(op=op)) or "none"
-        raise ImplError(f"--impl {op}={ref}: no implementation named {ref!r} for op {op!r}"
-                        f" (registered: {names}; or use vllm, module:attr, path.py:attr)")
+        raise ImplError(
+            f"--impl {op}={ref}: no implementation named {ref!r} for op {op!r}"
+            f" (registered: {names}; or use vllm, module:attr, path.py:attr)"
+        )
 
 
 @functools.cache

@@ -37,8 +37,14 @@ from torch import Tensor
 
 from mlafuzz.kernels.entry import ImplEntry, module_attr
 
-__all__ = ["StepPipeline", "step", "step_full_req_id", "step_no_seq_starts", "step_second_split",
-           "step_ws_not_restarted"]
+__all__ = [
+    "StepPipeline",
+    "step",
+    "step_full_req_id",
+    "step_no_seq_starts",
+    "step_second_split",
+    "step_ws_not_restarted",
+]
 
 ROW = 576  # bf16 values in a dequantized row
 
@@ -95,8 +101,9 @@ class StepPipeline:
             padded = (lens == lens[0]) | (lens == 0)
             if bool(padded.all()):
                 if n * int(lens[0]) != num_tokens:
-                    raise ValueError(f"tokens not padded correctly: num_tokens={num_tokens} != "
-                                     f"{n} * query_len[0]={int(lens[0])}")
+                    raise ValueError(
+                        f"tokens not padded correctly: num_tokens={num_tokens} != {n} * query_len[0]={int(lens[0])}"
+                    )
                 return Split(n, 0, num_tokens, 0)
             is_prefill = lens != lens[0]
         else:
@@ -105,14 +112,23 @@ class StepPipeline:
         return Split(first, n - first, qsl[first], num_tokens - qsl[first])
 
     # -- 5.3 ----------------------------------------------------------------
-    def fp8_separate(self, *, split: Split, qsl: list[int], seq_lens: list[int], num_tokens: int,
-                     workspace_rows: int, threshold: int, require_uniform: bool) -> Fp8Separate:
+    def fp8_separate(
+        self,
+        *,
+        split: Split,
+        qsl: list[int],
+        seq_lens: list[int],
+        num_tokens: int,
+        workspace_rows: int,
+        threshold: int,
+        require_uniform: bool,
+    ) -> Fp8Separate:
         nd = split.num_decodes
         dql = qsl[1] - qsl[0] if nd else 0
         active = split.num_decode_tokens // dql if dql > 0 else 0
         ids = [-1] * num_tokens
         for k, r in enumerate(range(nd, len(seq_lens))):
-            ids[qsl[r]:qsl[r + 1]] = [k] * (qsl[r + 1] - qsl[r])
+            ids[qsl[r] : qsl[r + 1]] = [k] * (qsl[r + 1] - qsl[r])
         lens = seq_lens[nd:]
         chunks: list[tuple[int, int]] = []
         start = 0
@@ -123,13 +139,19 @@ class StepPipeline:
                 end += 1
             chunks.append((start, end))
             start = end
-        return Fp8Separate(split=split, decode_query_len=dql, num_active_decodes=active, prefill_request_ids=ids,
-                           chunks=chunks, workspace_starts=self.workspace_starts(lens, chunks),
-                           chunk_seq_tot=[sum(lens[s:e]) for s, e in chunks])
+        return Fp8Separate(
+            split=split,
+            decode_query_len=dql,
+            num_active_decodes=active,
+            prefill_request_ids=ids,
+            chunks=chunks,
+            workspace_starts=self.workspace_starts(lens, chunks),
+            chunk_seq_tot=[sum(lens[s:e]) for s, e in chunks],
+        )
 
     def workspace_starts(self, lens: list[int], chunks: list[tuple[int, int]]) -> list[int]:
         """Exclusive prefix sum of seq_lens within each chunk, restarting at 0."""
-        return [x for s, e in chunks for x in itertools.accumulate([0] + lens[s:e - 1])]
+        return [x for s, e in chunks for x in itertools.accumulate([0] + lens[s : e - 1])]
 
     # -- 5.2 ----------------------------------------------------------------
     def chunked_context(self, ctx: list[int], workspace_rows: int, block_size: int) -> ContextPlan:
@@ -138,8 +160,10 @@ class StepPipeline:
             return ContextPlan(0, [], [], [], [])
         chunk = (workspace_rows // with_ctx) // block_size * block_size
         if chunk <= 0:
-            raise ValueError(f"workspace_rows={workspace_rows} leaves no block per request with context "
-                             f"({with_ctx} requests, block_size={block_size})")
+            raise ValueError(
+                f"workspace_rows={workspace_rows} leaves no block per request with context "
+                f"({with_ctx} requests, block_size={block_size})"
+            )
         n_chunks = -(-max(ctx) // chunk)
         starts = [[i * chunk] * len(ctx) for i in range(n_chunks)]
         lens = [[max(0, min(c, s + chunk) - s) for c, s in zip(ctx, row)] for row in starts]
@@ -154,17 +178,38 @@ class StepPipeline:
         return starts_row
 
     # -- the step -----------------------------------------------------------
-    def __call__(self, *, kv_cache: Tensor, block_table: Tensor, query_start_loc: Tensor, seq_lens: Tensor,
-                 req_id_per_token: Tensor, topk_indices: Tensor, num_tokens: int, threshold: int,
-                 require_uniform: bool, workspace_rows: int, topk: int, block_n: int,
-                 convert: Callable, gather: Callable) -> dict[str, Tensor]:
+    def __call__(
+        self,
+        *,
+        kv_cache: Tensor,
+        block_table: Tensor,
+        query_start_loc: Tensor,
+        seq_lens: Tensor,
+        req_id_per_token: Tensor,
+        topk_indices: Tensor,
+        num_tokens: int,
+        threshold: int,
+        require_uniform: bool,
+        workspace_rows: int,
+        topk: int,
+        block_n: int,
+        convert: Callable,
+        gather: Callable,
+    ) -> dict[str, Tensor]:
         dev = topk_indices.device
         bs = kv_cache.shape[1]
         qsl = query_start_loc.tolist()
         sl = seq_lens.tolist()
         split = self.split(qsl, num_tokens, threshold, require_uniform)  # resolved once (5.1)
-        sep = self.fp8_separate(split=split, qsl=qsl, seq_lens=sl, num_tokens=num_tokens,
-                                workspace_rows=workspace_rows, threshold=threshold, require_uniform=require_uniform)
+        sep = self.fp8_separate(
+            split=split,
+            qsl=qsl,
+            seq_lens=sl,
+            num_tokens=num_tokens,
+            workspace_rows=workspace_rows,
+            threshold=threshold,
+            require_uniform=require_uniform,
+        )
         nd, n_pre = sep.split.num_decodes, sep.split.num_prefills
         ctx = [sl[r] - (qsl[r + 1] - qsl[r]) for r in range(nd, len(sl))]
         plan = self.chunked_context(ctx, workspace_rows, bs)
@@ -174,8 +219,9 @@ class StepPipeline:
         ndt = split.num_decode_tokens
         decode_slots = torch.empty((0, topk), dtype=torch.int32, device=dev)
         if ndt > 0:  # SPEC 5.4: the decode subset only
-            decode_slots = convert(self.decode_req_id(req_id_per_token, ndt), block_table, topk_indices[:ndt],
-                                   **convert_kw)
+            decode_slots = convert(
+                self.decode_req_id(req_id_per_token, ndt), block_table, topk_indices[:ndt], **convert_kw
+            )
         prefill_slots = torch.empty((0, topk), dtype=torch.int32, device=dev)
         context_rows = torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
         seq_rows = torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
@@ -186,31 +232,53 @@ class StepPipeline:
             context_rows = self._gather_context(kv_cache, workspace, prefill_table, plan, n_pre, gather)
         else:
             pdt = sep.split.num_decode_tokens
-            prefill_slots = convert(req_id_per_token[pdt:], block_table, topk_indices[pdt:], **convert_kw,
-                                    HAS_PREFILL_WORKSPACE=True,
-                                    prefill_workspace_request_ids=_i32(sep.prefill_request_ids[pdt:], dev),
-                                    prefill_workspace_starts=_i32(sep.workspace_starts, dev))
+            prefill_slots = convert(
+                req_id_per_token[pdt:],
+                block_table,
+                topk_indices[pdt:],
+                **convert_kw,
+                HAS_PREFILL_WORKSPACE=True,
+                prefill_workspace_request_ids=_i32(sep.prefill_request_ids[pdt:], dev),
+                prefill_workspace_starts=_i32(sep.workspace_starts, dev),
+            )
             seq_rows = self._gather_sequences(kv_cache, workspace, prefill_table, sep, gather)
-        return self._outputs(sep=sep, plan=plan, dense=dense, n_pre=n_pre, dev=dev, decode_slots=decode_slots,
-                             prefill_slots=prefill_slots, context_rows=context_rows, prefill_seq_rows=seq_rows)
+        return self._outputs(
+            sep=sep,
+            plan=plan,
+            dense=dense,
+            n_pre=n_pre,
+            dev=dev,
+            decode_slots=decode_slots,
+            prefill_slots=prefill_slots,
+            context_rows=context_rows,
+            prefill_seq_rows=seq_rows,
+        )
 
-    def _gather_context(self, cache: Tensor, workspace: Tensor, table: Tensor, plan: ContextPlan, n_pre: int,
-                        gather: Callable) -> Tensor:
+    def _gather_context(
+        self, cache: Tensor, workspace: Tensor, table: Tensor, plan: ContextPlan, n_pre: int, gather: Callable
+    ) -> Tensor:
         """5.2: one gather per chunk; request r's rows of chunk i follow its rows of chunk i-1."""
         dev = workspace.device
         per_request: list[list[Tensor]] = [[] for _ in range(n_pre)]
         for i, total in enumerate(plan.seq_tot):
             dst = workspace[:total]
-            gather(cache, dst, table, _i32(plan.cu_seq_lens[i], dev), n_pre,
-                   self.context_seq_starts(_i32(plan.starts[i], dev)))
+            gather(
+                cache,
+                dst,
+                table,
+                _i32(plan.cu_seq_lens[i], dev),
+                n_pre,
+                self.context_seq_starts(_i32(plan.starts[i], dev)),
+            )
             for r in range(n_pre):
                 lo = plan.cu_seq_lens[i][r]
-                per_request[r].append(dst[lo:lo + plan.lens[i][r]].clone())
+                per_request[r].append(dst[lo : lo + plan.lens[i][r]].clone())
         rows = [t for ts in per_request for t in ts]
         return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
 
-    def _gather_sequences(self, cache: Tensor, workspace: Tensor, table: Tensor, sep: Fp8Separate,
-                          gather: Callable) -> Tensor:
+    def _gather_sequences(
+        self, cache: Tensor, workspace: Tensor, table: Tensor, sep: Fp8Separate, gather: Callable
+    ) -> Tensor:
         """Sparse route: each 5.3 chunk's prefills, whole sequences, at their workspace_starts."""
         dev = workspace.device
         out = []
@@ -221,13 +289,16 @@ class StepPipeline:
         return torch.cat(out) if out else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
 
     @staticmethod
-    def _outputs(*, sep: Fp8Separate, plan: ContextPlan, dense: bool, n_pre: int, dev: torch.device,
-                 **tensors: Tensor) -> dict[str, Tensor]:
+    def _outputs(
+        *, sep: Fp8Separate, plan: ContextPlan, dense: bool, n_pre: int, dev: torch.device, **tensors: Tensor
+    ) -> dict[str, Tensor]:
         s = sep.split
         n_ctx = len(plan.seq_tot)
         return {
-            "num_decodes": _i32(s.num_decodes, dev), "num_prefills": _i32(s.num_prefills, dev),
-            "num_decode_tokens": _i32(s.num_decode_tokens, dev), "num_prefill_tokens": _i32(s.num_prefill_tokens, dev),
+            "num_decodes": _i32(s.num_decodes, dev),
+            "num_prefills": _i32(s.num_prefills, dev),
+            "num_decode_tokens": _i32(s.num_decode_tokens, dev),
+            "num_prefill_tokens": _i32(s.num_prefill_tokens, dev),
             "decode_query_len": _i32(sep.decode_query_len, dev),
             "num_active_decodes": _i32(sep.num_active_decodes, dev),
             "dense_route": _i32(int(dense), dev),
@@ -246,6 +317,7 @@ class StepPipeline:
 
 # --- planted bugs (the catalog of step mutants) ----------------------------
 
+
 class FullReqIdMutant(StepPipeline):
     """The bug PR #48642 fixed (SPEC 5.4): the full req_id_per_token with the decode-only indices."""
 
@@ -263,15 +335,30 @@ class NoSeqStartsMutant(StepPipeline):
 class SecondSplitMutant(StepPipeline):
     """SPEC 5.3's metadata bug: the fp8 builder splits again with the default threshold (1)."""
 
-    def fp8_separate(self, *, split: Split, qsl: list[int], seq_lens: list[int], num_tokens: int,
-                     workspace_rows: int, threshold: int, require_uniform: bool) -> Fp8Separate:
+    def fp8_separate(
+        self,
+        *,
+        split: Split,
+        qsl: list[int],
+        seq_lens: list[int],
+        num_tokens: int,
+        workspace_rows: int,
+        threshold: int,
+        require_uniform: bool,
+    ) -> Fp8Separate:
         try:
             again = self.split(qsl, num_tokens, 1, require_uniform)
         except ValueError:
             again = split
-        return super().fp8_separate(split=again, qsl=qsl, seq_lens=seq_lens, num_tokens=num_tokens,
-                                    workspace_rows=workspace_rows, threshold=threshold,
-                                    require_uniform=require_uniform)
+        return super().fp8_separate(
+            split=again,
+            qsl=qsl,
+            seq_lens=seq_lens,
+            num_tokens=num_tokens,
+            workspace_rows=workspace_rows,
+            threshold=threshold,
+            require_uniform=require_uniform,
+        )
 
 
 class WsNotRestartedMutant(StepPipeline):
@@ -292,24 +379,48 @@ step_ws_not_restarted = WsNotRestartedMutant()
 
 # name -> (module attribute, expected finding kind, description)
 _MUTANTS: dict[str, tuple[str, str, str]] = {
-    "step_full_req_id": ("step_full_req_id", "METADATA_MISMATCH",
-                         "full req_id_per_token passed to convert with decode-only indices (SPEC 5.4)"),
-    "step_no_seq_starts": ("step_no_seq_starts", "METADATA_MISMATCH",
-                           "context chunks gathered without seq_starts (SPEC 4 / 5.2)"),
-    "step_second_split": ("step_second_split", "METADATA_MISMATCH",
-                          "fp8 metadata counts from a second split with threshold 1 (SPEC 5.3)"),
-    "step_ws_not_restarted": ("step_ws_not_restarted", "METADATA_MISMATCH",
-                              "workspace_starts not restarted per prefill chunk (SPEC 5.3)"),
+    "step_full_req_id": (
+        "step_full_req_id",
+        "METADATA_MISMATCH",
+        "full req_id_per_token passed to convert with decode-only indices (SPEC 5.4)",
+    ),
+    "step_no_seq_starts": (
+        "step_no_seq_starts",
+        "METADATA_MISMATCH",
+        "context chunks gathered without seq_starts (SPEC 4 / 5.2)",
+    ),
+    "step_second_split": (
+        "step_second_split",
+        "METADATA_MISMATCH",
+        "fp8 metadata counts from a second split with threshold 1 (SPEC 5.3)",
+    ),
+    "step_ws_not_restarted": (
+        "step_ws_not_restarted",
+        "METADATA_MISMATCH",
+        "workspace_starts not restarted per prefill chunk (SPEC 5.3)",
+    ),
 }
 
 
 def _entry(name: str, attr: str, description: str, kind: str | None = None) -> ImplEntry:
-    return ImplEntry(op="step", name=name, loader=module_attr(__name__, attr), devices=frozenset({"cpu", "cuda"}),
-                     rejects=frozenset(), description=description, is_mutant=kind is not None, expected_kind=kind)
+    return ImplEntry(
+        op="step",
+        name=name,
+        loader=module_attr(__name__, attr),
+        devices=frozenset({"cpu", "cuda"}),
+        rejects=frozenset(),
+        description=description,
+        is_mutant=kind is not None,
+        expected_kind=kind,
+    )
 
 
 STEP_ENTRIES: tuple[ImplEntry, ...] = (
-    _entry("ours", "step", "our step pipeline (split once, 5.3/5.2 metadata, decode-subset convert, chunked"
-                           " gather); its convert/gather sub-impls chosen by the step op"),
+    _entry(
+        "ours",
+        "step",
+        "our step pipeline (split once, 5.3/5.2 metadata, decode-subset convert, chunked"
+        " gather); its convert/gather sub-impls chosen by the step op",
+    ),
     *(_entry(name, attr, text, kind) for name, (attr, kind, text) in _MUTANTS.items()),
 )

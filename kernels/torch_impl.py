@@ -270,8 +270,9 @@ def gather_torch(
 # ---------------------------------------------------------------- writer (§2)
 
 
-def check_writer_call(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                      kv_cache_dtype: str) -> None:
+def check_writer_call(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor, kv_cache_dtype: str
+) -> None:
     """Everything ``writer_torch`` refuses (``WRITER_TORCH_REJECTS``), before anything is written:
     the host checks, then a slot past the cache (a host read of slot_mapping)."""
     check_writer_args(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)

@@ -75,8 +75,16 @@ def pick_tile(k: int, block_n: int, max_tile: int = _MAX_TILE) -> int:
 # hundreds of them. The column strides and the rows of token_indices and out stay specialized:
 # their == 1 and % 16 are what vectorize the row loads and stores. (K stays a constexpr: it takes
 # a few values, and the CPU interpreter of Triton 3.6 cannot loop to a runtime bound.)
-_RUNTIME_SCALARS = ["num_reqs", "max_blocks", "num_prefill_starts", "req_stride", "bt_stride0", "pid_stride",
-                    "ps_stride", "block_stride"]
+_RUNTIME_SCALARS = [
+    "num_reqs",
+    "max_blocks",
+    "num_prefill_starts",
+    "req_stride",
+    "bt_stride0",
+    "pid_stride",
+    "ps_stride",
+    "block_stride",
+]
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SCALARS)
@@ -243,17 +251,40 @@ def convert(
             "tensors set TRITON_INTERPRET=1 before triton is first imported"
         )
 
-    launch(req_id, block_table, token_indices, out, counts, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
-           HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE, prefill_workspace_request_ids=prefill_workspace_request_ids,
-           prefill_workspace_starts=prefill_workspace_starts, grid_rows=n, BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
-           COMPACT_TO_FRONT=bool(COMPACT_TO_FRONT))
+    launch(
+        req_id,
+        block_table,
+        token_indices,
+        out,
+        counts,
+        BLOCK_SIZE=BLOCK_SIZE,
+        BLOCK_N=BLOCK_N,
+        HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE,
+        prefill_workspace_request_ids=prefill_workspace_request_ids,
+        prefill_workspace_starts=prefill_workspace_starts,
+        grid_rows=n,
+        BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
+        COMPACT_TO_FRONT=bool(COMPACT_TO_FRONT),
+    )
     return (out, counts) if return_valid_counts else out
 
 
-def launch(req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor, out: torch.Tensor,
-           counts: torch.Tensor | None, *, BLOCK_SIZE: int, BLOCK_N: int, HAS_PREFILL_WORKSPACE: bool,
-           prefill_workspace_request_ids: torch.Tensor | None, prefill_workspace_starts: torch.Tensor | None,
-           grid_rows: int, BLOCK_STRIDE_ROWS: int | None = None, COMPACT_TO_FRONT: bool = False) -> None:
+def launch(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    out: torch.Tensor,
+    counts: torch.Tensor | None,
+    *,
+    BLOCK_SIZE: int,
+    BLOCK_N: int,
+    HAS_PREFILL_WORKSPACE: bool,
+    prefill_workspace_request_ids: torch.Tensor | None,
+    prefill_workspace_starts: torch.Tensor | None,
+    grid_rows: int,
+    BLOCK_STRIDE_ROWS: int | None = None,
+    COMPACT_TO_FRONT: bool = False,
+) -> None:
     """Launch the kernel over ``grid_rows`` rows with no checks (``convert`` checks first).
 
     Separate so that planted-bug variants (kernels/mutants.py) can reproduce
@@ -299,4 +330,3 @@ def launch(req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch
         COMPACT=COMPACT_TO_FRONT,
         num_warps=_NUM_WARPS,
     )
-

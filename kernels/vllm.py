@@ -30,8 +30,10 @@ def _find(op: str) -> Callable:
     try:
         importlib.import_module("vllm")
     except ImportError:
-        raise ImplError(f"--impl {op}=vllm: vllm is not installed in this environment"
-                        " (pip install vllm, or point --impl at module:attr)") from None
+        raise ImplError(
+            f"--impl {op}=vllm: vllm is not installed in this environment"
+            " (pip install vllm, or point --impl at module:attr)"
+        ) from None
     tried = []
     for module, attr in CANDIDATES.get(op, ()):
         tried.append(f"{module}.{attr}")
@@ -49,5 +51,12 @@ def vllm_entry(op: str, *, rejects: frozenset[str]) -> ImplEntry:
         raise ImplError(f"--impl {op}=vllm: vllm has no implementation of op {op!r}")
     fn = _find(op)
     fn, caps = adapt_signature(op, fn)
-    return ImplEntry(op=op, name="vllm", loader=lambda device: fn, devices=frozenset({"cuda"}),
-                     rejects=rejects, description=f"vLLM's {op}", capabilities=caps)
+    return ImplEntry(
+        op=op,
+        name="vllm",
+        loader=lambda device: fn,
+        devices=frozenset({"cuda"}),
+        rejects=rejects,
+        description=f"vLLM's {op}",
+        capabilities=caps,
+    )

@@ -209,15 +209,10 @@ def _check_writer_inputs(kv_c: Tensor, k_pe: Tensor, n_tokens: int | None = None
     t_rows = min(kv_c.shape[0], k_pe.shape[0])
     if n_tokens is None:
         if kv_c.shape[0] != k_pe.shape[0]:
-            raise ValueError(
-                f"kv_c.shape[0]={kv_c.shape[0]} != k_pe.shape[0]={k_pe.shape[0]}"
-            )
+            raise ValueError(f"kv_c.shape[0]={kv_c.shape[0]} != k_pe.shape[0]={k_pe.shape[0]}")
         return t_rows
     if n_tokens > t_rows:
-        raise ValueError(
-            f"len(slot_mapping)={n_tokens} > rows of kv_c/k_pe "
-            f"({kv_c.shape[0]}, {k_pe.shape[0]})"
-        )
+        raise ValueError(f"len(slot_mapping)={n_tokens} > rows of kv_c/k_pe ({kv_c.shape[0]}, {k_pe.shape[0]})")
     return n_tokens
 
 
@@ -328,22 +323,22 @@ def encode_rows(*, kv_c: Tensor, k_pe: Tensor, revision: str = NEWEST) -> Tensor
 def _check_cache(kv_cache: Tensor) -> Tensor:
     cache = as_record_bytes(kv_cache)
     if cache.dim() != 3 or cache.shape[2] != RECORD_BYTES:
-        raise ValueError(
-            f"kv_cache.shape={tuple(cache.shape)}: expected [num_blocks, bs, 656]"
-        )
+        raise ValueError(f"kv_cache.shape={tuple(cache.shape)}: expected [num_blocks, bs, 656]")
     return cache
 
 
 def _check_slots(slots: list[int], n_slots: int) -> None:
     bad = [s for s in slots if s >= n_slots]
     if bad:
-        raise ValueError(
-            f"slot_mapping has slots past the cache: {bad[:4]} >= num_blocks*bs={n_slots}"
-        )
+        raise ValueError(f"slot_mapping has slots past the cache: {bad[:4]} >= num_blocks*bs={n_slots}")
 
 
 def write_records_loop(
-    *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+    *,
+    kv_c: Tensor,
+    k_pe: Tensor,
+    kv_cache: Tensor,
+    slot_mapping: Tensor,
     revision: str = NEWEST,
 ) -> Tensor:
     """Writer oracle, token by token (SPEC section 2 "Writer").
@@ -371,7 +366,11 @@ def write_records_loop(
 
 
 def write_records(
-    *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+    *,
+    kv_c: Tensor,
+    k_pe: Tensor,
+    kv_cache: Tensor,
+    slot_mapping: Tensor,
     revision: str = NEWEST,
 ) -> Tensor:
     """Vectorized writer: same contract as `write_records_loop`, on the

@@ -88,19 +88,15 @@ def _check(
         raise ValueError(f"block_table.shape={tuple(block_table.shape)}: expected [R, M]")
     n = token_indices.shape[0]
     if req_id.dim() != 1 or req_id.shape[0] != n:
-        raise ValueError(
-            f"req_id.shape={tuple(req_id.shape)}: expected [{n}] (token_indices rows)"
-        )
+        raise ValueError(f"req_id.shape={tuple(req_id.shape)}: expected [{n}] (token_indices rows)")
     if has_prefill_workspace:
         if prefill_workspace_request_ids is None or prefill_workspace_starts is None:
             raise ValueError(
-                "has_prefill_workspace=True needs prefill_workspace_request_ids "
-                "and prefill_workspace_starts"
+                "has_prefill_workspace=True needs prefill_workspace_request_ids and prefill_workspace_starts"
             )
         if prefill_workspace_request_ids.reshape(-1).shape[0] < n:
             raise ValueError(
-                "prefill_workspace_request_ids has "
-                f"{prefill_workspace_request_ids.numel()} entries < N={n}"
+                f"prefill_workspace_request_ids has {prefill_workspace_request_ids.numel()} entries < N={n}"
             )
     return stride
 
@@ -121,8 +117,11 @@ def convert_loop(
     valid_counts int32 [N]) on the CPU. See the module docstring for the
     int32 wraparound and undefined-row readings and the two options."""
     stride = _check(
-        req_id=req_id, block_table=block_table, token_indices=token_indices,
-        block_size=block_size, has_prefill_workspace=has_prefill_workspace,
+        req_id=req_id,
+        block_table=block_table,
+        token_indices=token_indices,
+        block_size=block_size,
+        has_prefill_workspace=has_prefill_workspace,
         prefill_workspace_request_ids=prefill_workspace_request_ids,
         prefill_workspace_starts=prefill_workspace_starts,
         block_stride_rows=block_stride_rows,
@@ -131,9 +130,7 @@ def convert_loop(
     n_req, n_blk = block_table.shape
     toks = token_indices.tolist()
     reqs = req_id.tolist()
-    pw_ids = (
-        prefill_workspace_request_ids.reshape(-1).tolist() if has_prefill_workspace else None
-    )
+    pw_ids = prefill_workspace_request_ids.reshape(-1).tolist() if has_prefill_workspace else None
     pw_starts = prefill_workspace_starts.reshape(-1).tolist() if has_prefill_workspace else None
     out: list[list[int]] = []
     counts: list[int] = []
@@ -209,8 +206,11 @@ def convert(
     `convert_loop`. Indices are clamped before gathering only so that the
     gather itself stays in bounds; the clamped values are always masked."""
     stride = _check(
-        req_id=req_id, block_table=block_table, token_indices=token_indices,
-        block_size=block_size, has_prefill_workspace=has_prefill_workspace,
+        req_id=req_id,
+        block_table=block_table,
+        token_indices=token_indices,
+        block_size=block_size,
+        has_prefill_workspace=has_prefill_workspace,
         prefill_workspace_request_ids=prefill_workspace_request_ids,
         prefill_workspace_starts=prefill_workspace_starts,
         block_stride_rows=block_stride_rows,
@@ -226,7 +226,9 @@ def convert(
     off = tok - blk * block_size
     invalid = (tok < 0) | (blk < 0) | (blk >= n_blk)
     undefined = convert_undefined_rows(
-        req_id=req, block_table=block_table, has_prefill_workspace=has_prefill_workspace,
+        req_id=req,
+        block_table=block_table,
+        has_prefill_workspace=has_prefill_workspace,
         prefill_workspace_request_ids=prefill_workspace_request_ids,
         prefill_workspace_starts=prefill_workspace_starts,
     )
@@ -297,8 +299,7 @@ def rows_as_sets_equal(*, expected: Tensor, actual: Tensor, counts: Tensor) -> T
     front = torch.arange(k, device=dev).unsqueeze(0) < counts.reshape(-1, 1).to(dev, torch.int64)
     sentinel = torch.full_like(exp, 1 << 40)
     same_front = (
-        torch.where(front, exp, sentinel).sort(dim=1).values
-        == torch.where(front, act, sentinel).sort(dim=1).values
+        torch.where(front, exp, sentinel).sort(dim=1).values == torch.where(front, act, sentinel).sort(dim=1).values
     ).all(dim=1)
     tail_is_pad = torch.where(front, torch.full_like(act, -1), act).eq(-1).all(dim=1)
     return same_front & tail_is_pad

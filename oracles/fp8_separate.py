@@ -58,8 +58,13 @@ class Fp8SeparateMetadata:
 
 
 def _common(
-    *, query_start_loc: IntSeq, seq_lens: IntSeq, num_decodes: int,
-    num_decode_tokens: int, workspace_rows: int, num_tokens: int | None,
+    *,
+    query_start_loc: IntSeq,
+    seq_lens: IntSeq,
+    num_decodes: int,
+    num_decode_tokens: int,
+    workspace_rows: int,
+    num_tokens: int | None,
 ) -> tuple[list[int], list[int], int, int, int]:
     """Checks; returns (qsl, seq_lens, T, decode_query_len, num_active_decodes)."""
     qsl = ints(query_start_loc, "query_start_loc")
@@ -82,16 +87,22 @@ def _common(
     if dql <= 0:
         raise ValueError(f"decode_query_len={dql}: must be > 0 when num_decodes > 0")
     if num_decode_tokens % dql:
-        raise ValueError(
-            f"num_decode_tokens={num_decode_tokens} is not a multiple of decode_query_len={dql}"
-        )
+        raise ValueError(f"num_decode_tokens={num_decode_tokens} is not a multiple of decode_query_len={dql}")
     return qsl, sl, t, dql, num_decode_tokens // dql
 
 
 def _finish(
-    *, qsl: list[int], t: int, dql: int, active: int, num_decodes: int,
-    num_decode_tokens: int, ids: list[int], chunks: list[tuple[int, int]],
-    starts: list[int], prefill_lens: list[int],
+    *,
+    qsl: list[int],
+    t: int,
+    dql: int,
+    active: int,
+    num_decodes: int,
+    num_decode_tokens: int,
+    ids: list[int],
+    chunks: list[tuple[int, int]],
+    starts: list[int],
+    prefill_lens: list[int],
 ) -> Fp8SeparateMetadata:
     nd = num_decodes
     return Fp8SeparateMetadata(
@@ -110,16 +121,25 @@ def _finish(
 
 
 def fp8_separate_metadata_loop(
-    *, query_start_loc: IntSeq, seq_lens: IntSeq, num_decodes: int,
-    num_decode_tokens: int, workspace_rows: int, num_tokens: int | None = None,
+    *,
+    query_start_loc: IntSeq,
+    seq_lens: IntSeq,
+    num_decodes: int,
+    num_decode_tokens: int,
+    workspace_rows: int,
+    num_tokens: int | None = None,
 ) -> Fp8SeparateMetadata:
     """SPEC 5.3 in one pass over the prefills, following the prose: tokens
     are tagged per request, and each prefill either joins the open chunk (its
     seq_len still fits) or opens a new one, its workspace start being the
     open chunk's running total."""
     qsl, sl, t, dql, active = _common(
-        query_start_loc=query_start_loc, seq_lens=seq_lens, num_decodes=num_decodes,
-        num_decode_tokens=num_decode_tokens, workspace_rows=workspace_rows, num_tokens=num_tokens,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        num_decodes=num_decodes,
+        num_decode_tokens=num_decode_tokens,
+        workspace_rows=workspace_rows,
+        num_tokens=num_tokens,
     )
     prefill_lens = sl[num_decodes:]
     ids = [-1] * t
@@ -138,15 +158,27 @@ def fp8_separate_metadata_loop(
     if prefill_lens:
         chunks.append((open_start, len(prefill_lens)))
     return _finish(
-        qsl=qsl, t=t, dql=dql, active=active, num_decodes=num_decodes,
-        num_decode_tokens=num_decode_tokens, ids=ids, chunks=chunks, starts=starts,
+        qsl=qsl,
+        t=t,
+        dql=dql,
+        active=active,
+        num_decodes=num_decodes,
+        num_decode_tokens=num_decode_tokens,
+        ids=ids,
+        chunks=chunks,
+        starts=starts,
         prefill_lens=prefill_lens,
     )
 
 
 def fp8_separate_metadata(
-    *, query_start_loc: IntSeq, seq_lens: IntSeq, num_decodes: int,
-    num_decode_tokens: int, workspace_rows: int, num_tokens: int | None = None,
+    *,
+    query_start_loc: IntSeq,
+    seq_lens: IntSeq,
+    num_decodes: int,
+    num_decode_tokens: int,
+    workspace_rows: int,
+    num_tokens: int | None = None,
 ) -> Fp8SeparateMetadata:
     """SPEC 5.3, second formulation: token tags by repeat_interleave, each
     chunk's end found by counting how many of the remaining prefills fit in
@@ -154,8 +186,12 @@ def fp8_separate_metadata(
     exclusive prefix sum minus its value at the chunk's first prefill (what
     vLLM does in place). Equal to `fp8_separate_metadata_loop`."""
     qsl, sl, t, dql, active = _common(
-        query_start_loc=query_start_loc, seq_lens=seq_lens, num_decodes=num_decodes,
-        num_decode_tokens=num_decode_tokens, workspace_rows=workspace_rows, num_tokens=num_tokens,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        num_decodes=num_decodes,
+        num_decode_tokens=num_decode_tokens,
+        workspace_rows=workspace_rows,
+        num_tokens=num_tokens,
     )
     nd = num_decodes
     prefill_lens = sl[nd:]
@@ -164,9 +200,7 @@ def fp8_separate_metadata(
     ids_t = torch.full((t,), -1, dtype=torch.int64)
     if n_pre:
         lo, hi = qsl[nd], qsl[-1]
-        ids_t[lo:hi] = torch.repeat_interleave(
-            torch.arange(n_pre, dtype=torch.int64), q[nd + 1 :] - q[nd:-1]
-        )
+        ids_t[lo:hi] = torch.repeat_interleave(torch.arange(n_pre, dtype=torch.int64), q[nd + 1 :] - q[nd:-1])
     lens_t = torch.tensor(prefill_lens, dtype=torch.int64)
     chunks: list[tuple[int, int]] = []
     s = 0
@@ -180,7 +214,14 @@ def fp8_separate_metadata(
     for s, e in chunks:
         starts_t[s:e] -= excl[s]
     return _finish(
-        qsl=qsl, t=t, dql=dql, active=active, num_decodes=nd,
-        num_decode_tokens=num_decode_tokens, ids=ids_t.tolist(), chunks=chunks,
-        starts=starts_t.tolist(), prefill_lens=prefill_lens,
+        qsl=qsl,
+        t=t,
+        dql=dql,
+        active=active,
+        num_decodes=nd,
+        num_decode_tokens=num_decode_tokens,
+        ids=ids_t.tolist(),
+        chunks=chunks,
+        starts=starts_t.tolist(),
+        prefill_lens=prefill_lens,
     )

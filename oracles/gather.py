@@ -67,9 +67,7 @@ def _host_args(
     """Shape checks; returns (ws[:B], seq_starts[:B], table rows, bs, num_blocks)."""
     cache = as_record_bytes(src_cache)
     if cache.dim() != 3 or cache.shape[2] != RECORD_BYTES:
-        raise ValueError(
-            f"src_cache.shape={tuple(cache.shape)}: expected [num_blocks, bs, 656]"
-        )
+        raise ValueError(f"src_cache.shape={tuple(cache.shape)}: expected [num_blocks, bs, 656]")
     if batch_size < 0 or total < 0:
         raise ValueError(f"batch_size={batch_size}, total={total}: must be >= 0")
     ws = workspace_starts.reshape(-1).tolist()
@@ -79,9 +77,7 @@ def _host_args(
     if len(ss) < batch_size:
         raise ValueError(f"seq_starts has {len(ss)} entries < batch_size={batch_size}")
     if block_table.dim() != 2 or (batch_size > 0 and block_table.shape[0] < batch_size):
-        raise ValueError(
-            f"block_table.shape={tuple(block_table.shape)}: expected [>= {batch_size}, M]"
-        )
+        raise ValueError(f"block_table.shape={tuple(block_table.shape)}: expected [>= {batch_size}, M]")
     table = block_table[:batch_size].tolist()
     return ws[:batch_size], ss[:batch_size], table, cache.shape[1], cache.shape[0]
 
@@ -129,8 +125,12 @@ def gather_preconditions(
     """The violated precondition classes (module docstring), in vocabulary
     order; [] when the call is well defined."""
     ws, ss, table, bs, num_blocks = _host_args(
-        src_cache=src_cache, block_table=block_table, workspace_starts=workspace_starts,
-        batch_size=batch_size, seq_starts=seq_starts, total=total,
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
     )
     return _violations(ws, ss, table, bs, num_blocks, total)
 
@@ -147,8 +147,12 @@ def _require_preconditions(
     """Like gather_preconditions, but raises ValueError naming the violated
     classes; returns (ws[:B], seq_starts[:B], table rows, bs)."""
     ws, ss, table, bs, num_blocks = _host_args(
-        src_cache=src_cache, block_table=block_table, workspace_starts=workspace_starts,
-        batch_size=batch_size, seq_starts=seq_starts, total=total,
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
     )
     bad = _violations(ws, ss, table, bs, num_blocks, total)
     if bad:
@@ -171,8 +175,12 @@ def gather_loop(
     """SPEC section 4, request by request and row by row, dequantizing each
     record with `dequant_records_loop`. Returns bf16 [total, 576] on the CPU."""
     ws, ss, table, bs = _require_preconditions(
-        src_cache=src_cache, block_table=block_table, workspace_starts=workspace_starts,
-        batch_size=batch_size, seq_starts=seq_starts, total=total,
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
     )
     cache = as_record_bytes(src_cache).cpu()
     rows: list[Tensor | None] = [None] * total
@@ -204,21 +212,39 @@ def gather(
     searchsorted over ws[:B] (with empty requests, the last request whose
     start is <= the row is the one that owns it)."""
     _require_preconditions(
-        src_cache=src_cache, block_table=block_table, workspace_starts=workspace_starts,
-        batch_size=batch_size, seq_starts=seq_starts, total=total,
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
     )
     cache = as_record_bytes(src_cache)
     dev = cache.device
     if total == 0:
         return torch.empty(0, ROW_DIM, dtype=torch.bfloat16, device=dev)
-    block, entry = row_records(block_size=cache.shape[1], block_table=block_table,
-                               workspace_starts=workspace_starts, batch_size=batch_size,
-                               seq_starts=seq_starts, total=total, device=dev)
+    block, entry = row_records(
+        block_size=cache.shape[1],
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+        device=dev,
+    )
     return dequant_records(cache[block, entry])
 
 
-def row_records(*, block_size: int, block_table: Tensor, workspace_starts: Tensor, batch_size: int,
-                seq_starts: Tensor | None, total: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def row_records(
+    *,
+    block_size: int,
+    block_table: Tensor,
+    workspace_starts: Tensor,
+    batch_size: int,
+    seq_starts: Tensor | None,
+    total: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor]:
     """(block id, entry in the block), int64 [total] each, of the record every dst row reads,
     vectorized: the owner of row i is found with a right-sided searchsorted over ws[:B] (with
     empty requests, the last request whose start is <= i), its position is

@@ -52,7 +52,10 @@ def _query_lens(query_start_loc: IntSeq) -> list[int]:
 
 
 def split_decodes_and_prefills_loop(
-    *, query_start_loc: IntSeq, threshold: int, require_uniform: bool,
+    *,
+    query_start_loc: IntSeq,
+    threshold: int,
+    require_uniform: bool,
     num_tokens: int | None = None,
 ) -> tuple[int, int, int, int]:
     """SPEC 5.1, rule by rule. Returns (num_decodes, num_prefills,
@@ -79,10 +82,7 @@ def split_decodes_and_prefills_loop(
     if require_uniform:
         if all(q == lens[0] or q == 0 for q in lens):
             if t != n_req * lens[0]:
-                raise ValueError(
-                    f"tokens not padded correctly: num_tokens={t} != "
-                    f"R*query_len[0]={n_req}*{lens[0]}"
-                )
+                raise ValueError(f"tokens not padded correctly: num_tokens={t} != R*query_len[0]={n_req}*{lens[0]}")
             return n_req, 0, t, 0
         first = next(r for r in range(n_req) if lens[r] != lens[0])
     else:
@@ -91,7 +91,10 @@ def split_decodes_and_prefills_loop(
 
 
 def split_decodes_and_prefills(
-    *, query_start_loc: IntSeq, threshold: int, require_uniform: bool,
+    *,
+    query_start_loc: IntSeq,
+    threshold: int,
+    require_uniform: bool,
     num_tokens: int | None = None,
 ) -> tuple[int, int, int, int]:
     """SPEC 5.1 with torch reductions (argmax of a prefill mask), the same
@@ -112,9 +115,7 @@ def split_decodes_and_prefills(
     if require_uniform:
         if bool(((lens == q0) | (lens == 0)).all()):
             if t != n_req * q0:
-                raise ValueError(
-                    f"tokens not padded correctly: num_tokens={t} != R*query_len[0]={n_req}*{q0}"
-                )
+                raise ValueError(f"tokens not padded correctly: num_tokens={t} != R*query_len[0]={n_req}*{q0}")
             return n_req, 0, t, 0
         is_prefill = lens != q0
     else:
@@ -181,9 +182,7 @@ def _chunk_size(ctx: list[int], workspace_rows: int, block_size: int) -> int:
     return chunk
 
 
-def chunked_context_loop(
-    *, context_lens: IntSeq, workspace_rows: int, block_size: int
-) -> ChunkedContext:
+def chunked_context_loop(*, context_lens: IntSeq, workspace_rows: int, block_size: int) -> ChunkedContext:
     """SPEC 5.2 in the words of the SPEC: chunk = W // #(ctx > 0) rounded
     down to a multiple of bs (requests without context are not in the
     divisor), n_chunks = ceil(max(ctx) / chunk), starts[i][r] = i * chunk,
@@ -192,9 +191,7 @@ def chunked_context_loop(
     ctx = _ints(context_lens, "context_lens")
     chunk = _chunk_size(ctx, workspace_rows, block_size)
     if chunk == 0:
-        return ChunkedContext(
-            n_requests=len(ctx), chunk=0, n_chunks=0, starts=(), lens=(), cu_seq_lens=(), seq_tot=()
-        )
+        return ChunkedContext(n_requests=len(ctx), chunk=0, n_chunks=0, starts=(), lens=(), cu_seq_lens=(), seq_tot=())
     n_chunks = -(-max(ctx) // chunk)
     starts, lens, cus, tots = [], [], [], []
     for i in range(n_chunks):
@@ -208,21 +205,29 @@ def chunked_context_loop(
         cus.append(tuple(cu))
         tots.append(sum(l_row))
     return ChunkedContext(
-        n_requests=len(ctx), chunk=chunk, n_chunks=n_chunks, starts=tuple(starts), lens=tuple(lens),
-        cu_seq_lens=tuple(cus), seq_tot=tuple(tots),
+        n_requests=len(ctx),
+        chunk=chunk,
+        n_chunks=n_chunks,
+        starts=tuple(starts),
+        lens=tuple(lens),
+        cu_seq_lens=tuple(cus),
+        seq_tot=tuple(tots),
     )
 
 
-def chunked_context(
-    *, context_lens: IntSeq, workspace_rows: int, block_size: int
-) -> ChunkedContext:
+def chunked_context(*, context_lens: IntSeq, workspace_rows: int, block_size: int) -> ChunkedContext:
     """SPEC 5.2 as whole-array torch ops (arange x chunk, clamp, cumsum),
     the formulation vLLM's builder uses; equal to `chunked_context_loop`."""
     ctx_list = _ints(context_lens, "context_lens")
     chunk = _chunk_size(ctx_list, workspace_rows, block_size)
     if chunk == 0:
         return ChunkedContext(
-            n_requests=len(ctx_list), chunk=0, n_chunks=0, starts=(), lens=(), cu_seq_lens=(),
+            n_requests=len(ctx_list),
+            chunk=0,
+            n_chunks=0,
+            starts=(),
+            lens=(),
+            cu_seq_lens=(),
             seq_tot=(),
         )
     ctx = torch.tensor(ctx_list, dtype=torch.int64)
@@ -237,14 +242,17 @@ def chunked_context(
         return tuple(tuple(r) for r in t.tolist())
 
     return ChunkedContext(
-        n_requests=len(ctx_list), chunk=chunk, n_chunks=n_chunks, starts=tup(starts), lens=tup(lens),
-        cu_seq_lens=tup(cu), seq_tot=tuple(lens.sum(dim=1).tolist()),
+        n_requests=len(ctx_list),
+        chunk=chunk,
+        n_chunks=n_chunks,
+        starts=tup(starts),
+        lens=tup(lens),
+        cu_seq_lens=tup(cu),
+        seq_tot=tuple(lens.sum(dim=1).tolist()),
     )
 
 
-def chunked_context_rows(
-    *, context_lens: IntSeq, chunked: ChunkedContext
-) -> list[list[tuple[int, int]]]:
+def chunked_context_rows(*, context_lens: IntSeq, chunked: ChunkedContext) -> list[list[tuple[int, int]]]:
     """Per chunk, the (request, context position) that each workspace row
     holds, in workspace row order: row cu_seq_lens[i][r] + j of chunk i is
     position starts[i][r] + j of request r -- exactly what the chunk's gather
@@ -261,9 +269,7 @@ def chunked_context_rows(
     return out
 
 
-def chunked_context_violations(
-    *, context_lens: IntSeq, chunked: ChunkedContext, workspace_rows: int
-) -> list[str]:
+def chunked_context_violations(*, context_lens: IntSeq, chunked: ChunkedContext, workspace_rows: int) -> list[str]:
     """The pipeline invariant of SPEC 5.2, as a list of broken clauses ([]
     when it holds): over all chunks each context token of each request
     appears exactly once and in order; no chunk needs more than

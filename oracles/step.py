@@ -65,8 +65,11 @@ def sequence_rows_loop(*, kv_cache: Tensor, block_table: Tensor, requests: list[
     cache = as_record_bytes(kv_cache).cpu()
     bs = cache.shape[1]
     table = block_table.tolist()
-    rows = [dequant_records_loop(cache[table[r][p // bs], p % bs].unsqueeze(0))[0]
-            for r, n in zip(requests, lengths) for p in range(n)]
+    rows = [
+        dequant_records_loop(cache[table[r][p // bs], p % bs].unsqueeze(0))[0]
+        for r, n in zip(requests, lengths)
+        for p in range(n)
+    ]
     return torch.stack(rows) if rows else torch.empty((0, ROW_DIM), dtype=torch.bfloat16)
 
 
@@ -83,9 +86,21 @@ def sequence_rows(*, kv_cache: Tensor, block_table: Tensor, requests: list[int],
     return dequant_records(cache[blocks, pos % bs])
 
 
-def step_oracle(*, kv_cache: Tensor, block_table: Tensor, query_start_loc: Tensor, seq_lens: Tensor,
-                req_id_per_token: Tensor, topk_indices: Tensor, num_tokens: int, threshold: int,
-                require_uniform: bool, workspace_rows: int, topk: int, loop: bool = False) -> dict[str, Tensor]:
+def step_oracle(
+    *,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    req_id_per_token: Tensor,
+    topk_indices: Tensor,
+    num_tokens: int,
+    threshold: int,
+    require_uniform: bool,
+    workspace_rows: int,
+    topk: int,
+    loop: bool = False,
+) -> dict[str, Tensor]:
     """Every output of the step pipeline (module docstring)."""
     split_fn: Callable = split_decodes_and_prefills_loop if loop else split_decodes_and_prefills
     sep_fn: Callable = fp8_separate_metadata_loop if loop else fp8_separate_metadata
@@ -97,10 +112,17 @@ def step_oracle(*, kv_cache: Tensor, block_table: Tensor, query_start_loc: Tenso
     sl = seq_lens.tolist()
     bs = as_record_bytes(kv_cache).shape[1]
     table = block_table.cpu()
-    nd, n_pre, ndt, npt = split_fn(query_start_loc=qsl, threshold=threshold, require_uniform=require_uniform,
-                                   num_tokens=num_tokens)
-    sep = sep_fn(query_start_loc=qsl, seq_lens=sl, num_decodes=nd, num_decode_tokens=ndt,
-                 workspace_rows=workspace_rows, num_tokens=num_tokens)
+    nd, n_pre, ndt, npt = split_fn(
+        query_start_loc=qsl, threshold=threshold, require_uniform=require_uniform, num_tokens=num_tokens
+    )
+    sep = sep_fn(
+        query_start_loc=qsl,
+        seq_lens=sl,
+        num_decodes=nd,
+        num_decode_tokens=ndt,
+        workspace_rows=workspace_rows,
+        num_tokens=num_tokens,
+    )
     prefills = list(range(nd, len(sl)))
     ctx = [sl[r] - (qsl[r + 1] - qsl[r]) for r in prefills]
     plan = ctx_fn(context_lens=ctx, workspace_rows=workspace_rows, block_size=bs)
@@ -115,18 +137,26 @@ def step_oracle(*, kv_cache: Tensor, block_table: Tensor, query_start_loc: Tenso
         context_rows = rows_fn(kv_cache=kv_cache, block_table=table, requests=prefills, lengths=ctx)
         seq_rows = empty_rows
     else:
-        prefill_slots, _ = conv_fn(req_id=req_id[ndt:], block_table=table, token_indices=idx[ndt:], block_size=bs,
-                                   has_prefill_workspace=True,
-                                   prefill_workspace_request_ids=_i32(sep.prefill_request_ids[ndt:]),
-                                   prefill_workspace_starts=_i32(sep.workspace_starts))
+        prefill_slots, _ = conv_fn(
+            req_id=req_id[ndt:],
+            block_table=table,
+            token_indices=idx[ndt:],
+            block_size=bs,
+            has_prefill_workspace=True,
+            prefill_workspace_request_ids=_i32(sep.prefill_request_ids[ndt:]),
+            prefill_workspace_starts=_i32(sep.workspace_starts),
+        )
         context_rows = empty_rows
         seq_rows = rows_fn(kv_cache=kv_cache, block_table=table, requests=prefills, lengths=[sl[r] for r in prefills])
 
     n_ctx = plan.n_chunks
     return {
-        "num_decodes": _i32(nd), "num_prefills": _i32(n_pre),
-        "num_decode_tokens": _i32(ndt), "num_prefill_tokens": _i32(npt),
-        "decode_query_len": _i32(sep.decode_query_len), "num_active_decodes": _i32(sep.num_active_decodes),
+        "num_decodes": _i32(nd),
+        "num_prefills": _i32(n_pre),
+        "num_decode_tokens": _i32(ndt),
+        "num_prefill_tokens": _i32(npt),
+        "decode_query_len": _i32(sep.decode_query_len),
+        "num_active_decodes": _i32(sep.num_active_decodes),
         "dense_route": _i32(int(dense)),
         "prefill_request_ids": _i32(list(sep.prefill_request_ids)),
         "prefill_chunks": _i32([list(c) for c in sep.chunks], (len(sep.chunks), 2)),

@@ -44,5 +44,5 @@ def temporary_of(name: str) -> str | None:
     or None when ``name`` is not one of them."""
     if not (name.startswith(".") and name.endswith(".tmp")):
         return None
-    target, sep, token = name[1:-len(".tmp")].rpartition(".")
+    target, sep, token = name[1 : -len(".tmp")].rpartition(".")
     return target if sep and len(token) == 12 else None

@@ -54,8 +54,12 @@ class Bundle:
 
 
 def env_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                            "torch": torch.__version__, "cuda": torch.version.cuda}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     try:
         import triton
 
@@ -82,17 +86,41 @@ def replay_command(path: Path) -> str:
     return f"mlafuzz replay {shlex.quote(str(path))}"
 
 
-def write_bundle(*, root: Path, name: str, op: str, spec: dict[str, Any], seed: int, impl: str, device: str,
-                 ulp: int, rerun: bool, contract: str | None, finding: Finding,
-                 inputs: dict[str, torch.Tensor | None], extra: dict[str, Any] | None = None,
-                 revision: str | None = None, timeout: float | None = None) -> Path:
+def write_bundle(
+    *,
+    root: Path,
+    name: str,
+    op: str,
+    spec: dict[str, Any],
+    seed: int,
+    impl: str,
+    device: str,
+    ulp: int,
+    rerun: bool,
+    contract: str | None,
+    finding: Finding,
+    inputs: dict[str, torch.Tensor | None],
+    extra: dict[str, Any] | None = None,
+    revision: str | None = None,
+    timeout: float | None = None,
+) -> Path:
     """``revision``: the contract revision to replay under; default the one the finding was judged
     under. ``timeout``: the run's per-case limit (a TIMEOUT bundle replays under it)."""
     path = root / slug(name)
     path.mkdir(parents=True, exist_ok=True)
-    case = {"schema_version": BUNDLE_SCHEMA, "op": op, "spec": spec, "seed": seed, "impl": impl, "device": device,
-            "policy": {"ulp": ulp}, "rerun": rerun, "contract": contract,
-            "revision": revision if revision is not None else finding.revision, **(extra or {})}
+    case = {
+        "schema_version": BUNDLE_SCHEMA,
+        "op": op,
+        "spec": spec,
+        "seed": seed,
+        "impl": impl,
+        "device": device,
+        "policy": {"ulp": ulp},
+        "rerun": rerun,
+        "contract": contract,
+        "revision": revision if revision is not None else finding.revision,
+        **(extra or {}),
+    }
     if timeout is not None:
         case["timeout"] = timeout
     tensors = {k: v.detach().cpu() for k, v in inputs.items() if v is not None}
@@ -144,12 +172,16 @@ def read_bundle(path: Path) -> Bundle:
     finding_data = _json(path / "finding.json")
     version = case.get("schema_version")
     if isinstance(version, int) and not isinstance(version, bool) and 0 < version < BUNDLE_SCHEMA:
-        raise BundleError(f"case.json: schema_version={version}: this bundle was written by an older mlafuzz whose"
-                          " case generator made other bytes for the same spec and seed, so it cannot be replayed"
-                          f" bit-identically (this mlafuzz reads {BUNDLE_SCHEMA}); re-run the fuzz case to get"
-                          " a new bundle")
+        raise BundleError(
+            f"case.json: schema_version={version}: this bundle was written by an older mlafuzz whose"
+            " case generator made other bytes for the same spec and seed, so it cannot be replayed"
+            f" bit-identically (this mlafuzz reads {BUNDLE_SCHEMA}); re-run the fuzz case to get"
+            " a new bundle"
+        )
     if version != BUNDLE_SCHEMA:
-        raise BundleError(f"case.json: schema_version={version!r} is not supported (this mlafuzz reads {BUNDLE_SCHEMA})")
+        raise BundleError(
+            f"case.json: schema_version={version!r} is not supported (this mlafuzz reads {BUNDLE_SCHEMA})"
+        )
     try:
         finding = Finding.from_json(finding_data)
     except (KeyError, TypeError, ValueError) as exc:
@@ -159,12 +191,21 @@ def read_bundle(path: Path) -> Bundle:
     timeout = case.get("timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise BundleError(f"{path / 'case.json'}: timeout={timeout!r} must be a number of seconds > 0")
-    return Bundle(path=path, op=_field(case, "op", str), spec=_field(case, "spec", dict),
-                  seed=_field(case, "seed", int), impl=_field(case, "impl", str), device=_field(case, "device", str),
-                  ulp=int(policy.get("ulp", 0)), rerun=bool(case.get("rerun", False)),
-                  contract=case.get("contract"), finding=finding, inputs=inputs,
-                  revision=_revision(case, finding),
-                  timeout=float(timeout) if timeout is not None else None)
+    return Bundle(
+        path=path,
+        op=_field(case, "op", str),
+        spec=_field(case, "spec", dict),
+        seed=_field(case, "seed", int),
+        impl=_field(case, "impl", str),
+        device=_field(case, "device", str),
+        ulp=int(policy.get("ulp", 0)),
+        rerun=bool(case.get("rerun", False)),
+        contract=case.get("contract"),
+        finding=finding,
+        inputs=inputs,
+        revision=_revision(case, finding),
+        timeout=float(timeout) if timeout is not None else None,
+    )
 
 
 def _load_inputs(path: Path) -> dict[str, torch.Tensor]:
@@ -178,8 +219,10 @@ def _load_inputs(path: Path) -> dict[str, torch.Tensor]:
         lines = [" ".join(line.split()) for line in str(exc).splitlines() if line.strip()]
         blocked = next((line for line in lines if "GLOBAL" in line), None)
         if blocked is not None:  # what weights_only refused, without torch's boilerplate around it
-            raise BundleError(f"{path.name}: refused to load: it holds pickled objects, not only tensors "
-                              f"({blocked.rstrip('.')}); bundles are read with weights_only=True") from None
+            raise BundleError(
+                f"{path.name}: refused to load: it holds pickled objects, not only tensors "
+                f"({blocked.rstrip('.')}); bundles are read with weights_only=True"
+            ) from None
         first = (lines[0] if lines else "").split(". ")[0].rstrip(".")
         raise BundleError(f"{path.name}: not a readable tensor file ({type(exc).__name__}: {first[:160]})") from None
     if not isinstance(inputs, dict) or not all(isinstance(v, torch.Tensor) for v in inputs.values()):

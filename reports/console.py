@@ -21,40 +21,64 @@ def finding_line(f: Finding) -> str:
     return f"  {f.kind.value} {f.op}={f.impl} {f.case_id}: {f.message}"
 
 
-def start_line(*, impls: Mapping[str, str], device: str, seed: int, cases: int | None, budget: float | None,
-               out: str, revision: str | None = None, resumed: Mapping[str, Any] | None = None) -> str:
-    limit = " / ".join(x for x in (plural(cases, "case") if cases is not None else "",
-                                    f"{budget:.0f} s budget" if budget is not None else "") if x)
+def start_line(
+    *,
+    impls: Mapping[str, str],
+    device: str,
+    seed: int,
+    cases: int | None,
+    budget: float | None,
+    out: str,
+    revision: str | None = None,
+    resumed: Mapping[str, Any] | None = None,
+) -> str:
+    limit = " / ".join(
+        x
+        for x in (
+            plural(cases, "case") if cases is not None else "",
+            f"{budget:.0f} s budget" if budget is not None else "",
+        )
+        if x
+    )
     impl_text = ", ".join(f"{op}={ref}" for op, ref in impls.items())
     rev = f", contract revision {revision}" if revision else ""
     again = ""
     if resumed is not None:
-        again = (f"; resuming after {plural(int(resumed.get('cases', 0)), 'case')} and "
-                 f"{plural(int(resumed.get('findings', 0)), 'finding')}")
-    return (f"mlafuzz: fuzzing {impl_text} on {device}, seed {seed}, {limit}{rev}{again};"
-            f" findings -> {out}/findings.jsonl")
+        again = (
+            f"; resuming after {plural(int(resumed.get('cases', 0)), 'case')} and "
+            f"{plural(int(resumed.get('findings', 0)), 'finding')}"
+        )
+    return (
+        f"mlafuzz: fuzzing {impl_text} on {device}, seed {seed}, {limit}{rev}{again}; findings -> {out}/findings.jsonl"
+    )
 
 
 def cleared_line(*, out: str, removed: Sequence[str]) -> str:
     """The note that the default run folder's earlier run was cleared."""
-    return (f"mlafuzz: cleared the earlier run in ./{out} ({', '.join(removed[:4])}"
-            f"{', ...' if len(removed) > 4 else ''}); give --out DIR to keep runs, --resume to go on with one")
+    return (
+        f"mlafuzz: cleared the earlier run in ./{out} ({', '.join(removed[:4])}"
+        f"{', ...' if len(removed) > 4 else ''}); give --out DIR to keep runs, --resume to go on with one"
+    )
 
 
 def shrink_line(event: str, facts: Mapping[str, Any]) -> str:
     """The shrinking of one new bucket: its start, its progress, its end (see fuzz.shrink_and_bundle)."""
     if event == "start":
         kind, op, impl, cause = facts["bucket"]
-        return (f"mlafuzz: shrinking bucket {facts['number']}/{facts['of']}: {kind} {op}={impl} cause={cause or '-'}"
-                f" (budget {float(facts['budget']):g} s)")
+        return (
+            f"mlafuzz: shrinking bucket {facts['number']}/{facts['of']}: {kind} {op}={impl} cause={cause or '-'}"
+            f" (budget {float(facts['budget']):g} s)"
+        )
     size = ", ".join(f"{k} {v}" for k, v in (facts.get("size") or {}).items())
     if event == "step":
         return f"  ... {plural(facts['attempts'], 'attempt')}, {facts['accepted']} smaller so far: {size}"
     if facts.get("note"):
         return f"  not shrunk: {facts['note']} ({size})"
     how = "minimized" if facts.get("complete") else "budget spent; smallest so far"
-    return (f"  {how}: {size} ({plural(facts['attempts'], 'attempt')}, {facts['accepted']} accepted,"
-            f" {float(facts['seconds']):.1f} s)")
+    return (
+        f"  {how}: {size} ({plural(facts['attempts'], 'attempt')}, {facts['accepted']} accepted,"
+        f" {float(facts['seconds']):.1f} s)"
+    )
 
 
 def summary_line(s: Mapping[str, Any]) -> str:
@@ -63,24 +87,33 @@ def summary_line(s: Mapping[str, Any]) -> str:
     kinds = ", ".join(f"{k} {n}" for k, n in sorted((s.get("by_kind") or {}).items()))
     rate = s.get("cases_per_second") or 0.0
     quarantined = s.get("quarantined") or []
-    held = f", {plural(len(quarantined), 'error-input class', 'error-input classes')} quarantined" if quarantined else ""
+    held = (
+        f", {plural(len(quarantined), 'error-input class', 'error-input classes')} quarantined" if quarantined else ""
+    )
     restarts = s.get("worker_restarts") or 0
     held += f", {plural(restarts, 'worker restart')}" if restarts else ""
-    return (f"mlafuzz: {plural(s.get('cases', 0), 'case')} ({ops or 'none'}), {plural(s.get('findings', 0), 'finding')}"
-            f"{' (' + kinds + ')' if kinds else ''} in {plural(s.get('buckets', 0), 'bucket')},"
-            f" {s.get('skipped', 0)} skipped{held},"
-            f" {float(s.get('seconds', 0.0)):.1f} s ({rate:.1f} cases/s){' [interrupted]' if s.get('interrupted') else ''}")
+    return (
+        f"mlafuzz: {plural(s.get('cases', 0), 'case')} ({ops or 'none'}), {plural(s.get('findings', 0), 'finding')}"
+        f"{' (' + kinds + ')' if kinds else ''} in {plural(s.get('buckets', 0), 'bucket')},"
+        f" {s.get('skipped', 0)} skipped{held},"
+        f" {float(s.get('seconds', 0.0)):.1f} s ({rate:.1f} cases/s){' [interrupted]' if s.get('interrupted') else ''}"
+    )
 
 
 def merge_lines(result: Any) -> list[str]:
     """What ``mlafuzz merge`` did (reports/merge.py ``MergeResult``): the dropped repeats, then the totals."""
-    lines = [f"mlafuzz: merge: dropped {d.dir}: it repeats the cases of {d.kept} (seed {d.seed}, shard"
-             f" {d.shard or '?'}, same ops and implementations)" for d in result.dropped]
+    lines = [
+        f"mlafuzz: merge: dropped {d.dir}: it repeats the cases of {d.kept} (seed {d.seed}, shard"
+        f" {d.shard or '?'}, same ops and implementations)"
+        for d in result.dropped
+    ]
     s = result.summary
-    lines.append(f"mlafuzz: merged {plural(result.shards, 'run directory', 'run directories')} into {result.out}:"
-                 f" {plural(s['cases'], 'case')}, {plural(s['findings'], 'finding')} in"
-                 f" {plural(s['buckets'], 'bucket')} ({plural(result.findings_lines, 'findings line')})"
-                 f"{' [partial: a shard has no summary.json]' if s.get('partial') else ''}")
+    lines.append(
+        f"mlafuzz: merged {plural(result.shards, 'run directory', 'run directories')} into {result.out}:"
+        f" {plural(s['cases'], 'case')}, {plural(s['findings'], 'finding')} in"
+        f" {plural(s['buckets'], 'bucket')} ({plural(result.findings_lines, 'findings line')})"
+        f"{' [partial: a shard has no summary.json]' if s.get('partial') else ''}"
+    )
     return lines
 
 
@@ -94,8 +127,9 @@ def bundle_lines(bundles: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def stale_lines(stale: Iterable[Waiver]) -> list[str]:
     """One line per stale ledger entry, for stderr or a terminal summary."""
-    return [f"mlafuzz: stale ledger entry {e.label()} ({e.issue}) matched no finding; remove it if fixed"
-            for e in stale]
+    return [
+        f"mlafuzz: stale ledger entry {e.label()} ({e.issue}) matched no finding; remove it if fixed" for e in stale
+    ]
 
 
 def verdict_lines(judgement: Judgement, findings: Sequence[Finding]) -> list[str]:
@@ -105,8 +139,10 @@ def verdict_lines(judgement: Judgement, findings: Sequence[Finding]) -> list[str
     failing = set(judgement.failing())
     expected = sum(1 for f in findings if judgement.statuses.get(f.dedup_key) == "expected")
     unexpected = sum(1 for f in findings if f.dedup_key in failing)
-    head = (f"mlafuzz: ledger {judgement.ledger}: {plural(expected, 'expected finding')},"
-            f" {unexpected} unexpected in {plural(len(failing), 'bucket')}")
+    head = (
+        f"mlafuzz: ledger {judgement.ledger}: {plural(expected, 'expected finding')},"
+        f" {unexpected} unexpected in {plural(len(failing), 'bucket')}"
+    )
     return [head, *stale_lines(judgement.stale)]
 
 
@@ -131,8 +167,10 @@ MUTANTS_HEADER = f"{'mutant':<28} {'expected':<23} {'result':<9} {'kind found':<
 
 def mutant_row(r: MutantRow) -> str:
     """One mutant's line of the table (printed as soon as that mutant is done)."""
-    return (f"{r.name:<28} {r.expected:<23} {_mutant_result(r):<9} "
-            f"{','.join(r.found) or '-':<40} {r.cases:>6} {r.seconds:>6.1f}  {r.size}")
+    return (
+        f"{r.name:<28} {r.expected:<23} {_mutant_result(r):<9} "
+        f"{','.join(r.found) or '-':<40} {r.cases:>6} {r.seconds:>6.1f}  {r.size}"
+    )
 
 
 def mutants_table(results: Sequence[MutantRow]) -> list[str]:
@@ -144,46 +182,86 @@ def mutants_score(results: Sequence[MutantRow]) -> list[str]:
     lines: list[str] = []
     killed = sum(r.killed for r in results)
     waiting = [r for r in results if not r.killed and r.awaits]
-    lines.append(f"mutation score: {killed}/{len(results)} killed"
-                 f" ({100.0 * killed / len(results) if results else 0:.0f}%)"
-                 f"{f', {len(waiting)} awaiting inputs not drawn yet' if waiting else ''}")
+    lines.append(
+        f"mutation score: {killed}/{len(results)} killed"
+        f" ({100.0 * killed / len(results) if results else 0:.0f}%)"
+        f"{f', {len(waiting)} awaiting inputs not drawn yet' if waiting else ''}"
+    )
     lines += [f"  awaiting: {r.name} needs {r.awaits}" for r in waiting]
-    lines += [f"  stale mark: {r.name} was killed although marked as awaiting {r.awaits}; drop the mark"
-              for r in results if r.killed and r.awaits]
+    lines += [
+        f"  stale mark: {r.name} was killed although marked as awaiting {r.awaits}; drop the mark"
+        for r in results
+        if r.killed and r.awaits
+    ]
     return lines
 
 
-def replay_lines(*, op: str, impl_ref: str, device: str, recorded: Finding,
-                 found: Sequence[tuple[Finding, bool]], revision: str | None = None) -> list[str]:
+def replay_lines(
+    *,
+    op: str,
+    impl_ref: str,
+    device: str,
+    recorded: Finding,
+    found: Sequence[tuple[Finding, bool]],
+    revision: str | None = None,
+) -> list[str]:
     where = f"{device}, contract revision {revision}" if revision else device
     if not found:
-        return [f"mlafuzz replay: passes on {op}={impl_ref} ({where}); the bundle recorded "
-                f"{recorded.kind.value}: {recorded.message}"]
-    return [f"mlafuzz replay: {'reproduces' if same else 'other finding'}: {f.kind.value} {f.op}={f.impl}: {f.message}"
-            for f, same in found]
+        return [
+            f"mlafuzz replay: passes on {op}={impl_ref} ({where}); the bundle recorded "
+            f"{recorded.kind.value}: {recorded.message}"
+        ]
+    return [
+        f"mlafuzz replay: {'reproduces' if same else 'other finding'}: {f.kind.value} {f.op}={f.impl}: {f.message}"
+        for f, same in found
+    ]
 
 
-def rerun_command(*, op: str, impl: str, device: str, seed: int, cases: int, shard: tuple[int, int] | None,
-                  out: str) -> str:
+def rerun_command(
+    *, op: str, impl: str, device: str, seed: int, cases: int, shard: tuple[int, int] | None, out: str
+) -> str:
     """A re-run of exactly a run's cases (case i is a pure function of seed and i)."""
-    parts = ["mlafuzz", "fuzz", "--op", op, "--impl", f"{op}={impl}", "--device", device, "--seed", str(seed),
-             "--cases", str(cases)]
+    parts = [
+        "mlafuzz",
+        "fuzz",
+        "--op",
+        op,
+        "--impl",
+        f"{op}={impl}",
+        "--device",
+        device,
+        "--seed",
+        str(seed),
+        "--cases",
+        str(cases),
+    ]
     if shard is not None and shard[1] > 1:
         parts += ["--shard", f"{shard[0]}/{shard[1]}"]
     parts += ["--out", out]
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def plugin_failure(*, title: str, summary: Mapping[str, Any], buckets: Sequence[Bucket], shown: int,
-                   replay_for: Any, findings_path: str, run_dir: str) -> str:
+def plugin_failure(
+    *,
+    title: str,
+    summary: Mapping[str, Any],
+    buckets: Sequence[Bucket],
+    shown: int,
+    replay_for: Any,
+    findings_path: str,
+    run_dir: str,
+) -> str:
     """A failing pytest item's text: the first ``shown`` buckets, each with its replay command."""
     lines = [title, summary_line(summary)]
     counts = bucket_counts(summary)
     for b in buckets[:shown]:
         f = b.first
         n = max(counts.get(b.key, 0), b.count)
-        lines += ["", f"{b.kind} cause={b.cause or '-'} ({plural(n, 'finding')}), first case {f.case_id}:",
-                  f"  {f.message}"]
+        lines += [
+            "",
+            f"{b.kind} cause={b.cause or '-'} ({plural(n, 'finding')}), first case {f.case_id}:",
+            f"  {f.message}",
+        ]
         lines += [f"  at {list(m.index)}: expected {m.expected}, got {m.actual}" for m in f.mismatches[:3]]
         lines.append(f"  replay: {replay_for(b)}")
     if len(buckets) > shown:
@@ -192,8 +270,14 @@ def plugin_failure(*, title: str, summary: Mapping[str, Any], buckets: Sequence[
     return "\n".join(lines)
 
 
-def findings_table(findings: Iterable[Finding], judgement: Judgement, *, bundles: list | None = None,
-                   max_rows: int = 30, summary: Mapping[str, Any] | None = None) -> list[str]:
+def findings_table(
+    findings: Iterable[Finding],
+    judgement: Judgement,
+    *,
+    bundles: list | None = None,
+    max_rows: int = 30,
+    summary: Mapping[str, Any] | None = None,
+) -> list[str]:
     """A plain table of buckets (failures first) with their replay commands: the end of a run.
     ``summary``: the run's summary.json, whose bucket counts the ``n`` column shows."""
     buckets = group_buckets(findings, judgement, bucket_counts(summary or {}))
@@ -201,8 +285,10 @@ def findings_table(findings: Iterable[Finding], judgement: Judgement, *, bundles
         return ["mlafuzz: no findings"]
     lines = [f"{'status':<9} {'kind':<23} {'op':<8} {'impl':<24} {'cause':<28} {'n':>5}  first message"]
     for b in buckets[:max_rows]:
-        lines.append(f"{b.status:<9} {b.kind:<23} {b.op:<8} {b.impl[:24]:<24} {(b.cause or '-')[:28]:<28}"
-                     f" {b.count:>5}  {' '.join(b.first.message.split())[:120]}")
+        lines.append(
+            f"{b.status:<9} {b.kind:<23} {b.op:<8} {b.impl[:24]:<24} {(b.cause or '-')[:28]:<28}"
+            f" {b.count:>5}  {' '.join(b.first.message.split())[:120]}"
+        )
     if len(buckets) > max_rows:
         lines.append(f"... {plural(len(buckets) - max_rows, 'more bucket')}")
     for b in buckets[:max_rows]:

@@ -82,6 +82,8 @@ class Finding:
         data = dict(data)
         data["kind"] = Kind(data["kind"])
         data["severity"] = Severity(data.get("severity", "error"))
-        data["mismatches"] = tuple(Mismatch(index=tuple(m["index"]), expected=m["expected"], actual=m["actual"])
-                                   for m in data.get("mismatches", ()))
+        data["mismatches"] = tuple(
+            Mismatch(index=tuple(m["index"]), expected=m["expected"], actual=m["actual"])
+            for m in data.get("mismatches", ())
+        )
         return cls(**data)

@@ -104,19 +104,24 @@ def _scheme(run: Mapping[str, Any]) -> str | None:
 
 def _check_one_run(dirs: list[Path], runs: list[dict[str, Any]]) -> None:
     """ReportError unless the runs that say their seed and shard share one seed and one scheme."""
-    checks = (("seeds", lambda r: r.get("seed"), lambda r: f"seed {r.get('seed')}"),
-              ("shard schemes", _scheme, lambda r: f"shard {shard_label(r.get('shard'))}"))
+    checks = (
+        ("seeds", lambda r: r.get("seed"), lambda r: f"seed {r.get('seed')}"),
+        ("shard schemes", _scheme, lambda r: f"shard {shard_label(r.get('shard'))}"),
+    )
     for what, value, show in checks:
         told = [(d, r) for d, r in zip(dirs, runs) if r and value(r) is not None]
         for d, r in told[1:]:
             d0, r0 = told[0]
             if value(r) != value(r0):
-                raise ReportError(f"merge: the runs have different {what} ({d0}: {show(r0)}, {d}: {show(r)}):"
-                                  " shards of one run share its seed and its K/N split")
+                raise ReportError(
+                    f"merge: the runs have different {what} ({d0}: {show(r0)}, {d}: {show(r)}):"
+                    " shards of one run share its seed and its K/N split"
+                )
 
 
-def _without_duplicates(dirs: list[Path], runs: list[dict[str, Any]], summaries: list[dict[str, Any]]
-                        ) -> tuple[list[int], list[Dropped]]:
+def _without_duplicates(
+    dirs: list[Path], runs: list[dict[str, Any]], summaries: list[dict[str, Any]]
+) -> tuple[list[int], list[Dropped]]:
     """Indices of the directories to merge, and the ones dropped as repeats of another's cases."""
     kept: dict[str, int] = {}
     dropped: list[Dropped] = []
@@ -136,8 +141,9 @@ def _without_duplicates(dirs: list[Path], runs: list[dict[str, Any]], summaries:
         if more:
             order[order.index(j)] = i
             kept[identity] = i
-        dropped.append(Dropped(dir=dirs[drop], kept=dirs[keep], seed=run.get("seed"),
-                               shard=shard_label(run.get("shard"))))
+        dropped.append(
+            Dropped(dir=dirs[drop], kept=dirs[keep], seed=run.get("seed"), shard=shard_label(run.get("shard")))
+        )
     return order, dropped
 
 
@@ -199,8 +205,10 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
         has_summary = bool(summary)
         if not has_summary:  # a killed shard: count what its findings file shows, and say the total is partial
             partial = True
-            summary = {"findings": sum(1 for r in records if r.get("severity", "error") == "error"),
-                       "infos": sum(1 for r in records if r.get("severity") == "info")}
+            summary = {
+                "findings": sum(1 for r in records if r.get("severity", "error") == "error"),
+                "infos": sum(1 for r in records if r.get("severity") == "info"),
+            }
         for key in _SUMMED:
             value = summary.get(key, 0)
             totals[key] += value if isinstance(value, int) else 0
@@ -210,21 +218,41 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
         bundles += [{**b, "shard": index} for b in summary.get("bundles") or () if isinstance(b, Mapping)]
         seconds.append(float(summary.get("seconds") or 0.0))
         interrupted |= bool(summary.get("interrupted"))
-        shards.append({"index": index, "dir": str(d), "shard": label, "cases": summary.get("cases"),
-                       "findings": summary.get("findings"), "infos": summary.get("infos"),
-                       "seconds": summary.get("seconds"), "findings_lines": len(records),
-                       "has_summary": has_summary, "per_op": summary.get("per_op") or {},
-                       "impls": run.get("impls") or impls_from_findings(
-                           (r.get("op"), r.get("impl")) for r in records)})
+        shards.append(
+            {
+                "index": index,
+                "dir": str(d),
+                "shard": label,
+                "cases": summary.get("cases"),
+                "findings": summary.get("findings"),
+                "infos": summary.get("infos"),
+                "seconds": summary.get("seconds"),
+                "findings_lines": len(records),
+                "has_summary": has_summary,
+                "per_op": summary.get("per_op") or {},
+                "impls": run.get("impls") or impls_from_findings((r.get("op"), r.get("impl")) for r in records),
+            }
+        )
     wall = max(seconds, default=0.0)
-    merged = {**totals, "per_op": {}, "by_kind": {}, **counters, "buckets": len(buckets), "bundles": bundles,
-              "bucket_counts": per_bucket,
-              "seconds": round(wall, 3), "shard_seconds": round(sum(seconds), 3),
-              "cases_per_second": round(totals["cases"] / wall, 3) if wall > 0 else 0.0,
-              "interrupted": interrupted, "partial": partial, "shards": shards}
+    merged = {
+        **totals,
+        "per_op": {},
+        "by_kind": {},
+        **counters,
+        "buckets": len(buckets),
+        "bundles": bundles,
+        "bucket_counts": per_bucket,
+        "seconds": round(wall, 3),
+        "shard_seconds": round(sum(seconds), 3),
+        "cases_per_second": round(totals["cases"] / wall, 3) if wall > 0 else 0.0,
+        "interrupted": interrupted,
+        "partial": partial,
+        "shards": shards,
+    }
     atomic_write(out / FINDINGS_FILE, "".join(line + "\n" for line in lines))
     atomic_write(out / SUMMARY_FILE, json.dumps(merged, indent=2) + "\n")
     if any(runs):
         atomic_write(out / RUN_FILE, json.dumps(_common_run(runs, kept_dirs), indent=2, default=str) + "\n")
-    return MergeResult(out=out, shards=len(kept_dirs), findings_lines=len(lines), summary=merged,
-                       dropped=tuple(dropped))
+    return MergeResult(
+        out=out, shards=len(kept_dirs), findings_lines=len(lines), summary=merged, dropped=tuple(dropped)
+    )

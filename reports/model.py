@@ -69,8 +69,15 @@ class Waiver:
         return f"expected[{self.index}] {self.kind} {self.op}={self.impl} cause={self.cause}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "kind": self.kind, "op": self.op, "impl": self.impl, "cause": self.cause,
-                "issue": self.issue, "note": self.note}
+        return {
+            "index": self.index,
+            "kind": self.kind,
+            "op": self.op,
+            "impl": self.impl,
+            "cause": self.cause,
+            "issue": self.issue,
+            "note": self.note,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,15 +214,19 @@ class RunReport:
         cases = self.summary.get("cases")
         ran = plural(cases, "case") if isinstance(cases, int) else "cases unknown"
         if self.passed:
-            extra = [plural(len(self.buckets_with(s)), f"{s} bucket") for s in ("expected", "info")
-                     if self.buckets_with(s)]
+            extra = [
+                plural(len(self.buckets_with(s)), f"{s} bucket") for s in ("expected", "info") if self.buckets_with(s)
+            ]
             return f"mlafuzz: passed, {ran}" + (f" ({', '.join(extra)})" if extra else "")
-        return (f"mlafuzz: {plural(len(self.failures), 'failing bucket')} ({plural(self.count('failure'), 'finding')})"
-                f" in {sum(1 for t in self.testcases if t.failures)} of"
-                f" {plural(len(self.testcases), 'implementation')}, {ran}")
+        return (
+            f"mlafuzz: {plural(len(self.failures), 'failing bucket')} ({plural(self.count('failure'), 'finding')})"
+            f" in {sum(1 for t in self.testcases if t.failures)} of"
+            f" {plural(len(self.testcases), 'implementation')}, {ran}"
+        )
 
 
 # --- reading ----------------------------------------------------------------
+
 
 def _read_json(path: Path, notes: list[str]) -> dict[str, Any]:
     if not path.is_file():
@@ -248,8 +259,9 @@ def configured_impls(run: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def group_buckets(findings: Iterable[Finding], judgement: Judgement,
-                  counts: Mapping[BucketKey, int] | None = None) -> tuple[Bucket, ...]:
+def group_buckets(
+    findings: Iterable[Finding], judgement: Judgement, counts: Mapping[BucketKey, int] | None = None
+) -> tuple[Bucket, ...]:
     """Findings grouped by dedup key, in order of first appearance, with the judgement's status
     and ``counts`` (``bucket_counts``); failures first, then expected, then info."""
     counts = counts or {}
@@ -259,8 +271,15 @@ def group_buckets(findings: Iterable[Finding], judgement: Judgement,
     buckets = []
     for key, members in groups.items():
         default = "failure" if any(f.severity is Severity.ERROR for f in members) else "info"
-        buckets.append(Bucket(key=key, findings=tuple(members), status=judgement.statuses.get(key, default),
-                              waiver=judgement.waivers.get(key), total=counts.get(key, 0)))
+        buckets.append(
+            Bucket(
+                key=key,
+                findings=tuple(members),
+                status=judgement.statuses.get(key, default),
+                waiver=judgement.waivers.get(key),
+                total=counts.get(key, 0),
+            )
+        )
     order = {"failure": 0, "expected": 1, "info": 2}
     return tuple(sorted(buckets, key=lambda b: order[b.status]))
 
@@ -277,13 +296,17 @@ def _int_counts(value: Any) -> dict[str, int]:
     return {str(k): v for k, v in value.items() if isinstance(v, int)} if isinstance(value, Mapping) else {}
 
 
-def _case_counts(buckets: tuple[Bucket, ...], summary: Mapping[str, Any], run: Mapping[str, Any]
-                 ) -> dict[tuple[str, str], int]:
+def _case_counts(
+    buckets: tuple[Bucket, ...], summary: Mapping[str, Any], run: Mapping[str, Any]
+) -> dict[tuple[str, str], int]:
     """(op, impl) -> cases run: per shard for a merged run, else the run's per_op under its impls."""
     shards = [s for s in summary.get("shards") or () if isinstance(s, Mapping)]
     parts = [(configured_impls(s), _int_counts(s.get("per_op"))) for s in shards] or [
-        (configured_impls(run) or impls_from_findings((b.op, b.impl) for b in buckets),
-         _int_counts(summary.get("per_op")))]
+        (
+            configured_impls(run) or impls_from_findings((b.op, b.impl) for b in buckets),
+            _int_counts(summary.get("per_op")),
+        )
+    ]
     counts: dict[tuple[str, str], int] = {}
     for impls, per_op in parts:
         for op, n in per_op.items():
@@ -292,8 +315,7 @@ def _case_counts(buckets: tuple[Bucket, ...], summary: Mapping[str, Any], run: M
     return counts
 
 
-def _testcases(buckets: tuple[Bucket, ...], summary: Mapping[str, Any], run: Mapping[str, Any]
-               ) -> tuple[TestCase, ...]:
+def _testcases(buckets: tuple[Bucket, ...], summary: Mapping[str, Any], run: Mapping[str, Any]) -> tuple[TestCase, ...]:
     counts = _case_counts(buckets, summary, run)
     pairs = dict.fromkeys([*counts, *configured_impls(run).items(), *((b.op, b.impl) for b in buckets)])
     seconds = float(summary.get("seconds") or 0.0)
@@ -302,8 +324,15 @@ def _testcases(buckets: tuple[Bucket, ...], summary: Mapping[str, Any], run: Map
     for op, impl in pairs:
         # Time is only known per run (or shard): share it by cases.
         share = counts.get((op, impl), 0) / total if total else 1.0 / len(pairs)
-        out.append(TestCase(op=op, impl=impl, buckets=tuple(b for b in buckets if (b.op, b.impl) == (op, impl)),
-                            cases=counts.get((op, impl)), seconds=seconds * share))
+        out.append(
+            TestCase(
+                op=op,
+                impl=impl,
+                buckets=tuple(b for b in buckets if (b.op, b.impl) == (op, impl)),
+                cases=counts.get((op, impl)),
+                seconds=seconds * share,
+            )
+        )
     return tuple(sorted(out, key=lambda t: (t.op, t.impl)))
 
 
@@ -330,14 +359,17 @@ def load_run(run_dir: Path | str) -> RunView:
         raise ReportError(f"run_dir={run_dir}: no such directory")
     findings_path, summary_path = run_dir / FINDINGS_FILE, run_dir / SUMMARY_FILE
     if not findings_path.is_file() and not summary_path.is_file():
-        raise ReportError(f"run_dir={run_dir}: neither {FINDINGS_FILE} nor {SUMMARY_FILE}"
-                          " (not an mlafuzz run directory)")
+        raise ReportError(
+            f"run_dir={run_dir}: neither {FINDINGS_FILE} nor {SUMMARY_FILE} (not an mlafuzz run directory)"
+        )
     notes: list[str] = []
     try:
         findings = tuple(read_findings(findings_path)) if findings_path.is_file() else ()
     except (KeyError, TypeError, ValueError) as exc:
-        raise ReportError(f"run_dir={run_dir}: {FINDINGS_FILE} holds a record that is not a finding: "
-                          f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        raise ReportError(
+            f"run_dir={run_dir}: {FINDINGS_FILE} holds a record that is not a finding: "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        ) from None
     summary = _read_json(summary_path, notes)
     if not summary_path.is_file():
         notes.append(f"no {SUMMARY_FILE}: the run was killed or is still running; counts come from {FINDINGS_FILE}")
@@ -349,11 +381,20 @@ def build_report(view: RunView, judgement: Judgement) -> RunReport:
     """The run as every format renders it, under the harness's judgement."""
     buckets = group_buckets(view.findings, judgement, bucket_counts(view.summary))
     testcases = _testcases(buckets, view.summary, view.run)
-    return RunReport(run_dir=view.run_dir, findings=view.findings, buckets=buckets, testcases=testcases,
-                     summary=view.summary, run=view.run, stale=judgement.stale, notes=view.notes)
+    return RunReport(
+        run_dir=view.run_dir,
+        findings=view.findings,
+        buckets=buckets,
+        testcases=testcases,
+        summary=view.summary,
+        run=view.run,
+        stale=judgement.stale,
+        notes=view.notes,
+    )
 
 
 # --- replay -----------------------------------------------------------------
+
 
 def _bundle_replay(finding: Finding, bundles: Any) -> str | None:
     """summary.json's ``bundles``: [{"bucket": [kind, op, impl, cause], "replay": "mlafuzz replay ..."}, ...]."""

@@ -15,9 +15,22 @@ from mlafuzz.reports.console import shrink_line, summary_line
 
 # Features a run should reach; shown as hit counts so gaps stand out.
 KEY_FEATURES = (
-    "batch:decode-only", "batch:prefill-only", "batch:mixed", "block-boundary", "idx:-1", "idx:negative",
-    "idx:past_table", "idx:past_seq_len", "values:activations", "values:all_codes", "values:extreme_scales",
-    "values:subnormal", "values:nan", "empty-request", "seq_starts", "multi-chunk",
+    "batch:decode-only",
+    "batch:prefill-only",
+    "batch:mixed",
+    "block-boundary",
+    "idx:-1",
+    "idx:negative",
+    "idx:past_table",
+    "idx:past_seq_len",
+    "values:activations",
+    "values:all_codes",
+    "values:extreme_scales",
+    "values:subnormal",
+    "values:nan",
+    "empty-request",
+    "seq_starts",
+    "multi-chunk",
 )
 
 
@@ -38,8 +51,11 @@ class Progress:
 
         t = Table(title="mlafuzz", show_header=False, expand=False)
         left = f", {max(0.0, self.budget - elapsed):.0f} s left" if self.budget else ""
-        t.add_row("cases", f"{s.get('cases', 0)} ({s.get('cases_per_second', 0.0):.1f}/s), {s.get('skipped', 0)}"
-                           f" skipped, {elapsed:.0f} s elapsed{left}")
+        t.add_row(
+            "cases",
+            f"{s.get('cases', 0)} ({s.get('cases_per_second', 0.0):.1f}/s), {s.get('skipped', 0)}"
+            f" skipped, {elapsed:.0f} s elapsed{left}",
+        )
         kinds = ", ".join(f"{k} {n}" for k, n in sorted((s.get("by_kind") or {}).items())) or "none"
         t.add_row("findings", f"{s.get('findings', 0)} in {s.get('buckets', 0)} buckets: {kinds}")
         coverage = s.get("coverage") or {}

@@ -45,8 +45,13 @@ def check_writable(path: Path, *, what: str) -> None:
     if not probe.is_dir():
         raise RunDirError(f"{what} {path}: cannot be created: {probe} is a file, not a folder")
     if probe == path:
-        _probe(path, what=what, make=lambda p: os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)),
-               undo=os.unlink, why="not writable")
+        _probe(
+            path,
+            what=what,
+            make=lambda p: os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)),
+            undo=os.unlink,
+            why="not writable",
+        )
     else:  # where the folder would be made: make and remove a folder there
         _probe(probe, what=what, make=os.mkdir, undo=os.rmdir, why="cannot be created", target=path)
 

@@ -12,20 +12,45 @@ FOLDERS = ("harness", "oracles", "generators", "kernels", "reports", "tests")
 
 
 def test_wheel_ships_every_source_file_the_gpu_paths_build_and_nothing_generic(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (wheel,) = tmp_path.glob("mlafuzz-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("mlafuzz/kernels/csrc/fp8_ds_mla.cu", "mlafuzz/kernels/csrc/gather_device.cuh",
-                   "mlafuzz/harness/memory/csrc/redzone_alloc.cpp",
-                   "mlafuzz/harness/cli/main.py", "mlafuzz/oracles/codec.py", "mlafuzz/generators/spec.py",
-                   "mlafuzz/reports/jsonl.py", "mlafuzz/tests/conftest.py"):
+    for needed in (
+        "mlafuzz/kernels/csrc/fp8_ds_mla.cu",
+        "mlafuzz/kernels/csrc/gather_device.cuh",
+        "mlafuzz/harness/memory/csrc/redzone_alloc.cpp",
+        "mlafuzz/harness/cli/main.py",
+        "mlafuzz/oracles/codec.py",
+        "mlafuzz/generators/spec.py",
+        "mlafuzz/reports/jsonl.py",
+        "mlafuzz/tests/conftest.py",
+    ):
         assert needed in names, needed
     # Every module of the tree, in every subfolder: a folder missing from pyproject's package list
     # installs nothing, and `pip install .` (the GPU image's way) then fails at its first import.
     # The same for the C++/CUDA sources that the GPU paths and the planted kernels build at run time.
-    tree = {f"mlafuzz/{p.relative_to(ROOT).as_posix()}" for folder in FOLDERS for p in (ROOT / folder).rglob("*")
-            if p.is_file() and (p.suffix == ".py" or "csrc" in p.parts) and "__pycache__" not in p.parts}
+    tree = {
+        f"mlafuzz/{p.relative_to(ROOT).as_posix()}"
+        for folder in FOLDERS
+        for p in (ROOT / folder).rglob("*")
+        if p.is_file() and (p.suffix == ".py" or "csrc" in p.parts) and "__pycache__" not in p.parts
+    }
     assert sorted(tree - names) == []
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"mlafuzz"}, top  # no top-level `kernels`, `harness`, ...

@@ -91,6 +91,7 @@ class ConvertSpec:
 
 # --- drawing ---------------------------------------------------------------
 
+
 def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
     prefill_workspace = d.boolean()
     n = sized(d, knobs, 1, knobs.max_requests, tiles=knobs.row_tiles)
@@ -131,6 +132,7 @@ def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
 
 # --- materializing -----------------------------------------------------------
 
+
 def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
     """The call's tensors on ``device``, from the spec's numbers and the streams of ``seed``.
 
@@ -140,9 +142,13 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
     reqs, bs, k = spec.requests, spec.paging.block_size, spec.topk
     num_req = len(reqs)
     rows = sum(r.num_tokens for r in reqs)
-    plan = plan_table(need=[-(-r.seq_len // bs) for r in reqs], layout=spec.paging.layout,
-                      spare_blocks=spec.paging.spare_blocks, extra_cols=spec.paging.extra_table_cols,
-                      base_block=spec.paging.base_block)
+    plan = plan_table(
+        need=[-(-r.seq_len // bs) for r in reqs],
+        layout=spec.paging.layout,
+        spare_blocks=spec.paging.spare_blocks,
+        extra_cols=spec.paging.extra_table_cols,
+        base_block=spec.paging.base_block,
+    )
     local, prefill_starts, at = [], [], 0
     for r in reqs:
         local.append(len(prefill_starts) if r.prefill else -1)
@@ -150,19 +156,31 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
             prefill_starts.append(at)
             at += r.seq_len
     table_rows, topk_host, tokens, local_dev, starts = upload(
-        plan.rows, topk_rows(seq_lens=[r.seq_len for r in reqs], width=plan.width, block_size=bs, topk=k),
-        [r.num_tokens for r in reqs], local, prefill_starts, device=device)
+        plan.rows,
+        topk_rows(seq_lens=[r.seq_len for r in reqs], width=plan.width, block_size=bs, topk=k),
+        [r.num_tokens for r in reqs],
+        local,
+        prefill_starts,
+        device=device,
+    )
     table = block_table(draws.child("table"), plan, rows=table_rows, device=device)
-    table = table_view(table, spec.table_view, draws=draws.child("table-view"),
-                       num_blocks=spec.paging.base_block + plan.pool)
+    table = table_view(
+        table, spec.table_view, draws=draws.child("table-view"), num_blocks=spec.paging.base_block + plan.pool
+    )
     before, after, _ = slack(spec.rows_view, pick=draws.host_int(1 << 30), width=k)
-    owners = torch.repeat_interleave(torch.arange(num_req, dtype=torch.int32, device=device), tokens,
-                                     output_size=rows)
+    owners = torch.repeat_interleave(torch.arange(num_req, dtype=torch.int32, device=device), tokens, output_size=rows)
     if before or after:
         others = torch.arange(before + after, dtype=torch.int32, device=device) % num_req
         owners = torch.cat([others[:before], owners, others[before:]])
-    indices = topk_indices(draws.child("topk"), per_row=torch.index_select(topk_host, 0, owners), width=plan.width,
-                           block_size=bs, topk=k, mode=spec.topk_mode, device=device)
+    indices = topk_indices(
+        draws.child("topk"),
+        per_row=torch.index_select(topk_host, 0, owners),
+        width=plan.width,
+        block_size=bs,
+        topk=k,
+        mode=spec.topk_mode,
+        device=device,
+    )
     mine = slice(before, before + rows)
     tensors: dict[str, torch.Tensor | None] = {
         "req_id": owners[mine],
@@ -175,32 +193,44 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         tensors["prefill_workspace_request_ids"] = torch.index_select(local_dev, 0, owners[mine])
         tensors["prefill_workspace_starts"] = starts
     params = {
-        "BLOCK_SIZE": bs, "NUM_TOPK_TOKENS": k, "BLOCK_N": spec.block_n,
-        "HAS_PREFILL_WORKSPACE": spec.prefill_workspace, "return_valid_counts": spec.return_valid_counts,
+        "BLOCK_SIZE": bs,
+        "NUM_TOPK_TOKENS": k,
+        "BLOCK_N": spec.block_n,
+        "HAS_PREFILL_WORKSPACE": spec.prefill_workspace,
+        "return_valid_counts": spec.return_valid_counts,
     }
     # The options only when drawn: an implementation without them is called exactly as before.
     if spec.block_stride_rows is not None:
         params["BLOCK_STRIDE_ROWS"] = spec.block_stride_rows
     if spec.compact:
         params["COMPACT_TO_FRONT"] = True
-    return Case(op="convert", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors,
-                params=params)
+    return Case(
+        op="convert", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors, params=params
+    )
 
 
 # --- features, size, shrinking -------------------------------------------------
 
 _TOPK_FEATURES = {
-    TopkMode.PADDED: {"idx:-1"}, TopkMode.NEGATIVE: {"idx:-1", "idx:negative"},
-    TopkMode.PAST_TABLE: {"idx:-1", "idx:past_table"}, TopkMode.PAST_SEQ_LEN: {"idx:-1", "idx:past_seq_len"},
-    TopkMode.MIXED: {"idx:-1", "idx:negative", "idx:past_table", "idx:past_seq_len"}, TopkMode.VALID: set(),
+    TopkMode.PADDED: {"idx:-1"},
+    TopkMode.NEGATIVE: {"idx:-1", "idx:negative"},
+    TopkMode.PAST_TABLE: {"idx:-1", "idx:past_table"},
+    TopkMode.PAST_SEQ_LEN: {"idx:-1", "idx:past_seq_len"},
+    TopkMode.MIXED: {"idx:-1", "idx:negative", "idx:past_table", "idx:past_seq_len"},
+    TopkMode.VALID: set(),
 }
 
 
 def features(spec: ConvertSpec) -> set[str]:
     prefill = [r.prefill for r in spec.requests if r.num_tokens]
     out = {f"layout:{spec.paging.layout.value}", f"bs:{'1' if spec.paging.block_size == 1 else 'n'}"}
-    out |= {"batch:prefill-only"} if prefill and all(prefill) else {"batch:mixed"} if any(prefill) else {
-        "batch:decode-only"}
+    out |= (
+        {"batch:prefill-only"}
+        if prefill and all(prefill)
+        else {"batch:mixed"}
+        if any(prefill)
+        else {"batch:decode-only"}
+    )
     out |= _TOPK_FEATURES[spec.topk_mode]
     if any(r.seq_len > spec.paging.block_size for r in spec.requests):
         out.add("block-boundary")
@@ -221,8 +251,9 @@ STRIDE, COMPACT = "block_stride_rows", "compact_to_front"  # capability names (k
 def needs(case: Case) -> frozenset[str]:
     """The optional capabilities this case calls for."""
     p = case.params
-    return frozenset({STRIDE} if "BLOCK_STRIDE_ROWS" in p else ()) | frozenset({COMPACT} if p.get("COMPACT_TO_FRONT")
-                                                                                else ())
+    return frozenset({STRIDE} if "BLOCK_STRIDE_ROWS" in p else ()) | frozenset(
+        {COMPACT} if p.get("COMPACT_TO_FRONT") else ()
+    )
 
 
 def fit(spec: ConvertSpec, capabilities: frozenset[str]) -> ConvertSpec:
@@ -270,6 +301,7 @@ def reduce(s: ConvertSpec) -> Iterator[ConvertSpec]:
 
 # --- error inputs (SPEC section 3: "must reject with a clear exception before launching") ---
 
+
 def _length_mismatch(case: Case) -> Case | None:
     # The PR #48642 bug: the full req_id (T rows) passed with the decode-only indices.
     req = case.tensors["req_id"]
@@ -309,18 +341,33 @@ def _req_out_of_range(case: Case) -> Case | None:
 
 
 INVALID: tuple[InvalidClass, ...] = (
-    InvalidClass(name="length_mismatch", memory_safe=False, make=_length_mismatch,
-                 description="req_id has more rows than token_indices (full req_id with decode-only indices)"),
-    InvalidClass(name="wrong_dtype", memory_safe=True, make=_convert_wrong_dtype,
-                 description="req_id is int64"),
-    InvalidClass(name="k_mismatch", memory_safe=True, make=_k_mismatch,
-                 description="NUM_TOPK_TOKENS != token_indices.shape[1]"),
-    InvalidClass(name="k_not_multiple_of_block_n", memory_safe=False, make=_k_not_multiple,
-                 description="NUM_TOPK_TOKENS is not a multiple of BLOCK_N"),
-    InvalidClass(name="bad_block_size", memory_safe=True, make=_bad_block_size,
-                 description="BLOCK_SIZE == 0"),
-    InvalidClass(name="bad_block_stride", memory_safe=True, make=_bad_block_stride,
-                 description="BLOCK_STRIDE_ROWS == 0 (SPEC 7's option, where the case passes one)"),
-    InvalidClass(name="req_out_of_range", memory_safe=False, make=_req_out_of_range,
-                 description="a req_id >= the block table's rows (not checked by vLLM)"),
+    InvalidClass(
+        name="length_mismatch",
+        memory_safe=False,
+        make=_length_mismatch,
+        description="req_id has more rows than token_indices (full req_id with decode-only indices)",
+    ),
+    InvalidClass(name="wrong_dtype", memory_safe=True, make=_convert_wrong_dtype, description="req_id is int64"),
+    InvalidClass(
+        name="k_mismatch", memory_safe=True, make=_k_mismatch, description="NUM_TOPK_TOKENS != token_indices.shape[1]"
+    ),
+    InvalidClass(
+        name="k_not_multiple_of_block_n",
+        memory_safe=False,
+        make=_k_not_multiple,
+        description="NUM_TOPK_TOKENS is not a multiple of BLOCK_N",
+    ),
+    InvalidClass(name="bad_block_size", memory_safe=True, make=_bad_block_size, description="BLOCK_SIZE == 0"),
+    InvalidClass(
+        name="bad_block_stride",
+        memory_safe=True,
+        make=_bad_block_stride,
+        description="BLOCK_STRIDE_ROWS == 0 (SPEC 7's option, where the case passes one)",
+    ),
+    InvalidClass(
+        name="req_out_of_range",
+        memory_safe=False,
+        make=_req_out_of_range,
+        description="a req_id >= the block table's rows (not checked by vLLM)",
+    ),
 )

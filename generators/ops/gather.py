@@ -41,8 +41,12 @@ class GatherRequest:
         check_int("GatherRequest", "seq_start", self.seq_start, lo=0, hi=1 << 24)
         check_int("GatherRequest", "length", self.length, lo=0, hi=1 << 24)
         if self.seq_start + self.length > self.context_len:
-            fail("GatherRequest", "length", self.length,
-                  f"reads past context_len={self.context_len} from seq_start={self.seq_start}")
+            fail(
+                "GatherRequest",
+                "length",
+                self.length,
+                f"reads past context_len={self.context_len} from seq_start={self.seq_start}",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +78,7 @@ class GatherSpec:
 
 # --- drawing ---------------------------------------------------------------
 
+
 def draw(d: Drawer, knobs: Knobs) -> GatherSpec:
     """A chunked-context gather (SPEC 5.2): contexts up to max_seq_len, each request reading one chunk
     of it; the rows read in all (dst) at most max_rows, their blocks at most max_records records."""
@@ -92,7 +97,9 @@ def draw(d: Drawer, knobs: Knobs) -> GatherSpec:
         requests.append(GatherRequest(context_len=ctx, seq_start=start, length=length))
     total = sum(r.length for r in requests)
     last = requests[-1]
-    target = tile_total(d, knobs, total, hi=min(knobs.max_rows, total + last.context_len - last.seq_start - last.length))
+    target = tile_total(
+        d, knobs, total, hi=min(knobs.max_rows, total + last.context_len - last.seq_start - last.length)
+    )
     if target != total and 0 <= last.length + target - total <= last.context_len - last.seq_start:
         requests[-1] = dataclasses.replace(last, length=last.length + target - total)
     return GatherSpec(
@@ -108,6 +115,7 @@ def draw(d: Drawer, knobs: Knobs) -> GatherSpec:
 
 # --- materializing -----------------------------------------------------------
 
+
 def materialize(spec: GatherSpec, *, seed: int, device: str) -> Case:
     """The call's tensors on ``device``. Only the blocks a call reads hold records (blocks of the rows
     [seq_start, seq_start + length) of each request, plus spares); a request's other table columns
@@ -118,17 +126,23 @@ def materialize(spec: GatherSpec, *, seed: int, device: str) -> Case:
     bs, base = spec.paging.block_size, spec.paging.base_block
     reqs = spec.requests
     live = [(r.seq_start // bs, (r.seq_start + r.length - 1) // bs) if r.length else (1, 0) for r in reqs]
-    plan = plan_table(need=[-(-r.context_len // bs) for r in reqs], layout=spec.paging.layout,
-                      spare_blocks=spec.paging.spare_blocks, extra_cols=spec.paging.extra_table_cols,
-                      base_block=base, live=live)
+    plan = plan_table(
+        need=[-(-r.context_len // bs) for r in reqs],
+        layout=spec.paging.layout,
+        spare_blocks=spec.paging.spare_blocks,
+        extra_cols=spec.paging.extra_table_cols,
+        base_block=base,
+        live=live,
+    )
     starts = [0]
     for r in reqs:
         starts.append(starts[-1] + r.length)
     ws = starts if spec.ws_form is WsForm.CUMULATIVE else starts[:-1]
     table_rows, ws_dev, seq_starts = upload(plan.rows, ws, [r.seq_start for r in reqs], device=device)
     table = block_table(draws.child("table"), plan, rows=table_rows, device=device)
-    cache = paged_cache(draws.child("cache"), spec.values, pool_blocks=plan.pool, block_size=bs, base_block=base,
-                        device=device)
+    cache = paged_cache(
+        draws.child("cache"), spec.values, pool_blocks=plan.pool, block_size=bs, base_block=base, device=device
+    )
     table = table_view(table, spec.table_view, draws=draws.child("table-view"), num_blocks=base + plan.pool)
     tensors = {
         "src_cache": cache,
@@ -140,8 +154,15 @@ def materialize(spec: GatherSpec, *, seed: int, device: str) -> Case:
     if spec.dst_view is View.ROWS:
         pick = draws.host_int(9)
         params.update(dst_rows_before=DST_ROWS_BEFORE[pick % 3], dst_rows_after=DST_ROWS_AFTER[pick // 3])
-    return Case(op="gather", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors,
-                params=params, zero_blocks={"src_cache": base} if base else {})
+    return Case(
+        op="gather",
+        spec=spec,
+        seed=int(seed),
+        device=str(torch.device(device)),
+        tensors=tensors,
+        params=params,
+        zero_blocks={"src_cache": base} if base else {},
+    )
 
 
 # Workspace rows around a dst row slice: few layouts (the fast path caches a fingerprint of each
@@ -151,6 +172,7 @@ DST_ROWS_AFTER = (0, 3, 64)
 
 
 # --- features, size, shrinking -------------------------------------------------
+
 
 def features(spec: GatherSpec) -> set[str]:
     bs = spec.paging.block_size
@@ -167,8 +189,11 @@ def features(spec: GatherSpec) -> set[str]:
 
 
 def size(spec: GatherSpec) -> dict[str, int]:
-    return {"requests": len(spec.requests), "rows": sum(r.length for r in spec.requests),
-            "context": max((r.context_len for r in spec.requests), default=0)}
+    return {
+        "requests": len(spec.requests),
+        "rows": sum(r.length for r in spec.requests),
+        "context": max((r.context_len for r in spec.requests), default=0),
+    }
 
 
 def reduce(s: GatherSpec) -> Iterator[GatherSpec]:
@@ -197,6 +222,7 @@ def needs(case: Case) -> frozenset[str]:
 
 
 # --- error inputs (SPEC section 4: preconditions and host-side checks) ---
+
 
 def _gather_wrong_dtype(case: Case) -> Case | None:
     return with_(case, params={"dst_dtype": "float32"})
@@ -262,22 +288,38 @@ def _negative_seq_start(case: Case) -> Case | None:
 
 
 INVALID: tuple[InvalidClass, ...] = (
-    InvalidClass(name="wrong_dtype", memory_safe=True, make=_gather_wrong_dtype,
-                 description="dst is float32, not bf16"),
-    InvalidClass(name="wrong_shape", memory_safe=False, make=_gather_wrong_shape,
-                 description="dst has 575 columns, not 576"),
-    InvalidClass(name="device_mismatch", memory_safe=False, make=_device_mismatch,
-                 description="block_table on the CPU, the rest on the GPU"),
-    InvalidClass(name="ws0_nonzero", memory_safe=True, make=_ws0_nonzero,
-                 description="workspace_starts[0] != 0"),
-    InvalidClass(name="ws_decreasing", memory_safe=False, make=_ws_decreasing,
-                 description="workspace_starts decreases"),
-    InvalidClass(name="ws_past_total", memory_safe=False, make=_ws_past_total,
-                 description="workspace_starts[B-1] > dst rows (dst too small)"),
-    InvalidClass(name="block_index_past_table", memory_safe=False, make=_block_index_past_table,
-                 description="(seq_start + len - 1) // bs >= block table width"),
-    InvalidClass(name="block_id_past_cache", memory_safe=False, make=_block_id_past_cache,
-                 description="a block id >= num_blocks"),
-    InvalidClass(name="negative_seq_start", memory_safe=False, make=_negative_seq_start,
-                 description="a negative seq_start"),
+    InvalidClass(
+        name="wrong_dtype", memory_safe=True, make=_gather_wrong_dtype, description="dst is float32, not bf16"
+    ),
+    InvalidClass(
+        name="wrong_shape", memory_safe=False, make=_gather_wrong_shape, description="dst has 575 columns, not 576"
+    ),
+    InvalidClass(
+        name="device_mismatch",
+        memory_safe=False,
+        make=_device_mismatch,
+        description="block_table on the CPU, the rest on the GPU",
+    ),
+    InvalidClass(name="ws0_nonzero", memory_safe=True, make=_ws0_nonzero, description="workspace_starts[0] != 0"),
+    InvalidClass(
+        name="ws_decreasing", memory_safe=False, make=_ws_decreasing, description="workspace_starts decreases"
+    ),
+    InvalidClass(
+        name="ws_past_total",
+        memory_safe=False,
+        make=_ws_past_total,
+        description="workspace_starts[B-1] > dst rows (dst too small)",
+    ),
+    InvalidClass(
+        name="block_index_past_table",
+        memory_safe=False,
+        make=_block_index_past_table,
+        description="(seq_start + len - 1) // bs >= block table width",
+    ),
+    InvalidClass(
+        name="block_id_past_cache", memory_safe=False, make=_block_id_past_cache, description="a block id >= num_blocks"
+    ),
+    InvalidClass(
+        name="negative_seq_start", memory_safe=False, make=_negative_seq_start, description="a negative seq_start"
+    ),
 )

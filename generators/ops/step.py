@@ -116,27 +116,43 @@ class StepSpec:
         kinds = [r.kind(self.threshold) for r in self.requests]
         for i in range(1, len(kinds)):
             if kinds[i] < kinds[i - 1]:
-                fail("StepSpec", f"requests[{i}]", self.requests[i],
-                      f"is a {kinds[i].name.lower()} after a {kinds[i - 1].name.lower()} (threshold="
-                      f"{self.threshold}): the scheduler orders decode -> extend -> prefill")
+                fail(
+                    "StepSpec",
+                    f"requests[{i}]",
+                    self.requests[i],
+                    f"is a {kinds[i].name.lower()} after a {kinds[i - 1].name.lower()} (threshold="
+                    f"{self.threshold}): the scheduler orders decode -> extend -> prefill",
+                )
         first_pad = next((i for i, r in enumerate(self.requests) if r.query_len == 0), len(self.requests))
         if any(r.query_len for r in self.requests[first_pad:]):
-            fail("StepSpec", f"requests[{first_pad}].query_len", 0,
-                  "but a later request has tokens: zero-length (padding) requests form the tail")
+            fail(
+                "StepSpec",
+                f"requests[{first_pad}].query_len",
+                0,
+                "but a later request has tokens: zero-length (padding) requests form the tail",
+            )
 
     def _check_metadata(self) -> None:
         nd, _np, ndt, _npt = self.split()
         if nd:
             dql = self.requests[0].query_len
             if ndt % dql:
-                fail("StepSpec", "require_uniform", self.require_uniform,
-                      f"gives decodes of unequal query_len: num_decode_tokens={ndt} is not a multiple of "
-                      f"decode_query_len={dql} (SPEC 5.3)")
+                fail(
+                    "StepSpec",
+                    "require_uniform",
+                    self.require_uniform,
+                    f"gives decodes of unequal query_len: num_decode_tokens={ndt} is not a multiple of "
+                    f"decode_query_len={dql} (SPEC 5.3)",
+                )
         with_ctx = sum(1 for r in self.requests[nd:] if r.context_len > 0)
         if with_ctx and (self.workspace_rows // with_ctx) // self.paging.block_size == 0:
-            fail("StepSpec", "workspace_rows", self.workspace_rows,
-                  f"is too small: {with_ctx} prefill requests with context need >= "
-                  f"{with_ctx * self.paging.block_size} rows (one block each, SPEC 5.2)")
+            fail(
+                "StepSpec",
+                "workspace_rows",
+                self.workspace_rows,
+                f"is too small: {with_ctx} prefill requests with context need >= "
+                f"{with_ctx * self.paging.block_size} rows (one block each, SPEC 5.2)",
+            )
 
     # -- derived quantities (pure functions of the spec) --------------------
 
@@ -158,9 +174,12 @@ class StepSpec:
     def split(self) -> tuple[int, int, int, int]:
         """SPEC 5.1 on this batch (the oracle's reading): (decodes, prefills, decode tokens, prefill tokens)."""
         try:
-            return split_decodes_and_prefills(query_start_loc=list(self.query_start_loc),
-                                              threshold=self.threshold, require_uniform=self.require_uniform,
-                                              num_tokens=self.num_tokens)
+            return split_decodes_and_prefills(
+                query_start_loc=list(self.query_start_loc),
+                threshold=self.threshold,
+                require_uniform=self.require_uniform,
+                num_tokens=self.num_tokens,
+            )
         except ValueError as exc:  # cannot happen given num_tokens; keep the one-line contract anyway
             raise SpecError(f"StepSpec: requests={self.requests!r} cannot be split: {exc}") from None
 
@@ -171,6 +190,7 @@ class StepSpec:
 
 
 # --- drawing ---------------------------------------------------------------
+
 
 def draw(d: Drawer, knobs: Knobs = SMALL) -> StepSpec:
     """A valid step: options are ordered so Hypothesis shrinks towards a small plain batch."""
@@ -213,9 +233,16 @@ def draw(d: Drawer, knobs: Knobs = SMALL) -> StepSpec:
 
     with_ctx = max(1, n_ext + (n_dec if n_ext + n_pre == 0 else 0))
     workspace_rows = with_ctx * bs * d.choice((1, 2, 3, 8))
-    spec_kw = dict(requests=tuple(reqs), paging=paging, topk=k, block_n=block_n, threshold=threshold,
-                   require_uniform=require_uniform, values=d.choice(list(ValueMode)),
-                   topk_padded=not d.boolean())
+    spec_kw = dict(
+        requests=tuple(reqs),
+        paging=paging,
+        topk=k,
+        block_n=block_n,
+        threshold=threshold,
+        require_uniform=require_uniform,
+        values=d.choice(list(ValueMode)),
+        topk_padded=not d.boolean(),
+    )
     try:
         return StepSpec(workspace_rows=workspace_rows, **spec_kw)
     except SpecError:
@@ -224,8 +251,8 @@ def draw(d: Drawer, knobs: Knobs = SMALL) -> StepSpec:
         return StepSpec(workspace_rows=len(reqs) * bs * 8, **spec_kw)
 
 
-
 # --- materializing ---------------------------------------------------------
+
 
 def materialize(spec: StepSpec, *, seed: int, device: str) -> Case:
     """The step's tensors on ``device``; req_id_per_token per the module docstring (padding tokens go
@@ -233,25 +260,48 @@ def materialize(spec: StepSpec, *, seed: int, device: str) -> Case:
     draws = Draws(seed, "step")
     reqs, bs = spec.requests, spec.paging.block_size
     seq_lens = [r.seq_len for r in reqs]
-    plan = plan_table(need=[-(-n // bs) for n in seq_lens], layout=spec.paging.layout,
-                      spare_blocks=spec.paging.spare_blocks, extra_cols=spec.paging.extra_table_cols,
-                      base_block=spec.paging.base_block)
+    plan = plan_table(
+        need=[-(-n // bs) for n in seq_lens],
+        layout=spec.paging.layout,
+        spare_blocks=spec.paging.spare_blocks,
+        extra_cols=spec.paging.extra_table_cols,
+        base_block=spec.paging.base_block,
+    )
     qsl = spec.query_start_loc
     pads = [r for r, req in enumerate(reqs) if req.query_len == 0]
     q0, extra = reqs[0].query_len, spec.num_tokens - qsl[-1]
     table_rows, topk_host, query_lens, seq_dev, qsl_dev, pad_dev = upload(
-        plan.rows, topk_rows(seq_lens=seq_lens, width=plan.width, block_size=bs, topk=spec.topk),
-        [r.query_len for r in reqs], seq_lens, qsl, pads, device=device)
+        plan.rows,
+        topk_rows(seq_lens=seq_lens, width=plan.width, block_size=bs, topk=spec.topk),
+        [r.query_len for r in reqs],
+        seq_lens,
+        qsl,
+        pads,
+        device=device,
+    )
     table = block_table(draws.child("table"), plan, rows=table_rows, device=device)
-    cache = paged_cache(draws.child("cache"), spec.values, pool_blocks=plan.pool, block_size=bs,
-                        base_block=spec.paging.base_block, device=device)
-    owners = torch.repeat_interleave(torch.arange(len(reqs), dtype=torch.int32, device=device), query_lens,
-                                     output_size=qsl[-1])
+    cache = paged_cache(
+        draws.child("cache"),
+        spec.values,
+        pool_blocks=plan.pool,
+        block_size=bs,
+        base_block=spec.paging.base_block,
+        device=device,
+    )
+    owners = torch.repeat_interleave(
+        torch.arange(len(reqs), dtype=torch.int32, device=device), query_lens, output_size=qsl[-1]
+    )
     if extra:
         owners = torch.cat([owners, torch.repeat_interleave(pad_dev, q0, output_size=len(pads) * q0)[:extra]])
-    indices = topk_indices(draws.child("topk"), per_row=torch.index_select(topk_host, 0, owners), width=plan.width,
-                           block_size=bs, topk=spec.topk, mode=TopkMode.PADDED if spec.topk_padded else TopkMode.VALID,
-                           device=device)
+    indices = topk_indices(
+        draws.child("topk"),
+        per_row=torch.index_select(topk_host, 0, owners),
+        width=plan.width,
+        block_size=bs,
+        topk=spec.topk,
+        mode=TopkMode.PADDED if spec.topk_padded else TopkMode.VALID,
+        device=device,
+    )
     tensors = {
         "kv_cache": cache,
         "block_table": table,
@@ -261,20 +311,35 @@ def materialize(spec: StepSpec, *, seed: int, device: str) -> Case:
         "topk_indices": indices,
     }
     params = {
-        "num_tokens": spec.num_tokens, "threshold": spec.threshold, "require_uniform": spec.require_uniform,
-        "workspace_rows": spec.workspace_rows, "topk": spec.topk, "block_n": spec.block_n,
+        "num_tokens": spec.num_tokens,
+        "threshold": spec.threshold,
+        "require_uniform": spec.require_uniform,
+        "workspace_rows": spec.workspace_rows,
+        "topk": spec.topk,
+        "block_n": spec.block_n,
         "block_size": bs,
     }
-    return Case(op="step", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors,
-                params=params, zero_blocks={"kv_cache": spec.paging.base_block} if spec.paging.base_block else {})
+    return Case(
+        op="step",
+        spec=spec,
+        seed=int(seed),
+        device=str(torch.device(device)),
+        tensors=tensors,
+        params=params,
+        zero_blocks={"kv_cache": spec.paging.base_block} if spec.paging.base_block else {},
+    )
 
 
 # --- features --------------------------------------------------------------
 
+
 def features(spec: StepSpec) -> set[str]:
     nd, n_pre, ndt, npt = spec.split()
-    out = {f"layout:{spec.paging.layout.value}", f"bs:{'1' if spec.paging.block_size == 1 else 'n'}",
-           f"values:{spec.values.value}"}
+    out = {
+        f"layout:{spec.paging.layout.value}",
+        f"bs:{'1' if spec.paging.block_size == 1 else 'n'}",
+        f"values:{spec.values.value}",
+    }
     out.add("batch:decode-only" if n_pre == 0 else "batch:prefill-only" if nd == 0 else "batch:mixed")
     if nd and spec.requests[0].query_len > 1:
         out.add("spec-decode")

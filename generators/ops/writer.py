@@ -57,20 +57,38 @@ def materialize(spec: WriterSpec, *, seed: int, device: str) -> Case:
     draws = Draws(seed, "writer")
     bs, base, t = spec.paging.block_size, spec.paging.base_block, spec.num_tokens
     pool = -(-t // bs) + spec.paging.spare_blocks
-    cache = paged_cache(draws.child("cache"), ValueMode.ALL_CODES, pool_blocks=pool, block_size=bs, base_block=base,
-                        device=device)
+    cache = paged_cache(
+        draws.child("cache"), ValueMode.ALL_CODES, pool_blocks=pool, block_size=bs, base_block=base, device=device
+    )
     slots = distinct_slots(draws.child("slots"), n=t, num_slots=pool * bs, padding=spec.padding, device=device)
     if base:
         slots = torch.where(slots >= 0, slots + base * bs, -1)
-    rows = writer_inputs(draws.child("inputs"), num_tokens=t, values=spec.values,
-                         dtype=getattr(torch, spec.input_dtype.value), device=device)
+    rows = writer_inputs(
+        draws.child("inputs"),
+        num_tokens=t,
+        values=spec.values,
+        dtype=getattr(torch, spec.input_dtype.value),
+        device=device,
+    )
     kv_c, k_pe = rows[:, :512], rows[:, 512:]
     if spec.inputs_view is View.PLAIN:
         kv_c, k_pe = kv_c.contiguous(), k_pe.contiguous()
-    tensors = {"kv_c": kv_c, "k_pe": k_pe, "kv_cache": cache, "slot_mapping": slots,
-               "scale": torch.ones(1, dtype=torch.float32, device=device)}
-    return Case(op="writer", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors,
-                params={}, zero_blocks={"kv_cache": base} if base else {})
+    tensors = {
+        "kv_c": kv_c,
+        "k_pe": k_pe,
+        "kv_cache": cache,
+        "slot_mapping": slots,
+        "scale": torch.ones(1, dtype=torch.float32, device=device),
+    }
+    return Case(
+        op="writer",
+        spec=spec,
+        seed=int(seed),
+        device=str(torch.device(device)),
+        tensors=tensors,
+        params={},
+        zero_blocks={"kv_cache": base} if base else {},
+    )
 
 
 def draw(d: Drawer, knobs: Knobs) -> WriterSpec:
@@ -78,16 +96,27 @@ def draw(d: Drawer, knobs: Knobs) -> WriterSpec:
     a quarter of the time), their blocks at most max_records records."""
     paging = draw_paging(d, knobs)
     hi = max(0, min(knobs.max_rows, knobs.max_records - paging.spare_blocks * paging.block_size))
-    tokens = sized(d, knobs, 0, hi, tiles=knobs.row_tiles) if knobs.log_sizes else d.integer(
-        0, min(hi, knobs.max_requests * knobs.max_tokens_per_request * 4))
-    return WriterSpec(num_tokens=tokens, paging=paging, input_dtype=d.choice(list(InputDtype)),
-                      values=d.choice(list(WriterValues)), padding=d.boolean(),
-                      inputs_view=View.PLAIN if one_in(d, knobs.views_one_in) else View.COLUMNS)
+    tokens = (
+        sized(d, knobs, 0, hi, tiles=knobs.row_tiles)
+        if knobs.log_sizes
+        else d.integer(0, min(hi, knobs.max_requests * knobs.max_tokens_per_request * 4))
+    )
+    return WriterSpec(
+        num_tokens=tokens,
+        paging=paging,
+        input_dtype=d.choice(list(InputDtype)),
+        values=d.choice(list(WriterValues)),
+        padding=d.boolean(),
+        inputs_view=View.PLAIN if one_in(d, knobs.views_one_in) else View.COLUMNS,
+    )
 
 
 def features(s: WriterSpec) -> set[str]:
-    return ({f"writer:{s.values.value}", f"dtype:{s.input_dtype.value}"} | ({"padding"} if s.padding else set())
-            | view_features(s.paging, inputs=s.inputs_view))
+    return (
+        {f"writer:{s.values.value}", f"dtype:{s.input_dtype.value}"}
+        | ({"padding"} if s.padding else set())
+        | view_features(s.paging, inputs=s.inputs_view)
+    )
 
 
 def size(spec: WriterSpec) -> dict[str, int]:
@@ -107,6 +136,7 @@ def reduce(s: WriterSpec) -> Iterator[WriterSpec]:
 
 
 # --- error inputs (SPEC section 2 and vLLM's host-side checks of concat_and_cache_mla) ---
+
 
 def _writer_wrong_dtype(case: Case) -> Case | None:
     return with_(case, tensors={"kv_c": case.tensors["kv_c"].float()})
@@ -138,14 +168,28 @@ def _slot_past_cache(case: Case) -> Case | None:
 
 
 INVALID: tuple[InvalidClass, ...] = (
-    InvalidClass(name="wrong_dtype", memory_safe=True, make=_writer_wrong_dtype,
-                 description="kv_c is float32, not bf16 or fp16"),
-    InvalidClass(name="wrong_shape", memory_safe=False, make=_writer_wrong_shape,
-                 description="kv_c has 511 columns, not 512"),
-    InvalidClass(name="device_mismatch", memory_safe=False, make=_writer_device_mismatch,
-                 description="slot_mapping on the CPU, the rest on the GPU"),
-    InvalidClass(name="unsupported_kv_cache_dtype", memory_safe=True, make=_unsupported_kv_cache_dtype,
-                 description="kv_cache_dtype is 'auto', not 'fp8_ds_mla'"),
-    InvalidClass(name="slot_past_cache", memory_safe=False, make=_slot_past_cache,
-                 description="a slot >= num_blocks * block_size"),
+    InvalidClass(
+        name="wrong_dtype", memory_safe=True, make=_writer_wrong_dtype, description="kv_c is float32, not bf16 or fp16"
+    ),
+    InvalidClass(
+        name="wrong_shape", memory_safe=False, make=_writer_wrong_shape, description="kv_c has 511 columns, not 512"
+    ),
+    InvalidClass(
+        name="device_mismatch",
+        memory_safe=False,
+        make=_writer_device_mismatch,
+        description="slot_mapping on the CPU, the rest on the GPU",
+    ),
+    InvalidClass(
+        name="unsupported_kv_cache_dtype",
+        memory_safe=True,
+        make=_unsupported_kv_cache_dtype,
+        description="kv_cache_dtype is 'auto', not 'fp8_ds_mla'",
+    ),
+    InvalidClass(
+        name="slot_past_cache",
+        memory_safe=False,
+        make=_slot_past_cache,
+        description="a slot >= num_blocks * block_size",
+    ),
 )

@@ -25,8 +25,19 @@ Device = torch.device | str
 # 0.045, 0.272, 0.300, 0.186, 0.098, ...); e = 3 and e = -10 are kept once each
 # so that a pool has the odd outlier and the odd tiny value, as activations do.
 _NORMAL_EXPONENTS: tuple[tuple[int, int], ...] = (
-    (3, 1), (2, 1), (1, 12), (0, 69), (-1, 76), (-2, 47), (-3, 25), (-4, 13), (-5, 6), (-6, 3),
-    (-7, 1), (-8, 1), (-10, 1),
+    (3, 1),
+    (2, 1),
+    (1, 12),
+    (0, 69),
+    (-1, 76),
+    (-2, 47),
+    (-3, 25),
+    (-4, 13),
+    (-5, 6),
+    (-6, 3),
+    (-7, 1),
+    (-8, 1),
+    (-10, 1),
 )
 assert sum(c for _, c in _NORMAL_EXPONENTS) == 256
 

@@ -40,8 +40,17 @@ from mlafuzz.generators.rng.hashing import Stream, scale_below
 from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, windows
 from mlafuzz.generators.spec import Layout, TopkMode, WriterValues
 
-__all__ = ["upload", "TablePlan", "plan_table", "block_table", "topk_rows", "topk_indices", "writer_inputs", "distinct_slots",
-           "RANK_ROWS"]
+__all__ = [
+    "upload",
+    "TablePlan",
+    "plan_table",
+    "block_table",
+    "topk_rows",
+    "topk_indices",
+    "writer_inputs",
+    "distinct_slots",
+    "RANK_ROWS",
+]
 
 INT32_MAX = catalog.INT32_MAX
 INT32_MIN = catalog.INT32_MIN
@@ -54,6 +63,7 @@ def _dev(device: Device) -> str:
 
 
 # --- host ints to the device ---------------------------------------------------
+
 
 def upload(*parts: Sequence[int] | Sequence[Sequence[int]], device: Device) -> list[Tensor]:
     """Host ints (per request, from the spec) in one int32 copy to the device: each part a flat list
@@ -75,12 +85,13 @@ def upload(*parts: Sequence[int] | Sequence[Sequence[int]], device: Device) -> l
     out, at = [], 0
     for shape in shapes:
         n = shape[0] * (shape[1] if len(shape) == 2 else 1)
-        out.append(whole[at:at + n].view(shape))
+        out.append(whole[at : at + n].view(shape))
         at += n
     return out
 
 
 # --- paging ------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TablePlan:
@@ -96,8 +107,15 @@ class TablePlan:
     live: bool
 
 
-def plan_table(*, need: Sequence[int], layout: Layout | str, spare_blocks: int = 0, extra_cols: int = 0,
-               base_block: int = 0, live: Sequence[tuple[int, int]] | None = None) -> TablePlan:
+def plan_table(
+    *,
+    need: Sequence[int],
+    layout: Layout | str,
+    spare_blocks: int = 0,
+    extra_cols: int = 0,
+    base_block: int = 0,
+    live: Sequence[tuple[int, int]] | None = None,
+) -> TablePlan:
     """The plan of a block table int32 [R, M] (``block_table`` makes it).
 
     Request r holds need[r] blocks (columns); M = max(need) + extra_cols (>= 1);
@@ -125,8 +143,15 @@ def plan_table(*, need: Sequence[int], layout: Layout | str, spare_blocks: int =
     pool = max(at + spare_blocks, 1)
     if base_block < 0 or base_block + pool > INT32_MAX + 1:
         raise ValueError(f"base_block={base_block} + pool={pool}: block ids must fit int32")
-    return TablePlan(rows=rows, pool=pool, width=max(max(need, default=0) + extra_cols, 1), shared=shared,
-                     layout=layout, base_block=base_block, live=live is not None)
+    return TablePlan(
+        rows=rows,
+        pool=pool,
+        width=max(max(need, default=0) + extra_cols, 1),
+        shared=shared,
+        layout=layout,
+        base_block=base_block,
+        live=live is not None,
+    )
 
 
 def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) -> Tensor:
@@ -188,13 +213,15 @@ def topk_rows(*, seq_lens: Sequence[int], width: int, block_size: int, topk: int
         cap = min(topk, s)
         m = (cap + 1) // 6
         span = past_end - s
-        rows.append((max(s, 1), -1 if s == 0 else 0, cap + 1 + 2 * m, m, cap, s, max(span, 1),
-                     _QUARTER if span > 0 else 0))
+        rows.append(
+            (max(s, 1), -1 if s == 0 else 0, cap + 1 + 2 * m, m, cap, s, max(span, 1), _QUARTER if span > 0 else 0)
+        )
     return rows
 
 
-def topk_indices(draws: Draws, *, per_row: Tensor, width: int, block_size: int, topk: int, mode: TopkMode | str,
-                 device: Device) -> Tensor:
+def topk_indices(
+    draws: Draws, *, per_row: Tensor, width: int, block_size: int, topk: int, mode: TopkMode | str, device: Device
+) -> Tensor:
     """Request-local top-k rows, int32 [N, K]; ``per_row`` (int32 [N, 8] on the device) holds, for
     each row, its request's ``topk_rows``.
 
@@ -227,8 +254,9 @@ def topk_indices(draws: Draws, *, per_row: Tensor, width: int, block_size: int, 
         return pos
     r3 = rw[:, 3:4]
     if mode in (TopkMode.NEGATIVE, TopkMode.MIXED):
-        negative = torch.index_select(const((-2, -bs, -k, INT32_MIN, -(2 ** 20)), _dev(device), torch.int32), 0,
-                                      (r3 % 5).reshape(-1)).unsqueeze(1)
+        negative = torch.index_select(
+            const((-2, -bs, -k, INT32_MIN, -(2**20)), _dev(device), torch.int32), 0, (r3 % 5).reshape(-1)
+        ).unsqueeze(1)
     if mode in (TopkMode.PAST_TABLE, TopkMode.MIXED):
         past_table = torch.where((r3 >> 3) % 5 == 0, INT32_MAX, past_end + (r3 >> 6) % (2 * bs + 1))
     if mode in (TopkMode.PAST_SEQ_LEN, TopkMode.MIXED):
@@ -252,12 +280,14 @@ WRITER_TILES = 4096  # pool of 128-element kv_c tiles
 WRITER_ROPES = 1024  # pool of 64-element k_pe rows
 
 _WRITER_EXTREMES = {
-    BF16: (0.0, -0.0, 1e-40, -1e-40, 3.0e38, -3.0e38, 448.0, 1e-45, 65504.0, 2.0 ** -126),
-    FP16: (0.0, -0.0, 1e-6, -1e-6, 65504.0, -65504.0, 448.0, 2.0 ** -24, 60000.0, 2.0 ** -14),  # its fp16 analogue
+    BF16: (0.0, -0.0, 1e-40, -1e-40, 3.0e38, -3.0e38, 448.0, 1e-45, 65504.0, 2.0**-126),
+    FP16: (0.0, -0.0, 1e-6, -1e-6, 65504.0, -65504.0, 448.0, 2.0**-24, 60000.0, 2.0**-14),  # its fp16 analogue
 }
 _NONFINITE = {BF16: (0x7FC0, 0x7F80, 0xFF80), FP16: (0x7E00, 0x7C00, 0xFC00)}
-_ROPE_SPECIALS = {BF16: catalog.ROPE_SPECIAL_BITS,
-                  FP16: (0x7E00, 0xFE00, 0x7C01, 0xFFFF, 0x7C00, 0xFC00, 0x0001, 0x8001, 0x0000, 0x8000)}
+_ROPE_SPECIALS = {
+    BF16: catalog.ROPE_SPECIAL_BITS,
+    FP16: (0x7E00, 0xFE00, 0x7C01, 0xFFFF, 0x7C00, 0xFC00, 0x0001, 0x8001, 0x0000, 0x8000),
+}
 _WIDE_SHIFT = {BF16: (-30, 30), FP16: (-20, 12)}  # fp16: what its 2**-24..65504 range can hold
 
 
@@ -305,8 +335,9 @@ def _writer_chunks(values: WriterValues, dtype: torch.dtype, device: str) -> Ten
     return to_half(torch.cat([tiles, _writer_ropes(pool, values, fmt)]), dtype).to(device)
 
 
-def writer_inputs(draws: Draws, *, num_tokens: int, values: WriterValues | str,
-                  dtype: torch.dtype = torch.bfloat16, device: Device) -> Tensor:
+def writer_inputs(
+    draws: Draws, *, num_tokens: int, values: WriterValues | str, dtype: torch.dtype = torch.bfloat16, device: Device
+) -> Tensor:
     """The writer's projection output, [T, 576] of bf16 or fp16: kv_c = [:, :512], k_pe = [:, 512:].
 
     Token rows are made of pool chunks: four kv_c tiles from a pool of 4096
@@ -336,6 +367,7 @@ _CHUNK_ADD = (0, 1) * 4 + (2 * WRITER_TILES,)
 
 # --- slot mappings -----------------------------------------------------------
 
+
 def distinct_slots(draws: Draws, *, n: int, num_slots: int, padding: bool = False, device: Device) -> Tensor:
     """n distinct slots in [0, num_slots), int64 [n], in random order; with padding, each is -1 w.p. 1/4.
 
@@ -347,8 +379,9 @@ def distinct_slots(draws: Draws, *, n: int, num_slots: int, padding: bool = Fals
     O(n log n) whatever num_slots.
     """
     if not 0 <= n <= min(num_slots, POOL_WORDS) or num_slots - n >= INT32_MAX:
-        raise ValueError(f"n={n}, num_slots={num_slots}: need 0 <= n <= num_slots, n <= {POOL_WORDS},"
-                         " num_slots - n < 2**31 - 1")
+        raise ValueError(
+            f"n={n}, num_slots={num_slots}: need 0 <= n <= num_slots, n <= {POOL_WORDS}, num_slots - n < 2**31 - 1"
+        )
     draws_w = draws.child("draw").words(n, device=device) % (num_slots - n + 1)
     ranked = torch.sort(draws_w).values.to(torch.int64) + torch.arange(n, dtype=torch.int64, device=device)
     slots = ranked[torch.sort(draws.child("order").words(n, device=device), stable=True).indices]

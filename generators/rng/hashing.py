@@ -168,15 +168,15 @@ class Stream:
 
     # -- derived draws ------------------------------------------------------
 
-    def below(self, bound: int | Tensor, shape: int | tuple[int, ...], *, device: Device,
-              start: int = 0) -> Tensor:
+    def below(self, bound: int | Tensor, shape: int | tuple[int, ...], *, device: Device, start: int = 0) -> Tensor:
         """int64 uniform in [0, bound); bound an int or an int64 tensor broadcast to shape (<= 2**31)."""
         if isinstance(bound, Tensor):
             bound = bound.to(device=device, dtype=torch.int64)
         return scale_below(self.words(shape, device=device, start=start), bound)
 
-    def integers(self, lo: int | Tensor, hi: int | Tensor, shape: int | tuple[int, ...], *, device: Device,
-                 start: int = 0) -> Tensor:
+    def integers(
+        self, lo: int | Tensor, hi: int | Tensor, shape: int | tuple[int, ...], *, device: Device, start: int = 0
+    ) -> Tensor:
         """int64 uniform in [lo, hi) (hi - lo <= 2**31; an empty range gives lo)."""
         if isinstance(lo, Tensor):
             lo = lo.to(device=device, dtype=torch.int64)

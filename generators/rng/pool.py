@@ -102,7 +102,7 @@ class Draws:
         """int32 [n] of 31-bit words (a view of the table: callers must not write it)."""
         if not 0 <= n <= POOL_WORDS:
             raise ValueError(f"n={n}: a stream holds at most {POOL_WORDS} words; use windows for more")
-        return word_pool(device)[self.offset:self.offset + n]
+        return word_pool(device)[self.offset : self.offset + n]
 
     def grid(self, rows: int, cols: int, *, device: Device) -> Tensor:
         """int32 [rows, cols]: ``words(rows * cols)`` viewed as rows."""

@@ -58,8 +58,18 @@ from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, windows
 from mlafuzz.generators.spec import ValueMode
 from mlafuzz.oracles.codec import encode_rows
 
-__all__ = ["POOL_RECORDS", "RECORD_BYTES", "WORDS", "LAZY_BYTES", "record_pool", "scale_rows", "fill_records",
-           "record_words", "paged_cache", "zeros"]
+__all__ = [
+    "POOL_RECORDS",
+    "RECORD_BYTES",
+    "WORDS",
+    "LAZY_BYTES",
+    "record_pool",
+    "scale_rows",
+    "fill_records",
+    "record_words",
+    "paged_cache",
+    "zeros",
+]
 
 RECORD_BYTES = 656
 POOL_RECORDS = 1024
@@ -97,6 +107,7 @@ def _random_codes(stream: Stream) -> Tensor:
 
 
 # --- pools (on the CPU: the exact reference bytes, copied to each device) ----------
+
 
 def _activations_pool(stream: Stream) -> Tensor:
     w = stream.child("kv_c").words((POOL_RECORDS, 4, 128), device="cpu")
@@ -166,6 +177,7 @@ def _catalog_rows(table: tuple[int, ...]) -> Callable[[Stream, Tensor], Tensor]:
     def rows(stream: Stream, pool: Tensor) -> Tensor:
         picks = pick(_tile_bytes(stream.words(SCALE_ROWS, device="cpu")), 8, len(table))
         return const(table, "cpu")[picks] & 0xFFFF_FFFF  # signed int32 patterns -> [0, 2**32)
+
     return rows
 
 
@@ -257,14 +269,18 @@ def zeros(shape: tuple[int, ...], *, dtype: torch.dtype, device: Device) -> Tens
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(tuple(shape))
 
 
-def paged_cache(draws: Draws, mode: ValueMode | str, *, pool_blocks: int, block_size: int, base_block: int = 0,
-                device: Device) -> Tensor:
+def paged_cache(
+    draws: Draws, mode: ValueMode | str, *, pool_blocks: int, block_size: int, base_block: int = 0, device: Device
+) -> Tensor:
     """A paged cache, uint8 [base_block + pool_blocks, block_size, 656]: blocks below base_block all
     zero (allocated, never generated: views.zeros), then pool_blocks blocks of records of ``mode``,
     block b's records from the b-th word of ``draws``."""
     shape = (base_block + pool_blocks, block_size, RECORD_BYTES)
-    cache = zeros(shape, dtype=torch.uint8, device=device) if base_block else torch.empty(
-        shape, dtype=torch.uint8, device=device)  # every byte of a cache without a zero head is written
+    cache = (
+        zeros(shape, dtype=torch.uint8, device=device)
+        if base_block
+        else torch.empty(shape, dtype=torch.uint8, device=device)
+    )  # every byte of a cache without a zero head is written
     tail = cache[base_block:].view(pool_blocks * block_size, RECORD_BYTES)
     if pool_blocks:
         words = record_words(draws.words(pool_blocks, device=device), block_size=block_size, device=device)

@@ -20,8 +20,9 @@ from mlafuzz.reports.findings import Severity
 WARM_CASES_PER_WORKER = 16  # enough for the common Triton variants to be compiled (and cached on disk)
 
 
-def bench_fuzz(ops: list[str], *, seconds: float, workers: int, seed: int = 0, device: str = "cuda",
-               knobs: Knobs | None = None) -> list[str]:
+def bench_fuzz(
+    ops: list[str], *, seconds: float, workers: int, seed: int = 0, device: str = "cuda", knobs: Knobs | None = None
+) -> list[str]:
     """Lines to print: cases/s per op (``device`` and ``knobs``: the CLI's are cuda and LARGE)."""
     from mlafuzz.generators.draw import LARGE
     from mlafuzz.harness.check.session import Session
@@ -33,23 +34,37 @@ def bench_fuzz(ops: list[str], *, seconds: float, workers: int, seed: int = 0, d
     knobs = knobs or LARGE
     size = next((name for name, k in KNOB_PRESETS.items() if k == knobs), "custom")
     devices = device_slots(device=device, workers=workers)
-    lines = [f"{'op':<8} {'cases/s':>9} {'cases':>7} {'seconds':>8} {'findings':>8} {'infos':>6} {'skipped':>7}   impl",
-             f"  fuzz --size {size} --device {device} --workers {len(devices)}, {seconds:g} s per op after"
-             f" {WARM_CASES_PER_WORKER} untimed cases per worker; error inputs and re-runs as in a fuzz run, no"
-             " shrinking"]
+    lines = [
+        f"{'op':<8} {'cases/s':>9} {'cases':>7} {'seconds':>8} {'findings':>8} {'infos':>6} {'skipped':>7}   impl",
+        f"  fuzz --size {size} --device {device} --workers {len(devices)}, {seconds:g} s per op after"
+        f" {WARM_CASES_PER_WORKER} untimed cases per worker; error inputs and re-runs as in a fuzz run, no"
+        " shrinking",
+    ]
     pool = WorkerPool(devices=devices, timeout=120.0, table_ref=DEFAULT_TABLE)
     try:
         with tempfile.TemporaryDirectory(prefix="mlafuzz-bench-") as tmp:
             for op in ops:
                 impls = {op: session.default_ref(op, device)}
                 common = dict(ops=(op,), impls=impls, device=device, knobs=knobs, shrink_budget=0.0, table=table)
-                fuzz(FuzzConfig(cases=WARM_CASES_PER_WORKER * len(devices), seed=seed + 1,
-                                out_dir=Path(tmp) / f"{op}-warm", **common), executor=pool)
+                fuzz(
+                    FuzzConfig(
+                        cases=WARM_CASES_PER_WORKER * len(devices),
+                        seed=seed + 1,
+                        out_dir=Path(tmp) / f"{op}-warm",
+                        **common,
+                    ),
+                    executor=pool,
+                )
                 found: list = []
-                summary = fuzz(FuzzConfig(budget=seconds, seed=seed, out_dir=Path(tmp) / op, **common),
-                               executor=pool, on_finding=found.append)
-                lines.append(f"{op:<8} {summary.rate:>9.1f} {summary.cases:>7} {summary.seconds:>8.1f}"
-                             f" {summary.findings:>8} {summary.infos:>6} {summary.skipped:>7}   {impls[op]}")
+                summary = fuzz(
+                    FuzzConfig(budget=seconds, seed=seed, out_dir=Path(tmp) / op, **common),
+                    executor=pool,
+                    on_finding=found.append,
+                )
+                lines.append(
+                    f"{op:<8} {summary.rate:>9.1f} {summary.cases:>7} {summary.seconds:>8.1f}"
+                    f" {summary.findings:>8} {summary.infos:>6} {summary.skipped:>7}   {impls[op]}"
+                )
                 # Failures only: an info (an input outside the contract that ran) is worth a count.
                 errors = [f for f in found if f.severity is Severity.ERROR]
                 lines += [f"  finding: {f.kind.value} {f.message[:200]}" for f in errors[:3]]

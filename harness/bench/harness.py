@@ -35,10 +35,16 @@ def realistic_spec(op: str) -> Any:
 
     paging = Paging(block_size=64, layout="shuffled")
     return {
-        "gather": lambda: GatherSpec(requests=(GatherRequest(context_len=4096, length=4096),) * 64,
-                                     paging=paging, values=ValueMode.ALL_CODES),
-        "convert": lambda: ConvertSpec(requests=(ConvertRequest(seq_len=8192, num_tokens=64),) * 64, paging=paging,
-                                       topk=2048, block_n=128, topk_mode=TopkMode.PADDED),
+        "gather": lambda: GatherSpec(
+            requests=(GatherRequest(context_len=4096, length=4096),) * 64, paging=paging, values=ValueMode.ALL_CODES
+        ),
+        "convert": lambda: ConvertSpec(
+            requests=(ConvertRequest(seq_len=8192, num_tokens=64),) * 64,
+            paging=paging,
+            topk=2048,
+            block_n=128,
+            topk_mode=TopkMode.PADDED,
+        ),
         "writer": lambda: WriterSpec(num_tokens=65536, paging=paging, inputs_view="columns"),  # vLLM's split
     }[op]()
 
@@ -63,8 +69,8 @@ def _stage_ms(check: Callable[[], object]) -> dict[str, float]:
             torch.cuda.synchronize()
     out = {s: 0.0 for s in STAGES}
     for ev in prof.key_averages():
-        if ev.key.startswith(PREFIX) and ev.key[len(PREFIX):] in out:
-            out[ev.key[len(PREFIX):]] += ev.cpu_time_total / 1e3
+        if ev.key.startswith(PREFIX) and ev.key[len(PREFIX) :] in out:
+            out[ev.key[len(PREFIX) :]] += ev.cpu_time_total / 1e3
     return out
 
 
@@ -83,8 +89,11 @@ def _shares(med: dict[str, float]) -> str:
     total = max(med["generate"] + med["check"], 1e-9)
     parts = [("generate", med["generate"]), ("kernel", med["kernel"]), ("rest of check", med["check"] - med["kernel"])]
     stages = ", ".join(f"{s} {100 * med[s] / total:.0f}%" for s in STAGES if med.get(s))
-    return ("  share of end to end: " + ", ".join(f"{n} {100 * max(v, 0.0) / total:.0f}%" for n, v in parts)
-            + (f" (stages, host: {stages})" if stages else ""))
+    return (
+        "  share of end to end: "
+        + ", ".join(f"{n} {100 * max(v, 0.0) / total:.0f}%" for n, v in parts)
+        + (f" (stages, host: {stages})" if stages else "")
+    )
 
 
 def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: bool = False) -> list[str]:
@@ -97,12 +106,13 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
 
     session = Session(table=OPS)
     cols = ("cases/s", "generate", "kernel", "check", *STAGES)
-    lines = [f"{'op':<8} " + " ".join(f"{c:>9}" for c in cols)
-             + f" {'gen/kernel':>11} {'checks/kernel':>14} {'gen ops':>8}",
-             "  ms per case, medians. cases/s: end to end (generate + check) over the timed cases. check: the"
-             " runner's check_call in the steady state (after WARM untimed checks), the kernel timed alone on ready"
-             " arguments; stages: host ms of a profiled check. checks/kernel = (check - kernel) / kernel."
-             " gen ops: torch ops of one materialize (the targets: generate <= 5x the kernel)."]
+    lines = [
+        f"{'op':<8} " + " ".join(f"{c:>9}" for c in cols) + f" {'gen/kernel':>11} {'checks/kernel':>14} {'gen ops':>8}",
+        "  ms per case, medians. cases/s: end to end (generate + check) over the timed cases. check: the"
+        " runner's check_call in the steady state (after WARM untimed checks), the kernel timed alone on ready"
+        " arguments; stages: host ms of a profiled check. checks/kernel = (check - kernel) / kernel."
+        " gen ops: torch ops of one materialize (the targets: generate <= 5x the kernel).",
+    ]
     profiles: list[str] = []
     for op_name in ops:
         op = OPS.get(op_name)
@@ -114,16 +124,26 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             s = case_seed(seed, op_name, i)
             t_start = time.perf_counter()
             case, t_gen = _timed(lambda: op.materialize(realistic_spec(op_name), seed=s, device="cuda"))
-            check = lambda: check_call(session=session, op=op, case=case, entry=entry, fn=fn,  # noqa: E731
-                                       policy=Policy(), rerun=False)
+            check = lambda: check_call(
+                session=session,
+                op=op,
+                case=case,
+                entry=entry,
+                fn=fn,  # noqa: E731
+                policy=Policy(),
+                rerun=False,
+            )
             findings, t_first = _timed(check)
             walls_case = time.perf_counter() - t_start
             if findings:
-                raise RuntimeError(f"bench --harness: our {op_name} drew findings on a realistic case: "
-                                   f"{findings[0].message}")
+                raise RuntimeError(
+                    f"bench --harness: our {op_name} drew findings on a realistic case: {findings[0].message}"
+                )
             # The kernel alone, on ready arguments; everything else is the harness's cost.
-            args = {**case.cloned_tensors(), **{k: g.view for k, g in (
-                op.guarded(case, PATTERNS[0]) if op.guarded else {}).items()}}
+            args = {
+                **case.cloned_tensors(),
+                **{k: g.view for k, g in (op.guarded(case, PATTERNS[0]) if op.guarded else {}).items()},
+            }
             sub = session.sub("cuda")
             for _ in range(WARM):
                 op.invoke(fn, case, args, sub)
@@ -134,8 +154,12 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             if i == 0:
                 continue
             walls.append(walls_case)
-            values = {"generate": t_gen * 1e3, "kernel": t_kernel * 1e3,
-                      "check": statistics.median(t_checks) * 1e3, **stages}
+            values = {
+                "generate": t_gen * 1e3,
+                "kernel": t_kernel * 1e3,
+                "check": statistics.median(t_checks) * 1e3,
+                **stages,
+            }
             for k, v in values.items():
                 rows[k].append(v)
         med = {k: statistics.median(v) for k, v in rows.items() if v}
@@ -156,7 +180,8 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
             profiles.append(table.table(sort_by="self_cuda_time_total", row_limit=12))
             profiles.append(f"--- {op_name}: by CPU time (total) ---")
             profiles.append(table.table(sort_by="cpu_time_total", row_limit=15))
-        lines.append(f"{op_name:<8} " + " ".join(f"{med[c]:>9.2f}" for c in cols)
-                     + f" {gen:>11.2f} {checks:>14.2f} {gen_ops:>8}")
+        lines.append(
+            f"{op_name:<8} " + " ".join(f"{med[c]:>9.2f}" for c in cols) + f" {gen:>11.2f} {checks:>14.2f} {gen_ops:>8}"
+        )
         lines.append(_shares(med))
     return lines + profiles

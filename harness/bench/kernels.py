@@ -62,7 +62,7 @@ def _gather_workload(impls: dict[str, Callable], *, requests: int = 64, context:
     # Finite scales, so the timed math is the common path.
     cache[..., 512:528] = torch.full((4,), 0.01, device=dev).view(torch.uint8)
     table = torch.randperm(num_blocks, device=dev, generator=gen).to(torch.int32).reshape(requests, blocks_per_req)
-    ws = (torch.arange(requests, device=dev, dtype=torch.int32) * context)
+    ws = torch.arange(requests, device=dev, dtype=torch.int32) * context
     starts = torch.zeros(requests, dtype=torch.int32, device=dev)
     total = requests * context
     dst = torch.empty((total, 576), dtype=torch.bfloat16, device=dev)
@@ -79,8 +79,12 @@ def _convert_workload(impls: dict[str, Callable], *, tokens: int = 4096, k: int 
     req = torch.randint(0, requests, (tokens,), dtype=torch.int32, device=dev, generator=gen)
     idx = torch.randint(-1, seq, (tokens, k), dtype=torch.int32, device=dev, generator=gen)
     nbytes = idx.numel() * 4 * 2 + tokens * 4 * 2  # indices in, slots out, req in, counts out
-    run = {name: (lambda fn=fn: fn(req, table, idx, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, BLOCK_N=128,
-                                  return_valid_counts=True)) for name, fn in impls.items()}
+    run = {
+        name: (
+            lambda fn=fn: fn(req, table, idx, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, BLOCK_N=128, return_valid_counts=True)
+        )
+        for name, fn in impls.items()
+    }
     return Workload(name=f"convert {tokens} tokens x K {k}", nbytes=nbytes, run=run)
 
 
@@ -98,7 +102,9 @@ def _writer_workload(impls: dict[str, Callable], *, tokens: int = 65536, bs: int
 
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
-    "gather": _gather_workload, "convert": _convert_workload, "writer": _writer_workload,
+    "gather": _gather_workload,
+    "convert": _convert_workload,
+    "writer": _writer_workload,
 }
 OURS = {"gather": "cuda", "convert": "triton", "writer": "cuda"}
 
@@ -110,9 +116,13 @@ def gather_variants() -> dict[str, Callable]:
 
     from mlafuzz.kernels import cuda_ext
 
-    return {f"rows{rows}{'+cs' if hints else ''}": functools.partial(
-                cuda_ext.gather_impl, rows_per_warp=rows, stream_hints=hints)
-            for rows in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)}
+    return {
+        f"rows{rows}{'+cs' if hints else ''}": functools.partial(
+            cuda_ext.gather_impl, rows_per_warp=rows, stream_hints=hints
+        )
+        for rows in cuda_ext.GATHER_ROWS_CHOICES
+        for hints in (False, True)
+    }
 
 
 def bench_kernels(ops: list[str], *, repeats: int = 30, variants: bool = False) -> list[str]:

@@ -51,8 +51,17 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
-def _invoke(*, op: Op, fn: Callable, case: Case, inputs: Mapping[str, Any], guards: Mapping[str, Guarded],
-            sub: Callable[[str], Callable], wait: bool, redzone: RedZone | None) -> Call:
+def _invoke(
+    *,
+    op: Op,
+    fn: Callable,
+    case: Case,
+    inputs: Mapping[str, Any],
+    guards: Mapping[str, Guarded],
+    sub: Callable[[str], Callable],
+    wait: bool,
+    redzone: RedZone | None,
+) -> Call:
     args = {**inputs, **{k: g.view for k, g in guards.items()}}
     if redzone is not None:
         redzone.check()  # start clean: only this call's writes count
@@ -64,14 +73,34 @@ def _invoke(*, op: Op, fn: Callable, case: Case, inputs: Mapping[str, Any], guar
             sync(case.device)
     except Exception as exc:  # a refusal or a failure: the caller decides which it is
         pending = cuda_errors.take_pending(case.device)
-        return Call(outputs=None, inputs=inputs, guards=guards, error=exc, launch_error=pending,
-                    redzone=tuple(redzone.check()) if redzone is not None and pending is None else ())
-    return Call(outputs=outputs, inputs=inputs, guards=guards, error=None, launch_error=pending,
-                redzone=tuple(redzone.check()) if redzone is not None and pending is None else ())
+        return Call(
+            outputs=None,
+            inputs=inputs,
+            guards=guards,
+            error=exc,
+            launch_error=pending,
+            redzone=tuple(redzone.check()) if redzone is not None and pending is None else (),
+        )
+    return Call(
+        outputs=outputs,
+        inputs=inputs,
+        guards=guards,
+        error=None,
+        launch_error=pending,
+        redzone=tuple(redzone.check()) if redzone is not None and pending is None else (),
+    )
 
 
-def call_copied(*, op: Op, fn: Callable, case: Case, fill: int, sub: Callable[[str], Callable],
-                reuse: Mapping[str, Any] | None = None, redzone: RedZone | None = None) -> Call:
+def call_copied(
+    *,
+    op: Op,
+    fn: Callable,
+    case: Case,
+    fill: int,
+    sub: Callable[[str], Callable],
+    reuse: Mapping[str, Any] | None = None,
+    redzone: RedZone | None = None,
+) -> Call:
     """One call on fresh copies of the case's inputs (``reuse``: inputs of an earlier call, passed
     again instead of copied; the op's in-place inputs are always fresh copies), its guarded
     outputs filled with ``fill``, synchronized after."""
@@ -81,8 +110,16 @@ def call_copied(*, op: Op, fn: Callable, case: Case, fill: int, sub: Callable[[s
     return _invoke(op=op, fn=fn, case=case, inputs=inputs, guards=guards, sub=sub, wait=True, redzone=redzone)
 
 
-def call_shared(*, op: Op, fn: Callable, case: Case, guards: Mapping[str, Guarded], sub: Callable[[str], Callable],
-                wait: bool = False, redzone: RedZone | None = None) -> Call:
+def call_shared(
+    *,
+    op: Op,
+    fn: Callable,
+    case: Case,
+    guards: Mapping[str, Guarded],
+    sub: Callable[[str], Callable],
+    wait: bool = False,
+    redzone: RedZone | None = None,
+) -> Call:
     """One call on views of the case's own tensors (the caller checks them by fingerprint; the
     in-place inputs are fresh copies) into ``guards`` the caller allocated and filled; no device
     sync unless ``wait`` (an asynchronous kernel error then surfaces at the caller's next sync;

@@ -84,10 +84,16 @@ def _ordered(bits: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _shape_finding(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor) -> Finding:
-    return Finding(kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-                   cause=f"{name}:shape",
-                   message=f"{name}: expected shape {tuple(exp.shape)} dtype {exp.dtype}, "
-                           f"got shape {tuple(act.shape)} dtype {act.dtype}")
+    return Finding(
+        kind=Kind.VALUE_MISMATCH,
+        op=ctx.op,
+        impl=ctx.impl,
+        case_id=ctx.case_id,
+        tensor=name,
+        cause=f"{name}:shape",
+        message=f"{name}: expected shape {tuple(exp.shape)} dtype {exp.dtype}, "
+        f"got shape {tuple(act.shape)} dtype {act.dtype}",
+    )
 
 
 def _skip_mask(skip: torch.Tensor | None, n: int, device: torch.device) -> torch.Tensor | None:
@@ -101,8 +107,15 @@ def _skipped_note(skip: torch.Tensor | None) -> str:
     return f"; {int(skip.sum())} never-written elements left to MISSING_WRITE" if skip is not None else ""
 
 
-def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, policy: Policy,
-                    skip: torch.Tensor | None, origin: int = 0) -> list[Finding]:
+def _float_findings(
+    ctx: Context,
+    name: str,
+    exp: torch.Tensor,
+    act: torch.Tensor,
+    policy: Policy,
+    skip: torch.Tensor | None,
+    origin: int = 0,
+) -> list[Finding]:
     # Masks and counts stay on the tensors' device; only the few shown mismatches cross to the host.
     width = 16 if exp.dtype in (torch.bfloat16, torch.float16) else 32
     view = _BITS_VIEW[exp.dtype]
@@ -120,8 +133,14 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
 
     def shown(idx: torch.Tensor) -> tuple[Mismatch, ...]:
         idx = idx[:MAX_SHOWN].tolist()
-        return tuple(Mismatch(index=_fmt_index(i, shape, origin), expected=_hex(int(e_bits[i]), width),
-                              actual=_hex(int(a_bits[i]), width)) for i in idx)
+        return tuple(
+            Mismatch(
+                index=_fmt_index(i, shape, origin),
+                expected=_hex(int(e_bits[i]), width),
+                actual=_hex(int(a_bits[i]), width),
+            )
+            for i in idx
+        )
 
     # One cause, one finding: NaN positions that differ beside ordinary value mismatches are part
     # of the same wrong values (data read from the wrong place holds NaN codes too), so they are
@@ -135,12 +154,22 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
     n_nan, n = int(nan_bad_mask.sum()), int(bad_mask.sum())
     if n_nan and not n:
         sample = shown(nan_bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
-        out.append(Finding(
-            kind=Kind.NAN_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-            cause=f"{name}:nan", mismatches=sample, count=n_nan, total=total,
-            message=f"{name}: NaN positions differ at {n_nan} / {total} elements ({100.0 * n_nan / total:.1f}%);"
-                    f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"
-                    f"{note}"))
+        out.append(
+            Finding(
+                kind=Kind.NAN_MISMATCH,
+                op=ctx.op,
+                impl=ctx.impl,
+                case_id=ctx.case_id,
+                tensor=name,
+                cause=f"{name}:nan",
+                mismatches=sample,
+                count=n_nan,
+                total=total,
+                message=f"{name}: NaN positions differ at {n_nan} / {total} elements ({100.0 * n_nan / total:.1f}%);"
+                f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"
+                f"{note}",
+            )
+        )
     if n:
         masked = torch.where(bad_mask, dist, torch.zeros_like(dist))
         worst = int(masked.argmax())
@@ -154,19 +183,30 @@ def _float_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
         sample = shown((bad_mask | nan_bad_mask).nonzero()[:MAX_SHOWN].reshape(-1))
         detail = " (every mismatch is where the exact result is subnormal)" if only_subnormal else ""
         nan_note = f"; NaN positions differ at {n_nan} more" if n_nan else ""
-        out.append(Finding(
-            kind=kind, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-            cause=f"{name}:{'subnormal' if only_subnormal else 'value'}", mismatches=sample, count=n + n_nan,
-            total=total, max_ulp=worst_dist,
-            message=f"{name}: Mismatched elements: {n + n_nan} / {total} ({100.0 * (n + n_nan) / total:.1f}%);"
-                    f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape, origin))}"
-                    f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"
-                    f"{nan_note}{note}"))
+        out.append(
+            Finding(
+                kind=kind,
+                op=ctx.op,
+                impl=ctx.impl,
+                case_id=ctx.case_id,
+                tensor=name,
+                cause=f"{name}:{'subnormal' if only_subnormal else 'value'}",
+                mismatches=sample,
+                count=n + n_nan,
+                total=total,
+                max_ulp=worst_dist,
+                message=f"{name}: Mismatched elements: {n + n_nan} / {total} ({100.0 * (n + n_nan) / total:.1f}%);"
+                f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape, origin))}"
+                f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"
+                f"{nan_note}{note}",
+            )
+        )
     return out
 
 
-def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor,
-                    skip: torch.Tensor | None, origin: int = 0) -> list[Finding]:
+def _exact_findings(
+    ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, skip: torch.Tensor | None, origin: int = 0
+) -> list[Finding]:
     e = exp.reshape(-1)
     a = act.reshape(-1).to(e.device)
     if e.dtype == a.dtype and same_bits(e, a):
@@ -179,14 +219,26 @@ def _exact_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tenso
     if not n:
         return []
     bad = differ.nonzero()[:MAX_SHOWN].reshape(-1).cpu()
-    shown = tuple(Mismatch(index=_fmt_index(int(i), shape, origin), expected=str(int(e[i])), actual=str(int(a[i])))
-                  for i in bad[:MAX_SHOWN])
-    return [Finding(
-        kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-        cause=f"{name}:value", mismatches=shown, count=n, total=total,
-        message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
-                f" first at {list(shown[0].index)} (expected {shown[0].expected}, got {shown[0].actual})"
-                f"{_skipped_note(keep)}")]
+    shown = tuple(
+        Mismatch(index=_fmt_index(int(i), shape, origin), expected=str(int(e[i])), actual=str(int(a[i])))
+        for i in bad[:MAX_SHOWN]
+    )
+    return [
+        Finding(
+            kind=Kind.VALUE_MISMATCH,
+            op=ctx.op,
+            impl=ctx.impl,
+            case_id=ctx.case_id,
+            tensor=name,
+            cause=f"{name}:value",
+            mismatches=shown,
+            count=n,
+            total=total,
+            message=f"{name}: Mismatched elements: {n} / {total} ({100.0 * n / total:.1f}%);"
+            f" first at {list(shown[0].index)} (expected {shown[0].expected}, got {shown[0].actual})"
+            f"{_skipped_note(keep)}",
+        )
+    ]
 
 
 def _row_story(exp: list[int], act: list[int], count: int) -> str:
@@ -205,8 +257,9 @@ def _row_story(exp: list[int], act: list[int], count: int) -> str:
     return "; ".join(parts) or "differs"
 
 
-def _row_set_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor,
-                      counts: torch.Tensor) -> list[Finding]:
+def _row_set_findings(
+    ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor, counts: torch.Tensor
+) -> list[Finding]:
     ok = rows_as_sets_equal(expected=exp, actual=act, counts=counts)
     if bool(ok.all()):
         return []
@@ -216,18 +269,38 @@ def _row_set_findings(ctx: Context, name: str, exp: torch.Tensor, act: torch.Ten
     shown = []
     for i in bad[:MAX_SHOWN].tolist():
         c = int(counts_l[i])
-        shown.append(Mismatch(index=(i,), expected=f"{c} valid slots, then -1",
-                              actual=_row_story(exp[i].tolist(), act[i].tolist(), c)))
-    return [Finding(
-        kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-        cause=f"{name}:row_set", mismatches=tuple(shown), count=n, total=total,
-        message=f"{name}: Mismatched rows: {n} / {total} ({100.0 * n / total:.1f}%), compared as multisets with a"
-                f" -1 tail; first at [{shown[0].index[0]}] (expected {shown[0].expected}, got {shown[0].actual})")]
+        shown.append(
+            Mismatch(
+                index=(i,), expected=f"{c} valid slots, then -1", actual=_row_story(exp[i].tolist(), act[i].tolist(), c)
+            )
+        )
+    return [
+        Finding(
+            kind=Kind.VALUE_MISMATCH,
+            op=ctx.op,
+            impl=ctx.impl,
+            case_id=ctx.case_id,
+            tensor=name,
+            cause=f"{name}:row_set",
+            mismatches=tuple(shown),
+            count=n,
+            total=total,
+            message=f"{name}: Mismatched rows: {n} / {total} ({100.0 * n / total:.1f}%), compared as multisets with a"
+            f" -1 tail; first at [{shown[0].index[0]}] (expected {shown[0].expected}, got {shown[0].actual})",
+        )
+    ]
 
 
-def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str, torch.Tensor | None],
-            policy: Policy, ctx: Context, row_sets: Mapping[str, torch.Tensor] | None = None,
-            skip: Mapping[str, torch.Tensor] | None = None, origin: Mapping[str, int] | None = None) -> list[Finding]:
+def compare(
+    *,
+    expected: Mapping[str, torch.Tensor | None],
+    actual: Mapping[str, torch.Tensor | None],
+    policy: Policy,
+    ctx: Context,
+    row_sets: Mapping[str, torch.Tensor] | None = None,
+    skip: Mapping[str, torch.Tensor] | None = None,
+    origin: Mapping[str, int] | None = None,
+) -> list[Finding]:
     """All differences between two output dicts, as findings (empty when equal). ``row_sets``:
     outputs compared in row-set mode (see the module docstring), name -> the expected count of
     each row's valid prefix; ``skip``: per output, a bool mask of elements not to compare;
@@ -242,10 +315,18 @@ def compare(*, expected: Mapping[str, torch.Tensor | None], actual: Mapping[str,
         if exp is None and act is None:
             continue
         if exp is None or act is None or not isinstance(act, torch.Tensor):
-            findings.append(Finding(kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
-                                    tensor=name, cause=f"{name}:missing",
-                                    message=f"{name}: expected {'a tensor' if exp is not None else 'nothing'},"
-                                            f" got {type(act).__name__}"))
+            findings.append(
+                Finding(
+                    kind=Kind.VALUE_MISMATCH,
+                    op=ctx.op,
+                    impl=ctx.impl,
+                    case_id=ctx.case_id,
+                    tensor=name,
+                    cause=f"{name}:missing",
+                    message=f"{name}: expected {'a tensor' if exp is not None else 'nothing'},"
+                    f" got {type(act).__name__}",
+                )
+            )
             continue
         if exp.shape != act.shape or exp.dtype != act.dtype:
             findings.append(_shape_finding(ctx, name, exp, act))

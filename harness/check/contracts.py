@@ -22,8 +22,17 @@ from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.reports.findings import Finding, Kind, Severity
 
 
-def check_contract(*, op: Op, case: Case, entry: ImplEntry, fn: Callable, klass: InvalidClass, ctx: Context,
-                   sub: Callable[[str], Callable], redzone: RedZone | None = None) -> list[Finding]:
+def check_contract(
+    *,
+    op: Op,
+    case: Case,
+    entry: ImplEntry,
+    fn: Callable,
+    klass: InvalidClass,
+    ctx: Context,
+    sub: Callable[[str], Callable],
+    redzone: RedZone | None = None,
+) -> list[Finding]:
     invalid = klass.make(case)
     if invalid is None:
         return []
@@ -31,19 +40,37 @@ def check_contract(*, op: Op, case: Case, entry: ImplEntry, fn: Callable, klass:
     if not promised and not klass.memory_safe:
         return []  # running it could corrupt this process; nothing was promised anyway
     call = call_copied(op=op, fn=fn, case=invalid, fill=PATTERNS[0], sub=sub, redzone=redzone)
-    base = dict(op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, cause=f"contract:{klass.name}",
-                extra={"invalid_class": klass.name})
+    base = dict(
+        op=ctx.op,
+        impl=ctx.impl,
+        case_id=ctx.case_id,
+        cause=f"contract:{klass.name}",
+        extra={"invalid_class": klass.name},
+    )
     pending = launch_error_findings(call, ctx)
     if not promised:
         if call.error is None:
-            return [Finding(kind=Kind.ACCEPTED_INVALID_INPUT, severity=Severity.INFO, **base,
-                            message=f"ran an input outside its contract ({klass.name}: {klass.description})")
-                    ] + pending
+            return [
+                Finding(
+                    kind=Kind.ACCEPTED_INVALID_INPUT,
+                    severity=Severity.INFO,
+                    **base,
+                    message=f"ran an input outside its contract ({klass.name}: {klass.description})",
+                )
+            ] + pending
         return pending
     if call.error is None:
-        return [Finding(kind=Kind.ACCEPTED_INVALID_INPUT, **base,
-                        message=f"accepted {klass.name} ({klass.description}) instead of raising")
-                ] + redzone_findings(call, ctx) + pending
+        return (
+            [
+                Finding(
+                    kind=Kind.ACCEPTED_INVALID_INPUT,
+                    **base,
+                    message=f"accepted {klass.name} ({klass.description}) instead of raising",
+                )
+            ]
+            + redzone_findings(call, ctx)
+            + pending
+        )
     touched = []
     for name, g in call.guards.items():
         changed = int((g.full != g.fill).sum())
@@ -51,7 +78,12 @@ def check_contract(*, op: Op, case: Case, entry: ImplEntry, fn: Callable, klass:
             touched.append(f"{name} ({changed} bytes)")
     touched += [f.tensor or "" for f in input_mutations(invalid, call.inputs, ctx, inplace=op.inplace)]
     if touched:
-        return [Finding(kind=Kind.ACCEPTED_INVALID_INPUT, **base,
-                        message=f"raised on {klass.name} ({first_line(call.error)}) but only after writing "
-                                f"{', '.join(touched)}")] + pending
+        return [
+            Finding(
+                kind=Kind.ACCEPTED_INVALID_INPUT,
+                **base,
+                message=f"raised on {klass.name} ({first_line(call.error)}) but only after writing "
+                f"{', '.join(touched)}",
+            )
+        ] + pending
     return pending

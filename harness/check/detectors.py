@@ -22,11 +22,20 @@ def redzone_findings(call: Call, ctx: Context) -> list[Finding]:
     out = []
     for v in call.redzone:
         name = names.get(v.ptr, f"an allocation of {v.size} bytes")
-        out.append(Finding(kind=Kind.OOB_WRITE, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=names.get(v.ptr),
-                           cause=f"{names.get(v.ptr, 'alloc')}:oob_{v.side}", count=v.count,
-                           message=f"{name}: {v.count} bytes written {v.side} it (nearest {v.offset} bytes "
-                                   f"{'before its start' if v.side == 'before' else 'past its end'}; "
-                                   f"red-zone allocator)"))
+        out.append(
+            Finding(
+                kind=Kind.OOB_WRITE,
+                op=ctx.op,
+                impl=ctx.impl,
+                case_id=ctx.case_id,
+                tensor=names.get(v.ptr),
+                cause=f"{names.get(v.ptr, 'alloc')}:oob_{v.side}",
+                count=v.count,
+                message=f"{name}: {v.count} bytes written {v.side} it (nearest {v.offset} bytes "
+                f"{'before its start' if v.side == 'before' else 'past its end'}; "
+                f"red-zone allocator)",
+            )
+        )
     return out
 
 
@@ -34,9 +43,17 @@ def launch_error_findings(call: Call, ctx: Context) -> list[Finding]:
     """LAUNCH_ERROR: the call returned (or raised) with a CUDA error left pending."""
     if call.launch_error is None:
         return []
-    return [Finding(kind=Kind.LAUNCH_ERROR, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, cause="pending_cuda_error",
-                    message=f"the call left a CUDA error pending ({call.launch_error}): a launch it did not check;"
-                            " the next CUDA call anywhere in the process would have raised it")]
+    return [
+        Finding(
+            kind=Kind.LAUNCH_ERROR,
+            op=ctx.op,
+            impl=ctx.impl,
+            case_id=ctx.case_id,
+            cause="pending_cuda_error",
+            message=f"the call left a CUDA error pending ({call.launch_error}): a launch it did not check;"
+            " the next CUDA call anywhere in the process would have raised it",
+        )
+    ]
 
 
 def _changed(before: torch.Tensor, after: torch.Tensor, zero_blocks: int) -> int:
@@ -44,8 +61,11 @@ def _changed(before: torch.Tensor, after: torch.Tensor, zero_blocks: int) -> int
     blocks (Case.zero_blocks) is compared past them, and its zero blocks counted where not zero:
     one read of a huge cache instead of two."""
     if zero_blocks and after.shape == before.shape and after.dtype == before.dtype:
-        tail = 0 if same_bits(before[zero_blocks:], after[zero_blocks:]) else int(
-            (as_bits(before[zero_blocks:]) != as_bits(after[zero_blocks:])).sum())
+        tail = (
+            0
+            if same_bits(before[zero_blocks:], after[zero_blocks:])
+            else int((as_bits(before[zero_blocks:]) != as_bits(after[zero_blocks:])).sum())
+        )
         return tail + nonzero_bytes(after[:zero_blocks])
     if same_bits(before, after):
         return 0
@@ -60,22 +80,38 @@ def input_mutations(case: Case, inputs: Mapping[str, Any], ctx: Context, *, inpl
             continue
         changed = _changed(before, after, case.zero_blocks.get(name, 0))
         if changed:
-            out.append(Finding(kind=Kind.INPUT_MUTATION, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
-                               tensor=name, cause=f"{name}:mutated", count=changed, total=as_bits(before).numel(),
-                               message=f"input {name} changed during the call ({changed} elements)"))
+            out.append(
+                Finding(
+                    kind=Kind.INPUT_MUTATION,
+                    op=ctx.op,
+                    impl=ctx.impl,
+                    case_id=ctx.case_id,
+                    tensor=name,
+                    cause=f"{name}:mutated",
+                    count=changed,
+                    total=as_bits(before).numel(),
+                    message=f"input {name} changed during the call ({changed} elements)",
+                )
+            )
     return out
 
 
-def rerun_pairs(first: Call, second: Call, *, unordered: Collection[str] = ()
-                ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+def rerun_pairs(
+    first: Call, second: Call, *, unordered: Collection[str] = ()
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
     """(name, first run's, second run's) of each output the impl allocated, alike in shape and
     dtype: the ones whose bits a re-run is held to (guarded outputs answer to the write map).
     ``unordered``: outputs whose rows hold an unspecified order (the comparator's row-set mode):
     each row sorted, so two runs that agree as multisets agree here."""
     for name, a in (first.outputs or {}).items():
         b = (second.outputs or {}).get(name)
-        if (name not in first.guards and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.shape == b.shape and a.dtype == b.dtype):
+        if (
+            name not in first.guards
+            and isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+        ):
             if name in unordered and a.dim() == 2:
                 a, b = a.sort(dim=1).values, b.sort(dim=1).values
             yield name, a, b
@@ -88,7 +124,17 @@ def rerun_differs(first: Call, second: Call, ctx: Context, *, unordered: Collect
     for name, a, b in rerun_pairs(first, second, unordered=unordered):
         if not same_bits(a, b):
             n = int((as_bits(a) != as_bits(b)).sum())
-            out.append(Finding(kind=Kind.NONDETERMINISM, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
-                               tensor=name, cause=f"{name}:rerun", count=n, total=as_bits(a).numel(),
-                               message=f"{name}: a second run of the same case differs in {n} elements"))
+            out.append(
+                Finding(
+                    kind=Kind.NONDETERMINISM,
+                    op=ctx.op,
+                    impl=ctx.impl,
+                    case_id=ctx.case_id,
+                    tensor=name,
+                    cause=f"{name}:rerun",
+                    count=n,
+                    total=as_bits(a).numel(),
+                    message=f"{name}: a second run of the same case differs in {n} elements",
+                )
+            )
     return out

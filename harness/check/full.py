@@ -39,20 +39,35 @@ def review(op: Op, case: Case, call: Call, findings: list[Finding], ctx: Context
     return list(op.review(case, call, findings, ctx)) if op.review else findings
 
 
-def full_path(*, op: Op, case: Case, fn: Callable, ctx: Context, policy: Policy, rerun: bool,
-              sub: Callable[[str], Callable], oracle: Callable[[Case], Mapping[str, Any]] | None = None,
-              redzone: RedZone | None = None) -> list[Finding]:
+def full_path(
+    *,
+    op: Op,
+    case: Case,
+    fn: Callable,
+    ctx: Context,
+    policy: Policy,
+    rerun: bool,
+    sub: Callable[[str], Callable],
+    oracle: Callable[[Case], Mapping[str, Any]] | None = None,
+    redzone: RedZone | None = None,
+) -> list[Finding]:
     """Every finding of ``case`` on ``fn`` (see the module docstring); ``oracle`` overrides the
     op's vectorized one (the loop oracle, for minimized cases)."""
     with stage("run"):
         first = call_copied(op=op, fn=fn, case=case, fill=PATTERNS[0], sub=sub, redzone=redzone)
     findings: list[Finding] = redzone_findings(first, ctx) + launch_error_findings(first, ctx)
     if first.error is not None:
-        findings.append(Finding(kind=Kind.EXCEPTION, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
-                                cause=type(first.error).__name__,
-                                message=f"raised on a valid input: {first_line(first.error)}"))
-        return review(op, case, first, findings, ctx) + input_mutations(case, first.inputs, ctx,
-                                                                        inplace=op.inplace)
+        findings.append(
+            Finding(
+                kind=Kind.EXCEPTION,
+                op=ctx.op,
+                impl=ctx.impl,
+                case_id=ctx.case_id,
+                cause=type(first.error).__name__,
+                message=f"raised on a valid input: {first_line(first.error)}",
+            )
+        )
+        return review(op, case, first, findings, ctx) + input_mutations(case, first.inputs, ctx, inplace=op.inplace)
     if first.launch_error is not None:  # the context may not take another call as it should: say what was seen
         return findings
     with stage("inputs"):
@@ -63,19 +78,34 @@ def full_path(*, op: Op, case: Case, fn: Callable, ctx: Context, policy: Policy,
         # Unchanged inputs are passed again rather than copied again: at realistic sizes a copy
         # of the cache costs about as much as the kernel under test.
         with stage("rerun"):
-            second = call_copied(op=op, fn=fn, case=case, fill=PATTERNS[1], sub=sub,
-                                 reuse=None if mutated else first.inputs, redzone=redzone)
+            second = call_copied(
+                op=op,
+                fn=fn,
+                case=case,
+                fill=PATTERNS[1],
+                sub=sub,
+                reuse=None if mutated else first.inputs,
+                redzone=redzone,
+            )
             second, _ = narrow(op, case, second, ctx)  # the first run's writes there are reported
     unwritten = {}
     if second is not None and second.error is None:
         with stage("guards"):
-            unwritten = {name: m for name, g in second.guards.items()
-                         if (m := never_written(first.guards[name], g)) is not None}
+            unwritten = {
+                name: m for name, g in second.guards.items() if (m := never_written(first.guards[name], g)) is not None
+            }
     with stage("oracle"):
         expected = (oracle or op.oracle)(case)
         sets = op.row_sets(case, expected) if op.row_sets else {}  # outputs compared as row multisets
-        findings += compare(expected=expected, actual=first.outputs, policy=policy, ctx=ctx, row_sets=sets,
-                            skip=unwritten, origin=narrowed_names(op, case))
+        findings += compare(
+            expected=expected,
+            actual=first.outputs,
+            policy=policy,
+            ctx=ctx,
+            row_sets=sets,
+            skip=unwritten,
+            origin=narrowed_names(op, case),
+        )
         findings += head
     findings = review(op, case, first, findings, ctx)
     with stage("guards"):
@@ -85,17 +115,27 @@ def full_path(*, op: Op, case: Case, fn: Callable, ctx: Context, policy: Policy,
     if second is not None:
         findings += launch_error_findings(second, ctx) if not first.launch_error else []
         if second.error is not None:
-            findings.append(Finding(kind=Kind.NONDETERMINISM, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
-                                    cause="rerun_raised",
-                                    message=f"a second run of the same case raised: {first_line(second.error)}"))
+            findings.append(
+                Finding(
+                    kind=Kind.NONDETERMINISM,
+                    op=ctx.op,
+                    impl=ctx.impl,
+                    case_id=ctx.case_id,
+                    cause="rerun_raised",
+                    message=f"a second run of the same case raised: {first_line(second.error)}",
+                )
+            )
         else:
             with stage("guards"):
                 for name, g in second.guards.items():
-                    findings += [f for f in oob_findings(name=name, g=g, op=ctx.op, impl=ctx.impl,
-                                                         case_id=ctx.case_id)
-                                 if not any(f.dedup_key == h.dedup_key for h in findings)]
-                    findings += write_map_findings(name=name, run_a=first.guards[name], run_b=g, op=ctx.op,
-                                                   impl=ctx.impl, case_id=ctx.case_id)
+                    findings += [
+                        f
+                        for f in oob_findings(name=name, g=g, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id)
+                        if not any(f.dedup_key == h.dedup_key for h in findings)
+                    ]
+                    findings += write_map_findings(
+                        name=name, run_a=first.guards[name], run_b=g, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id
+                    )
                 findings += rerun_differs(first, second, ctx, unordered=frozenset(sets))
     return fold_misplaced(findings)
 
@@ -125,9 +165,14 @@ def fold_misplaced(findings: list[Finding]) -> list[Finding]:
         inside = folded.get(f.tensor) if f.kind is Kind.OOB_WRITE else None
         if inside:
             what = ", ".join(f"{g.kind.value} ({g.count} elements)" for g in inside)
-            f = dataclasses.replace(f, message=f"{f.message}; inside it, the same misplaced writes: {what}",
-                                    extra={**f.extra, "folded": [{"kind": g.kind.value, "cause": g.cause,
-                                                                  "count": g.count} for g in inside]})
+            f = dataclasses.replace(
+                f,
+                message=f"{f.message}; inside it, the same misplaced writes: {what}",
+                extra={
+                    **f.extra,
+                    "folded": [{"kind": g.kind.value, "cause": g.cause, "count": g.count} for g in inside],
+                },
+            )
             folded.pop(f.tensor)
         out.append(f)
     return out

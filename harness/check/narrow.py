@@ -39,11 +39,19 @@ def _head_finding(name: str, head: torch.Tensor, written: int, ctx: Context) -> 
         where.append(first % dim)
         first //= dim
     where.reverse()
-    return Finding(kind=Kind.VALUE_MISMATCH, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id, tensor=name,
-                   cause=f"{name}:zero_blocks", count=written, total=flat.numel(),
-                   mismatches=(Mismatch(index=tuple(where), expected="0", actual=str(int(head[tuple(where)]))),),
-                   message=f"{name}: Mismatched elements: {written} bytes written in blocks [0, {head.shape[0]}),"
-                           f" which no slot maps to (they hold zeros); first at {where}")
+    return Finding(
+        kind=Kind.VALUE_MISMATCH,
+        op=ctx.op,
+        impl=ctx.impl,
+        case_id=ctx.case_id,
+        tensor=name,
+        cause=f"{name}:zero_blocks",
+        count=written,
+        total=flat.numel(),
+        mismatches=(Mismatch(index=tuple(where), expected="0", actual=str(int(head[tuple(where)]))),),
+        message=f"{name}: Mismatched elements: {written} bytes written in blocks [0, {head.shape[0]}),"
+        f" which no slot maps to (they hold zeros); first at {where}",
+    )
 
 
 def narrow(op: Op, case: Case, call: Call, ctx: Context) -> tuple[Call, list[Finding]]:
@@ -61,8 +69,9 @@ def narrow(op: Op, case: Case, call: Call, ctx: Context) -> tuple[Call, list[Fin
         head = full[:n]
         written = nonzero_bytes(head)
         if written:
-            findings.append(_head_finding(name, head.view(torch.uint8) if head.element_size() == 1 else head,
-                                          written, ctx))
+            findings.append(
+                _head_finding(name, head.view(torch.uint8) if head.element_size() == 1 else head, written, ctx)
+            )
         tail = full[n:].clone()
         outputs[name] = tail
         if inputs.get(name) is full:

@@ -35,8 +35,10 @@ def default_ref(table: OpTable, registry: Registry, op: str, device: str) -> str
         entry = registry.get(op, name)
         if entry is not None and not entry.missing() and kind in entry.devices:
             return name
-    raise ImplError(f"no default implementation of op {op!r} can run on {kind} here"
-                    f" (tried: {', '.join(names) or 'none'}); pass --impl {op}=...")
+    raise ImplError(
+        f"no default implementation of op {op!r} can run on {kind} here"
+        f" (tried: {', '.join(names) or 'none'}); pass --impl {op}=..."
+    )
 
 
 @dataclass
@@ -67,8 +69,7 @@ class Session:
         """The registry entry ``--impl op=ref`` names, resolved once per process."""
         key = (op, ref, frozenset(rejects) if rejects is not None else None)
         if key not in self._entries:
-            self._entries[key] = self.registry.resolve(op, ref, contract=self.table.get(op).contract,
-                                                       rejects=rejects)
+            self._entries[key] = self.registry.resolve(op, ref, contract=self.table.get(op).contract, rejects=rejects)
         return self._entries[key]
 
     def load(self, entry: ImplEntry, device: str, *, revision: str | None = None) -> Callable:
@@ -87,8 +88,9 @@ class Session:
             shape = self.table.get(entry.op).call
             why = shape.mismatch(fn) if shape is not None else None
             if why is not None:
-                raise ImplError(f"--impl {entry.op}={entry.name}: cannot take SPEC's call {shape.text(entry.op)}"
-                                f" ({why})")
+                raise ImplError(
+                    f"--impl {entry.op}={entry.name}: cannot take SPEC's call {shape.text(entry.op)} ({why})"
+                )
             self._loaded[key] = fn
         return self._loaded[key]
 

@@ -39,63 +39,128 @@ DEFAULT_OUT = "mlafuzz-out"
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
-    f = sub.add_parser("fuzz", help="fuzz implementations against the oracles",
-                       description="Fuzz implementations against the oracles. Exit 0: nothing found; 1: findings "
-                       "(appended to OUT/findings.jsonl as they happen); 2: usage or environment error (one line, "
-                       "before any worker starts); 130 / 143: stopped by Ctrl-C / SIGTERM before any finding "
-                       "(summary.json still written). A --out that holds an earlier run needs --overwrite or "
-                       "--resume; the default ./mlafuzz-out is replaced.")
-    f.add_argument("--op", action="append", choices=names,
-                   help="op to fuzz (repeatable); default: every op with an --impl, else all ops")
-    f.add_argument("--impl", action="append", metavar="OP=REF",
-                   help="implementation per op: a registered name (see `mlafuzz list`), vllm, module:attr or "
-                        "path/to/file.py:attr (repeatable); default: ours for the device")
+    f = sub.add_parser(
+        "fuzz",
+        help="fuzz implementations against the oracles",
+        description="Fuzz implementations against the oracles. Exit 0: nothing found; 1: findings "
+        "(appended to OUT/findings.jsonl as they happen); 2: usage or environment error (one line, "
+        "before any worker starts); 130 / 143: stopped by Ctrl-C / SIGTERM before any finding "
+        "(summary.json still written). A --out that holds an earlier run needs --overwrite or "
+        "--resume; the default ./mlafuzz-out is replaced.",
+    )
+    f.add_argument(
+        "--op",
+        action="append",
+        choices=names,
+        help="op to fuzz (repeatable); default: every op with an --impl, else all ops",
+    )
+    f.add_argument(
+        "--impl",
+        action="append",
+        metavar="OP=REF",
+        help="implementation per op: a registered name (see `mlafuzz list`), vllm, module:attr or "
+        "path/to/file.py:attr (repeatable); default: ours for the device",
+    )
     f.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
     f.add_argument("--cases", type=positive_int, help="number of cases to run (this shard)")
-    f.add_argument("--budget", type=positive_seconds, metavar="SECONDS",
-                   help="wall-clock budget; default 60 s when --cases is not given either")
+    f.add_argument(
+        "--budget",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="wall-clock budget; default 60 s when --cases is not given either",
+    )
     f.add_argument("--seed", type=nonneg_int, default=0, help="run seed: same seed, same cases (default 0)")
-    f.add_argument("--out", metavar="DIR",
-                   help=f"run folder; one that holds an earlier run is refused unless --overwrite or --resume "
-                        f"(default ./{DEFAULT_OUT}, a scratch folder: an earlier run there is cleared, with a note)")
+    f.add_argument(
+        "--out",
+        metavar="DIR",
+        help=f"run folder; one that holds an earlier run is refused unless --overwrite or --resume "
+        f"(default ./{DEFAULT_OUT}, a scratch folder: an earlier run there is cleared, with a note)",
+    )
     again = f.add_mutually_exclusive_group()
-    again.add_argument("--overwrite", action="store_true",
-                       help="--out holds an earlier run: remove its files (findings, summary, bundles) first")
-    again.add_argument("--resume", action="store_true",
-                       help="--out holds an earlier run of these same options: go on with it (its counts kept, "
-                            "its cases not run again; --cases and --budget are for this session); a folder "
-                            "without a run starts one")
-    f.add_argument("--spec", metavar="FILE",
-                   help="run this spec with varying seeds: a spec JSON, a repro bundle's case.json or its folder")
-    f.add_argument("--size", choices=("small", "large"), default="small",
-                   help="case size knobs: small (CPU, interpreter) or large (realistic GPU sizes)")
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="--out holds an earlier run: remove its files (findings, summary, bundles) first",
+    )
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="--out holds an earlier run of these same options: go on with it (its counts kept, "
+        "its cases not run again; --cases and --budget are for this session); a folder "
+        "without a run starts one",
+    )
+    f.add_argument(
+        "--spec",
+        metavar="FILE",
+        help="run this spec with varying seeds: a spec JSON, a repro bundle's case.json or its folder",
+    )
+    f.add_argument(
+        "--size",
+        choices=("small", "large"),
+        default="small",
+        help="case size knobs: small (CPU, interpreter) or large (realistic GPU sizes)",
+    )
     f.add_argument("--ulp", type=nonneg_int, default=0, help="bf16 ulp budget (default 0: bit-exact)")
-    f.add_argument("--revision", choices=REVISIONS, default=NEWEST_REVISION,
-                   help=f"contract revision (SPEC section 7) to judge the implementations under (default the newest,"
-                        f" {NEWEST_REVISION}); a registry entry that pins one (a mutant of one revision's rule) keeps its own")
+    f.add_argument(
+        "--revision",
+        choices=REVISIONS,
+        default=NEWEST_REVISION,
+        help=f"contract revision (SPEC section 7) to judge the implementations under (default the newest,"
+        f" {NEWEST_REVISION}); a registry entry that pins one (a mutant of one revision's rule) keeps its own",
+    )
     f.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N", help="run only shard K of N (0-based)")
     f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
-    f.add_argument("--workers", type=positive_int, default=None,
-                   help="worker processes (default: one per GPU with --device cuda, 1 on cpu)")
-    f.add_argument("--in-process", action="store_true",
-                   help="run cases in this process: faster start, but a crashing impl takes the run down")
-    f.add_argument("--timeout", type=positive_seconds, default=120.0, metavar="SECONDS",
-                   help="per-case limit before a worker is killed and the case reported as TIMEOUT (default 120)")
-    f.add_argument("--shrink-budget", type=nonneg_seconds, default=20.0, metavar="SECONDS",
-                   help="time to minimize each new finding bucket before writing its repro bundle "
-                        "(default 20; 0 disables shrinking and bundles)")
-    f.add_argument("--redzone", action="store_true",
-                   help="GPU fast mode: a red-zone allocator pads every CUDA allocation with canaries, so writes "
-                        "past outputs the impl allocates itself are OOB_WRITE findings")
-    f.add_argument("--sanitizer", action="store_true",
-                   help="GPU exact mode: run cases under compute-sanitizer memcheck with the caching allocator "
-                        "off; its reports become findings (slow)")
-    f.add_argument("--contract", action="append", metavar="OP=CLASS,...",
-                   help="hold an external impl to this (weaker) contract instead of SPEC's must-reject list "
-                        "(CLASS: the op's error-input classes; OP= alone: it promises to reject nothing)")
-    f.add_argument("--ledger", metavar="FILE",
-                   help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
-                        "entries that matched nothing are printed as stale")
+    f.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="worker processes (default: one per GPU with --device cuda, 1 on cpu)",
+    )
+    f.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run cases in this process: faster start, but a crashing impl takes the run down",
+    )
+    f.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=120.0,
+        metavar="SECONDS",
+        help="per-case limit before a worker is killed and the case reported as TIMEOUT (default 120)",
+    )
+    f.add_argument(
+        "--shrink-budget",
+        type=nonneg_seconds,
+        default=20.0,
+        metavar="SECONDS",
+        help="time to minimize each new finding bucket before writing its repro bundle "
+        "(default 20; 0 disables shrinking and bundles)",
+    )
+    f.add_argument(
+        "--redzone",
+        action="store_true",
+        help="GPU fast mode: a red-zone allocator pads every CUDA allocation with canaries, so writes "
+        "past outputs the impl allocates itself are OOB_WRITE findings",
+    )
+    f.add_argument(
+        "--sanitizer",
+        action="store_true",
+        help="GPU exact mode: run cases under compute-sanitizer memcheck with the caching allocator "
+        "off; its reports become findings (slow)",
+    )
+    f.add_argument(
+        "--contract",
+        action="append",
+        metavar="OP=CLASS,...",
+        help="hold an external impl to this (weaker) contract instead of SPEC's must-reject list "
+        "(CLASS: the op's error-input classes; OP= alone: it promises to reject nothing)",
+    )
+    f.add_argument(
+        "--ledger",
+        metavar="FILE",
+        help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
+        "entries that matched nothing are printed as stale",
+    )
     f.set_defaults(func=cmd_fuzz)
 
 
@@ -113,8 +178,12 @@ def executor_for(args: argparse.Namespace, *, table_ref: str):
             raise UsageError(f"mlafuzz: {exc}") from None
     if args.in_process:
         return InProcess(redzone=args.redzone)
-    return WorkerPool(devices=device_slots(device=args.device, workers=args.workers), timeout=args.timeout,
-                      redzone=args.redzone, table_ref=table_ref)
+    return WorkerPool(
+        devices=device_slots(device=args.device, workers=args.workers),
+        timeout=args.timeout,
+        redzone=args.redzone,
+        table_ref=table_ref,
+    )
 
 
 def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: str) -> dict[str, str]:
@@ -139,8 +208,10 @@ def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: 
             raise
         except Exception as exc:  # e.g. the CUDA extension failed to build: one line, exit 2
             text = str(exc).strip()
-            raise ImplError(f"--impl {op}={ref}: cannot load on {device}: {type(exc).__name__}: "
-                            f"{text.splitlines()[0] if text else ''}") from None
+            raise ImplError(
+                f"--impl {op}={ref}: cannot load on {device}: {type(exc).__name__}: "
+                f"{text.splitlines()[0] if text else ''}"
+            ) from None
         refs[op] = ref
     return refs
 
@@ -158,8 +229,10 @@ def parse_contracts(texts: list[str] | None, table: Any) -> dict[str, tuple[str,
         names = tuple(c for c in classes.split(",") if c)
         bad = [c for c in names if c not in known]
         if bad:
-            raise UsageError(f"mlafuzz: --contract {text!r}: op {op!r} has no error-input class {bad[0]!r}"
-                             f" (classes: {', '.join(known) or 'none'})")
+            raise UsageError(
+                f"mlafuzz: --contract {text!r}: op {op!r} has no error-input class {bad[0]!r}"
+                f" (classes: {', '.join(known) or 'none'})"
+            )
         rejects[op] = names
     return rejects
 
@@ -201,8 +274,10 @@ def prepare_out(args: argparse.Namespace) -> tuple[Path, bool]:
         raise UsageError(f"mlafuzz: {exc}") from None
     used = holds_run(out)
     if used and explicit and not (args.overwrite or args.resume):
-        raise UsageError(f"mlafuzz: --out {out} holds an earlier run (its findings would mix with this one's): "
-                         "pass --overwrite to replace it, --resume to go on with it, or another --out")
+        raise UsageError(
+            f"mlafuzz: --out {out} holds an earlier run (its findings would mix with this one's): "
+            "pass --overwrite to replace it, --resume to go on with it, or another --out"
+        )
     return out, used
 
 
@@ -243,12 +318,24 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         raise UsageError(f"mlafuzz: --ledger: {exc}") from None
     rejects = parse_contracts(args.contract, table)
     session = Session(table=table)
-    config = FuzzConfig(ops=tuple(ops), impls=select_impls(session, args.impl, ops, args.device), device=args.device,
-                        cases=cases, budget=budget, seed=args.seed, out_dir=out,
-                        knobs=KNOB_PRESETS[args.size], policy=Policy(ulp=args.ulp), fixed_spec=fixed_spec,
-                        shard=Shard(index=args.shard[0], count=args.shard[1]), shrink_budget=args.shrink_budget,
-                        rejects=rejects, table=table, revision=args.revision,
-                        timeout=None if args.in_process or args.sanitizer else args.timeout)
+    config = FuzzConfig(
+        ops=tuple(ops),
+        impls=select_impls(session, args.impl, ops, args.device),
+        device=args.device,
+        cases=cases,
+        budget=budget,
+        seed=args.seed,
+        out_dir=out,
+        knobs=KNOB_PRESETS[args.size],
+        policy=Policy(ulp=args.ulp),
+        fixed_spec=fixed_spec,
+        shard=Shard(index=args.shard[0], count=args.shard[1]),
+        shrink_budget=args.shrink_budget,
+        rejects=rejects,
+        table=table,
+        revision=args.revision,
+        timeout=None if args.in_process or args.sanitizer else args.timeout,
+    )
     resume = None
     if used and args.resume:
         try:
@@ -260,9 +347,19 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         if not args.overwrite and not args.quiet:
             print(console.cleared_line(out=str(out), removed=removed), file=sys.stderr)
     if not args.quiet:
-        print(console.start_line(impls=config.impls, device=args.device, seed=args.seed, cases=cases, budget=budget,
-                                 out=str(config.out_dir), revision=config.revision,
-                                 resumed=resume.summary if resume else None), file=sys.stderr)
+        print(
+            console.start_line(
+                impls=config.impls,
+                device=args.device,
+                seed=args.seed,
+                cases=cases,
+                budget=budget,
+                out=str(config.out_dir),
+                revision=config.revision,
+                resumed=resume.summary if resume else None,
+            ),
+            file=sys.stderr,
+        )
     seen: set = set()
     found: list = list(resume.findings) if resume is not None else []  # the verdict is the whole run's
 
@@ -277,8 +374,14 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     shrinking = ShrinkProgress(quiet=args.quiet)
     with terminate_like_interrupt():
         try:
-            summary = fuzz(config, executor=executor, on_finding=show, on_progress=progress, resume=resume,
-                           on_shrink=lambda event, facts: (progress.close(), shrinking(event, facts)))
+            summary = fuzz(
+                config,
+                executor=executor,
+                on_finding=show,
+                on_progress=progress,
+                resume=resume,
+                on_shrink=lambda event, facts: (progress.close(), shrinking(event, facts)),
+            )
         finally:
             progress.close()
             executor.close()

@@ -45,16 +45,22 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def build_parser(*, names: tuple[str, ...] = NAMES) -> argparse.ArgumentParser:
-    p = Parser(prog="mlafuzz", description="Differential fuzzer for sparse-MLA fp8_ds_mla KV-cache kernels: random "
-               "decode/prefill batches through the implementation under test and exact PyTorch oracles.")
+    p = Parser(
+        prog="mlafuzz",
+        description="Differential fuzzer for sparse-MLA fp8_ds_mla KV-cache kernels: random "
+        "decode/prefill batches through the implementation under test and exact PyTorch oracles.",
+    )
     p.add_argument("--version", action="version", version=f"mlafuzz {VERSION}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     fuzz_cmd.add_parser(sub, names=names)
     replay_cmd.add_parser(sub, names=names)
     bench_cmd.add_parser(sub, names=names)
     mutants_cmd.add_parser(sub, names=names)
-    ls = sub.add_parser("list", help="show ops and registered implementations",
-                        description="Show every op and its registered implementations (and what they need).")
+    ls = sub.add_parser(
+        "list",
+        help="show ops and registered implementations",
+        description="Show every op and its registered implementations (and what they need).",
+    )
     ls.set_defaults(func=cmd_list)
     report_cmd.add_parsers(sub)
     return p

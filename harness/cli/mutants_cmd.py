@@ -22,26 +22,52 @@ from mlafuzz.harness.cli.args import (
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
-    m = sub.add_parser("mutants", help="fuzz the catalog of planted bugs and report the mutation score",
-                       description="Fuzz every planted-bug mutant until it draws its expected finding kind "
-                                   "(killed) or its budget ends (survived), and the correct implementations in the "
-                                   "same run. Mutants that crash their process run in worker processes. Exit 1 if a "
-                                   "mutant survives or a correct implementation draws a finding; a mutant whose bug "
-                                   "needs inputs not drawn yet is reported as awaiting them and does not fail the run.")
-    m.add_argument("--op", action="append", choices=names,
-                   help="only the mutants of this op, and its correct implementation (repeatable; default: all)")
+    m = sub.add_parser(
+        "mutants",
+        help="fuzz the catalog of planted bugs and report the mutation score",
+        description="Fuzz every planted-bug mutant until it draws its expected finding kind "
+        "(killed) or its budget ends (survived), and the correct implementations in the "
+        "same run. Mutants that crash their process run in worker processes. Exit 1 if a "
+        "mutant survives or a correct implementation draws a finding; a mutant whose bug "
+        "needs inputs not drawn yet is reported as awaiting them and does not fail the run.",
+    )
+    m.add_argument(
+        "--op",
+        action="append",
+        choices=names,
+        help="only the mutants of this op, and its correct implementation (repeatable; default: all)",
+    )
     m.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
-    m.add_argument("--budget-per-mutant", type=positive_seconds, default=None, metavar="SECONDS",
-                   help="wall-clock budget per mutant and per correct implementation (default 30 unless"
-                        " --cases-per-mutant is given)")
-    m.add_argument("--cases-per-mutant", type=positive_int, default=None, metavar="N",
-                   help="at most N cases per mutant and per correct implementation (machine-independent)")
-    m.add_argument("--shrink-budget", type=nonneg_seconds, default=5.0, metavar="SECONDS",
-                   help="time to minimize each kill, for the table's last column (0: skip)")
+    m.add_argument(
+        "--budget-per-mutant",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="wall-clock budget per mutant and per correct implementation (default 30 unless"
+        " --cases-per-mutant is given)",
+    )
+    m.add_argument(
+        "--cases-per-mutant",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="at most N cases per mutant and per correct implementation (machine-independent)",
+    )
+    m.add_argument(
+        "--shrink-budget",
+        type=nonneg_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="time to minimize each kill, for the table's last column (0: skip)",
+    )
     m.add_argument("--seed", type=nonneg_int, default=0, help="run seed: same seed, same cases (default 0)")
-    m.add_argument("--out", default="mlafuzz-mutants", metavar="DIR",
-                   help="a run folder per mutant and per correct implementation, each replaced by the next "
-                        "catalog run (default ./mlafuzz-mutants)")
+    m.add_argument(
+        "--out",
+        default="mlafuzz-mutants",
+        metavar="DIR",
+        help="a run folder per mutant and per correct implementation, each replaced by the next "
+        "catalog run (default ./mlafuzz-mutants)",
+    )
     m.set_defaults(func=cmd_mutants)
 
 
@@ -60,8 +86,11 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     session = Session(table=table)
     # On the GPU a mutant may write out of bounds: isolate it, with the red-zone allocator on. On
     # the CPU the catalog runs in this process, but for the mutants that crash their process.
-    executor = (WorkerPool(devices=["cuda:0"], timeout=120.0, redzone=True, table_ref=DEFAULT_TABLE)
-                if args.device == "cuda" else InProcess(session=session))
+    executor = (
+        WorkerPool(devices=["cuda:0"], timeout=120.0, redzone=True, table_ref=DEFAULT_TABLE)
+        if args.device == "cuda"
+        else InProcess(session=session)
+    )
     pools: list[WorkerPool] = []
 
     def isolated() -> WorkerPool:
@@ -79,10 +108,19 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     ops = list(dict.fromkeys(args.op or table.names))
     print(console.MUTANTS_HEADER, flush=True)
     try:  # one warm executor for the whole catalog; a dead worker is replaced
-        results, clean = run_mutants(session=session, ops=ops, device=args.device, budget=budget,
-                                     cases=args.cases_per_mutant, out=Path(args.out), seed=args.seed,
-                                     shrink_budget=args.shrink_budget, executor=executor,
-                                     isolated=isolated, on_result=lambda r: print(console.mutant_row(r), flush=True))
+        results, clean = run_mutants(
+            session=session,
+            ops=ops,
+            device=args.device,
+            budget=budget,
+            cases=args.cases_per_mutant,
+            out=Path(args.out),
+            seed=args.seed,
+            shrink_budget=args.shrink_budget,
+            executor=executor,
+            isolated=isolated,
+            on_result=lambda r: print(console.mutant_row(r), flush=True),
+        )
     finally:
         for e in (executor, *pools):
             e.close()

@@ -17,23 +17,38 @@ from mlafuzz.harness.ops.names import REVISIONS
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
-    r = sub.add_parser("replay", help="replay a repro bundle",
-                       description="Replay a repro bundle. Exit 1 while its finding reproduces, 0 once fixed, "
-                                   "2 for a malformed or tampered bundle. A bundle is data: replay runs a built-in "
-                                   "implementation, or the one --impl names; it never imports a module or file "
-                                   "because the bundle names it (unless --trust-bundle).")
+    r = sub.add_parser(
+        "replay",
+        help="replay a repro bundle",
+        description="Replay a repro bundle. Exit 1 while its finding reproduces, 0 once fixed, "
+        "2 for a malformed or tampered bundle. A bundle is data: replay runs a built-in "
+        "implementation, or the one --impl names; it never imports a module or file "
+        "because the bundle names it (unless --trust-bundle).",
+    )
     r.add_argument("bundle", help="bundle directory (OUT/bundles/...)")
-    r.add_argument("--impl", metavar="OP=REF",
-                   help="replay against this implementation (e.g. the fix), instead of the bundle's; needed for a "
-                        "bundle that names an external module:attr or path.py:attr")
-    r.add_argument("--trust-bundle", action="store_true",
-                   help="import and run the external implementation the bundle names (only for a bundle you made)")
+    r.add_argument(
+        "--impl",
+        metavar="OP=REF",
+        help="replay against this implementation (e.g. the fix), instead of the bundle's; needed for a "
+        "bundle that names an external module:attr or path.py:attr",
+    )
+    r.add_argument(
+        "--trust-bundle",
+        action="store_true",
+        help="import and run the external implementation the bundle names (only for a bundle you made)",
+    )
     r.add_argument("--device", choices=("cpu", "cuda"), help="default: the bundle's device if available, else cpu")
-    r.add_argument("--revision", choices=REVISIONS,
-                   help="contract revision to replay under (default: the bundle's; an entry's pin still wins)")
-    r.add_argument("--timeout", type=positive_seconds, metavar="SECONDS",
-                   help="per-case limit of a CRASH or TIMEOUT replay (default: the limit the bundle's run had, "
-                        "else 120)")
+    r.add_argument(
+        "--revision",
+        choices=REVISIONS,
+        help="contract revision to replay under (default: the bundle's; an entry's pin still wins)",
+    )
+    r.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="per-case limit of a CRASH or TIMEOUT replay (default: the limit the bundle's run had, else 120)",
+    )
     r.add_argument("--quiet", action="store_true", help="print nothing; the exit status says it all")
     r.set_defaults(func=cmd_replay, device_from=_bundle_device)
 
@@ -66,13 +81,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if op != bundle_op:
             raise ImplError(f"--impl {args.impl}: this bundle is for op {bundle_op!r}")
     try:
-        result = replay(bundle_path=Path(args.bundle), impl_ref=impl_ref, device=args.device, table=table,
-                        revision=args.revision, timeout=args.timeout, trust_bundle=args.trust_bundle)
+        result = replay(
+            bundle_path=Path(args.bundle),
+            impl_ref=impl_ref,
+            device=args.device,
+            table=table,
+            revision=args.revision,
+            timeout=args.timeout,
+            trust_bundle=args.trust_bundle,
+        )
     except OSError as exc:
         raise UsageError(f"mlafuzz replay: {args.bundle}: {exc.strerror or exc}") from None
     if not args.quiet:
-        for line in console.replay_lines(op=result.bundle.op, impl_ref=result.impl_ref, device=result.device,
-                                         recorded=result.bundle.finding, found=result.found,
-                                         revision=result.revision):
+        for line in console.replay_lines(
+            op=result.bundle.op,
+            impl_ref=result.impl_ref,
+            device=result.device,
+            recorded=result.bundle.finding,
+            found=result.found,
+            revision=result.revision,
+        ):
             print(line)
     return EXIT_OK if result.passed else EXIT_FINDINGS

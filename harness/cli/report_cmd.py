@@ -68,23 +68,28 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     """Add ``report`` and ``merge`` to the ``mlafuzz`` subcommands."""
     r = subparsers.add_parser(
-        "report", help="render a run directory as JUnit XML, Markdown, HTML or JSON",
+        "report",
+        help="render a run directory as JUnit XML, Markdown, HTML or JSON",
         description="Render a run directory (findings.jsonl, summary.json) as a report. JUnit: a testcase per op "
         "and implementation, a failure per failing finding bucket. md suits a CI step summary: "
-        "mlafuzz report DIR --format md >> \"$GITHUB_STEP_SUMMARY\". Exit 0 when written, 2 on a bad directory.")
+        'mlafuzz report DIR --format md >> "$GITHUB_STEP_SUMMARY". Exit 0 when written, 2 on a bad directory.',
+    )
     r.add_argument("run_dir", metavar="DIR", help="run directory (a fuzz --out, or a merge --out)")
     r.add_argument("--format", choices=tuple(FORMATS), default="md", help="report format (default md)")
     r.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
-    r.add_argument("--ledger", metavar="FILE",
-                   help="expected-failures ledger (TOML or JSON): waived buckets are shown, not failed")
+    r.add_argument(
+        "--ledger", metavar="FILE", help="expected-failures ledger (TOML or JSON): waived buckets are shown, not failed"
+    )
     r.set_defaults(func=cmd_report)
 
     m = subparsers.add_parser(
-        "merge", help="merge shard run directories into one",
+        "merge",
+        help="merge shard run directories into one",
         description="Concatenate the findings of the shard run directories of one run (each line keeps its "
         "shard), sum their summary counts, and write OUT/findings.jsonl and OUT/summary.json. Shards with "
         "different seeds or K/N schemes are refused; a directory that repeats another's cases (same seed, "
-        "shard, ops and implementations) is dropped, with a line saying so.")
+        "shard, ops and implementations) is dropped, with a line saying so.",
+    )
     m.add_argument("run_dirs", nargs="+", metavar="DIR", help="shard run directories")
     m.add_argument("--out", required=True, metavar="DIR", help="merged run directory (created)")
     m.set_defaults(func=cmd_merge)

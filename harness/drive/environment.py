@@ -38,14 +38,17 @@ def prepare(device: str) -> None:
     value = os.environ.get(INTERPRET)
     if kind == "cpu":
         if value not in (None, "", "1"):
-            raise EnvironmentProblem(f"{INTERPRET}={value} on a CPU run: Triton kernels run on the CPU only under "
-                                     f"its interpreter; unset {INTERPRET} (or set it to 1)")
+            raise EnvironmentProblem(
+                f"{INTERPRET}={value} on a CPU run: Triton kernels run on the CPU only under "
+                f"its interpreter; unset {INTERPRET} (or set it to 1)"
+            )
         if value != "1" and "triton" in sys.modules and _kernels_imported():
             raise EnvironmentProblem(f"{INTERPRET} was not set before Triton kernels were imported in this process")
         os.environ[INTERPRET] = "1"
     elif value == "1":
-        raise EnvironmentProblem(f"{INTERPRET}=1 on a CUDA run would interpret the kernels on the CPU;"
-                                 f" unset it for --device cuda")
+        raise EnvironmentProblem(
+            f"{INTERPRET}=1 on a CUDA run would interpret the kernels on the CPU; unset it for --device cuda"
+        )
 
 
 def _kernels_imported() -> bool:

@@ -105,13 +105,23 @@ class FuzzConfig:
 
     def run_json(self) -> dict[str, Any]:
         """run.json: the run's configuration; resume.CASE_KEYS of it decide what case i is."""
-        return {"ops": list(self.ops), "impls": dict(self.impls), "device": self.device, "seed": self.seed,
-                "shard": f"{self.shard.index}/{self.shard.count}", "cases": self.cases, "budget": self.budget,
-                "ulp": self.policy.ulp, "knobs": dataclasses.asdict(self.knobs),
-                "spec": spec_to_dict(self.fixed_spec) if self.fixed_spec is not None else None,
-                "rejects": {op: list(v) for op, v in sorted(self.rejects.items())},
-                "rerun_every": self.rerun_every, "contract_every": self.contract_every, "timeout": self.timeout,
-                "revision": self.revision}
+        return {
+            "ops": list(self.ops),
+            "impls": dict(self.impls),
+            "device": self.device,
+            "seed": self.seed,
+            "shard": f"{self.shard.index}/{self.shard.count}",
+            "cases": self.cases,
+            "budget": self.budget,
+            "ulp": self.policy.ulp,
+            "knobs": dataclasses.asdict(self.knobs),
+            "spec": spec_to_dict(self.fixed_spec) if self.fixed_spec is not None else None,
+            "rejects": {op: list(v) for op, v in sorted(self.rejects.items())},
+            "rerun_every": self.rerun_every,
+            "contract_every": self.contract_every,
+            "timeout": self.timeout,
+            "revision": self.revision,
+        }
 
     def task(self, i: int, *, held: frozenset[tuple[str, str, str]] = frozenset()) -> Task:
         """Case i: its op, seed, error-input class and re-run are pure functions of (seed, i), the
@@ -128,9 +138,20 @@ class FuzzConfig:
             first = (r // self.contract_every) % len(classes)
             turn = classes[first:] + classes[:first]
             contract = next((c for c in turn if (op, self.impls[op], c) not in held), None)
-        return Task(index=i, op=op, seed=seed, spec=spec, knobs=self.knobs, impl_ref=self.impls[op],
-                    device=self.device, ulp=self.policy.ulp, rerun=bool(self.rerun_every) and r % self.rerun_every == 0,
-                    contract=contract, rejects=self.rejects.get(op), revision=self.revision)
+        return Task(
+            index=i,
+            op=op,
+            seed=seed,
+            spec=spec,
+            knobs=self.knobs,
+            impl_ref=self.impls[op],
+            device=self.device,
+            ulp=self.policy.ulp,
+            rerun=bool(self.rerun_every) and r % self.rerun_every == 0,
+            contract=contract,
+            rejects=self.rejects.get(op),
+            revision=self.revision,
+        )
 
 
 @dataclass(kw_only=True)
@@ -161,15 +182,28 @@ class FuzzSummary:
         return self.cases / self.seconds if self.seconds > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"cases": self.cases, "skipped": self.skipped, "per_op": dict(self.per_op),
-                "by_kind": dict(self.by_kind), "coverage": dict(self.coverage), "findings": self.findings,
-                "infos": self.infos, "buckets": len(set(self.buckets) | self.known), "bundles": self.bundles,
-                "bucket_counts": {BUCKET_SEP.join(k): n for k, n in self.bucket_counts.items()},
-                "seconds": round(self.seconds, 3), "cases_per_second": round(self.rate, 3),
-                "interrupted": self.interrupted, "terminated": self.terminated,
-                "quarantined": [list(k) for k in sorted(self.quarantined)],
-                "quarantined_crashes": self.quarantined_crashes, "worker_restarts": self.worker_restarts,
-                "next_case": self.next_case, "unfinished": list(self.unfinished), "sessions": self.sessions}
+        return {
+            "cases": self.cases,
+            "skipped": self.skipped,
+            "per_op": dict(self.per_op),
+            "by_kind": dict(self.by_kind),
+            "coverage": dict(self.coverage),
+            "findings": self.findings,
+            "infos": self.infos,
+            "buckets": len(set(self.buckets) | self.known),
+            "bundles": self.bundles,
+            "bucket_counts": {BUCKET_SEP.join(k): n for k, n in self.bucket_counts.items()},
+            "seconds": round(self.seconds, 3),
+            "cases_per_second": round(self.rate, 3),
+            "interrupted": self.interrupted,
+            "terminated": self.terminated,
+            "quarantined": [list(k) for k in sorted(self.quarantined)],
+            "quarantined_crashes": self.quarantined_crashes,
+            "worker_restarts": self.worker_restarts,
+            "next_case": self.next_case,
+            "unfinished": list(self.unfinished),
+            "sessions": self.sessions,
+        }
 
     @classmethod
     def resumed(cls, resume: Resume) -> FuzzSummary:
@@ -178,25 +212,36 @@ class FuzzSummary:
 
         def counter(key: str) -> collections.Counter:
             value = s.get(key)
-            return collections.Counter({k: v for k, v in value.items() if isinstance(v, int)}
-                                       if isinstance(value, Mapping) else {})
+            return collections.Counter(
+                {k: v for k, v in value.items() if isinstance(v, int)} if isinstance(value, Mapping) else {}
+            )
 
-        return cls(cases=int(s.get("cases", 0)), skipped=int(s.get("skipped", 0)), per_op=counter("per_op"),
-                   by_kind=counter("by_kind"), coverage=counter("coverage"), findings=int(s.get("findings", 0)),
-                   infos=int(s.get("infos", 0)), bundles=list(s.get("bundles") or ()),
-                   seconds=float(s.get("seconds", 0.0)),
-                   quarantined={tuple(k) for k in s.get("quarantined") or () if len(k) == 3},
-                   quarantined_crashes=int(s.get("quarantined_crashes", 0)),
-                   worker_restarts=int(s.get("worker_restarts", 0)),
-                   bucket_counts=collections.Counter(read_bucket_counts(s)),
-                   known=resume.known_buckets, next_case=resume.next_case, sessions=int(s.get("sessions", 1)) + 1)
+        return cls(
+            cases=int(s.get("cases", 0)),
+            skipped=int(s.get("skipped", 0)),
+            per_op=counter("per_op"),
+            by_kind=counter("by_kind"),
+            coverage=counter("coverage"),
+            findings=int(s.get("findings", 0)),
+            infos=int(s.get("infos", 0)),
+            bundles=list(s.get("bundles") or ()),
+            seconds=float(s.get("seconds", 0.0)),
+            quarantined={tuple(k) for k in s.get("quarantined") or () if len(k) == 3},
+            quarantined_crashes=int(s.get("quarantined_crashes", 0)),
+            worker_restarts=int(s.get("worker_restarts", 0)),
+            bucket_counts=collections.Counter(read_bucket_counts(s)),
+            known=resume.known_buckets,
+            next_case=resume.next_case,
+            sessions=int(s.get("sessions", 1)) + 1,
+        )
 
 
 class Recorder:
     """Counts results and appends findings to findings.jsonl as they arrive."""
 
-    def __init__(self, sink: JsonlSink, summary: FuzzSummary, on_finding: Callable[[Finding], None] | None,
-                 executor: Executor) -> None:
+    def __init__(
+        self, sink: JsonlSink, summary: FuzzSummary, on_finding: Callable[[Finding], None] | None, executor: Executor
+    ) -> None:
         self.sink, self.summary, self.on_finding, self.executor = sink, summary, on_finding, executor
 
     def _quarantine(self, f: Finding) -> bool:
@@ -242,10 +287,16 @@ class Recorder:
                 self.on_finding(f)
 
 
-def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Finding], None] | None = None,
-         on_progress: Callable[[dict[str, Any], float], None] | None = None,
-         stop_when: Callable[[FuzzSummary], bool] | None = None, resume: Resume | None = None,
-         on_shrink: Callable[[str, dict[str, Any]], None] | None = None) -> FuzzSummary:
+def fuzz(
+    config: FuzzConfig,
+    *,
+    executor: Executor,
+    on_finding: Callable[[Finding], None] | None = None,
+    on_progress: Callable[[dict[str, Any], float], None] | None = None,
+    stop_when: Callable[[FuzzSummary], bool] | None = None,
+    resume: Resume | None = None,
+    on_shrink: Callable[[str, dict[str, Any]], None] | None = None,
+) -> FuzzSummary:
     """Run until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl.
     ``resume``: the run's earlier sessions in out_dir, continued (their counts kept, their cases
     not run again); ``on_shrink`` hears the shrinking of each new bucket (see shrink_and_bundle)."""
@@ -267,9 +318,9 @@ def fuzz(config: FuzzConfig, *, executor: Executor, on_finding: Callable[[Findin
             while True:
                 elapsed = time.monotonic() - start
                 budget_left = (config.budget is None or elapsed < config.budget) and not (
-                    stop_when is not None and stop_when(summary))
-                while (budget_left and (config.cases is None or submitted < config.cases)
-                       and executor.free_slots()):
+                    stop_when is not None and stop_when(summary)
+                )
+                while budget_left and (config.cases is None or submitted < config.cases) and executor.free_slots():
                     if pending:
                         i = pending.popleft()
                     else:
@@ -312,39 +363,65 @@ def _write_summary(config: FuzzConfig, summary: FuzzSummary) -> None:
     atomic_write(config.out_dir / "summary.json", json.dumps(summary.to_json(), indent=2) + "\n")
 
 
-def shrink_and_bundle(config: FuzzConfig, summary: FuzzSummary, executor: Executor, *,
-                      on_shrink: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+def shrink_and_bundle(
+    config: FuzzConfig,
+    summary: FuzzSummary,
+    executor: Executor,
+    *,
+    on_shrink: Callable[[str, dict[str, Any]], None] | None = None,
+) -> None:
     """Shrink each new bucket within ``config.shrink_budget`` and write its repro bundle.
     ``on_shrink(event, facts)`` hears "start" (bucket, number, of, budget), "step" (attempts,
     accepted, size: after each attempt) and "done" (attempts, accepted, seconds, size, complete)."""
     table = config.table
-    todo = [(key, task, finding) for key, (task, finding) in summary.buckets.items()
-            if finding.cause != "harness_error"]
+    todo = [
+        (key, task, finding) for key, (task, finding) in summary.buckets.items() if finding.cause != "harness_error"
+    ]
     for number, (key, task, finding) in enumerate(todo, 1):
         if on_shrink is not None:
             on_shrink("start", {"bucket": key, "number": number, "of": len(todo), "budget": config.shrink_budget})
 
         def step(attempts: int, accepted: int, spec: dict[str, Any], op: str = task.op) -> None:
             if on_shrink is not None:
-                on_shrink("step", {"attempts": attempts, "accepted": accepted,
-                                   "size": table.get(op).size(table.decode(spec))})
+                on_shrink(
+                    "step", {"attempts": attempts, "accepted": accepted, "size": table.get(op).size(table.decode(spec))}
+                )
 
-        result = shrink(task=task.with_spec(table), finding=finding,
-                        evaluate=lambda t, deadline: evaluate_sync(executor, t, deadline=deadline),
-                        budget=config.shrink_budget, table=table, on_step=step,
-                        attempt_seconds=config.timeout if finding.kind is Kind.TIMEOUT else 0.0)
+        result = shrink(
+            task=task.with_spec(table),
+            finding=finding,
+            evaluate=lambda t, deadline: evaluate_sync(executor, t, deadline=deadline),
+            budget=config.shrink_budget,
+            table=table,
+            on_step=step,
+            attempt_seconds=config.timeout if finding.kind is Kind.TIMEOUT else 0.0,
+        )
         _bundle(config, summary, executor, key=key, finding=finding, result=result)
         if on_shrink is not None:
             limit = config.timeout if finding.kind is Kind.TIMEOUT else None
-            note = (f"a TIMEOUT shows only after --timeout {limit:g} s, more than the {config.shrink_budget:g} s"
-                    " shrink budget: bundled as found" if limit is not None and not result.attempts else "")
-            on_shrink("done", {"bucket": key, "attempts": result.attempts, "accepted": result.accepted,
-                               "seconds": result.seconds, "size": summary.bundles[-1]["size"],
-                               "complete": result.complete, "note": note})
+            note = (
+                f"a TIMEOUT shows only after --timeout {limit:g} s, more than the {config.shrink_budget:g} s"
+                " shrink budget: bundled as found"
+                if limit is not None and not result.attempts
+                else ""
+            )
+            on_shrink(
+                "done",
+                {
+                    "bucket": key,
+                    "attempts": result.attempts,
+                    "accepted": result.accepted,
+                    "seconds": result.seconds,
+                    "size": summary.bundles[-1]["size"],
+                    "complete": result.complete,
+                    "note": note,
+                },
+            )
 
 
-def _bundle(config: FuzzConfig, summary: FuzzSummary, executor: Executor, *, key: tuple, finding: Finding,
-            result: ShrinkResult) -> None:
+def _bundle(
+    config: FuzzConfig, summary: FuzzSummary, executor: Executor, *, key: tuple, finding: Finding, result: ShrinkResult
+) -> None:
     """The repro bundle of a shrunk bucket, and its line in summary.json's ``bundles``."""
     table = config.table
     small = result.task
@@ -354,18 +431,45 @@ def _bundle(config: FuzzConfig, summary: FuzzSummary, executor: Executor, *, key
     verified = None
     if finding.kind not in (Kind.CRASH, Kind.TIMEOUT):
         check = evaluate_sync(executor, dataclasses.replace(small, slow_oracle=True, index=-1))
-        verified = check is not None and any(f.kind == finding.kind and f.cause == finding.cause
-                                             for f in check.findings)
+        verified = check is not None and any(
+            f.kind == finding.kind and f.cause == finding.cause for f in check.findings
+        )
     case = table.materialize(spec, small.seed, "cpu")
     name = "-".join(key)
     path = config.out_dir / "bundles" / slug(name)
     final = dataclasses.replace(result.finding, repro=replay_command(path))
-    write_bundle(root=config.out_dir / "bundles", name=name, op=small.op, spec=small.spec, seed=small.seed,
-                 impl=small.impl_ref, device=config.device, ulp=small.ulp, rerun=small.rerun,
-                 contract=small.contract, finding=final, inputs=case.generated_tensors(), timeout=config.timeout,
-                 extra={"shrink": {"attempts": result.attempts, "accepted": result.accepted,
-                                   "seconds": round(result.seconds, 2), "size": size,
-                                   "complete": result.complete, "loop_oracle_agrees": verified},
-                        "zero_blocks": dict(case.zero_blocks)})
-    summary.bundles.append({"bucket": list(key), "path": str(path), "replay": final.repro,
-                            "size": size, "shrink_seconds": round(result.seconds, 2)})
+    write_bundle(
+        root=config.out_dir / "bundles",
+        name=name,
+        op=small.op,
+        spec=small.spec,
+        seed=small.seed,
+        impl=small.impl_ref,
+        device=config.device,
+        ulp=small.ulp,
+        rerun=small.rerun,
+        contract=small.contract,
+        finding=final,
+        inputs=case.generated_tensors(),
+        timeout=config.timeout,
+        extra={
+            "shrink": {
+                "attempts": result.attempts,
+                "accepted": result.accepted,
+                "seconds": round(result.seconds, 2),
+                "size": size,
+                "complete": result.complete,
+                "loop_oracle_agrees": verified,
+            },
+            "zero_blocks": dict(case.zero_blocks),
+        },
+    )
+    summary.bundles.append(
+        {
+            "bucket": list(key),
+            "path": str(path),
+            "replay": final.repro,
+            "size": size,
+            "shrink_seconds": round(result.seconds, 2),
+        }
+    )

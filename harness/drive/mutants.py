@@ -49,10 +49,20 @@ class MutantResult:
         return not self.killed and self.awaits is None
 
 
-def run_mutants(*, session: Session, ops: list[str], device: str, budget: float | None, cases: int | None,
-                out: Path, seed: int, shrink_budget: float, executor: Executor,
-                isolated: Callable[[], Executor] | None = None,
-                on_result: Callable[[MutantResult], None] | None = None) -> tuple[list[MutantResult], list[str]]:
+def run_mutants(
+    *,
+    session: Session,
+    ops: list[str],
+    device: str,
+    budget: float | None,
+    cases: int | None,
+    out: Path,
+    seed: int,
+    shrink_budget: float,
+    executor: Executor,
+    isolated: Callable[[], Executor] | None = None,
+    on_result: Callable[[MutantResult], None] | None = None,
+) -> tuple[list[MutantResult], list[str]]:
     """(one result per mutant that runs here, the problems of the correct implementations).
     ``isolated``: the executor for mutants expected to crash or hang, asked for when the first one
     runs (None: ``executor`` isolates its cases already). ``on_result`` hears each mutant's result
@@ -64,9 +74,18 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
             continue
         expected = entry.expected_kind or ""
         runner = isolated() if isolated is not None and expected in ISOLATED_KINDS else executor
-        config = FuzzConfig(ops=(entry.op,), impls={entry.op: entry.name}, device=device, budget=budget, cases=cases,
-                            seed=seed, out_dir=out / entry.name, knobs=KNOB_PRESETS[entry.size], shrink_budget=0.0,
-                            table=session.table)
+        config = FuzzConfig(
+            ops=(entry.op,),
+            impls={entry.op: entry.name},
+            device=device,
+            budget=budget,
+            cases=cases,
+            seed=seed,
+            out_dir=out / entry.name,
+            knobs=KNOB_PRESETS[entry.size],
+            shrink_budget=0.0,
+            table=session.table,
+        )
         clear_run(config.out_dir)
         start = time.monotonic()
         # The executor (and its warm workers) is shared by every mutant.
@@ -78,9 +97,19 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
             shrink_and_bundle(dataclasses.replace(config, shrink_budget=shrink_budget), summary, runner)
             if summary.bundles:
                 size = ", ".join(f"{k} {v}" for k, v in summary.bundles[0]["size"].items())
-        results.append(MutantResult(op=entry.op, name=entry.name, expected=expected,
-                                    killed=expected in summary.by_kind, found=tuple(sorted(summary.by_kind)),
-                                    cases=summary.cases, seconds=seconds, size=size, awaits=entry.awaits))
+        results.append(
+            MutantResult(
+                op=entry.op,
+                name=entry.name,
+                expected=expected,
+                killed=expected in summary.by_kind,
+                found=tuple(sorted(summary.by_kind)),
+                cases=summary.cases,
+                seconds=seconds,
+                size=size,
+                awaits=entry.awaits,
+            )
+        )
         if on_result is not None:
             on_result(results[-1])
     # The correct implementations, same run, same budget per revision: they must stay clean.
@@ -91,11 +120,23 @@ def run_mutants(*, session: Session, ops: list[str], device: str, budget: float 
         revisions = [r for r in REVISIONS if entry.revisions and r in entry.revisions] or [NEWEST_REVISION]
         for revision in revisions:
             name = f"correct-{op}" if len(revisions) == 1 else f"correct-{op}-{revision}"
-            config = FuzzConfig(ops=(op,), impls={op: ref}, device=device, budget=budget, cases=cases, seed=seed,
-                                out_dir=out / name, knobs=SMALL, table=session.table, revision=revision)
+            config = FuzzConfig(
+                ops=(op,),
+                impls={op: ref},
+                device=device,
+                budget=budget,
+                cases=cases,
+                seed=seed,
+                out_dir=out / name,
+                knobs=SMALL,
+                table=session.table,
+                revision=revision,
+            )
             clear_run(config.out_dir)
             summary = fuzz(config, executor=executor)
             if summary.findings:
-                clean_problems.append(f"{op}={ref} (revision {revision}): {summary.findings} findings"
-                                      f" ({', '.join(sorted(summary.by_kind))})")
+                clean_problems.append(
+                    f"{op}={ref} (revision {revision}): {summary.findings} findings"
+                    f" ({', '.join(sorted(summary.by_kind))})"
+                )
     return results, clean_problems

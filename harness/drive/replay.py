@@ -49,21 +49,32 @@ def check_inputs(bundle: Bundle, table: OpTable) -> None:
     blocks: its blocks past them, ``Case.generated_tensors``)."""
     regenerated = table.materialize(table.decode(bundle.spec), bundle.seed, "cpu").generated_tensors()
     if set(regenerated) != set(bundle.inputs):
-        raise BundleError(f"inputs.pt: holds tensors {sorted(bundle.inputs)}, case.json's spec and seed make"
-                          f" {sorted(regenerated)} (tampered, or written by another mlafuzz version)")
+        raise BundleError(
+            f"inputs.pt: holds tensors {sorted(bundle.inputs)}, case.json's spec and seed make"
+            f" {sorted(regenerated)} (tampered, or written by another mlafuzz version)"
+        )
     for name, stored in bundle.inputs.items():
         fresh = regenerated.get(name)
-        if fresh is None or fresh.dtype != stored.dtype or fresh.shape != stored.shape or not same_bits(
-                fresh, stored):
-            raise BundleError(f"inputs.pt: tensor {name!r} does not match case.json's spec and seed"
-                              " (tampered, or written by another mlafuzz version)")
+        if fresh is None or fresh.dtype != stored.dtype or fresh.shape != stored.shape or not same_bits(fresh, stored):
+            raise BundleError(
+                f"inputs.pt: tensor {name!r} does not match case.json's spec and seed"
+                " (tampered, or written by another mlafuzz version)"
+            )
 
 
 DEFAULT_TIMEOUT = 120.0  # a bundle that recorded none (the fuzz command's default)
 
 
-def replay(*, bundle_path: Path, impl_ref: str | None, device: str | None, table: OpTable,
-           timeout: float | None = None, trust_bundle: bool = False, revision: str | None = None) -> ReplayResult:
+def replay(
+    *,
+    bundle_path: Path,
+    impl_ref: str | None,
+    device: str | None,
+    table: OpTable,
+    timeout: float | None = None,
+    trust_bundle: bool = False,
+    revision: str | None = None,
+) -> ReplayResult:
     """Run the bundle's case again (see the module docstring); ``timeout`` overrides the bundle's;
     under its recorded contract revision unless ``revision`` says another (a bundle from before
     revisions replays under the newest)."""
@@ -72,21 +83,36 @@ def replay(*, bundle_path: Path, impl_ref: str | None, device: str | None, table
     check_inputs(bundle, table)  # data only: a tampered bundle is said so before anything else
     session = Session(table=table)
     if impl_ref is None and not trust_bundle and not session.registry.is_builtin(bundle.op, bundle.impl):
-        raise ImplError(f"replay: {bundle.path} names an external implementation, {bundle.op}={bundle.impl}, and "
-                        f"replay imports no code on a bundle's word: name it yourself (--impl "
-                        f"{bundle.op}={bundle.impl}) or pass --trust-bundle")
+        raise ImplError(
+            f"replay: {bundle.path} names an external implementation, {bundle.op}={bundle.impl}, and "
+            f"replay imports no code on a bundle's word: name it yourself (--impl "
+            f"{bundle.op}={bundle.impl}) or pass --trust-bundle"
+        )
     if device is None:
         device = "cuda" if bundle.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ImplError("--device cuda but no CUDA device is available here (use --device cpu)")
     ref = impl_ref or bundle.impl
     session.load(session.entry(bundle.op, ref), device)  # an impl that cannot run here: one line
-    task = Task(index=0, op=bundle.op, seed=bundle.seed, spec=bundle.spec, impl_ref=ref, device=device,
-                ulp=bundle.ulp, rerun=bundle.rerun, contract=bundle.contract, revision=revision)
+    task = Task(
+        index=0,
+        op=bundle.op,
+        seed=bundle.seed,
+        spec=bundle.spec,
+        impl_ref=ref,
+        device=device,
+        ulp=bundle.ulp,
+        rerun=bundle.rerun,
+        contract=bundle.contract,
+        revision=revision,
+    )
     isolated = bundle.finding.kind in (Kind.CRASH, Kind.TIMEOUT)
     limit = timeout if timeout is not None else bundle.timeout if bundle.timeout is not None else DEFAULT_TIMEOUT
-    executor = (WorkerPool(devices=[device if device == "cpu" else "cuda:0"], timeout=limit) if isolated
-                else InProcess(session=session))
+    executor = (
+        WorkerPool(devices=[device if device == "cpu" else "cuda:0"], timeout=limit)
+        if isolated
+        else InProcess(session=session)
+    )
     try:
         result = evaluate_sync(executor, task)
     finally:
@@ -94,5 +120,10 @@ def replay(*, bundle_path: Path, impl_ref: str | None, device: str | None, table
     if result is None:  # evaluate_sync answers None only past a deadline, and none was given
         raise RuntimeError("replay: the case gave no result")
     errors = [f for f in result.findings if f.severity is Severity.ERROR]
-    return ReplayResult(bundle=bundle, impl_ref=ref, device=device, revision=revision,
-                        found=tuple((f, same_finding(f, bundle.finding)) for f in errors))
+    return ReplayResult(
+        bundle=bundle,
+        impl_ref=ref,
+        device=device,
+        revision=revision,
+        found=tuple((f, same_finding(f, bundle.finding)) for f in errors),
+    )

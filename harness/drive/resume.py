@@ -20,8 +20,20 @@ from mlafuzz.reports.jsonl import FINDINGS_FILE, read_findings
 from mlafuzz.reports.model import RUN_FILE, SUMMARY_FILE
 
 # What case i of a run is made of: a resume that changes one of these would continue another run.
-CASE_KEYS = ("ops", "impls", "device", "seed", "shard", "ulp", "knobs", "spec", "rejects", "rerun_every",
-             "contract_every", "revision")
+CASE_KEYS = (
+    "ops",
+    "impls",
+    "device",
+    "seed",
+    "shard",
+    "ulp",
+    "knobs",
+    "spec",
+    "rejects",
+    "rerun_every",
+    "contract_every",
+    "revision",
+)
 
 
 class ResumeError(ValueError):
@@ -69,17 +81,23 @@ def load_resume(out_dir: Path, run: Mapping[str, Any]) -> Resume:
     summary_path, run_path = out_dir / SUMMARY_FILE, out_dir / RUN_FILE
     if not summary_path.is_file() or not run_path.is_file():
         missing = SUMMARY_FILE if not summary_path.is_file() else RUN_FILE
-        raise ResumeError(f"--resume: {out_dir} has no {missing} (a run killed before it ended, or not a run "
-                          f"folder): nothing to continue from; use --overwrite to start afresh")
+        raise ResumeError(
+            f"--resume: {out_dir} has no {missing} (a run killed before it ended, or not a run "
+            f"folder): nothing to continue from; use --overwrite to start afresh"
+        )
     summary, before = _read(summary_path), _read(run_path)
     if "next_case" not in summary:
-        raise ResumeError(f"--resume: {summary_path} does not say where the run stopped (written by an older "
-                          f"mlafuzz); use --overwrite to start afresh")
+        raise ResumeError(
+            f"--resume: {summary_path} does not say where the run stopped (written by an older "
+            f"mlafuzz); use --overwrite to start afresh"
+        )
     mine = _normal(dict(run))
     for key in CASE_KEYS:
         if _normal(before.get(key)) != mine.get(key):
-            raise ResumeError(f"--resume: {out_dir} holds another run: its {key} is {before.get(key)!r}, this one's "
-                              f"{mine.get(key)!r}; resume with the same options, or use --overwrite or another --out")
+            raise ResumeError(
+                f"--resume: {out_dir} holds another run: its {key} is {before.get(key)!r}, this one's "
+                f"{mine.get(key)!r}; resume with the same options, or use --overwrite or another --out"
+            )
     findings_path = out_dir / FINDINGS_FILE
     try:
         findings = tuple(read_findings(findings_path)) if findings_path.is_file() else ()

@@ -61,9 +61,19 @@ def fast_resources(session: Session) -> Any:
     return session.fast
 
 
-def check_call(*, session: Session, op: Op, case: Case, entry: ImplEntry, fn: Callable, policy: Policy,
-               rerun: bool, oracle: Callable[[Case], Mapping[str, Any]] | None = None, fast: bool | None = None,
-               wait: bool = False) -> list[Finding]:
+def check_call(
+    *,
+    session: Session,
+    op: Op,
+    case: Case,
+    entry: ImplEntry,
+    fn: Callable,
+    policy: Policy,
+    rerun: bool,
+    oracle: Callable[[Case], Mapping[str, Any]] | None = None,
+    fast: bool | None = None,
+    wait: bool = False,
+) -> list[Finding]:
     """Findings of one case. ``fast``: take the fast path where the op has one (default: on the GPU
     only; under Triton's CPU interpreter it is slower than the oracle); an explicit ``oracle``
     always takes the full path."""
@@ -76,27 +86,52 @@ def check_call(*, session: Session, op: Op, case: Case, entry: ImplEntry, fn: Ca
     # The fused checks are bit-exact: with a ulp tolerance the comparator judges every case (a
     # fused "differs" the full path then accepts would read as nondeterminism).
     if room is not None and room.handles(op, case) and oracle is None and policy.ulp == 0:
-        result = room.fast_path(op=op, case=case, fn=fn, ctx=ctx, rerun=rerun, sub=sub,
-                                res=fast_resources(session), redzone=session.redzone, wait=wait)
+        result = room.fast_path(
+            op=op,
+            case=case,
+            fn=fn,
+            ctx=ctx,
+            rerun=rerun,
+            sub=sub,
+            res=fast_resources(session),
+            redzone=session.redzone,
+            wait=wait,
+        )
         if isinstance(result, room.Clear):
             return []
         if isinstance(result, room.Found):
             return list(result.findings)
         seen = result.seen
-    findings = full_path(op=op, case=case, fn=fn, ctx=ctx, policy=policy, rerun=rerun, sub=sub, oracle=oracle,
-                         redzone=session.redzone)
+    findings = full_path(
+        op=op, case=case, fn=fn, ctx=ctx, policy=policy, rerun=rerun, sub=sub, oracle=oracle, redzone=session.redzone
+    )
     if seen and not any(f.severity is Severity.ERROR for f in findings):
-        findings.append(Finding(kind=Kind.NONDETERMINISM, op=op.name, impl=entry.name, case_id=case.case_id,
-                                cause="not_reproduced",
-                                message=f"the implementation {seen} in one check of this case; the full "
-                                        "check's runs right after did not reproduce it: the result changes "
-                                        "from run to run"))
+        findings.append(
+            Finding(
+                kind=Kind.NONDETERMINISM,
+                op=op.name,
+                impl=entry.name,
+                case_id=case.case_id,
+                cause="not_reproduced",
+                message=f"the implementation {seen} in one check of this case; the full "
+                "check's runs right after did not reproduce it: the result changes "
+                "from run to run",
+            )
+        )
     return findings
 
 
-def run_case(*, session: Session, case: Case, entry: ImplEntry, policy: Policy = Policy(),
-             fn: Callable | None = None, rerun: bool = False, slow_oracle: bool = False,
-             fast: bool | None = None) -> CaseResult:
+def run_case(
+    *,
+    session: Session,
+    case: Case,
+    entry: ImplEntry,
+    policy: Policy = Policy(),
+    fn: Callable | None = None,
+    rerun: bool = False,
+    slow_oracle: bool = False,
+    fast: bool | None = None,
+) -> CaseResult:
     """Findings of one implementation on one case (empty tuple: it agreed with the oracle)."""
     start = time.perf_counter()
     op = session.table.get(case.op)
@@ -108,8 +143,17 @@ def run_case(*, session: Session, case: Case, entry: ImplEntry, policy: Policy =
         revision = entry.judged_under(NEWEST_REVISION)
         case = dataclasses.replace(case, params={**case.params, "revision": revision})
     fn = fn if fn is not None else session.load(entry, case.device, revision=revision)
-    findings = check_call(session=session, op=op, case=case, entry=entry, fn=fn, policy=policy, rerun=rerun,
-                          oracle=op.oracle_slow if slow_oracle else None, fast=fast)
+    findings = check_call(
+        session=session,
+        op=op,
+        case=case,
+        entry=entry,
+        fn=fn,
+        policy=policy,
+        rerun=rerun,
+        oracle=op.oracle_slow if slow_oracle else None,
+        fast=fast,
+    )
     if findings:  # the spec as a dict only when a finding carries it (thousands of calls at realistic sizes)
         spec = spec_to_dict(case.spec)
         findings = [dataclasses.replace(f, seed=case.seed, spec=spec, revision=revision) for f in findings]

@@ -29,13 +29,16 @@ from mlafuzz.harness.ops.table import OPS
 from mlafuzz.reports.findings import Finding, Kind
 
 MARKER = "@@mlafuzz-task "
-_ERROR = re.compile(r"=+ (Invalid __global__ (write|read)|Out-of-range|Address .* is out of bounds|"
-                    r"Misaligned|Program hit|Malloc|Illegal)[^\n]*")
+_ERROR = re.compile(
+    r"=+ (Invalid __global__ (write|read)|Out-of-range|Address .* is out of bounds|"
+    r"Misaligned|Program hit|Malloc|Illegal)[^\n]*"
+)
 
 
 def sanitizer_path() -> str:
     path = shutil.which("compute-sanitizer") or next(
-        (str(p) for p in Path("/usr/local/cuda/bin").glob("compute-sanitizer") if p.exists()), None)
+        (str(p) for p in Path("/usr/local/cuda/bin").glob("compute-sanitizer") if p.exists()), None
+    )
     if path is None:
         raise RuntimeError("--sanitizer needs compute-sanitizer on PATH (CUDA toolkit)")
     return path
@@ -47,7 +50,7 @@ def parse_report(text: str) -> dict[int, list[str]]:
     current = None
     for line in text.splitlines():
         if line.startswith(MARKER):
-            current = int(line[len(MARKER):].split()[0])
+            current = int(line[len(MARKER) :].split()[0])
             continue
         m = _ERROR.search(line)
         if m and current is not None:
@@ -63,10 +66,12 @@ class SanitizerExecutor:
     report plus a CRASH), and the cases after it run again in a fresh child.
     """
 
-    def __init__(self, *, device: str, batch: int = 16, timeout: float = 600.0,
-                 tool_cmd: list[str] | None = None) -> None:
-        self._cmd = tool_cmd if tool_cmd is not None else [sanitizer_path(), "--tool", "memcheck",
-                                                           "--print-limit", "200"]
+    def __init__(
+        self, *, device: str, batch: int = 16, timeout: float = 600.0, tool_cmd: list[str] | None = None
+    ) -> None:
+        self._cmd = (
+            tool_cmd if tool_cmd is not None else [sanitizer_path(), "--tool", "memcheck", "--print-limit", "200"]
+        )
         self._device, self._batch, self._timeout = device, batch, timeout
         self._pending: list[Task] = []
         self._held: frozenset[tuple[str, str, str]] = frozenset()
@@ -98,6 +103,7 @@ class SanitizerExecutor:
 
     def restarts(self) -> int:
         return self._restarts
+
     def cancel(self) -> None:
         self._pending = []
 
@@ -111,7 +117,14 @@ class SanitizerExecutor:
             tasks_file, results_file = Path(tmp) / "tasks.jsonl", Path(tmp) / "results.jsonl"
             tasks_file.write_text("".join(json.dumps(asdict(t)) + "\n" for t in batch))
             env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
-            cmd = [*self._cmd, sys.executable, "-m", "mlafuzz.harness.drive.sanitizer", str(tasks_file), str(results_file)]
+            cmd = [
+                *self._cmd,
+                sys.executable,
+                "-m",
+                "mlafuzz.harness.drive.sanitizer",
+                str(tasks_file),
+                str(results_file),
+            ]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=self._timeout)
                 text, why = proc.stdout + "\n" + proc.stderr, "died"
@@ -125,7 +138,7 @@ class SanitizerExecutor:
                         data = json.loads(line)
                         results[data["index"]] = TaskResult.from_wire(data["result"])
         errors = parse_report(text)
-        started = {int(line[len(MARKER):].split()[0]) for line in text.splitlines() if line.startswith(MARKER)}
+        started = {int(line[len(MARKER) :].split()[0]) for line in text.splitlines() if line.startswith(MARKER)}
         settled: list[tuple[Task, TaskResult]] = []
         retry: list[Task] = []
         for task in batch:
@@ -135,24 +148,69 @@ class SanitizerExecutor:
                 continue
             described = task.with_spec(OPS)
             case_id = task.case_id(OPS)
-            extra = tuple(Finding(kind=_kind(e), op=task.op, impl=task.impl_ref, case_id=case_id, seed=task.seed,
-                                  spec=described.spec,
-                                  cause=f"sanitizer:{e.split(' of size')[0].split(' at ')[0][:60]}",
-                                  message=f"compute-sanitizer memcheck: {e}")
-                          for e in errors.get(task.index, [])[:3])
+            extra = tuple(
+                Finding(
+                    kind=_kind(e),
+                    op=task.op,
+                    impl=task.impl_ref,
+                    case_id=case_id,
+                    seed=task.seed,
+                    spec=described.spec,
+                    cause=f"sanitizer:{e.split(' of size')[0].split(' at ')[0][:60]}",
+                    message=f"compute-sanitizer memcheck: {e}",
+                )
+                for e in errors.get(task.index, [])[:3]
+            )
             if result is None:
-                result = TaskResult(findings=(Finding(
-                    kind=Kind.CRASH, op=task.op, impl=task.impl_ref, case_id=case_id, seed=task.seed,
-                    spec=described.spec, cause="crash", message=f"sanitizer child {why} while running this case"),),
-                    seconds=time.monotonic() - start)
-            settled.append((task, TaskResult(findings=result.findings + extra, skipped=result.skipped,
-                                             seconds=result.seconds, features=result.features, spec=result.spec)))
+                result = TaskResult(
+                    findings=(
+                        Finding(
+                            kind=Kind.CRASH,
+                            op=task.op,
+                            impl=task.impl_ref,
+                            case_id=case_id,
+                            seed=task.seed,
+                            spec=described.spec,
+                            cause="crash",
+                            message=f"sanitizer child {why} while running this case",
+                        ),
+                    ),
+                    seconds=time.monotonic() - start,
+                )
+            settled.append(
+                (
+                    task,
+                    TaskResult(
+                        findings=result.findings + extra,
+                        skipped=result.skipped,
+                        seconds=result.seconds,
+                        features=result.features,
+                        spec=result.spec,
+                    ),
+                )
+            )
         if retry and not settled:  # the child died before any case: do not loop forever
-            settled = [(t, TaskResult(findings=(Finding(
-                kind=Kind.CRASH, op=t.op, impl=t.impl_ref, case_id=t.case_id(OPS), seed=t.seed, spec=t.spec,
-                cause="harness_error", message=f"sanitizer child {why} before running any case: "
-                                               f"{text.strip().splitlines()[-1] if text.strip() else ''}"),)))
-                       for t in retry]
+            settled = [
+                (
+                    t,
+                    TaskResult(
+                        findings=(
+                            Finding(
+                                kind=Kind.CRASH,
+                                op=t.op,
+                                impl=t.impl_ref,
+                                case_id=t.case_id(OPS),
+                                seed=t.seed,
+                                spec=t.spec,
+                                cause="harness_error",
+                                message=f"sanitizer child {why} before running any case: "
+                                f"{text.strip().splitlines()[-1] if text.strip() else ''}",
+                            ),
+                        )
+                    ),
+                )
+                for t in retry
+            ]
             retry = []
         return settled, retry
 

@@ -34,6 +34,7 @@ Evaluate = Callable[[Task, float], "TaskResult | None"]  # (task, deadline on ti
 def evaluate_sync(executor: Executor, task: Task, *, deadline: float | None = None) -> TaskResult | None:
     """Run one task to completion on an otherwise idle executor; None when ``deadline`` (a
     ``time.monotonic()`` value) passes first: the task is then dropped (``Executor.cancel``)."""
+
     def late() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
@@ -65,9 +66,16 @@ class ShrinkResult:
     complete: bool  # no simpler proposal reproduces (False: the budget ended the search)
 
 
-def shrink(*, task: Task, finding: Finding, evaluate: Evaluate, budget: float, table: OpTable,
-           attempt_seconds: float = 0.0, on_step: Callable[[int, int, dict[str, Any]], None] | None = None
-           ) -> ShrinkResult:
+def shrink(
+    *,
+    task: Task,
+    finding: Finding,
+    evaluate: Evaluate,
+    budget: float,
+    table: OpTable,
+    attempt_seconds: float = 0.0,
+    on_step: Callable[[int, int, dict[str, Any]], None] | None = None,
+) -> ShrinkResult:
     """The smallest task found within ``budget`` seconds that still shows ``finding`` (``task``
     carries its spec dict). ``attempt_seconds``: the least time an attempt needs to show the
     finding (a TIMEOUT's limit); ``on_step(attempts, accepted, spec)`` hears every attempt."""
@@ -102,5 +110,11 @@ def shrink(*, task: Task, finding: Finding, evaluate: Evaluate, budget: float, t
                 break
         else:
             complete = not improved  # every proposal tried, none reproduced: a local minimum
-    return ShrinkResult(task=best_task, finding=best_finding, attempts=attempts, accepted=accepted,
-                        seconds=time.monotonic() - start, complete=complete)
+    return ShrinkResult(
+        task=best_task,
+        finding=best_finding,
+        attempts=attempts,
+        accepted=accepted,
+        seconds=time.monotonic() - start,
+        complete=complete,
+    )

@@ -82,17 +82,32 @@ class TaskResult:
     spec: dict[str, Any] | None = None  # the spec as drawn, when a finding needs it
 
     def to_wire(self) -> dict[str, Any]:
-        return {"findings": [f.to_json() for f in self.findings], "skipped": self.skipped, "seconds": self.seconds,
-                "features": list(self.features), "spec": self.spec}
+        return {
+            "findings": [f.to_json() for f in self.findings],
+            "skipped": self.skipped,
+            "seconds": self.seconds,
+            "features": list(self.features),
+            "spec": self.spec,
+        }
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> TaskResult:
-        return cls(findings=tuple(Finding.from_json(f) for f in data["findings"]), skipped=data["skipped"],
-                   seconds=data["seconds"], features=tuple(data.get("features") or ()), spec=data.get("spec"))
+        return cls(
+            findings=tuple(Finding.from_json(f) for f in data["findings"]),
+            skipped=data["skipped"],
+            seconds=data["seconds"],
+            features=tuple(data.get("features") or ()),
+            spec=data.get("spec"),
+        )
 
 
-def execute(task: Task, session: Session, *, on_phase: Callable[[str], None] | None = None,
-            hold: Callable[[Any], ContextManager[None]] | None = None) -> TaskResult:
+def execute(
+    task: Task,
+    session: Session,
+    *,
+    on_phase: Callable[[str], None] | None = None,
+    hold: Callable[[Any], ContextManager[None]] | None = None,
+) -> TaskResult:
     """Run one task here and now. Harness errors become a finding, never an exception.
     ``on_phase`` hears "valid" before the case and "contract:<class>" before its error input (a
     worker publishes them, so a crash is charged to the part that caused it). ``hold(spec)`` is
@@ -106,22 +121,36 @@ def execute(task: Task, session: Session, *, on_phase: Callable[[str], None] | N
         entry = session.entry(task.op, task.impl_ref, rejects=task.rejects)
         revision = entry.judged_under(task.revision or NEWEST_REVISION)
         if not entry.follows(revision):
-            return TaskResult(skipped=f"impl does not follow contract revision {revision}",
-                              seconds=time.perf_counter() - start)
+            return TaskResult(
+                skipped=f"impl does not follow contract revision {revision}", seconds=time.perf_counter() - start
+            )
         spec = task.spec_obj(table)
         if task.spec is None and op.fit is not None:
             spec = op.fit(spec, entry.capabilities)
         with hold(spec) if hold is not None else contextlib.nullcontext():
-            return _run(task, session, op=op, entry=entry, spec=spec, revision=revision, on_phase=on_phase,
-                        start=start, progress=progress)
+            return _run(
+                task,
+                session,
+                op=op,
+                entry=entry,
+                spec=spec,
+                revision=revision,
+                on_phase=on_phase,
+                start=start,
+                progress=progress,
+            )
     except Exception as exc:
         if not progress.called and _out_of_memory(exc):
             # The harness could not make this case on a GPU that other processes fill: a counted
             # skip, never a finding against anyone.
-            return TaskResult(skipped=f"out of GPU memory making the case ({str(exc).splitlines()[0][:80]})",
-                              seconds=time.perf_counter() - start)
-        return TaskResult(findings=(_unexpected(task, session, exc, called=progress.called, revision=revision),),
-                          seconds=time.perf_counter() - start)
+            return TaskResult(
+                skipped=f"out of GPU memory making the case ({str(exc).splitlines()[0][:80]})",
+                seconds=time.perf_counter() - start,
+            )
+        return TaskResult(
+            findings=(_unexpected(task, session, exc, called=progress.called, revision=revision),),
+            seconds=time.perf_counter() - start,
+        )
 
 
 @dataclass
@@ -135,29 +164,55 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError)
 
 
-def _run(task: Task, session: Session, *, op: Any, entry: Any, spec: Any, revision: str,
-         on_phase: Callable[[str], None] | None, start: float, progress: _Progress) -> TaskResult:
+def _run(
+    task: Task,
+    session: Session,
+    *,
+    op: Any,
+    entry: Any,
+    spec: Any,
+    revision: str,
+    on_phase: Callable[[str], None] | None,
+    start: float,
+    progress: _Progress,
+) -> TaskResult:
     features = tuple(sorted(op.features(spec)))
     case = op.materialize(spec, seed=task.seed, device=task.device)
     case = dataclasses.replace(case, params={**case.params, "revision": revision})
     if on_phase is not None:
         on_phase("valid")
     progress.called = True
-    result = run_case(session=session, case=case, entry=entry, policy=Policy(ulp=task.ulp), rerun=task.rerun,
-                      slow_oracle=task.slow_oracle)
+    result = run_case(
+        session=session,
+        case=case,
+        entry=entry,
+        policy=Policy(ulp=task.ulp),
+        rerun=task.rerun,
+        slow_oracle=task.slow_oracle,
+    )
     findings = list(result.findings)
     if task.contract and not result.skipped:
         if on_phase is not None:
             on_phase(f"contract:{task.contract}")
-        extra = check_contract(op=op, case=case, entry=entry,
-                               fn=session.load(entry, task.device, revision=revision),
-                               klass=op.invalid_class(task.contract), sub=session.sub(task.device),
-                               ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
-                               redzone=session.redzone)
+        extra = check_contract(
+            op=op,
+            case=case,
+            entry=entry,
+            fn=session.load(entry, task.device, revision=revision),
+            klass=op.invalid_class(task.contract),
+            sub=session.sub(task.device),
+            ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
+            redzone=session.redzone,
+        )
         spec_dict = spec_to_dict(spec)
         findings += [dataclasses.replace(f, seed=task.seed, spec=spec_dict, revision=revision) for f in extra]
-    return TaskResult(findings=tuple(findings), skipped=result.skipped, seconds=time.perf_counter() - start,
-                      features=features, spec=spec_to_dict(spec) if findings and task.spec is None else None)
+    return TaskResult(
+        findings=tuple(findings),
+        skipped=result.skipped,
+        seconds=time.perf_counter() - start,
+        features=features,
+        spec=spec_to_dict(spec) if findings and task.spec is None else None,
+    )
 
 
 def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool, revision: str | None) -> Finding:
@@ -171,12 +226,28 @@ def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool, r
     except Exception:
         spec, case_id = task.spec, f"{task.op}-{task.seed}"
     if called and looks_like_cuda_error(exc):
-        return Finding(kind=Kind.LAUNCH_ERROR, op=task.op, impl=task.impl_ref, case_id=case_id, seed=task.seed,
-                       spec=spec, cause="cuda_error_after_call", revision=revision,
-                       message=f"a CUDA error surfaced after the implementation's call, in the harness's next "
-                               f"CUDA operation: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}",
-                       extra={"traceback": tb})
-    return Finding(kind=Kind.CRASH, op=task.op, impl=task.impl_ref, case_id=case_id, cause="harness_error",
-                   seed=task.seed, spec=spec, revision=revision,
-                   message=f"harness error (not the implementation's fault): {type(exc).__name__}: {exc}",
-                   extra={"traceback": tb})
+        return Finding(
+            kind=Kind.LAUNCH_ERROR,
+            op=task.op,
+            impl=task.impl_ref,
+            case_id=case_id,
+            seed=task.seed,
+            spec=spec,
+            cause="cuda_error_after_call",
+            revision=revision,
+            message=f"a CUDA error surfaced after the implementation's call, in the harness's next "
+            f"CUDA operation: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}",
+            extra={"traceback": tb},
+        )
+    return Finding(
+        kind=Kind.CRASH,
+        op=task.op,
+        impl=task.impl_ref,
+        case_id=case_id,
+        cause="harness_error",
+        seed=task.seed,
+        spec=spec,
+        revision=revision,
+        message=f"harness error (not the implementation's fault): {type(exc).__name__}: {exc}",
+        extra={"traceback": tb},
+    )

@@ -106,6 +106,7 @@ class InProcess:
 
     def restarts(self) -> int:
         return 0  # nothing to restart: a crash here ends the run
+
     def cancel(self) -> None:
         self._done = []
 
@@ -114,6 +115,7 @@ class InProcess:
 
 
 # --- the worker process ----------------------------------------------------------
+
 
 def _die_with_parent(parent: int) -> None:
     """End this process when its parent does: PR_SET_PDEATHSIG where the kernel has it, and a
@@ -150,8 +152,9 @@ def _no_core_files() -> None:
         pass
 
 
-def _worker_main(conn: Connection, state: Any, device: str, redzone: bool, threads: int, table_ref: str,
-                 parent: int) -> None:
+def _worker_main(
+    conn: Connection, state: Any, device: str, redzone: bool, threads: int, table_ref: str, parent: int
+) -> None:
     _die_with_parent(parent)
     _no_core_files()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and CI's SIGTERM are the parent's to handle
@@ -232,11 +235,23 @@ def charge_broken_context(task: Task, result: TaskResult, error: str, table: OpT
     kept, harness errors the broken context caused dropped)."""
     kept = tuple(f for f in result.findings if f.cause != "harness_error")
     described = task.with_spec(table)
-    crash = Finding(kind=Kind.CRASH, op=task.op, impl=task.impl_ref, case_id=task.case_id(table), seed=task.seed,
-                    spec=described.spec, cause="cuda_context",
-                    message=f"the CUDA context broke during this case ({error}); worker replaced")
-    return TaskResult(findings=kept + (crash,), skipped=result.skipped, seconds=result.seconds,
-                      features=result.features, spec=result.spec)
+    crash = Finding(
+        kind=Kind.CRASH,
+        op=task.op,
+        impl=task.impl_ref,
+        case_id=task.case_id(table),
+        seed=task.seed,
+        spec=described.spec,
+        cause="cuda_context",
+        message=f"the CUDA context broke during this case ({error}); worker replaced",
+    )
+    return TaskResult(
+        findings=kept + (crash,),
+        skipped=result.skipped,
+        seconds=result.seconds,
+        features=result.features,
+        spec=result.spec,
+    )
 
 
 def _death_message(exitcode: int | None) -> str:
@@ -251,6 +266,7 @@ def _death_message(exitcode: int | None) -> str:
 
 
 # --- the pool ----------------------------------------------------------------------
+
 
 @dataclass
 class _Worker:
@@ -272,8 +288,15 @@ class _Worker:
 class WorkerPool:
     """One spawned worker per device slot, each with a short queue; crash- and hang-proof."""
 
-    def __init__(self, *, devices: list[str], timeout: float, redzone: bool = False,
-                 table_ref: str = DEFAULT_TABLE, depth: int = QUEUE_DEPTH) -> None:
+    def __init__(
+        self,
+        *,
+        devices: list[str],
+        timeout: float,
+        redzone: bool = False,
+        table_ref: str = DEFAULT_TABLE,
+        depth: int = QUEUE_DEPTH,
+    ) -> None:
         if not devices:
             raise ValueError("WorkerPool: devices=[] must name at least one device")
         self._table_ref = table_ref
@@ -293,9 +316,12 @@ class WorkerPool:
         parent, child = self._ctx.Pipe()
         state = self._ctx.RawArray("d", 3)
         threads = max(1, (os.cpu_count() or 1) // max(1, self._size))
-        proc = self._ctx.Process(target=_worker_main,
-                                 args=(child, state, device, self._redzone, threads, self._table_ref, os.getpid()),
-                                 daemon=True, name=f"mlafuzz-{device}")
+        proc = self._ctx.Process(
+            target=_worker_main,
+            args=(child, state, device, self._redzone, threads, self._table_ref, os.getpid()),
+            daemon=True,
+            name=f"mlafuzz-{device}",
+        )
         proc.start()
         child.close()
         worker = _Worker(device=device, process=proc, conn=parent, state=state)
@@ -320,8 +346,7 @@ class WorkerPool:
         return sum(len(w.queue) for w in self._workers) + len(self._orphans)
 
     def submit(self, task: Task) -> None:
-        worker = min((w for w in self._workers if w.ready and len(w.queue) < self._depth),
-                     key=lambda w: len(w.queue))
+        worker = min((w for w in self._workers if w.ready and len(w.queue) < self._depth), key=lambda w: len(w.queue))
         task = _on_device(task, worker.device)
         worker.queue.append(task)
         self._send(worker, ("task", task))
@@ -354,18 +379,30 @@ class WorkerPool:
     def restarts(self) -> int:
         return self._restarts
 
-    def _lost(self, worker: _Worker, task: Task, part: int, kind: Kind, message: str, since: float
-              ) -> tuple[Task, TaskResult]:
+    def _lost(
+        self, worker: _Worker, task: Task, part: int, kind: Kind, message: str, since: float
+    ) -> tuple[Task, TaskResult]:
         described = task.with_spec(self._table)
         if part == CONTRACT and task.contract:
             cause = f"contract:{task.contract}:{kind.value.lower()}"
             message = f"{message} (in its error input {task.contract})"
         else:
             cause = kind.value.lower()
-        finding = Finding(kind=kind, op=task.op, impl=task.impl_ref, case_id=task.case_id(self._table),
-                          seed=task.seed, spec=described.spec, cause=cause, message=message,
-                          extra={"device": worker.device, "part": "contract" if part == CONTRACT else "valid",
-                                 **({"invalid_class": task.contract} if part == CONTRACT else {})})
+        finding = Finding(
+            kind=kind,
+            op=task.op,
+            impl=task.impl_ref,
+            case_id=task.case_id(self._table),
+            seed=task.seed,
+            spec=described.spec,
+            cause=cause,
+            message=message,
+            extra={
+                "device": worker.device,
+                "part": "contract" if part == CONTRACT else "valid",
+                **({"invalid_class": task.contract} if part == CONTRACT else {}),
+            },
+        )
         self._replace(worker, lost=task)
         return task, TaskResult(findings=(finding,), seconds=time.monotonic() - since)
 
@@ -410,9 +447,16 @@ class WorkerPool:
             self._drain(worker, out)  # results it sent before it died count
             running, part, since = worker.running(), int(worker.state[1]), worker.state[2]
             if running is not None:
-                out.append(self._lost(worker, running, part, Kind.CRASH,
-                                      f"{_death_message(worker.process.exitcode)} while running this case on "
-                                      f"{worker.device}", since))
+                out.append(
+                    self._lost(
+                        worker,
+                        running,
+                        part,
+                        Kind.CRASH,
+                        f"{_death_message(worker.process.exitcode)} while running this case on {worker.device}",
+                        since,
+                    )
+                )
                 continue
             if not worker.ready:
                 self._start_failures += 1
@@ -420,15 +464,23 @@ class WorkerPool:
                     raise WorkerStartError(
                         f"worker processes on {worker.device} die before they are ready "
                         f"({_death_message(worker.process.exitcode)}, {self._start_failures} times); "
-                        "their error is printed above; --in-process shows it directly")
+                        "their error is printed above; --in-process shows it directly"
+                    )
             self._replace(worker)  # died while idle or starting: bring up another
         now = time.monotonic()
         for worker in list(self._workers):
             running = worker.running()
             if running is not None and now - worker.state[2] > self._timeout:
-                out.append(self._lost(worker, running, int(worker.state[1]), Kind.TIMEOUT,
-                                      f"no result after {self._timeout:.0f} s on {worker.device}; worker killed",
-                                      worker.state[2]))
+                out.append(
+                    self._lost(
+                        worker,
+                        running,
+                        int(worker.state[1]),
+                        Kind.TIMEOUT,
+                        f"no result after {self._timeout:.0f} s on {worker.device}; worker killed",
+                        worker.state[2],
+                    )
+                )
         return out
 
     def close(self) -> None:

@@ -27,10 +27,30 @@ from mlafuzz.harness.ops.op import Outputs
 # The per-case scalars are not specialized on (one compile serves every shape a run draws); the
 # column strides are (their == 1 vectorizes the loads). K stays a constexpr, as in the kernel.
 @triton.jit(do_not_specialize=["num_reqs", "max_blocks", "num_starts", "table_s0", "block_size", "block_stride"])
-def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_ptr, bad_ptr,
-                   num_reqs, max_blocks, num_starts, table_s0, table_s1, ti_s0, ti_s1, out_s0, block_size,
-                   block_stride, K: tl.constexpr, TILE: tl.constexpr, HAS_PREFILL: tl.constexpr,
-                   HAS_COUNTS: tl.constexpr):
+def _check_convert(
+    req_ptr,
+    table_ptr,
+    ti_ptr,
+    out_ptr,
+    counts_ptr,
+    pw_ptr,
+    ps_ptr,
+    bad_ptr,
+    num_reqs,
+    max_blocks,
+    num_starts,
+    table_s0,
+    table_s1,
+    ti_s0,
+    ti_s1,
+    out_s0,
+    block_size,
+    block_stride,
+    K: tl.constexpr,
+    TILE: tl.constexpr,
+    HAS_PREFILL: tl.constexpr,
+    HAS_COUNTS: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_ptr + row).to(tl.int64)
     row_ok = (req >= 0) & (req < num_reqs)
@@ -56,8 +76,11 @@ def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_p
         # `!= False`: a bool mask under the CPU interpreter, where the scalars row_ok and is_pf  # noqa: E712 (a bool mask: see above)
         # broadcast into integer arrays, which Triton >= 3.7's interpreter rejects as a mask;
         # compiled, the i1 compare folds away.
-        base = tl.load(table_ptr + tl.where(row_ok & ~is_pf, req, 0) * table_s0 + blk * table_s1,
-                       mask=(valid & ~is_pf) != False, other=0).to(tl.int64)  # noqa: E712 (a bool mask: see above)
+        base = tl.load(
+            table_ptr + tl.where(row_ok & ~is_pf, req, 0) * table_s0 + blk * table_s1,
+            mask=(valid & ~is_pf) != False,
+            other=0,
+        ).to(tl.int64)  # noqa: E712 (a bool mask: see above)
         value = tl.where(is_pf, start + tok, base * block_stride + off)
         expected = tl.where(valid, value.to(tl.int32), -1)
         actual = tl.load(out_ptr + row * out_s0 + c)
@@ -68,12 +91,21 @@ def _check_convert(req_ptr, table_ptr, ti_ptr, out_ptr, counts_ptr, pw_ptr, ps_p
     tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
 
 
-def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor,
-                      block_size: int, has_prefill_workspace: bool, prefill_workspace_request_ids,
-                      prefill_workspace_starts, out: torch.Tensor,
-                      valid_counts: torch.Tensor | None, flag: torch.Tensor | None = None,
-                      launchers: Launchers | None = None, block_stride_rows: int | None = None
-                      ) -> torch.Tensor | None:
+def convert_rows_flag(
+    *,
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    block_size: int,
+    has_prefill_workspace: bool,
+    prefill_workspace_request_ids,
+    prefill_workspace_starts,
+    out: torch.Tensor,
+    valid_counts: torch.Tensor | None,
+    flag: torch.Tensor | None = None,
+    launchers: Launchers | None = None,
+    block_stride_rows: int | None = None,
+) -> torch.Tensor | None:
     """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
     check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization.
     ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one.
@@ -81,8 +113,9 @@ def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_
     n, k = token_indices.shape
     if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
         return None
-    if valid_counts is not None and (valid_counts.shape != (n,) or valid_counts.dtype != torch.int32
-                                     or valid_counts.device != token_indices.device):
+    if valid_counts is not None and (
+        valid_counts.shape != (n,) or valid_counts.dtype != torch.int32 or valid_counts.device != token_indices.device
+    ):
         return None
     if n == 0 or k == 0:
         if valid_counts is None:
@@ -102,14 +135,31 @@ def convert_rows_flag(*, req_id: torch.Tensor, block_table: torch.Tensor, token_
     num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
     bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=out.device)
     outc = out.contiguous()
-    args = (req_id.contiguous(), block_table, token_indices, outc,
-            valid_counts if valid_counts is not None else outc, pw.contiguous(), ps.contiguous(), bad,
-            block_table.shape[0], block_table.shape[1], num_starts, block_table.stride(0),
-            block_table.stride(1), token_indices.stride(0), token_indices.stride(1), outc.stride(0), block_size,
-            block_size if block_stride_rows is None else block_stride_rows)
-    (launchers or Launchers())(_check_convert)(n, args, {"K": k, "TILE": tile,
-                                                         "HAS_PREFILL": bool(has_prefill_workspace),
-                                                         "HAS_COUNTS": valid_counts is not None})
+    args = (
+        req_id.contiguous(),
+        block_table,
+        token_indices,
+        outc,
+        valid_counts if valid_counts is not None else outc,
+        pw.contiguous(),
+        ps.contiguous(),
+        bad,
+        block_table.shape[0],
+        block_table.shape[1],
+        num_starts,
+        block_table.stride(0),
+        block_table.stride(1),
+        token_indices.stride(0),
+        token_indices.stride(1),
+        outc.stride(0),
+        block_size,
+        block_size if block_stride_rows is None else block_stride_rows,
+    )
+    (launchers or Launchers())(_check_convert)(
+        n,
+        args,
+        {"K": k, "TILE": tile, "HAS_PREFILL": bool(has_prefill_workspace), "HAS_COUNTS": valid_counts is not None},
+    )
     return bad
 
 
@@ -127,9 +177,20 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
     out, counts = outputs.get("out"), outputs.get("valid_counts")
     if not isinstance(out, torch.Tensor) or (p["return_valid_counts"] and not isinstance(counts, torch.Tensor)):
         return False
-    return convert_rows_flag(req_id=t["req_id"], block_table=t["block_table"], token_indices=t["token_indices"],
-                             block_size=p["BLOCK_SIZE"], has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
-                             prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-                             prefill_workspace_starts=t["prefill_workspace_starts"], out=out,
-                             valid_counts=counts if p["return_valid_counts"] else None, flag=flag,
-                             launchers=state.launchers, block_stride_rows=p.get("BLOCK_STRIDE_ROWS")) is not None
+    return (
+        convert_rows_flag(
+            req_id=t["req_id"],
+            block_table=t["block_table"],
+            token_indices=t["token_indices"],
+            block_size=p["BLOCK_SIZE"],
+            has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
+            prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
+            prefill_workspace_starts=t["prefill_workspace_starts"],
+            out=out,
+            valid_counts=counts if p["return_valid_counts"] else None,
+            flag=flag,
+            launchers=state.launchers,
+            block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
+        )
+        is not None
+    )

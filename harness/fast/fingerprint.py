@@ -72,8 +72,35 @@ def _share(words_ptr, n, out_ptr, pid, start, SIGN: tl.constexpr, BLOCK: tl.cons
 
 
 @triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=[f"p{j}" for j in range(PER_LAUNCH)])
-def _fingerprints(out_ptr, p0, n0, s0, p1, n1, s1, p2, n2, s2, p3, n3, s3, p4, n4, s4, p5, n5, s5, p6, n6, s6,
-                  p7, n7, s7, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+def _fingerprints(
+    out_ptr,
+    p0,
+    n0,
+    s0,
+    p1,
+    n1,
+    s1,
+    p2,
+    n2,
+    s2,
+    p3,
+    n3,
+    s3,
+    p4,
+    n4,
+    s4,
+    p5,
+    n5,
+    s5,
+    p6,
+    n6,
+    s6,
+    p7,
+    n7,
+    s7,
+    SIGN: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Tensor j (n_j words at p_j) owns the programs after tensor j - 1's and adds SIGN x its
     fingerprint into out[s_j]. A program's branch is uniform (one scalar compare per tensor)."""
     pid = tl.program_id(0)
@@ -87,14 +114,15 @@ def _fingerprints(out_ptr, p0, n0, s0, p1, n1, s1, p2, n2, s2, p3, n3, s3, p4, n
     _share(p7, n7, out_ptr + s7, pid, end, SIGN, BLOCK)
 
 
-def add_words(out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1,
-              launchers: Launchers | None = None) -> None:
+def add_words(
+    out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1, launchers: Launchers | None = None
+) -> None:
     """out[slot] += sign x fingerprint for each (words, slot) of ``items`` (``word_view``s, on
     out's device; out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up."""
     launch = (launchers or Launchers())(_fingerprints)
     work = [(w, slot) for w, slot in items if w.numel()]
     for at in range(0, len(work), PER_LAUNCH):
-        chunk = work[at:at + PER_LAUNCH]
+        chunk = work[at : at + PER_LAUNCH]
         args: list = [out]
         programs = 0
         for w, slot in chunk:
@@ -117,8 +145,9 @@ class Snapshot:
     into a board (``board``, then ``add_words(board, snap.items())``): a nonzero slot is an input
     the call changed."""
 
-    def __init__(self, inputs: dict[str, torch.Tensor], *, device: str | torch.device,
-                 launchers: Launchers | None = None) -> None:
+    def __init__(
+        self, inputs: dict[str, torch.Tensor], *, device: str | torch.device, launchers: Launchers | None = None
+    ) -> None:
         self.names = list(inputs)
         self._launchers = launchers
         # The word views of the inputs, kept for the fingerprints after each call: the same
@@ -135,8 +164,10 @@ class Snapshot:
 
     def items(self, *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
         """(words, slot) pairs of the snapshot's input tensors now, for add_words, slots from ``at``."""
-        return [(w if w is not None else word_view(self._strided[k]), at + i)
-                for i, (k, w) in enumerate(zip(self.names, self._words))]
+        return [
+            (w if w is not None else word_view(self._strided[k]), at + i)
+            for i, (k, w) in enumerate(zip(self.names, self._words))
+        ]
 
     def changed(self) -> list[str]:
         """The inputs whose bytes differ from the snapshot's (one host sync)."""
@@ -151,6 +182,6 @@ def filled_fingerprint(like: torch.Tensor, fill: int, *, launchers: Launchers | 
     dtype = word_view(like).dtype
     # A start offset into a fresh (aligned) buffer that gives the same word width as like's.
     start = {torch.int32: 0, torch.uint8: 1}[dtype]
-    ref = torch.full((like.numel() + 8,), fill, dtype=torch.uint8, device=like.device)[start:start + like.numel()]
+    ref = torch.full((like.numel() + 8,), fill, dtype=torch.uint8, device=like.device)[start : start + like.numel()]
     assert word_view(ref).dtype == dtype
     return fingerprints([ref], launchers=launchers)

@@ -100,7 +100,13 @@ def _expected_pairs(codes, scale, USE_ASM: tl.constexpr, USE_CVT: tl.constexpr):
             mul.rn.f32 a, a, $2;
             mul.rn.f32 b, b, $2;
             cvt.rn.bf16x2.f32 $0, b, a;
-            }""", "=r,h,f", [codes, scale], dtype=tl.uint32, is_pure=True, pack=1)
+            }""",
+            "=r,h,f",
+            [codes, scale],
+            dtype=tl.uint32,
+            is_pure=True,
+            pack=1,
+        )
     else:
         c = codes.to(tl.int32) & 0xFFFF
         lo = mul_rn(_fp8_value(c & 0xFF, USE_ASM), scale, USE_ASM)
@@ -113,6 +119,7 @@ def _expected_pairs(codes, scale, USE_ASM: tl.constexpr, USE_CVT: tl.constexpr):
 # Two bf16 elements per uint32 from here on: each helper works on both halves at once, with
 # carries that never cross from one half into the other (each half's sum stays below 0x10000).
 # (x ^ 0xFFFFFFFF rather than ~x: the CPU interpreter's ~ on uint32 overflows.)
+
 
 @triton.jit
 def _nan_halves(x):
@@ -147,8 +154,9 @@ def _unlike_pairs(expected):
 
 
 @triton.jit
-def _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected, width: tl.constexpr,
-          MODE: tl.constexpr):
+def _part(
+    dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected, width: tl.constexpr, MODE: tl.constexpr
+):
     """``width`` element pairs from pair column col0 of ROWS rows, expected pairs ``expected``:
     MODE 0 writes _unlike_pairs there (and returns no mismatches); 1 returns where dst is no
     match; 2 also where dst2 is not, or differs from dst by a bit."""
@@ -168,8 +176,20 @@ def _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected
 
 
 @triton.jit
-def _rows(cache8_ptr, rec_ptr, dst_bf16_ptr, dst2_bf16_ptr, bad_ptr, total, dst_stride, dst2_stride,
-          MODE: tl.constexpr, ROWS: tl.constexpr, USE_ASM: tl.constexpr, USE_CVT: tl.constexpr):
+def _rows(
+    cache8_ptr,
+    rec_ptr,
+    dst_bf16_ptr,
+    dst2_bf16_ptr,
+    bad_ptr,
+    total,
+    dst_stride,
+    dst2_stride,
+    MODE: tl.constexpr,
+    ROWS: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    USE_CVT: tl.constexpr,
+):
     """ROWS dst rows per program, each rebuilt from its record (rec: byte offsets) two elements
     at a time: one 128-code scale tile at a time (the tile's scale loaded once per row), then
     the 64 RoPE patterns as they are; each slice filled or checked by _part (MODE 0 / 1 / 2).
@@ -191,8 +211,7 @@ def _rows(cache8_ptr, rec_ptr, dst_bf16_ptr, dst2_bf16_ptr, bad_ptr, total, dst_
         codes = tl.load(cache16_ptr + rec[:, None] // 2 + t * 64 + pairs[None, :], mask=live[:, None], other=0)
         scale = tl.load(cache32_ptr + rec // 4 + 128 + t, mask=live, other=0).to(tl.float32, bitcast=True)
         expected = _expected_pairs(codes, tl.broadcast_to(scale[:, None], (ROWS, 64)), USE_ASM, USE_CVT)
-        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 64, expected, 64,
-                                    MODE)
+        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 64, expected, 64, MODE)
     rope = tl.load(cache32_ptr + rec[:, None] // 4 + 132 + tl.arange(0, 32)[None, :], mask=live[:, None], other=0)
     rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 256, rope, 32, MODE)
     if MODE != 0:
@@ -209,8 +228,21 @@ NUM_WARPS = 2
 
 
 @triton.jit
-def _record_map(ws_ptr, ss_ptr, table_ptr, out_ptr, total, batch_size, ws_stride, ss_stride, table_s0, table_s1,
-                block_size, HAS_SS: tl.constexpr, BLOCK: tl.constexpr):
+def _record_map(
+    ws_ptr,
+    ss_ptr,
+    table_ptr,
+    out_ptr,
+    total,
+    batch_size,
+    ws_stride,
+    ss_stride,
+    table_s0,
+    table_s1,
+    block_size,
+    HAS_SS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """out[row] = byte offset of the record dst row ``row`` reads: row_records, per row. The owner
     is the last request b < batch_size with ws[b] <= row (a right-sided binary search over the
     non-decreasing ws[:B]: past empty requests), its position seq_starts[b] + row - ws[b], then
@@ -237,9 +269,16 @@ def _record_map(ws_ptr, ss_ptr, table_ptr, out_ptr, total, batch_size, ws_stride
     tl.store(out_ptr + rows, (block * block_size + pos - blk * block_size) * 656, mask=live)
 
 
-def record_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, workspace_starts: torch.Tensor,
-                   batch_size: int, seq_starts: torch.Tensor | None, total: int,
-                   launchers: Launchers | None = None) -> torch.Tensor:
+def record_offsets(
+    *,
+    src_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    workspace_starts: torch.Tensor,
+    batch_size: int,
+    seq_starts: torch.Tensor | None,
+    total: int,
+    launchers: Launchers | None = None,
+) -> torch.Tensor:
     """Byte offset, int64 [total], of the record each dst row reads in the contiguous cache:
     ``oracles.gather.row_records``'s mapping in one launch (its ten-odd torch ops cost more host
     time than the rest of a fast-path gather check), held equal to it by tests. Valid cases only
@@ -252,23 +291,47 @@ def record_offsets(*, src_cache: torch.Tensor, block_table: torch.Tensor, worksp
     ws = workspace_starts.reshape(-1)
     ss = seq_starts.reshape(-1) if seq_starts is not None else ws
     block = 1024
-    args = (ws, ss, block_table, out, total, batch_size, ws.stride(0), ss.stride(0), block_table.stride(0),
-            block_table.stride(1), src_cache.shape[1])
-    (launchers or Launchers())(_record_map)(-(-total // block), args,  # not triton.cdiv: ~5 us a call
-                                            {"HAS_SS": seq_starts is not None, "BLOCK": block})
+    args = (
+        ws,
+        ss,
+        block_table,
+        out,
+        total,
+        batch_size,
+        ws.stride(0),
+        ss.stride(0),
+        block_table.stride(0),
+        block_table.stride(1),
+        src_cache.shape[1],
+    )
+    (launchers or Launchers())(_record_map)(
+        -(-total // block),
+        args,  # not triton.cdiv: ~5 us a call
+        {"HAS_SS": seq_starts is not None, "BLOCK": block},
+    )
     return out
 
 
-def _launch(*, mode: int, cache: torch.Tensor, dst: torch.Tensor, dst2: torch.Tensor | None,
-            rec: torch.Tensor, bad: torch.Tensor, launchers: Launchers | None) -> None:
+def _launch(
+    *,
+    mode: int,
+    cache: torch.Tensor,
+    dst: torch.Tensor,
+    dst2: torch.Tensor | None,
+    rec: torch.Tensor,
+    bad: torch.Tensor,
+    launchers: Launchers | None,
+) -> None:
     other = dst2 if dst2 is not None else dst
     total = dst.shape[0]
     with quiet():
         args = (cache, rec, dst, other, bad, total, dst.stride(0) // 2, other.stride(0) // 2)
         (launchers or Launchers())(_rows)(
-            -(-total // ROWS_PER_PROGRAM), args,
+            -(-total // ROWS_PER_PROGRAM),
+            args,
             {"MODE": mode, "ROWS": ROWS_PER_PROGRAM, "USE_ASM": use_asm(dst.device), "USE_CVT": use_cvt(dst.device)},
-            num_warps=NUM_WARPS)
+            num_warps=NUM_WARPS,
+        )
 
 
 def contiguous_records(src_cache: torch.Tensor) -> torch.Tensor | None:
@@ -288,14 +351,31 @@ def _usable(cache: torch.Tensor | None, *dsts: torch.Tensor | None) -> bool:
     rows with contiguous elements, read two at a time (4-byte aligned rows), on the cache's
     device."""
     return cache is not None and all(
-        d is None or (d.dtype == torch.bfloat16 and d.dim() == 2 and d.shape[1] == ROW_DIM and d.stride(1) == 1
-                      and d.stride(0) % 2 == 0 and d.data_ptr() % 4 == 0 and d.device == cache.device)
-        for d in dsts)
+        d is None
+        or (
+            d.dtype == torch.bfloat16
+            and d.dim() == 2
+            and d.shape[1] == ROW_DIM
+            and d.stride(1) == 1
+            and d.stride(0) % 2 == 0
+            and d.data_ptr() % 4 == 0
+            and d.device == cache.device
+        )
+        for d in dsts
+    )
 
 
-def gather_prefill(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
-                   workspace_starts: torch.Tensor, batch_size: int, seq_starts: torch.Tensor | None,
-                   rec: torch.Tensor | None = None, launchers: Launchers | None = None) -> bool:
+def gather_prefill(
+    *,
+    src_cache: torch.Tensor,
+    dst: torch.Tensor,
+    block_table: torch.Tensor,
+    workspace_starts: torch.Tensor,
+    batch_size: int,
+    seq_starts: torch.Tensor | None,
+    rec: torch.Tensor | None = None,
+    launchers: Launchers | None = None,
+) -> bool:
     """Fill dst so that no byte of it already holds what SPEC section 4 puts there: each element
     is ``_unlike_pairs`` its expected value. Then a dst that ``gather_rows_flag`` finds equal to the
     oracle's was written at every byte, which is what the guards' two-run write map establishes;
@@ -307,16 +387,32 @@ def gather_prefill(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: t
     if total == 0:
         return True
     if rec is None:
-        rec = record_offsets(src_cache=src_cache, block_table=block_table, workspace_starts=workspace_starts,
-                             batch_size=batch_size, seq_starts=seq_starts, total=total, launchers=launchers)
+        rec = record_offsets(
+            src_cache=src_cache,
+            block_table=block_table,
+            workspace_starts=workspace_starts,
+            batch_size=batch_size,
+            seq_starts=seq_starts,
+            total=total,
+            launchers=launchers,
+        )
     _launch(mode=0, cache=cache, dst=dst, dst2=None, rec=rec, bad=rec, launchers=launchers)
     return True
 
 
-def gather_rows_flag(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
-                     workspace_starts: torch.Tensor, batch_size: int, seq_starts: torch.Tensor | None,
-                     dst2: torch.Tensor | None = None, rec: torch.Tensor | None = None,
-                     flag: torch.Tensor | None = None, launchers: Launchers | None = None) -> torch.Tensor | None:
+def gather_rows_flag(
+    *,
+    src_cache: torch.Tensor,
+    dst: torch.Tensor,
+    block_table: torch.Tensor,
+    workspace_starts: torch.Tensor,
+    batch_size: int,
+    seq_starts: torch.Tensor | None,
+    dst2: torch.Tensor | None = None,
+    rec: torch.Tensor | None = None,
+    flag: torch.Tensor | None = None,
+    launchers: Launchers | None = None,
+) -> torch.Tensor | None:
     """A device int32 [1], nonzero when some dst row (or dst2 row) is not exactly its expected
     dequantized record or dst2 is not bit-identical to dst (NaN payloads included), zero when
     every row is; None when this check cannot tell (a layout it does not read). SPEC section 4's
@@ -331,25 +427,40 @@ def gather_rows_flag(*, src_cache: torch.Tensor, dst: torch.Tensor, block_table:
     if total == 0:
         return bad
     if rec is None:
-        rec = record_offsets(src_cache=src_cache, block_table=block_table, workspace_starts=workspace_starts,
-                             batch_size=batch_size, seq_starts=seq_starts, total=total, launchers=launchers)
+        rec = record_offsets(
+            src_cache=src_cache,
+            block_table=block_table,
+            workspace_starts=workspace_starts,
+            batch_size=batch_size,
+            seq_starts=seq_starts,
+            total=total,
+            launchers=launchers,
+        )
     _launch(mode=1 if dst2 is None else 2, cache=cache, dst=dst, dst2=dst2, rec=rec, bad=bad, launchers=launchers)
     return bad
 
 
 # --- the fast path's adapters (harness/fast/path.py) -------------------------------
 
+
 def _args(state: CaseState) -> dict[str, Any]:
     """The fused check's arguments, prepared once per case for its prefill and its checks: the
     cache contiguous and aligned (a copy only when it is not), and the row -> record map."""
     case = state.case
     t = case.tensors
-    args = dict(block_table=t["block_table"], workspace_starts=t["workspace_starts"],
-                batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
+    args = dict(
+        block_table=t["block_table"],
+        workspace_starts=t["workspace_starts"],
+        batch_size=case.params["batch_size"],
+        seq_starts=t["seq_starts"],
+    )
     if "gather" not in state.memo:
         cache = contiguous_records(t["src_cache"])
-        rec = (record_offsets(src_cache=cache, total=case.params["total"], launchers=state.launchers, **args)
-               if cache is not None else None)  # a cache of another shape: prefill and check decline it themselves
+        rec = (
+            record_offsets(src_cache=cache, total=case.params["total"], launchers=state.launchers, **args)
+            if cache is not None
+            else None
+        )  # a cache of another shape: prefill and check decline it themselves
         state.memo["gather"] = (cache if cache is not None else t["src_cache"], rec)
     cache, rec = state.memo["gather"]
     return {**args, "src_cache": cache, "rec": rec, "launchers": state.launchers}

@@ -54,8 +54,9 @@ def quiet() -> ContextManager:
 def mul_rn(a, b, USE_ASM: tl.constexpr):
     """IEEE f32 a * b, round to nearest even, subnormals kept."""
     if USE_ASM:
-        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
     else:
         return a * b
 
@@ -64,7 +65,8 @@ def mul_rn(a, b, USE_ASM: tl.constexpr):
 def div_rn(a, b, USE_ASM: tl.constexpr):
     """IEEE f32 a / b, round to nearest even, subnormals kept."""
     if USE_ASM:
-        return tl.inline_asm_elementwise("div.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "div.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
     else:
         return a / b

@@ -64,16 +64,23 @@ class Launcher:
             params = [p for p in getattr(self._fn, "params", ()) if not p.is_constexpr]
             self._specialized = [(not p.do_not_specialize, not p.do_not_specialize_on_alignment) for p in params]
         flags = self._specialized or [(True, True)] * len(args)  # a stand-in with no params: everything
-        return tuple(arg_key(a, specialized=align if isinstance(a, torch.Tensor) else value)
-                     for a, (value, align) in zip(args, flags))
+        return tuple(
+            arg_key(a, specialized=align if isinstance(a, torch.Tensor) else value)
+            for a, (value, align) in zip(args, flags)
+        )
 
-    def __call__(self, grid: int, args: tuple | list, constexprs: dict[str, Any], *, key: tuple | None = None,
-                 **options: Any) -> None:
+    def __call__(
+        self, grid: int, args: tuple | list, constexprs: dict[str, Any], *, key: tuple | None = None, **options: Any
+    ) -> None:
         if self._interpreted:
             self._fn[(grid,)](*args, **constexprs, **options)
             return
-        full = (torch.cuda.current_device(), self.key(args) if key is None else key, *constexprs.values(),
-                *options.values())
+        full = (
+            torch.cuda.current_device(),
+            self.key(args) if key is None else key,
+            *constexprs.values(),
+            *options.values(),
+        )
         kernel = self._kernels.get(full)
         if kernel is not None:
             kernel[(grid, 1, 1)](*args, *constexprs.values())

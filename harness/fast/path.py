@@ -96,8 +96,9 @@ def _quietly(res: Resources, op: str, fn: Callable[[], object], default: object)
             res.failed.add(op)
             import warnings
 
-            warnings.warn(f"fast check for {op} failed ({first_line(exc)}); using the full oracle",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"fast check for {op} failed ({first_line(exc)}); using the full oracle", RuntimeWarning, stacklevel=3
+            )
         return default
 
 
@@ -107,21 +108,33 @@ def _untouched(res: Resources, g: Guarded) -> int:
     a, b = g.zones()
     key = (str(a.device), g.fill, a.numel(), a.data_ptr() % 4, b.numel(), b.data_ptr() % 4)  # word_view's widths
     if key not in res.untouched:
-        res.untouched[key] = int(filled_fingerprint(a, g.fill, launchers=res.launchers)
-                                 + filled_fingerprint(b, g.fill, launchers=res.launchers))
+        res.untouched[key] = int(
+            filled_fingerprint(a, g.fill, launchers=res.launchers)
+            + filled_fingerprint(b, g.fill, launchers=res.launchers)
+        )
     return res.untouched[key]
 
 
-def _call(*, op: Op, fast: FastOp, fn: Callable, state: CaseState, fill: int, sub: Callable[[str], Callable],
-          wait: bool, redzone: RedZone | None) -> tuple[Call, bool]:
+def _call(
+    *,
+    op: Op,
+    fast: FastOp,
+    fn: Callable,
+    state: CaseState,
+    fill: int,
+    sub: Callable[[str], Callable],
+    wait: bool,
+    redzone: RedZone | None,
+) -> tuple[Call, bool]:
     """(the call, whether its guarded outputs were prefilled by the op's prefill)."""
     case = state.case
     guards: dict[str, Guarded] = {}
     prefilled = True
     if op.guarded:
         guards = op.guarded(case, fill, fill_region=False)
-        prefilled = bool(fast.prefill is not None
-                         and _quietly(state.res, op.name, lambda: fast.prefill(case, guards, state), False))
+        prefilled = bool(
+            fast.prefill is not None and _quietly(state.res, op.name, lambda: fast.prefill(case, guards, state), False)
+        )
         if not prefilled:
             for g in guards.values():
                 g.region().fill_(g.fill)
@@ -157,8 +170,18 @@ def _restore(op: Op, case: Case, snap: Snapshot) -> bool:
     return not snap.changed()
 
 
-def fast_path(*, op: Op, case: Case, fn: Callable, ctx: Context, rerun: bool, sub: Callable[[str], Callable],
-              res: Resources, redzone: RedZone | None = None, wait: bool = False) -> FastResult:
+def fast_path(
+    *,
+    op: Op,
+    case: Case,
+    fn: Callable,
+    ctx: Context,
+    rerun: bool,
+    sub: Callable[[str], Callable],
+    res: Resources,
+    redzone: RedZone | None = None,
+    wait: bool = False,
+) -> FastResult:
     """Check ``case`` on ``fn`` (see the module docstring). ``wait``: a device sync inside each call
     (a profiled check: an asynchronous error is then still the call's own).
 
@@ -168,33 +191,48 @@ def fast_path(*, op: Op, case: Case, fn: Callable, ctx: Context, rerun: bool, su
     on, so: no sync between the calls and the checks, and one launch for all the fingerprints."""
     fast = FAST_OPS[op.name]
     state = CaseState(case=case, res=res)
-    snap = Snapshot({k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace},
-                    device=case.device, launchers=res.launchers)
+    snap = Snapshot(
+        {k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace},
+        device=case.device,
+        launchers=res.launchers,
+    )
     with stage("run"):
-        first, pre1 = _call(op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[0], sub=sub, wait=wait,
-                            redzone=redzone)
+        first, pre1 = _call(op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[0], sub=sub, wait=wait, redzone=redzone)
     second, pre2 = None, True
     if rerun and first.error is None and not first.redzone and first.launch_error is None:
         with stage("rerun"):
-            second, pre2 = _call(op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[1], sub=sub, wait=wait,
-                                 redzone=redzone)
-    troubles = [t for t in (_trouble(first, pre1, ""), _trouble(second, pre2, "ran, and a second run "))
-                if t is not None]
-    guards = [(f"wrote into {name}'s guard zones", g) for c in (first, second) if c is not None
-              for name, g in c.guards.items()]
+            second, pre2 = _call(
+                op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[1], sub=sub, wait=wait, redzone=redzone
+            )
+    troubles = [
+        t for t in (_trouble(first, pre1, ""), _trouble(second, pre2, "ran, and a second run ")) if t is not None
+    ]
+    guards = [
+        (f"wrote into {name}'s guard zones", g)
+        for c in (first, second)
+        if c is not None
+        for name, g in c.guards.items()
+    ]
     at = len(snap.names)
     zones_at = at + 2
     board = snap.board(2 + len(guards))
     with stage("inputs"):  # after the calls: the inputs are the case's own tensors, shared
         # Launched before the fused check: the GPU runs it while the host prepares that one.
-        add_words(board, snap.items() + [(word_view(z), zones_at + j) for j, (_, g) in enumerate(guards)
-                                         for z in g.zones()], launchers=res.launchers)
+        add_words(
+            board,
+            snap.items() + [(word_view(z), zones_at + j) for j, (_, g) in enumerate(guards) for z in g.zones()],
+            launchers=res.launchers,
+        )
     with stage("oracle"):
         both = second.outputs if second is not None and op.guarded else None
-        judged = not troubles and bool(_quietly(res, op.name, lambda: fast.check(case, first.outputs, both,
-                                                                                 board[at:zones_at], state), False))
-    extra = ([(f"gave {name} a second run did not", differ_flag(a, b)) for name, a, b in rerun_pairs(first, second)]
-             if second is not None and second.error is None else [])  # outputs the impl allocated
+        judged = not troubles and bool(
+            _quietly(res, op.name, lambda: fast.check(case, first.outputs, both, board[at:zones_at], state), False)
+        )
+    extra = (
+        [(f"gave {name} a second run did not", differ_flag(a, b)) for name, a, b in rerun_pairs(first, second)]
+        if second is not None and second.error is None
+        else []
+    )  # outputs the impl allocated
     try:  # the one sync
         values = (torch.cat([board, *(f.reshape(1).to(torch.int64) for _, f in extra)]) if extra else board).tolist()
     except RuntimeError:  # an asynchronous error of a call (no sync after it): the full path syncs each
@@ -202,19 +240,31 @@ def fast_path(*, op: Op, case: Case, fn: Callable, ctx: Context, rerun: bool, su
     changed = [name for name, v in zip(snap.names, values) if v]
     # A guarded output's zones against their fill's fingerprint (a host int, cached per layout:
     # asked for after the sync, so a new layout's own sync cannot meet a call's pending error).
-    flagged = ([f"changed its input {name}" for name in changed]
-               + [what for j, (what, g) in enumerate(guards) if values[zones_at + j] != _untouched(res, g)]
-               + [what for (what, _), v in zip(extra, values[zones_at + len(guards):]) if v])
-    verdict = max(values[at:at + 2]) if judged else 2  # 2: a case it does not handle, a sign of nothing
+    flagged = (
+        [f"changed its input {name}" for name in changed]
+        + [what for j, (what, g) in enumerate(guards) if values[zones_at + j] != _untouched(res, g)]
+        + [what for (what, _), v in zip(extra, values[zones_at + len(guards) :]) if v]
+    )
+    verdict = max(values[at : at + 2]) if judged else 2  # 2: a case it does not handle, a sign of nothing
     if verdict == 1:
         flagged.insert(0, "gave outputs the fused check found different from the oracle's")
     seen = [t for t in troubles if t] + flagged
     if not seen and verdict == 0:
         return Clear()
     if changed and not _restore(op, case, snap):
-        return Found(tuple(Finding(kind=Kind.INPUT_MUTATION, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id,
-                                   tensor=name, cause=f"{name}:mutated",
-                                   message=f"input {name} changed during the call (its fingerprint moved; the "
-                                           "case could not be rebuilt from its spec and seed to say where)")
-                           for name in changed))
+        return Found(
+            tuple(
+                Finding(
+                    kind=Kind.INPUT_MUTATION,
+                    op=ctx.op,
+                    impl=ctx.impl,
+                    case_id=ctx.case_id,
+                    tensor=name,
+                    cause=f"{name}:mutated",
+                    message=f"input {name} changed during the call (its fingerprint moved; the "
+                    "case could not be rebuilt from its spec and seed to say where)",
+                )
+                for name in changed
+            )
+        )
     return Undecided(seen="; ".join(seen))

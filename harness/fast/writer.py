@@ -92,7 +92,13 @@ def _e4m3fn_code(y, USE_CVT: tl.constexpr):
             cvt.u32.u16 w, h;
             and.b32 $0, w, 255;
             shr.u32 $1, w, 8;
-            }""", "=r,=r,f,f", [y], dtype=tl.int32, is_pure=True, pack=2)
+            }""",
+            "=r,=r,f,f",
+            [y],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=2,
+        )
         return tl.where(y != y, 0x7F, code)
     else:
         return _e4m3fn_satfinite(y)
@@ -119,8 +125,20 @@ def _f32_bits_of_16(h, IS_BF16: tl.constexpr):
 
 
 @triton.jit
-def _check_records(after8_ptr, before8_ptr, kv_ptr, pe_ptr, inv_ptr, bad_ptr, kv_stride, pe_stride,
-                   IS_BF16: tl.constexpr, USE_ASM: tl.constexpr, USE_CVT: tl.constexpr, REVISION: tl.constexpr):
+def _check_records(
+    after8_ptr,
+    before8_ptr,
+    kv_ptr,
+    pe_ptr,
+    inv_ptr,
+    bad_ptr,
+    kv_stride,
+    pe_stride,
+    IS_BF16: tl.constexpr,
+    USE_ASM: tl.constexpr,
+    USE_CVT: tl.constexpr,
+    REVISION: tl.constexpr,
+):
     # The caches' bytes read as 16- and 32-bit words too, and the 16-bit floats as their patterns:
     # pointer casts here rather than typed views on the host (a view costs a few us there).
     after16_ptr = after8_ptr.to(tl.pointer_type(tl.int16))
@@ -150,8 +168,14 @@ def _check_records(after8_ptr, before8_ptr, kv_ptr, pe_ptr, inv_ptr, bad_ptr, kv
     old_scale = tl.load(before32_ptr + (rec + 512) // 4 + tiles, mask=(~written & (tiles >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
     old_rope = tl.load(before16_ptr + (rec + 528) // 2 + rcols, mask=(~written & (rcols >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
     # What it must hold if token t0 writes it: the token's encoding.
-    h = tl.load(kv16_ptr + t0 * kv_stride + cols, mask=(written & (cols >= 0)) != False,  # noqa: E712 (a bool mask: see above)
-                other=0).to(tl.int32) & 0xFFFF
+    h = (
+        tl.load(
+            kv16_ptr + t0 * kv_stride + cols,
+            mask=(written & (cols >= 0)) != False,  # noqa: E712 (a bool mask: see above)
+            other=0,
+        ).to(tl.int32)
+        & 0xFFFF
+    )
     fbits = _f32_bits_of_16(h, IS_BF16)
     x = fbits.to(tl.float32, bitcast=True)
     xbits = fbits & 0x7FFFFFFF
@@ -225,10 +249,17 @@ def slot_owners(*, slot_mapping: torch.Tensor, num_slots: int, launchers: Launch
     return inv
 
 
-def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_before: torch.Tensor,
-                        kv_cache_after: torch.Tensor, slot_mapping: torch.Tensor,
-                        flag: torch.Tensor | None = None, launchers: Launchers | None = None,
-                        revision: str = NEWEST_REVISION) -> torch.Tensor | None:
+def writer_records_flag(
+    *,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache_before: torch.Tensor,
+    kv_cache_after: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    flag: torch.Tensor | None = None,
+    launchers: Launchers | None = None,
+    revision: str = NEWEST_REVISION,
+) -> torch.Tensor | None:
     """A device int32 flag: 0 when kv_cache_after is exactly the oracle's, 1 when it differs,
     2 when the slots are ones this check does not handle (duplicate or out of range: the full
     check decides); None when it cannot tell from the host side (shapes, dtypes, devices it
@@ -265,9 +296,16 @@ def writer_records_flag(*, kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache_befo
     with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
         args = (after, before, kv, pe, inv, bad, kv.stride(0), pe.stride(0))
         launchers(_check_records)(
-            num_slots, args, {"IS_BF16": kv.dtype == torch.bfloat16, "USE_ASM": use_asm(dev), "USE_CVT": use_cvt(dev),
-                              "REVISION": REVISIONS.index(revision)},
-            num_warps=1)
+            num_slots,
+            args,
+            {
+                "IS_BF16": kv.dtype == torch.bfloat16,
+                "USE_ASM": use_asm(dev),
+                "USE_CVT": use_cvt(dev),
+                "REVISION": REVISIONS.index(revision),
+            },
+            num_warps=1,
+        )
     return flag if flag is not None else bad.max().reshape(1)
 
 
@@ -278,7 +316,16 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
     t, after = case.tensors, outputs.get("kv_cache")
     if not isinstance(after, torch.Tensor):
         return False
-    return writer_records_flag(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
-                               kv_cache_after=after, slot_mapping=t["slot_mapping"], flag=flag,
-                               launchers=state.launchers,
-                               revision=case.params.get("revision") or NEWEST_REVISION) is not None
+    return (
+        writer_records_flag(
+            kv_c=t["kv_c"],
+            k_pe=t["k_pe"],
+            kv_cache_before=t["kv_cache"],
+            kv_cache_after=after,
+            slot_mapping=t["slot_mapping"],
+            flag=flag,
+            launchers=state.launchers,
+            revision=case.params.get("revision") or NEWEST_REVISION,
+        )
+        is not None
+    )

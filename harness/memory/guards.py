@@ -42,16 +42,24 @@ class Guarded:
         return self.view.numel() * self.view.element_size()
 
     def region(self) -> torch.Tensor:
-        return self.full[self.start:self.start + self.nbytes]
+        return self.full[self.start : self.start + self.nbytes]
 
     def zones(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The bytes before and after the output that it must not write (byte views): its guard
         zones, with the rows of the workspace it is a slice of."""
-        return self.full[:self.start], self.full[self.start + self.nbytes:]
+        return self.full[: self.start], self.full[self.start + self.nbytes :]
 
 
-def guarded_empty(*, shape: tuple[int, ...], dtype: torch.dtype, device: str, fill: int,
-                  fill_region: bool = True, rows_before: int = 0, rows_after: int = 0) -> Guarded:
+def guarded_empty(
+    *,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: str,
+    fill: int,
+    fill_region: bool = True,
+    rows_before: int = 0,
+    rows_after: int = 0,
+) -> Guarded:
     """A guarded output filled with ``fill``; with ``fill_region=False`` only its zones are, and the
     output's own bytes are left for the caller to fill (the fast path's prefill). ``rows_before``
     / ``rows_after``: the output is rows of a workspace with that many more rows of its width
@@ -71,13 +79,16 @@ def guarded_empty(*, shape: tuple[int, ...], dtype: torch.dtype, device: str, fi
             full.as_strided((2, start), (start + nbytes, 1)).fill_(fill)  # both zones, one launch
         else:
             full[:start].fill_(fill)
-            full[start + nbytes:].fill_(fill)
+            full[start + nbytes :].fill_(fill)
     if rows_before or rows_after:  # the view is rows of the workspace between the guard zones
-        workspace = full[GUARD_BYTES:total - GUARD_BYTES].view(dtype).reshape(
-            (rows_before + shape[0] + rows_after, *shape[1:]))
-        view = workspace[rows_before:rows_before + shape[0]]
+        workspace = (
+            full[GUARD_BYTES : total - GUARD_BYTES]
+            .view(dtype)
+            .reshape((rows_before + shape[0] + rows_after, *shape[1:]))
+        )
+        view = workspace[rows_before : rows_before + shape[0]]
     else:
-        view = full[start:start + nbytes].view(dtype).reshape(shape)
+        view = full[start : start + nbytes].view(dtype).reshape(shape)
     return Guarded(full=full, view=view, fill=fill, start=start)
 
 
@@ -117,9 +128,19 @@ def oob_findings(*, name: str, g: Guarded, op: str, impl: str, case_id: str) -> 
         first = int(after.nonzero()[0])
         where.append(f"{_bytes(n_after)} after it (the first at byte +{first} from its end)")
     side = "before" if n_before and not n_after else "after" if n_after and not n_before else "both"
-    return [Finding(kind=Kind.OOB_WRITE, op=op, impl=impl, case_id=case_id, tensor=name, cause=f"{name}:oob_{side}",
-                    count=n_before + n_after, total=zone_before.numel() + zone_after.numel(),
-                    message=f"{name}: wrote outside the output: {' and '.join(where)}")]
+    return [
+        Finding(
+            kind=Kind.OOB_WRITE,
+            op=op,
+            impl=impl,
+            case_id=case_id,
+            tensor=name,
+            cause=f"{name}:oob_{side}",
+            count=n_before + n_after,
+            total=zone_before.numel() + zone_after.numel(),
+            message=f"{name}: wrote outside the output: {' and '.join(where)}",
+        )
+    ]
 
 
 def never_written(run_a: Guarded, run_b: Guarded) -> torch.Tensor | None:
@@ -133,8 +154,7 @@ def never_written(run_a: Guarded, run_b: Guarded) -> torch.Tensor | None:
     return per_element if bool(per_element.any()) else None
 
 
-def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, impl: str,
-                       case_id: str) -> list[Finding]:
+def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, impl: str, case_id: str) -> list[Finding]:
     """MISSING_WRITE and NONDETERMINISM from the two runs' output regions."""
     a, b = run_a.region(), run_b.region()
     if same_bits(a, b):  # one pass: fills differ, so equal runs wrote every byte, identically
@@ -144,17 +164,37 @@ def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, im
     if unwritten is not None:
         elems = int(unwritten.sum())
         first = _byte_to_element(int(unwritten.nonzero()[0]) * run_a.view.element_size(), run_a.view)
-        out.append(Finding(kind=Kind.MISSING_WRITE, op=op, impl=impl, case_id=case_id, tensor=name,
-                           cause=f"{name}:missing", count=elems, total=run_a.view.numel(),
-                           mismatches=(Mismatch(index=tuple(first), expected="written", actual="untouched"),),
-                           message=f"{name}: {elems} / {run_a.view.numel()} elements never written, first at {first}"
-                                   " (their values are not compared again)"))
+        out.append(
+            Finding(
+                kind=Kind.MISSING_WRITE,
+                op=op,
+                impl=impl,
+                case_id=case_id,
+                tensor=name,
+                cause=f"{name}:missing",
+                count=elems,
+                total=run_a.view.numel(),
+                mismatches=(Mismatch(index=tuple(first), expected="written", actual="untouched"),),
+                message=f"{name}: {elems} / {run_a.view.numel()} elements never written, first at {first}"
+                " (their values are not compared again)",
+            )
+        )
     written_both = (a != run_a.fill) & (b != run_b.fill)
     differ = written_both & (a != b)
     nd = int(differ.sum())
     if nd:
         first = _byte_to_element(int(differ.nonzero()[0]), run_a.view)
-        out.append(Finding(kind=Kind.NONDETERMINISM, op=op, impl=impl, case_id=case_id, tensor=name,
-                           cause=f"{name}:rerun", count=nd, total=a.numel(),
-                           message=f"{name}: a second run of the same case differs in {nd} bytes, first at {first}"))
+        out.append(
+            Finding(
+                kind=Kind.NONDETERMINISM,
+                op=op,
+                impl=impl,
+                case_id=case_id,
+                tensor=name,
+                cause=f"{name}:rerun",
+                count=nd,
+                total=a.numel(),
+                message=f"{name}: a second run of the same case differs in {nd} bytes, first at {first}",
+            )
+        )
     return out

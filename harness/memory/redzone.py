@@ -47,8 +47,12 @@ def build(*, nvcc: str | None = None) -> Path:
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp.so")
-        subprocess.run([nvcc, "-O2", "-shared", "-Xcompiler", "-fPIC", "-o", str(tmp), str(SOURCE), "-lcudart"],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            [nvcc, "-O2", "-shared", "-Xcompiler", "-fPIC", "-o", str(tmp), str(SOURCE), "-lcudart"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         tmp.replace(out)
     return out
 

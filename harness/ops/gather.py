@@ -18,9 +18,17 @@ def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarde
     # dst is a row slice of a larger workspace (GatherSpec.dst_view), whose other rows it must not write.
     p = case.params
     dtype = getattr(torch, p.get("dst_dtype", "bfloat16"))
-    return {"dst": guarded_empty(shape=(p["total"], p.get("dst_cols", 576)), dtype=dtype, device=case.device,
-                                 fill=fill, fill_region=fill_region, rows_before=p.get("dst_rows_before", 0),
-                                 rows_after=p.get("dst_rows_after", 0))}
+    return {
+        "dst": guarded_empty(
+            shape=(p["total"], p.get("dst_cols", 576)),
+            dtype=dtype,
+            device=case.device,
+            fill=fill,
+            fill_region=fill_region,
+            rows_before=p.get("dst_rows_before", 0),
+            rows_after=p.get("dst_rows_after", 0),
+        )
+    }
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
@@ -35,17 +43,34 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
 
         fn = og.gather_loop if loop else og.gather
         t = case.tensors
-        dst = fn(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
-                 batch_size=case.params["batch_size"], seq_starts=t["seq_starts"], total=case.params["total"])
+        dst = fn(
+            src_cache=t["src_cache"],
+            block_table=t["block_table"],
+            workspace_starts=t["workspace_starts"],
+            batch_size=case.params["batch_size"],
+            seq_starts=t["seq_starts"],
+            total=case.params["total"],
+        )
         return {"dst": dst}
+
     return run
 
 
 GATHER = Op(
-    name="gather", spec_type=gen.GatherSpec, draw=gen.draw, materialize=gen.materialize, features=gen.features,
-    size=gen.size, reduce=gen.reduce, invalid=gen.INVALID, oracle=_oracle(False), oracle_slow=_oracle(True),
-    invoke=invoke, defaults={"cpu": ("torch",), "cuda": ("cuda", "torch")},
+    name="gather",
+    spec_type=gen.GatherSpec,
+    draw=gen.draw,
+    materialize=gen.materialize,
+    features=gen.features,
+    size=gen.size,
+    reduce=gen.reduce,
+    invalid=gen.INVALID,
+    oracle=_oracle(False),
+    oracle_slow=_oracle(True),
+    invoke=invoke,
+    defaults={"cpu": ("torch",), "cuda": ("cuda", "torch")},
     contract=frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"}),  # SPEC 4: what vLLM checks on the host
-    guarded=guarded, needs=gen.needs,
+    guarded=guarded,
+    needs=gen.needs,
     call=CallShape(positional=("src_cache", "dst", "block_table", "workspace_starts", "batch_size", "seq_starts")),
 )

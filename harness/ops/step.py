@@ -53,25 +53,55 @@ from mlafuzz.reports.findings import Finding, Kind
 
 SUB_REFS_KEY = "_step_sub_impls"  # non-tensor output: the sub-implementations' --impl references
 
-METADATA_OUTPUTS = frozenset({
-    "num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens", "decode_query_len",
-    "num_active_decodes", "dense_route", "prefill_request_ids", "prefill_chunks", "workspace_starts",
-    "prefill_chunk_seq_tot", "context_chunk", "context_starts", "context_lens", "context_cu_seq_lens",
-    "context_seq_tot", "invariants",
-})
+METADATA_OUTPUTS = frozenset(
+    {
+        "num_decodes",
+        "num_prefills",
+        "num_decode_tokens",
+        "num_prefill_tokens",
+        "decode_query_len",
+        "num_active_decodes",
+        "dense_route",
+        "prefill_request_ids",
+        "prefill_chunks",
+        "workspace_starts",
+        "prefill_chunk_seq_tot",
+        "context_chunk",
+        "context_starts",
+        "context_lens",
+        "context_cu_seq_lens",
+        "context_seq_tot",
+        "invariants",
+    }
+)
 # The order the pipeline builds its metadata in (SPEC 5.1, 5.3, 5.4, 5.2): one that differs makes
 # those after it differ too.
 METADATA_ORDER = (
-    "num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens", "decode_query_len",
-    "num_active_decodes", "prefill_request_ids", "prefill_chunks", "workspace_starts", "prefill_chunk_seq_tot",
-    "dense_route", "context_chunk", "context_starts", "context_lens", "context_cu_seq_lens", "context_seq_tot",
+    "num_decodes",
+    "num_prefills",
+    "num_decode_tokens",
+    "num_prefill_tokens",
+    "decode_query_len",
+    "num_active_decodes",
+    "prefill_request_ids",
+    "prefill_chunks",
+    "workspace_starts",
+    "prefill_chunk_seq_tot",
+    "dense_route",
+    "context_chunk",
+    "context_starts",
+    "context_lens",
+    "context_cu_seq_lens",
+    "context_seq_tot",
 )
 # Cross-field invariants between the pipeline's own outputs and the calls it made (1 = holds).
 INVARIANTS = ("convert_decode_rows", "convert_prefill_rows", "gather_calls", "gathered_rows")
 # What the sub-op calls made, and the invariants about the calls that made it.
 DATA_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "decode_slots": ("convert_decode_rows",), "prefill_slots": ("convert_prefill_rows",),
-    "context_rows": ("gather_calls", "gathered_rows"), "prefill_seq_rows": ("gather_calls", "gathered_rows"),
+    "decode_slots": ("convert_decode_rows",),
+    "prefill_slots": ("convert_prefill_rows",),
+    "context_rows": ("gather_calls", "gathered_rows"),
+    "prefill_seq_rows": ("gather_calls", "gathered_rows"),
 }
 _COMPARED = (Kind.VALUE_MISMATCH, Kind.NAN_MISMATCH, Kind.SUBNORMAL_FLUSH)  # the comparator's kinds
 REPORT_KEY = "_step_report"  # non-tensor output: invariant name -> why it broke (None: holds)
@@ -86,6 +116,7 @@ class StepCallError(RuntimeError):
 
 
 # --- recording the pipeline's sub-calls --------------------------------------
+
 
 @dataclass(frozen=True)
 class ConvertCall:
@@ -108,22 +139,40 @@ class SubCallRecorder:
     converts: list[ConvertCall] = field(default_factory=list)
     gathers: list[GatherCall] = field(default_factory=list)
 
-    def convert(self, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK_TOKENS=2048, BLOCK_N=128,
-                HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
-                return_valid_counts=False):
+    def convert(
+        self,
+        req_id,
+        block_table,
+        token_indices,
+        BLOCK_SIZE=64,
+        NUM_TOPK_TOKENS=2048,
+        BLOCK_N=128,
+        HAS_PREFILL_WORKSPACE=False,
+        prefill_workspace_request_ids=None,
+        prefill_workspace_starts=None,
+        return_valid_counts=False,
+    ):
         n_req, n_idx = int(req_id.shape[0]), int(token_indices.shape[0])
         if n_req != n_idx:
-            raise StepCallError("convert:req_id_rows",
-                                f"step called convert with req_id rows={n_req} != token_indices rows={n_idx}"
-                                " (SPEC 5.4: req_id_per_token[:num_decode_tokens] goes with"
-                                " topk_indices[:num_decode_tokens])")
+            raise StepCallError(
+                "convert:req_id_rows",
+                f"step called convert with req_id rows={n_req} != token_indices rows={n_idx}"
+                " (SPEC 5.4: req_id_per_token[:num_decode_tokens] goes with"
+                " topk_indices[:num_decode_tokens])",
+            )
         self.converts.append(ConvertCall(rows=n_idx, workspace=bool(HAS_PREFILL_WORKSPACE)))
-        return self.convert_fn(req_id, block_table, token_indices, BLOCK_SIZE=BLOCK_SIZE,
-                               NUM_TOPK_TOKENS=NUM_TOPK_TOKENS, BLOCK_N=BLOCK_N,
-                               HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE,
-                               prefill_workspace_request_ids=prefill_workspace_request_ids,
-                               prefill_workspace_starts=prefill_workspace_starts,
-                               return_valid_counts=return_valid_counts)
+        return self.convert_fn(
+            req_id,
+            block_table,
+            token_indices,
+            BLOCK_SIZE=BLOCK_SIZE,
+            NUM_TOPK_TOKENS=NUM_TOPK_TOKENS,
+            BLOCK_N=BLOCK_N,
+            HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE,
+            prefill_workspace_request_ids=prefill_workspace_request_ids,
+            prefill_workspace_starts=prefill_workspace_starts,
+            return_valid_counts=return_valid_counts,
+        )
 
     def gather(self, src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None):
         from mlafuzz.oracles.gather import gather_preconditions
@@ -131,15 +180,23 @@ class SubCallRecorder:
         b = int(batch_size)
         ws = tuple(workspace_starts.reshape(-1)[:b].tolist())
         ss = None if seq_starts is None else tuple(seq_starts.reshape(-1)[:b].tolist())
-        where = f"(batch_size={b}, dst rows={dst.shape[0]}, workspace_starts={list(ws)}, seq_starts=" \
-                f"{None if ss is None else list(ss)})"
+        where = (
+            f"(batch_size={b}, dst rows={dst.shape[0]}, workspace_starts={list(ws)}, seq_starts="
+            f"{None if ss is None else list(ss)})"
+        )
         try:
-            bad = gather_preconditions(src_cache=src_cache, block_table=block_table,
-                                       workspace_starts=workspace_starts, batch_size=b, seq_starts=seq_starts,
-                                       total=int(dst.shape[0]))
+            bad = gather_preconditions(
+                src_cache=src_cache,
+                block_table=block_table,
+                workspace_starts=workspace_starts,
+                batch_size=b,
+                seq_starts=seq_starts,
+                total=int(dst.shape[0]),
+            )
         except (TypeError, ValueError) as exc:
-            raise StepCallError("gather:malformed",
-                                f"step called gather with malformed arguments {where}: {exc}") from None
+            raise StepCallError(
+                "gather:malformed", f"step called gather with malformed arguments {where}: {exc}"
+            ) from None
         if bad:
             raise StepCallError(f"gather:{bad[0]}", f"step called gather breaking its preconditions {bad} {where}")
         self.gathers.append(GatherCall(total=int(dst.shape[0]), batch_size=b, ws=ws, seq_starts=ss))
@@ -148,8 +205,12 @@ class SubCallRecorder:
     # -- cross-field invariants, from the pipeline's own outputs -------------
 
     def report(self, out: Mapping[str, Any]) -> dict[str, str | None]:
-        checks = {"convert_decode_rows": self._convert_rows_decode, "convert_prefill_rows": self._convert_rows_prefill,
-                  "gather_calls": self._gather_calls, "gathered_rows": self._gathered_rows}
+        checks = {
+            "convert_decode_rows": self._convert_rows_decode,
+            "convert_prefill_rows": self._convert_rows_prefill,
+            "gather_calls": self._gather_calls,
+            "gathered_rows": self._gathered_rows,
+        }
         result: dict[str, str | None] = {}
         for name in INVARIANTS:
             try:
@@ -181,11 +242,15 @@ class SubCallRecorder:
         p = self._int(out, "num_prefills")
         if self._int(out, "dense_route"):
             starts, cu = out["context_starts"].tolist(), out["context_cu_seq_lens"].tolist()
-            return [GatherCall(total=t, batch_size=p, ws=tuple(cu[i][:p]), seq_starts=tuple(starts[i]))
-                    for i, t in enumerate(out["context_seq_tot"].tolist())]
+            return [
+                GatherCall(total=t, batch_size=p, ws=tuple(cu[i][:p]), seq_starts=tuple(starts[i]))
+                for i, t in enumerate(out["context_seq_tot"].tolist())
+            ]
         ws = out["workspace_starts"].tolist()
-        return [GatherCall(total=t, batch_size=e - s, ws=tuple(ws[s:e]), seq_starts=(0,) * (e - s))
-                for (s, e), t in zip(out["prefill_chunks"].tolist(), out["prefill_chunk_seq_tot"].tolist())]
+        return [
+            GatherCall(total=t, batch_size=e - s, ws=tuple(ws[s:e]), seq_starts=(0,) * (e - s))
+            for (s, e), t in zip(out["prefill_chunks"].tolist(), out["prefill_chunk_seq_tot"].tolist())
+        ]
 
     def _gather_calls(self, out: Mapping[str, Any]) -> str | None:
         want = self._expected_gathers(out)
@@ -209,16 +274,31 @@ class SubCallRecorder:
 
 # --- the op -------------------------------------------------------------------
 
-def run_step(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]
-             ) -> tuple[dict[str, Any], SubCallRecorder]:
+
+def run_step(
+    fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]
+) -> tuple[dict[str, Any], SubCallRecorder]:
     """Call a step implementation on the case's tensors ``t`` with recording sub-impls; (outputs, recorder)."""
     p = case.params
     rec = SubCallRecorder(convert_fn=sub("convert"), gather_fn=sub("gather"))
-    out = dict(fn(kv_cache=t["kv_cache"], block_table=t["block_table"], query_start_loc=t["query_start_loc"],
-                  seq_lens=t["seq_lens"], req_id_per_token=t["req_id_per_token"], topk_indices=t["topk_indices"],
-                  num_tokens=p["num_tokens"], threshold=p["threshold"], require_uniform=p["require_uniform"],
-                  workspace_rows=p["workspace_rows"], topk=p["topk"], block_n=p["block_n"],
-                  convert=rec.convert, gather=rec.gather))
+    out = dict(
+        fn(
+            kv_cache=t["kv_cache"],
+            block_table=t["block_table"],
+            query_start_loc=t["query_start_loc"],
+            seq_lens=t["seq_lens"],
+            req_id_per_token=t["req_id_per_token"],
+            topk_indices=t["topk_indices"],
+            num_tokens=p["num_tokens"],
+            threshold=p["threshold"],
+            require_uniform=p["require_uniform"],
+            workspace_rows=p["workspace_rows"],
+            topk=p["topk"],
+            block_n=p["block_n"],
+            convert=rec.convert,
+            gather=rec.gather,
+        )
+    )
     return out, rec
 
 
@@ -236,13 +316,23 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
         from mlafuzz.oracles.step import step_oracle
 
         t, p = case.tensors, case.params
-        out = step_oracle(kv_cache=t["kv_cache"], block_table=t["block_table"], query_start_loc=t["query_start_loc"],
-                          seq_lens=t["seq_lens"], req_id_per_token=t["req_id_per_token"],
-                          topk_indices=t["topk_indices"], num_tokens=p["num_tokens"], threshold=p["threshold"],
-                          require_uniform=p["require_uniform"], workspace_rows=p["workspace_rows"],
-                          topk=p["topk"], loop=loop)
+        out = step_oracle(
+            kv_cache=t["kv_cache"],
+            block_table=t["block_table"],
+            query_start_loc=t["query_start_loc"],
+            seq_lens=t["seq_lens"],
+            req_id_per_token=t["req_id_per_token"],
+            topk_indices=t["topk_indices"],
+            num_tokens=p["num_tokens"],
+            threshold=p["threshold"],
+            require_uniform=p["require_uniform"],
+            workspace_rows=p["workspace_rows"],
+            topk=p["topk"],
+            loop=loop,
+        )
         out["invariants"] = torch.ones(len(INVARIANTS), dtype=torch.int32)
         return out
+
     return run
 
 
@@ -258,14 +348,22 @@ def review_step(case: Case, call: Any, findings: list[Finding], ctx: Any) -> lis
     for f in findings:
         f = dataclasses.replace(f, extra={**f.extra, **extra})
         if f.kind is Kind.EXCEPTION and isinstance(call.error, StepCallError):
-            out.append(dataclasses.replace(f, kind=Kind.METADATA_MISMATCH, cause=f"step:{call.error.cause}",
-                                           message=str(call.error)))
+            out.append(
+                dataclasses.replace(
+                    f, kind=Kind.METADATA_MISMATCH, cause=f"step:{call.error.cause}", message=str(call.error)
+                )
+            )
         elif f.tensor == "invariants" and f.kind is Kind.VALUE_MISMATCH and call.outputs:
             report = call.outputs.get(REPORT_KEY) or {}
             why = [(n, w) for n, w in report.items() if w is not None] or [("invariants", f.message)]
             for n, w in why:
-                broken[n] = dataclasses.replace(f, kind=Kind.METADATA_MISMATCH, cause=f"step:{n}", mismatches=(),
-                                                message=f"cross-field invariant {n} broken: {w}")
+                broken[n] = dataclasses.replace(
+                    f,
+                    kind=Kind.METADATA_MISMATCH,
+                    cause=f"step:{n}",
+                    mismatches=(),
+                    message=f"cross-field invariant {n} broken: {w}",
+                )
         elif f.tensor in METADATA_OUTPUTS and f.kind is Kind.VALUE_MISMATCH:
             metadata.append(f)
         elif f.tensor in DATA_OUTPUTS and f.kind in _COMPARED:
@@ -292,27 +390,66 @@ def _one_metadata_finding(metadata: list[Finding]) -> Finding | None:
     ordered = sorted(metadata, key=lambda f: rank.get(f.tensor or "", len(rank)))
     head, rest = ordered[0], [f.tensor for f in ordered[1:]]
     after = f"; {len(rest)} more metadata outputs differ after it: {', '.join(str(t) for t in rest)}" if rest else ""
-    return dataclasses.replace(head, kind=Kind.METADATA_MISMATCH, message=f"metadata {head.message}{after}",
-                               extra={**head.extra, **({"also_differ": rest} if rest else {})})
+    return dataclasses.replace(
+        head,
+        kind=Kind.METADATA_MISMATCH,
+        message=f"metadata {head.message}{after}",
+        extra={**head.extra, **({"also_differ": rest} if rest else {})},
+    )
 
 
 def _folding(f: Finding, folded: list[Finding]) -> Finding:
     """``f``, also accounting for the data mismatches ``folded`` (what the calls it is about made)."""
     if not folded:
         return f
-    parts = [f"{g.tensor} {'shape' if g.cause.endswith(':shape') else f'{g.count} / {g.total} elements'}"
-             f" ({g.kind.value})" for g in folded]
+    parts = [
+        f"{g.tensor} {'shape' if g.cause.endswith(':shape') else f'{g.count} / {g.total} elements'} ({g.kind.value})"
+        for g in folded
+    ]
     return dataclasses.replace(
-        f, message=f"{f.message}; what the sub-op calls made differs as a consequence: {', '.join(parts)}",
-        extra={**f.extra, "folded": [{"tensor": g.tensor, "kind": g.kind.value, "cause": g.cause, "count": g.count,
-                                      "total": g.total} for g in folded]})
+        f,
+        message=f"{f.message}; what the sub-op calls made differs as a consequence: {', '.join(parts)}",
+        extra={
+            **f.extra,
+            "folded": [
+                {"tensor": g.tensor, "kind": g.kind.value, "cause": g.cause, "count": g.count, "total": g.total}
+                for g in folded
+            ],
+        },
+    )
 
 
 STEP = Op(
-    name="step", spec_type=gen.StepSpec, draw=gen.draw, materialize=gen.materialize, features=gen.features,
-    size=gen.size, reduce=gen.reduce, invalid=(), oracle=_oracle(False), oracle_slow=_oracle(True),
-    invoke=invoke, defaults={"cpu": ("ours",), "cuda": ("ours",)}, contract=frozenset(), review=review_step,
-    call=CallShape(keywords=("kv_cache", "block_table", "query_start_loc", "seq_lens", "req_id_per_token",
-                             "topk_indices", "num_tokens", "threshold", "require_uniform", "workspace_rows",
-                             "topk", "block_n", "convert", "gather")),
+    name="step",
+    spec_type=gen.StepSpec,
+    draw=gen.draw,
+    materialize=gen.materialize,
+    features=gen.features,
+    size=gen.size,
+    reduce=gen.reduce,
+    invalid=(),
+    oracle=_oracle(False),
+    oracle_slow=_oracle(True),
+    invoke=invoke,
+    defaults={"cpu": ("ours",), "cuda": ("ours",)},
+    contract=frozenset(),
+    review=review_step,
+    call=CallShape(
+        keywords=(
+            "kv_cache",
+            "block_table",
+            "query_start_loc",
+            "seq_lens",
+            "req_id_per_token",
+            "topk_indices",
+            "num_tokens",
+            "threshold",
+            "require_uniform",
+            "workspace_rows",
+            "topk",
+            "block_n",
+            "convert",
+            "gather",
+        )
+    ),
 )

@@ -28,8 +28,14 @@ def revision_of(case: Case) -> str:
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
-    fn(t["kv_c"], t["k_pe"], t["kv_cache"], t["slot_mapping"], case.params.get("kv_cache_dtype", "fp8_ds_mla"),
-       t["scale"])
+    fn(
+        t["kv_c"],
+        t["k_pe"],
+        t["kv_cache"],
+        t["slot_mapping"],
+        case.params.get("kv_cache_dtype", "fp8_ds_mla"),
+        t["scale"],
+    )
     return {"kv_cache": t["kv_cache"]}
 
 
@@ -44,8 +50,12 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
         if zero:  # the blocks past the zero ones, and the slots in them (a valid case has no other)
             shift = zero * cache.shape[1]
             cache, slots = cache[zero:], torch.where(slots >= 0, slots - shift, slots)
-        return {"kv_cache": fn(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=cache, slot_mapping=slots,
-                               revision=revision_of(case))}
+        return {
+            "kv_cache": fn(
+                kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=cache, slot_mapping=slots, revision=revision_of(case)
+            )
+        }
+
     return run
 
 
@@ -78,10 +88,12 @@ def relabel_band(findings: list, *, case: Case, band: torch.Tensor, differs: tor
     for f in findings:
         if f.kind.value == "VALUE_MISMATCH" and f.tensor == "kv_cache":
             f = dataclasses.replace(
-                f, cause=LOG2F_BAND_CAUSE,
+                f,
+                cause=LOG2F_BAND_CAUSE,
                 message=f"{f.message}; every differing record has a tile scale s within "
-                        "a few ulps above a power of two, where fp32 log2f may round onto the integer"
-                        " (SPEC 7: the oracle follows the exact ceil(log2(s)))")
+                "a few ulps above a power of two, where fp32 log2f may round onto the integer"
+                " (SPEC 7: the oracle follows the exact ceil(log2(s)))",
+            )
         out.append(f)
     return out
 
@@ -114,9 +126,18 @@ def review(case: Case, call: Any, findings: list, ctx: Any) -> list:
 
 
 WRITER = Op(
-    name="writer", spec_type=gen.WriterSpec, draw=gen.draw, materialize=gen.materialize, features=gen.features,
-    size=gen.size, reduce=gen.reduce, invalid=gen.INVALID, oracle=_oracle(False), oracle_slow=_oracle(True),
-    invoke=invoke, defaults={"cpu": ("torch",), "cuda": ("cuda", "torch")},
+    name="writer",
+    spec_type=gen.WriterSpec,
+    draw=gen.draw,
+    materialize=gen.materialize,
+    features=gen.features,
+    size=gen.size,
+    reduce=gen.reduce,
+    invalid=gen.INVALID,
+    oracle=_oracle(False),
+    oracle_slow=_oracle(True),
+    invoke=invoke,
+    defaults={"cpu": ("torch",), "cuda": ("cuda", "torch")},
     contract=frozenset({"wrong_dtype", "wrong_shape"}),
     inplace=frozenset({"kv_cache"}),
     review=review,

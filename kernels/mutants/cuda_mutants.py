@@ -32,8 +32,7 @@ WRITER_BUGS = {"zero_grid": 1, "contiguous_kv_c": 2}
 @functools.cache
 def load_extension(*, verbose: bool = False) -> cuda_ext.BuildInfo:
     """Build (first time on this machine) and load the mutants' extension; cached per process."""
-    return cuda_ext.build_extension(name=EXTENSION_NAME, source=SOURCE, include_dirs=(cuda_ext.CSRC,),
-                                    verbose=verbose)
+    return cuda_ext.build_extension(name=EXTENSION_NAME, source=SOURCE, include_dirs=(cuda_ext.CSRC,), verbose=verbose)
 
 
 def _ops():
@@ -55,8 +54,14 @@ def gather(bug: str, *, revision: str | None = None) -> Callable[..., None]:
     writer's business, not the gather's (its dequant is the same under every revision)."""
     code = GATHER_BUGS[bug]
 
-    def call(src_cache: torch.Tensor, dst: torch.Tensor, block_table: torch.Tensor,
-             workspace_starts: torch.Tensor, batch_size: int, seq_starts: torch.Tensor | None = None) -> None:
+    def call(
+        src_cache: torch.Tensor,
+        dst: torch.Tensor,
+        block_table: torch.Tensor,
+        workspace_starts: torch.Tensor,
+        batch_size: int,
+        seq_starts: torch.Tensor | None = None,
+    ) -> None:
         _require_cuda("src_cache", src_cache)
         check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
         _ops().gather(_bytes(src_cache), dst, block_table, workspace_starts, int(batch_size), seq_starts, code)
@@ -72,9 +77,16 @@ def writer(bug: str, *, revision: str | None = None) -> Callable[..., None]:
     code = WRITER_BUGS[bug]
     pinned = revision
 
-    def call(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-             kv_cache_dtype: str = "fp8_ds_mla", scale: torch.Tensor | None = None, *,
-             revision: str = pinned or NEWEST) -> None:
+    def call(
+        kv_c: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_cache_dtype: str = "fp8_ds_mla",
+        scale: torch.Tensor | None = None,
+        *,
+        revision: str = pinned or NEWEST,
+    ) -> None:
         _require_cuda("kv_cache", kv_cache)
         check_writer_args(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
         if slot_mapping.dtype != torch.int64:
@@ -87,5 +99,6 @@ def writer(bug: str, *, revision: str | None = None) -> Callable[..., None]:
 
 def nvcc_compile_check(*, out_dir: Path, arch: str = "sm_90") -> Path:
     """Compile mutants.cu to an object with nvcc and no GPU (CI), as cuda_ext's own check does."""
-    return cuda_ext.nvcc_compile_check(out_dir=out_dir, arch=arch, source=SOURCE, name=EXTENSION_NAME,
-                                       include_dirs=(cuda_ext.CSRC,))
+    return cuda_ext.nvcc_compile_check(
+        out_dir=out_dir, arch=arch, source=SOURCE, name=EXTENSION_NAME, include_dirs=(cuda_ext.CSRC,)
+    )

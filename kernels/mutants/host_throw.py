@@ -54,8 +54,9 @@ def build() -> Path:
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        proc = subprocess.run([cxx, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [cxx, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE)], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             tmp.unlink(missing_ok=True)
             first = (proc.stderr.strip().splitlines() or ["no output"])[0]

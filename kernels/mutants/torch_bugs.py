@@ -29,13 +29,36 @@ def _as_contiguous(t: torch.Tensor, *, rows: int | None = None) -> torch.Tensor:
 
 # --- convert -------------------------------------------------------------------
 
-def _convert(bug: str, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK_TOKENS=2048, BLOCK_N=128,
-             HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
-             return_valid_counts=False, *, BLOCK_STRIDE_ROWS=None, COMPACT_TO_FRONT=False):
+
+def _convert(
+    bug: str,
+    req_id,
+    block_table,
+    token_indices,
+    BLOCK_SIZE=64,
+    NUM_TOPK_TOKENS=2048,
+    BLOCK_N=128,
+    HAS_PREFILL_WORKSPACE=False,
+    prefill_workspace_request_ids=None,
+    prefill_workspace_starts=None,
+    return_valid_counts=False,
+    *,
+    BLOCK_STRIDE_ROWS=None,
+    COMPACT_TO_FRONT=False,
+):
     if bug != "no_length_check":
-        check_convert_args(req_id, block_table, token_indices, BLOCK_SIZE, NUM_TOPK_TOKENS, BLOCK_N,
-                           HAS_PREFILL_WORKSPACE, prefill_workspace_request_ids, prefill_workspace_starts,
-                           BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS)
+        check_convert_args(
+            req_id,
+            block_table,
+            token_indices,
+            BLOCK_SIZE,
+            NUM_TOPK_TOKENS,
+            BLOCK_N,
+            HAS_PREFILL_WORKSPACE,
+            prefill_workspace_request_ids,
+            prefill_workspace_starts,
+            BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
+        )
     n = token_indices.shape[0]
     rows = req_id.shape[0] if bug == "no_length_check" else n
     tok = token_indices.long()
@@ -67,7 +90,7 @@ def _convert(bug: str, req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TO
         valid_pf = (tok >= 0) if bug == "prefill_no_table_bound" else (tok >= 0) & (blk < width)
         in_range = ids < starts.numel()
         valid = torch.where(is_pf, valid_pf & in_range, valid)
-    vals = ((vals + 2 ** 31) % 2 ** 32 - 2 ** 31)  # int32 wraparound, as the kernel computes
+    vals = (vals + 2**31) % 2**32 - 2**31  # int32 wraparound, as the kernel computes
     out = torch.where(valid, vals, torch.full_like(vals, -1)).to(torch.int32)[:n]
     if COMPACT_TO_FRONT:
         out = _compact(out, valid[:n], tile=BLOCK_N if bug == "compact_tile_restart" else None)
@@ -85,17 +108,21 @@ def _compact(out: torch.Tensor, valid: torch.Tensor, *, tile: int | None) -> tor
     packed = torch.full_like(out, -1)
     step = k if tile is None else tile
     for c0 in range(0, k, step):
-        v = valid[:, c0:c0 + step]
-        base = valid[:, :c0].sum(dim=1, keepdim=True) if tile is None else torch.zeros((n, 1), dtype=torch.int64,
-                                                                                        device=out.device)
+        v = valid[:, c0 : c0 + step]
+        base = (
+            valid[:, :c0].sum(dim=1, keepdim=True)
+            if tile is None
+            else torch.zeros((n, 1), dtype=torch.int64, device=out.device)
+        )
         dest = torch.where(v, base + v.long().cumsum(dim=1) - 1, torch.full_like(v, k, dtype=torch.int64))
         wide = torch.cat([packed, packed.new_full((n, 1), -1)], dim=1)
-        wide.scatter_(1, dest, torch.where(v, out[:, c0:c0 + step], wide.gather(1, dest)))
+        wide.scatter_(1, dest, torch.where(v, out[:, c0 : c0 + step], wide.gather(1, dest)))
         packed = wide[:, :k]
     return packed
 
 
 # --- gather --------------------------------------------------------------------
+
 
 def _dequant(bug: str, records: torch.Tensor) -> torch.Tensor:
     codes = records[:, :512].contiguous().view(torch.float8_e4m3fn).float()
@@ -105,7 +132,9 @@ def _dequant(bug: str, records: torch.Tensor) -> torch.Tensor:
         tile = torch.tensor([0, 2, 1, 3], device=records.device)[tile]
     prod = codes * scales[:, tile]
     if bug == "flush_subnormal":
-        prod = torch.where(prod.abs() < FLT_MIN, torch.copysign(torch.zeros_like(prod), prod), prod)  # signed zero, as FTZ
+        prod = torch.where(
+            prod.abs() < FLT_MIN, torch.copysign(torch.zeros_like(prod), prod), prod
+        )  # signed zero, as FTZ
     if bug == "nan_to_zero":
         prod = torch.nan_to_num(prod, nan=0.0)
     if bug == "truncate_bf16":
@@ -124,8 +153,9 @@ class Calls:
         self.n = 0
 
 
-def _gather(bug: str, src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None, *,
-            calls: Calls | None = None):
+def _gather(
+    bug: str, src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None, *, calls: Calls | None = None
+):
     check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
     num_blocks, bs, _ = src_cache.shape
     total, b = dst.shape[0], batch_size
@@ -221,8 +251,7 @@ SCALE_BUGS: dict[str, Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]]
 }
 
 
-def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None, *,
-            revision: str):
+def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None, *, revision: str):
     """The writer of ``revision`` with one ``bug``: a wrong tile scale (``SCALE_BUGS``, codes then
     made from it correctly) or a wrong slot."""
     from mlafuzz.kernels.torch_impl import check_writer_call, records_with_scales, writer_torch
@@ -230,8 +259,15 @@ def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds
     check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)  # the one bug is below, not here
     if bug == "contiguous_kv_c":  # [T, 512] / [T, 64] taken to be contiguous: views of one [T, 576] read wrong
         n = slot_mapping.shape[0]
-        return writer_torch(_as_contiguous(kv_c, rows=n), _as_contiguous(k_pe, rows=n), kv_cache, slot_mapping,
-                            kv_cache_dtype, scale, revision=revision)
+        return writer_torch(
+            _as_contiguous(kv_c, rows=n),
+            _as_contiguous(k_pe, rows=n),
+            kv_cache,
+            slot_mapping,
+            kv_cache_dtype,
+            scale,
+            revision=revision,
+        )
     n = slot_mapping.shape[0]
     kv, pe = kv_c[:n], k_pe[:n]
     if bug in SCALE_BUGS:
@@ -248,9 +284,18 @@ def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds
     kv_cache.view(-1, 656)[slots[keep]] = records[keep]
 
 
-def _triton_overwide(req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK_TOKENS=2048, BLOCK_N=128,
-                     HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
-                     return_valid_counts=False):
+def _triton_overwide(
+    req_id,
+    block_table,
+    token_indices,
+    BLOCK_SIZE=64,
+    NUM_TOPK_TOKENS=2048,
+    BLOCK_N=128,
+    HAS_PREFILL_WORKSPACE=False,
+    prefill_workspace_request_ids=None,
+    prefill_workspace_starts=None,
+    return_valid_counts=False,
+):
     """The pre-#48642 bug in the real Triton kernel: grid over req_id rows, out sized from token_indices."""
     from mlafuzz.kernels import triton_convert as tc
 
@@ -258,10 +303,19 @@ def _triton_overwide(req_id, block_table, token_indices, BLOCK_SIZE=64, NUM_TOPK
     out = torch.empty((n, k), dtype=torch.int32, device=token_indices.device)
     counts = torch.empty((n,), dtype=torch.int32, device=token_indices.device) if return_valid_counts else None
     if req_id.shape[0]:
-        tc.launch(req_id, block_table, token_indices, out, counts, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
-                  HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE,
-                  prefill_workspace_request_ids=prefill_workspace_request_ids,
-                  prefill_workspace_starts=prefill_workspace_starts, grid_rows=req_id.shape[0])
+        tc.launch(
+            req_id,
+            block_table,
+            token_indices,
+            out,
+            counts,
+            BLOCK_SIZE=BLOCK_SIZE,
+            BLOCK_N=BLOCK_N,
+            HAS_PREFILL_WORKSPACE=HAS_PREFILL_WORKSPACE,
+            prefill_workspace_request_ids=prefill_workspace_request_ids,
+            prefill_workspace_starts=prefill_workspace_starts,
+            grid_rows=req_id.shape[0],
+        )
     return (out, counts) if return_valid_counts else out
 
 

@@ -92,40 +92,69 @@ def _pill(status: str) -> str:
 def _table(header: Iterable[str], rows: Iterable[Iterable[str]], *, cls: str = "", num: Iterable[int] = ()) -> str:
     """Header cells are plain text (escaped); row cells are already-built HTML."""
     num = set(num)
-    head = "".join(f'<th{" class=num" if i in num else ""}>{e(h)}</th>' for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if i in num else ""}>{c}</td>' for i, c in enumerate(r))
-                   + "</tr>" for r in rows)
-    return (f'<div class="scroll"><table class="{e(cls)}"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table></div>")
+    head = "".join(f"<th{' class=num' if i in num else ''}>{e(h)}</th>" for i, h in enumerate(header))
+    body = "".join(
+        "<tr>" + "".join(f"<td{' class=num' if i in num else ''}>{c}</td>" for i, c in enumerate(r)) + "</tr>"
+        for r in rows
+    )
+    return (
+        f'<div class="scroll"><table class="{e(cls)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    )
 
 
 def _cards(report: RunReport) -> str:
     s = report.summary
-    cards = [("cases", s.get("cases", "?"), False), ("skipped cases", s.get("skipped", "?"), False),
-             ("failing buckets", len(report.failures), bool(report.failures)),
-             ("failing findings", report.count("failure"), bool(report.failures)),
-             ("expected buckets", len(report.buckets_with("expected")), False),
-             ("info buckets", len(report.buckets_with("info")), False),
-             ("seconds", s.get("seconds", "?"), False), ("cases / s", s.get("cases_per_second", "?"), False)]
-    return '<div class="cards">' + "".join(
-        f'<div class="card{" bad" if bad else ""}"><div class="n">{e(n)}</div><div class="l">{e(label)}</div></div>'
-        for label, n, bad in cards) + "</div>"
+    cards = [
+        ("cases", s.get("cases", "?"), False),
+        ("skipped cases", s.get("skipped", "?"), False),
+        ("failing buckets", len(report.failures), bool(report.failures)),
+        ("failing findings", report.count("failure"), bool(report.failures)),
+        ("expected buckets", len(report.buckets_with("expected")), False),
+        ("info buckets", len(report.buckets_with("info")), False),
+        ("seconds", s.get("seconds", "?"), False),
+        ("cases / s", s.get("cases_per_second", "?"), False),
+    ]
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card{" bad" if bad else ""}"><div class="n">{e(n)}</div><div class="l">{e(label)}</div></div>'
+            for label, n, bad in cards
+        )
+        + "</div>"
+    )
 
 
 def _testcases(report: RunReport) -> str:
-    rows = [[_pill(t.status), f"<code>{e(t.op)}</code>", f'<code>{e(t.impl)}</code>',
-             e(t.cases if t.cases is not None else "?"), e(len(t.failures)),
-             e(sum(b.count for b in t.buckets)), e(f"{t.seconds:.1f}")] for t in report.testcases]
+    rows = [
+        [
+            _pill(t.status),
+            f"<code>{e(t.op)}</code>",
+            f"<code>{e(t.impl)}</code>",
+            e(t.cases if t.cases is not None else "?"),
+            e(len(t.failures)),
+            e(sum(b.count for b in t.buckets)),
+            e(f"{t.seconds:.1f}"),
+        ]
+        for t in report.testcases
+    ]
     return _table(["status", "op", "impl", "cases", "failing buckets", "findings", "seconds"], rows, num=(3, 4, 5, 6))
 
 
 def _buckets(report: RunReport) -> str:
-    rows = [[_pill(b.status), f"<code>{e(b.kind)}</code>", f"<code>{e(b.op)}</code>",
-             f'<code class="impl">{e(one_line(b.impl, 80))}</code>', f"<code>{e(b.cause or '-')}</code>",
-             e(b.count), e(b.max_ulp if b.max_ulp is not None else "-"),
-             f'{e(one_line(b.first.message, 200))} <a href="#{e(b.slug)}">details</a>'] for b in report.buckets]
-    return _table(["status", "kind", "op", "impl", "cause", "findings", "max ulp", "first message"], rows,
-                  num=(5, 6))
+    rows = [
+        [
+            _pill(b.status),
+            f"<code>{e(b.kind)}</code>",
+            f"<code>{e(b.op)}</code>",
+            f'<code class="impl">{e(one_line(b.impl, 80))}</code>',
+            f"<code>{e(b.cause or '-')}</code>",
+            e(b.count),
+            e(b.max_ulp if b.max_ulp is not None else "-"),
+            f'{e(one_line(b.first.message, 200))} <a href="#{e(b.slug)}">details</a>',
+        ]
+        for b in report.buckets
+    ]
+    return _table(["status", "kind", "op", "impl", "cause", "findings", "max ulp", "first message"], rows, num=(5, 6))
 
 
 def _heat(n: int, top: int) -> str:
@@ -148,15 +177,19 @@ def _kind_matrix(report: RunReport) -> str:
     top = max(counts.values(), default=0)
     kinds = [k.value for k in Kind]
     head = "<th>op</th><th class=num>cases</th>" + "".join(
-        f'<th class="k">{e(k).replace("_", "_<wbr>")}</th>' for k in kinds)
+        f'<th class="k">{e(k).replace("_", "_<wbr>")}</th>' for k in kinds
+    )
     rows = []
     for op in _ops(report):
-        cells = "".join(f'<td class="{_heat(counts.get((op, k), 0), top)}">{counts.get((op, k), 0) or DOT}</td>'
-                        for k in kinds)
+        cells = "".join(
+            f'<td class="{_heat(counts.get((op, k), 0), top)}">{counts.get((op, k), 0) or DOT}</td>' for k in kinds
+        )
         rows.append(f"<tr><td><code>{e(op)}</code></td><td class=num>{e(per_op.get(op, '?'))}</td>{cells}</tr>")
-    return (f'<div class="scroll"><table class="matrix"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}'
-            '</tbody></table></div><p class="meta">Findings lines in findings.jsonl per op and kind'
-            " (a bucket keeps at most 50 lines).</p>")
+    return (
+        f'<div class="scroll"><table class="matrix"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}'
+        '</tbody></table></div><p class="meta">Findings lines in findings.jsonl per op and kind'
+        " (a bucket keeps at most 50 lines).</p>"
+    )
 
 
 def _finding_features(findings: Iterable[Finding]) -> dict[tuple[str, str], int]:
@@ -210,86 +243,136 @@ def _feature_matrix(report: RunReport) -> str:
         hit = sum(v for (_op, f), v in hits.items() if f == feat)
         cells.append(f'<td class="{"h2" if hit else "z"}">{hit or DOT}</td>')
         rows.append(f"<tr><td><code>{e(feat)}</code></td>{''.join(cells)}</tr>")
-    return ("<h3>Case features</h3>"
-            f'<div class="scroll"><table class="matrix feat"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}'
-            "</tbody></table></div>"
-            '<p class="meta">Cases that visited each feature (summary.json coverage); findings lines whose spec'
-            " has the feature.</p>")
+    return (
+        "<h3>Case features</h3>"
+        f'<div class="scroll"><table class="matrix feat"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}'
+        "</tbody></table></div>"
+        '<p class="meta">Cases that visited each feature (summary.json coverage); findings lines whose spec'
+        " has the feature.</p>"
+    )
 
 
 def _shards(report: RunReport) -> str:
     if not report.shards:
         return ""
-    rows = [[e(i), f"<code>{e(s.get('dir', '?'))}</code>", e(shard_label(s.get("shard")) or "-"),
-             e(s.get("cases", "?")), e(s.get("findings", "?")), e(s.get("seconds", "?"))]
-            for i, s in enumerate(report.shards)]
-    return "<h2>Shards</h2>" + _table(["#", "run directory", "shard", "cases", "findings", "seconds"], rows,
-                                      num=(0, 3, 4, 5))
+    rows = [
+        [
+            e(i),
+            f"<code>{e(s.get('dir', '?'))}</code>",
+            e(shard_label(s.get("shard")) or "-"),
+            e(s.get("cases", "?")),
+            e(s.get("findings", "?")),
+            e(s.get("seconds", "?")),
+        ]
+        for i, s in enumerate(report.shards)
+    ]
+    return "<h2>Shards</h2>" + _table(
+        ["#", "run directory", "shard", "cases", "findings", "seconds"], rows, num=(0, 3, 4, 5)
+    )
 
 
 def _mismatches(f: Finding) -> str:
     if not f.mismatches:
         return ""
-    rows = [[f"<code>{e(list(m.index))}</code>", f"<code>{e(m.expected)}</code>", f"<code>{e(m.actual)}</code>",
-             f"<code>{e(xor_bits(m.expected, m.actual) or '-')}</code>"] for m in f.mismatches]
-    return ("<h3>Expected vs actual (first mismatches)</h3>"
-            + _table(["index", "expected", "actual", "xor (differing bits)"], rows, cls="compact"))
+    rows = [
+        [
+            f"<code>{e(list(m.index))}</code>",
+            f"<code>{e(m.expected)}</code>",
+            f"<code>{e(m.actual)}</code>",
+            f"<code>{e(xor_bits(m.expected, m.actual) or '-')}</code>",
+        ]
+        for m in f.mismatches
+    ]
+    return "<h3>Expected vs actual (first mismatches)</h3>" + _table(
+        ["index", "expected", "actual", "xor (differing bits)"], rows, cls="compact"
+    )
 
 
 def _bucket_detail(b: Bucket, report: RunReport) -> str:
     f = b.first
     bundle = bundle_text(report.bundle_for(b))
-    facts = "".join(f"<dt>{e(k)}</dt><dd><code>{e(v)}</code></dd>" for k, v in finding_facts(f)
-                    + ([("repro bundle", bundle)] if bundle else []))
-    waiver = (f'<div class="note">Expected per ledger <code>{e(b.waiver.label())}</code>: {_link(b.waiver.issue)}'
-              f'{" &mdash; " + e(b.waiver.note) if b.waiver.note else ""}</div>' if b.waiver is not None else "")
+    facts = "".join(
+        f"<dt>{e(k)}</dt><dd><code>{e(v)}</code></dd>"
+        for k, v in finding_facts(f) + ([("repro bundle", bundle)] if bundle else [])
+    )
+    waiver = (
+        f'<div class="note">Expected per ledger <code>{e(b.waiver.label())}</code>: {_link(b.waiver.issue)}'
+        f"{' &mdash; ' + e(b.waiver.note) if b.waiver.note else ''}</div>"
+        if b.waiver is not None
+        else ""
+    )
     replay = report.replay(f)
-    replay_html = (f"<h3>Replay</h3><pre>{e(replay)}</pre>" if replay
-                   else '<p class="meta">No repro bundle recorded for this finding.</p>')
-    spec = (f"<details><summary>spec</summary><pre>{e(json.dumps(f.spec, indent=1, sort_keys=True))}</pre></details>"
-            if f.spec is not None else "")
+    replay_html = (
+        f"<h3>Replay</h3><pre>{e(replay)}</pre>"
+        if replay
+        else '<p class="meta">No repro bundle recorded for this finding.</p>'
+    )
+    spec = (
+        f"<details><summary>spec</summary><pre>{e(json.dumps(f.spec, indent=1, sort_keys=True))}</pre></details>"
+        if f.spec is not None
+        else ""
+    )
     members = ""
     if len(b.findings) > 1:
-        rows = [[f"<code>{e(g.case_id)}</code>", e(one_line(g.message, 240))]
-                for g in b.findings[1:MAX_MEMBERS_LISTED + 1]]
+        rows = [
+            [f"<code>{e(g.case_id)}</code>", e(one_line(g.message, 240))]
+            for g in b.findings[1 : MAX_MEMBERS_LISTED + 1]
+        ]
         more = len(b.findings) - 1 - MAX_MEMBERS_LISTED
-        members = (f"<details><summary>{plural(b.count - 1, 'more finding')} in this bucket"
-                   f"{f' ({len(b.findings)} recorded in findings.jsonl)' if b.count > len(b.findings) else ''}"
-                   "</summary>"
-                   + _table(["case", "message"], rows)
-                   + (f'<p class="meta">{more} more not listed.</p>' if more > 0 else "") + "</details>")
-    return (f'<section class="bucket" id="{e(b.slug)}"><header>{_pill(b.status)}<h3>{e(b.kind)}</h3>'
-            f'<code>{e(b.op)}={e(b.impl)}</code><span class="meta">cause <code>{e(b.cause or "-")}</code>'
-            f' &middot; {plural(b.count, "finding")}</span></header><div>{waiver}'
-            f'<p class="mono">{e(f.message)}</p><dl class="facts">{facts}</dl>{_mismatches(f)}{replay_html}'
-            f"{spec}{members}</div></section>")
+        members = (
+            f"<details><summary>{plural(b.count - 1, 'more finding')} in this bucket"
+            f"{f' ({len(b.findings)} recorded in findings.jsonl)' if b.count > len(b.findings) else ''}"
+            "</summary>"
+            + _table(["case", "message"], rows)
+            + (f'<p class="meta">{more} more not listed.</p>' if more > 0 else "")
+            + "</details>"
+        )
+    return (
+        f'<section class="bucket" id="{e(b.slug)}"><header>{_pill(b.status)}<h3>{e(b.kind)}</h3>'
+        f'<code>{e(b.op)}={e(b.impl)}</code><span class="meta">cause <code>{e(b.cause or "-")}</code>'
+        f" &middot; {plural(b.count, 'finding')}</span></header><div>{waiver}"
+        f'<p class="mono">{e(f.message)}</p><dl class="facts">{facts}</dl>{_mismatches(f)}{replay_html}'
+        f"{spec}{members}</div></section>"
+    )
 
 
 def render_html(report: RunReport) -> str:
     run = report.run
-    meta = " &middot; ".join([f"run directory <code>{e(report.run_dir)}</code>"] + [
-        f"{e(k)} <code>{e(run[k])}</code>" for k in ("seed", "device", "shard") if k in run])
+    meta = " &middot; ".join(
+        [f"run directory <code>{e(report.run_dir)}</code>"]
+        + [f"{e(k)} <code>{e(run[k])}</code>" for k in ("seed", "device", "shard") if k in run]
+    )
     status = "passed" if report.passed else "failed"
     notes = "".join(f'<div class="note">{e(n)}</div>' for n in report.notes)
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>mlafuzz report: {e(status)}</title><style>{CSS}</style></head><body><main>",
         f'<h1>mlafuzz report</h1><p class="meta">{meta}</p>',
         f'<div class="verdict {status}">{_pill(status)}<span>{e(report.headline())}</span></div>',
-        _cards(report), notes,
-        "<h2>Implementations</h2>", _testcases(report),
-        "<h2>Finding buckets</h2>", _buckets(report) if report.buckets else '<p class="meta">No findings.</p>',
-        "<h2>Coverage</h2>", _kind_matrix(report), _feature_matrix(report), _shards(report),
+        _cards(report),
+        notes,
+        "<h2>Implementations</h2>",
+        _testcases(report),
+        "<h2>Finding buckets</h2>",
+        _buckets(report) if report.buckets else '<p class="meta">No findings.</p>',
+        "<h2>Coverage</h2>",
+        _kind_matrix(report),
+        _feature_matrix(report),
+        _shards(report),
     ]
     if report.stale:
-        parts += ["<h2>Stale ledger entries</h2><p>These matched no finding; remove them if the bug is fixed.</p>",
-                  _table(["entry", "issue"], [[f"<code>{e(x.label())}</code>", _link(x.issue)] for x in report.stale])]
+        parts += [
+            "<h2>Stale ledger entries</h2><p>These matched no finding; remove them if the bug is fixed.</p>",
+            _table(["entry", "issue"], [[f"<code>{e(x.label())}</code>", _link(x.issue)] for x in report.stale]),
+        ]
     if report.buckets:
         parts.append("<h2>Details</h2>")
         parts += [_bucket_detail(b, report) for b in report.buckets[:MAX_DETAILED_BUCKETS]]
         if len(report.buckets) > MAX_DETAILED_BUCKETS:
-            parts.append(f'<p class="meta">{len(report.buckets) - MAX_DETAILED_BUCKETS} more buckets: see the'
-                         " JSON report.</p>")
+            parts.append(
+                f'<p class="meta">{len(report.buckets) - MAX_DETAILED_BUCKETS} more buckets: see the JSON report.</p>'
+            )
     parts.append("</main></body></html>\n")
     return "\n".join(p for p in parts if p)

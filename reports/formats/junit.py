@@ -23,11 +23,16 @@ def _clean(text: object) -> str:
 
 
 def _testcase(parent: ET.Element, tc: TestCase, report: RunReport) -> None:
-    el = ET.SubElement(parent, "testcase", classname=_clean(f"mlafuzz.{tc.op}"), name=_clean(tc.name),
-                       time=f"{tc.seconds:.3f}")
+    el = ET.SubElement(
+        parent, "testcase", classname=_clean(f"mlafuzz.{tc.op}"), name=_clean(tc.name), time=f"{tc.seconds:.3f}"
+    )
     for b in tc.failures:
-        failure = ET.SubElement(el, "failure", type=b.kind,
-                                message=_clean(one_line(f"{b.kind} cause={b.cause or '-'}: {b.first.message}", 500)))
+        failure = ET.SubElement(
+            el,
+            "failure",
+            type=b.kind,
+            message=_clean(one_line(f"{b.kind} cause={b.cause or '-'}: {b.first.message}", 500)),
+        )
         failure.text = _clean(bucket_block(b, report))
     quiet = [b for b in tc.buckets if not b.is_failure]
     if quiet:
@@ -42,9 +47,13 @@ def render_junit(report: RunReport) -> str:
     root = ET.Element("testsuites", name="mlafuzz", **counts)
     suite = ET.SubElement(root, "testsuite", name="mlafuzz", **counts)
     props = ET.SubElement(suite, "properties")
-    meta = {"run_dir": str(report.run_dir), "cases": report.summary.get("cases"),
-            "skipped_cases": report.summary.get("skipped"), "findings_lines": len(report.findings),
-            **{k: report.run.get(k) for k in ("seed", "device", "shard")}}
+    meta = {
+        "run_dir": str(report.run_dir),
+        "cases": report.summary.get("cases"),
+        "skipped_cases": report.summary.get("skipped"),
+        "findings_lines": len(report.findings),
+        **{k: report.run.get(k) for k in ("seed", "device", "shard")},
+    }
     for name, value in meta.items():
         if value is not None:
             ET.SubElement(props, "property", name=name, value=_clean(value))
@@ -52,7 +61,8 @@ def render_junit(report: RunReport) -> str:
         _testcase(suite, tc, report)
     if report.stale:
         err = ET.SubElement(suite, "system-err")
-        err.text = _clean("\n".join(f"stale ledger entry {e.label()} ({e.issue}): matched no finding"
-                                    for e in report.stale))
+        err.text = _clean(
+            "\n".join(f"stale ledger entry {e.label()} ({e.issue}): matched no finding" for e in report.stale)
+        )
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -16,8 +16,13 @@ from mlafuzz.reports.formats.text import bundle_text, finding_facts, one_line, s
 from mlafuzz.reports.model import Bucket, RunReport, plural
 
 MAX_DETAILED_BUCKETS = 30
-_STATUS_ICON = {"failure": "\u274c", "expected": "\u2796", "info": "\u2139\ufe0f", "passed": "\u2705",
-                "failed": "\u274c"}
+_STATUS_ICON = {
+    "failure": "\u274c",
+    "expected": "\u2796",
+    "info": "\u2139\ufe0f",
+    "passed": "\u2705",
+    "failed": "\u274c",
+}
 
 
 def text(value: object, limit: int = 300) -> str:
@@ -42,25 +47,37 @@ def block(value: str, lang: str = "") -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
-            *("| " + " | ".join(r) + " |" for r in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
 
 
 def _stats(report: RunReport) -> list[str]:
     s = report.summary
-    cells = [("cases", s.get("cases", "?")), ("skipped", s.get("skipped", "?")),
-             ("failing buckets", len(report.failures)), ("failing findings", report.count("failure")),
-             ("expected buckets", len(report.buckets_with("expected"))),
-             ("info buckets", len(report.buckets_with("info"))),
-             ("seconds", s.get("seconds", "?")), ("cases/s", s.get("cases_per_second", "?"))]
+    cells = [
+        ("cases", s.get("cases", "?")),
+        ("skipped", s.get("skipped", "?")),
+        ("failing buckets", len(report.failures)),
+        ("failing findings", report.count("failure")),
+        ("expected buckets", len(report.buckets_with("expected"))),
+        ("info buckets", len(report.buckets_with("info"))),
+        ("seconds", s.get("seconds", "?")),
+        ("cases/s", s.get("cases_per_second", "?")),
+    ]
     return _table([c[0] for c in cells], [[text(c[1]) for c in cells]])
 
 
 def _bucket_details(b: Bucket, report: RunReport) -> list[str]:
     f = b.first
-    out = ["<details>", f"<summary>{_STATUS_ICON[b.status]} <b>{html.escape(b.kind)}</b> "
-           f"{html.escape(b.op)}={html.escape(one_line(b.impl, 120))} cause={html.escape(b.cause or '-')}"
-           f" \u2014 {plural(b.count, 'finding')}</summary>", ""]
+    out = [
+        "<details>",
+        f"<summary>{_STATUS_ICON[b.status]} <b>{html.escape(b.kind)}</b> "
+        f"{html.escape(b.op)}={html.escape(one_line(b.impl, 120))} cause={html.escape(b.cause or '-')}"
+        f" \u2014 {plural(b.count, 'finding')}</summary>",
+        "",
+    ]
     if b.waiver is not None:
         out += [f"Expected per ledger {text(b.waiver.label())}: {text(b.waiver.issue)}", ""]
     out += [text(f.message, 1000), ""]
@@ -68,8 +85,10 @@ def _bucket_details(b: Bucket, report: RunReport) -> list[str]:
     if report.bundle_for(b):
         out.append(f"- repro bundle: {code(bundle_text(report.bundle_for(b)))}")
     if f.mismatches:
-        rows = [[code(list(m.index)), code(m.expected), code(m.actual), code(xor_bits(m.expected, m.actual) or "-")]
-                for m in f.mismatches[:8]]
+        rows = [
+            [code(list(m.index)), code(m.expected), code(m.actual), code(xor_bits(m.expected, m.actual) or "-")]
+            for m in f.mismatches[:8]
+        ]
         out += ["", *_table(["index", "expected", "actual", "xor"], rows)]
     if f.spec is not None:
         out += ["", "Spec:", "", block(spec_json(f), "json")]
@@ -81,23 +100,47 @@ def _bucket_details(b: Bucket, report: RunReport) -> list[str]:
 def render_markdown(report: RunReport) -> str:
     icon = _STATUS_ICON["passed" if report.passed else "failed"]
     out = [f"## {icon} {text(report.headline(), 400)}", ""]
-    out += [f"Run directory: {code(report.run_dir)}" + (
-        f" \u00b7 seed {code(report.run['seed'])}" if "seed" in report.run else "") + (
-        f" \u00b7 device {code(report.run['device'])}" if "device" in report.run else ""), ""]
+    out += [
+        f"Run directory: {code(report.run_dir)}"
+        + (f" \u00b7 seed {code(report.run['seed'])}" if "seed" in report.run else "")
+        + (f" \u00b7 device {code(report.run['device'])}" if "device" in report.run else ""),
+        "",
+    ]
     out += [*_stats(report), ""]
     out += [f"> {text(n)}" for n in report.notes] + ([""] if report.notes else [])
     out += ["### Implementations", ""]
-    out += _table(["status", "op", "impl", "cases", "failing buckets", "failing findings"],
-                  [[_STATUS_ICON[tc.status], code(tc.op), code(tc.impl, 120), text(tc.cases if tc.cases is not None
-                                                                                  else "?"),
-                    str(len(tc.failures)), str(sum(b.count for b in tc.failures))]
-                   for tc in report.testcases])
+    out += _table(
+        ["status", "op", "impl", "cases", "failing buckets", "failing findings"],
+        [
+            [
+                _STATUS_ICON[tc.status],
+                code(tc.op),
+                code(tc.impl, 120),
+                text(tc.cases if tc.cases is not None else "?"),
+                str(len(tc.failures)),
+                str(sum(b.count for b in tc.failures)),
+            ]
+            for tc in report.testcases
+        ],
+    )
     out.append("")
     if report.buckets:
         out += ["### Finding buckets", ""]
-        out += _table(["", "kind", "op", "impl", "cause", "findings", "first message"],
-                      [[_STATUS_ICON[b.status], code(b.kind), code(b.op), code(b.impl, 80), code(b.cause or "-"),
-                        str(b.count), text(b.first.message, 160)] for b in report.buckets])
+        out += _table(
+            ["", "kind", "op", "impl", "cause", "findings", "first message"],
+            [
+                [
+                    _STATUS_ICON[b.status],
+                    code(b.kind),
+                    code(b.op),
+                    code(b.impl, 80),
+                    code(b.cause or "-"),
+                    str(b.count),
+                    text(b.first.message, 160),
+                ]
+                for b in report.buckets
+            ],
+        )
         out.append("")
         out += ["### Details", ""]
         for b in report.buckets[:MAX_DETAILED_BUCKETS]:

@@ -49,8 +49,13 @@ def finding_facts(finding: Finding) -> list[tuple[str, str]]:
     shard = finding.extra.get("shard") if isinstance(finding.extra, Mapping) else None
     if isinstance(shard, Mapping):
         label = shard.get("label")
-        facts.append(("shard", f"{'shard ' + label if label else 'input #' + str(shard.get('index', '?'))}"
-                               f" of the merge, from {shard.get('dir', '?')}"))
+        facts.append(
+            (
+                "shard",
+                f"{'shard ' + label if label else 'input #' + str(shard.get('index', '?'))}"
+                f" of the merge, from {shard.get('dir', '?')}",
+            )
+        )
     return facts
 
 

@@ -19,8 +19,12 @@ from mlafuzz.harness.memory.bits import word_view  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@given(nbytes=st.sampled_from([8 * 1000, 4 * 1001, 1003]), where=st.integers(0, 2**31), bit=st.integers(0, 7),
-       seed=st.integers(0, 2**31))
+@given(
+    nbytes=st.sampled_from([8 * 1000, 4 * 1001, 1003]),
+    where=st.integers(0, 2**31),
+    bit=st.integers(0, 7),
+    seed=st.integers(0, 2**31),
+)
 @settings(max_examples=12, deadline=None)
 def test_flipping_any_bit_of_any_byte_moves_the_fingerprint(nbytes, where, bit, seed):
     """4- and 1-byte words (by size): a single changed word always moves the sum."""
@@ -99,7 +103,7 @@ def test_a_filled_zone_fingerprint_is_what_the_kernel_gives_that_zone_and_a_writ
     """The guard zones' expected fingerprint, for each word width an address and size give."""
     from mlafuzz.harness.fast.fingerprint import filled_fingerprint
 
-    zone = torch.full((nbytes + 8,), 0xA5, dtype=torch.uint8, device=DEV)[start:start + nbytes]
+    zone = torch.full((nbytes + 8,), 0xA5, dtype=torch.uint8, device=DEV)[start : start + nbytes]
     expected = filled_fingerprint(zone, 0xA5)
     assert expected.tolist() == fingerprints([zone]).tolist()
     zone[nbytes // 2] = 0xA4
@@ -121,8 +125,9 @@ def test_fuzzed_cases_share_a_handful_of_fingerprint_launch_variants(op, most):
     for i in range(120):
         seed = case_seed(0, op, i)
         case = materialize(draw_spec(op, seed=seed), seed, "cpu")
-        words = [word_view(t) for k, t in case.tensors.items()
-                 if t is not None and k not in opdef.inplace and t.numel()]
+        words = [
+            word_view(t) for k, t in case.tensors.items() if t is not None and k not in opdef.inplace and t.numel()
+        ]
         variants.add(("before",) + tuple(w.dtype for w in words))
         for g in (opdef.guarded(case, 0xA5) if opdef.guarded else {}).values():
             words += [word_view(z) for z in g.zones()]

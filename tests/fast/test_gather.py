@@ -28,22 +28,41 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _expected(case) -> torch.Tensor:
     t = case.tensors
-    return og.gather(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
-                     batch_size=case.params["batch_size"], seq_starts=t["seq_starts"], total=case.params["total"])
+    return og.gather(
+        src_cache=t["src_cache"],
+        block_table=t["block_table"],
+        workspace_starts=t["workspace_starts"],
+        batch_size=case.params["batch_size"],
+        seq_starts=t["seq_starts"],
+        total=case.params["total"],
+    )
 
 
 def _match(case, dst) -> bool:
     t = case.tensors
-    return matches(gather_rows_flag(src_cache=t["src_cache"], dst=dst, block_table=t["block_table"],
-                             workspace_starts=t["workspace_starts"], batch_size=case.params["batch_size"],
-                             seq_starts=t["seq_starts"]))
+    return matches(
+        gather_rows_flag(
+            src_cache=t["src_cache"],
+            dst=dst,
+            block_table=t["block_table"],
+            workspace_starts=t["workspace_starts"],
+            batch_size=case.params["batch_size"],
+            seq_starts=t["seq_starts"],
+        )
+    )
 
 
 def _records_with(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     n = codes.shape[0]
     rope = torch.arange(n * 64, dtype=torch.int32).to(torch.int16).reshape(n, 64)
-    return torch.cat([codes.to(torch.uint8), scales.contiguous().view(torch.uint8).reshape(n, 16),
-                      rope.view(torch.uint8).reshape(n, 128)], dim=1)
+    return torch.cat(
+        [
+            codes.to(torch.uint8),
+            scales.contiguous().view(torch.uint8).reshape(n, 16),
+            rope.view(torch.uint8).reshape(n, 128),
+        ],
+        dim=1,
+    )
 
 
 def test_every_code_times_every_catalog_scale_and_random_scale_bits_match_the_oracle_exactly():
@@ -58,10 +77,14 @@ def test_every_code_times_every_catalog_scale_and_random_scale_bits_match_the_or
     cache = records.reshape(rows, 1, 656).to(DEV)
     table = torch.arange(rows, dtype=torch.int32, device=DEV).reshape(rows, 1)
     ws = torch.arange(rows, dtype=torch.int32, device=DEV)
-    expected = og.gather(src_cache=cache, block_table=table, workspace_starts=ws, batch_size=rows, seq_starts=None,
-                         total=rows)
-    assert matches(gather_rows_flag(src_cache=cache, dst=expected, block_table=table, workspace_starts=ws,
-                             batch_size=rows, seq_starts=None))
+    expected = og.gather(
+        src_cache=cache, block_table=table, workspace_starts=ws, batch_size=rows, seq_starts=None, total=rows
+    )
+    assert matches(
+        gather_rows_flag(
+            src_cache=cache, dst=expected, block_table=table, workspace_starts=ws, batch_size=rows, seq_starts=None
+        )
+    )
 
 
 @pytest.mark.parametrize("values", list(ValueMode))
@@ -69,9 +92,16 @@ def test_every_code_times_every_catalog_scale_and_random_scale_bits_match_the_or
 @settings(max_examples=5, deadline=None)
 @pytest.mark.slow
 def test_yes_on_the_oracles_rows_no_on_any_single_bit_flip_that_changes_the_value(values, seed, flip):
-    spec = GatherSpec(requests=(GatherRequest(context_len=40, seq_start=5, length=12), GatherRequest(context_len=9),
-                                GatherRequest(context_len=30, seq_start=17, length=9)),
-                      paging=Paging(block_size=16, layout="shuffled"), values=values, ws_form="cumulative")
+    spec = GatherSpec(
+        requests=(
+            GatherRequest(context_len=40, seq_start=5, length=12),
+            GatherRequest(context_len=9),
+            GatherRequest(context_len=30, seq_start=17, length=9),
+        ),
+        paging=Paging(block_size=16, layout="shuffled"),
+        values=values,
+        ws_form="cumulative",
+    )
     case = materialize(spec, seed, DEV)
     dst = _expected(case)
     assert _match(case, dst)
@@ -88,14 +118,25 @@ def test_yes_on_the_oracles_rows_no_on_any_single_bit_flip_that_changes_the_valu
 @settings(max_examples=5, deadline=None)
 @pytest.mark.slow
 def test_two_runs_checked_in_one_pass_say_no_when_either_differs(seed, flip):
-    spec = GatherSpec(requests=(GatherRequest(context_len=33, seq_start=3, length=20), GatherRequest(context_len=0),
-                                GatherRequest(context_len=21)),
-                      paging=Paging(block_size=8, layout="shuffled"), ws_form="cumulative")
+    spec = GatherSpec(
+        requests=(
+            GatherRequest(context_len=33, seq_start=3, length=20),
+            GatherRequest(context_len=0),
+            GatherRequest(context_len=21),
+        ),
+        paging=Paging(block_size=8, layout="shuffled"),
+        ws_form="cumulative",
+    )
     case = materialize(spec, seed, DEV)
     t = case.tensors
     dst = _expected(case)
-    args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
-                batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
+    args = dict(
+        src_cache=t["src_cache"],
+        block_table=t["block_table"],
+        workspace_starts=t["workspace_starts"],
+        batch_size=case.params["batch_size"],
+        seq_starts=t["seq_starts"],
+    )
     assert matches(gather_rows_flag(dst=dst, dst2=dst.clone(), **args))
     bad = dst.view(torch.int16).clone()
     i, j = flip % bad.shape[0], (flip // 5) % 576
@@ -106,8 +147,9 @@ def test_two_runs_checked_in_one_pass_say_no_when_either_differs(seed, flip):
 
 
 def test_two_runs_that_differ_only_in_a_nan_payload_are_not_a_match():
-    spec = GatherSpec(requests=(GatherRequest(context_len=16, length=16),), paging=Paging(block_size=8),
-                      values=ValueMode.ALL_CODES)
+    spec = GatherSpec(
+        requests=(GatherRequest(context_len=16, length=16),), paging=Paging(block_size=8), values=ValueMode.ALL_CODES
+    )
     case = materialize(spec, 3, DEV)
     t = case.tensors
     dst = _expected(case)
@@ -116,8 +158,13 @@ def test_two_runs_that_differ_only_in_a_nan_payload_are_not_a_match():
     assert bool(nan.any())
     other = bits.clone()
     other[nan] = 0x7FFF  # another NaN payload at the same positions
-    args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
-                batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
+    args = dict(
+        src_cache=t["src_cache"],
+        block_table=t["block_table"],
+        workspace_starts=t["workspace_starts"],
+        batch_size=case.params["batch_size"],
+        seq_starts=t["seq_starts"],
+    )
     assert matches(gather_rows_flag(dst=other.view(torch.bfloat16), **args))  # NaN by position vs the oracle
     assert not matches(gather_rows_flag(dst=dst, dst2=other.view(torch.bfloat16), **args))  # but the runs differ
 
@@ -132,13 +179,25 @@ def test_a_prefilled_dst_is_a_match_only_once_every_byte_of_it_is_written(values
     does not."""
     from mlafuzz.harness.fast.gather import gather_prefill
 
-    spec = GatherSpec(requests=(GatherRequest(context_len=30, seq_start=4, length=17), GatherRequest(context_len=0),
-                                GatherRequest(context_len=11)),
-                      paging=Paging(block_size=8, layout="shuffled"), values=values, ws_form="cumulative")
+    spec = GatherSpec(
+        requests=(
+            GatherRequest(context_len=30, seq_start=4, length=17),
+            GatherRequest(context_len=0),
+            GatherRequest(context_len=11),
+        ),
+        paging=Paging(block_size=8, layout="shuffled"),
+        values=values,
+        ws_form="cumulative",
+    )
     case = materialize(spec, seed, DEV)
     t = case.tensors
-    args = dict(src_cache=t["src_cache"], block_table=t["block_table"], workspace_starts=t["workspace_starts"],
-                batch_size=case.params["batch_size"], seq_starts=t["seq_starts"])
+    args = dict(
+        src_cache=t["src_cache"],
+        block_table=t["block_table"],
+        workspace_starts=t["workspace_starts"],
+        batch_size=case.params["batch_size"],
+        seq_starts=t["seq_starts"],
+    )
     expected = _expected(case)
     dst = torch.empty_like(expected)
     assert gather_prefill(dst=dst, **args)
@@ -158,22 +217,31 @@ def test_a_prefilled_dst_is_a_match_only_once_every_byte_of_it_is_written(values
         assert not _match(case, partial.view(torch.bfloat16).reshape(expected.shape)), i
 
 
-@given(seed=st.integers(0, 2**32 - 1), reqs=st.lists(st.tuples(st.integers(0, 70), st.integers(0, 9)), min_size=1,
-                                                     max_size=7),
-       bs=st.sampled_from([1, 3, 16, 64]), ws_form=st.sampled_from(["cumulative", "exact"]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    reqs=st.lists(st.tuples(st.integers(0, 70), st.integers(0, 9)), min_size=1, max_size=7),
+    bs=st.sampled_from([1, 3, 16, 64]),
+    ws_form=st.sampled_from(["cumulative", "exact"]),
+)
 @settings(max_examples=12, deadline=None)
 def test_the_one_launch_row_to_record_map_is_the_oracles(seed, reqs, bs, ws_form):
     """record_offsets (a binary search per row, in the fused check's kernel language) against
     oracles.gather.row_records (torch.searchsorted): empty requests, seq_starts, any block size."""
     from mlafuzz.harness.fast.gather import record_offsets
 
-    requests = tuple(GatherRequest(context_len=ctx, seq_start=min(start, ctx), length=ctx - min(start, ctx))
-                     for ctx, start in reqs)
+    requests = tuple(
+        GatherRequest(context_len=ctx, seq_start=min(start, ctx), length=ctx - min(start, ctx)) for ctx, start in reqs
+    )
     spec = GatherSpec(requests=requests, paging=Paging(block_size=bs, layout="shuffled"), ws_form=ws_form)
     case = materialize(spec, seed, DEV)
     t, p = case.tensors, case.params
-    args = dict(block_table=t["block_table"], workspace_starts=t["workspace_starts"], batch_size=p["batch_size"],
-                seq_starts=t["seq_starts"], total=p["total"])
+    args = dict(
+        block_table=t["block_table"],
+        workspace_starts=t["workspace_starts"],
+        batch_size=p["batch_size"],
+        seq_starts=t["seq_starts"],
+        total=p["total"],
+    )
     block, entry = og.row_records(block_size=bs, device=t["src_cache"].device, **args)
     assert torch.equal(record_offsets(src_cache=t["src_cache"], **args), (block * bs + entry) * 656)
 
@@ -221,8 +289,15 @@ def test_the_packed_pair_helpers_agree_with_the_elementwise_rule_on_every_patter
     e = (hi << 16) | lo
     _, _, nan = _pairs_probe(e, e)
     assert np.array_equal((nan >> 15) & 1, _is_nan16(lo)) and np.array_equal(nan >> 31, _is_nan16(hi))
-    for a in (e, e ^ 0x00010000, e ^ 0x00000001, e ^ 0x80008000, (e & 0xFFC0FFC0) | 0x7F817F81,
-              gen.integers(0, 2**32, e.size, dtype=np.uint64).astype(np.uint32), e ^ 0x00400040):
+    for a in (
+        e,
+        e ^ 0x00010000,
+        e ^ 0x00000001,
+        e ^ 0x80008000,
+        (e & 0xFFC0FFC0) | 0x7F817F81,
+        gen.integers(0, 2**32, e.size, dtype=np.uint64).astype(np.uint32),
+        e ^ 0x00400040,
+    ):
         bad, _, _ = _pairs_probe(e, a)
         truth = _no_match16(lo, a & 0xFFFF) | _no_match16(hi, a >> 16)
         assert np.array_equal(bad, truth)
@@ -238,8 +313,17 @@ def test_an_unlike_prefill_is_no_match_while_any_byte_of_an_element_is_left_unwr
     e = (hi << 16) | lo
     _, fill, _ = _pairs_probe(e, e)
     assert not _pairs_probe(e, e)[0].any()
-    for keep_from_expected in (0x00000000, 0x000000FF, 0x0000FF00, 0x00FF0000, 0xFF000000, 0x00FF00FF,
-                               0xFF00FF00, 0xFFFF0000, 0x0000FFFF):
+    for keep_from_expected in (
+        0x00000000,
+        0x000000FF,
+        0x0000FF00,
+        0x00FF0000,
+        0xFF000000,
+        0x00FF00FF,
+        0xFF00FF00,
+        0xFFFF0000,
+        0x0000FFFF,
+    ):
         mixed = (e & keep_from_expected) | (fill & ~np.uint32(keep_from_expected))
         bad, _, _ = _pairs_probe(e, mixed)
         assert bad.all(), hex(keep_from_expected)

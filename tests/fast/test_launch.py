@@ -23,7 +23,7 @@ def test_keys_tell_apart_what_triton_specializes_on():
     assert arg_key(base) != arg_key(base.view(torch.float32))  # dtype
     assert arg_key(base, specialized=False) == arg_key(base[1:], specialized=False)
     assert len({arg_key(v) for v in (1, 2, 16)}) == 3 and arg_key(2) == arg_key(17)  # == 1, multiple of 16, neither
-    assert arg_key(2**31 - 1) != arg_key(2**31) and arg_key(-2**31) != arg_key(-2**31 - 1)  # i32 / i64
+    assert arg_key(2**31 - 1) != arg_key(2**31) and arg_key(-(2**31)) != arg_key(-(2**31) - 1)  # i32 / i64
     assert arg_key(2**31 - 1, specialized=False) != arg_key(2**31, specialized=False)
     assert arg_key(3, specialized=False) == arg_key(5, specialized=False)
     assert arg_key(True) != arg_key(1)
@@ -65,7 +65,7 @@ def test_direct_launches_match_tritons_own_for_every_alignment_and_int_class():
         for n in (1, 16, 17, 1000):
             for mul in (1, 3, 32):
                 for _ in range(2):  # the second goes through the cached compiled kernel
-                    s = src[shift:shift + n]
+                    s = src[shift : shift + n]
                     got = torch.full((n + shift,), -1, dtype=torch.int32, device="cuda")[shift:]
                     args = (s, got, n, mul)
                     launch(-(-n // 256), args, {"BLOCK": 256})

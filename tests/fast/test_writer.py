@@ -34,18 +34,28 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def _expected(t, revision: str = NEWEST) -> torch.Tensor:
     # The fused check recomputes the scale rule of the revision it is given (SPEC section 7).
-    return codec.write_records(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=t["kv_cache"],
-                               slot_mapping=t["slot_mapping"], revision=revision)
+    return codec.write_records(
+        kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=t["kv_cache"], slot_mapping=t["slot_mapping"], revision=revision
+    )
 
 
 def _match(t, after: torch.Tensor, revision: str = NEWEST) -> bool:
-    return matches(writer_records_flag(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
-                                kv_cache_after=after, slot_mapping=t["slot_mapping"], revision=revision))
+    return matches(
+        writer_records_flag(
+            kv_c=t["kv_c"],
+            k_pe=t["k_pe"],
+            kv_cache_before=t["kv_cache"],
+            kv_cache_after=after,
+            slot_mapping=t["slot_mapping"],
+            revision=revision,
+        )
+    )
 
 
 def _case(values: WriterValues, dtype: InputDtype, seed: int, padding: bool = True):
-    spec = WriterSpec(num_tokens=10, paging=Paging(block_size=4, spare_blocks=1), input_dtype=dtype,
-                      values=values, padding=padding)
+    spec = WriterSpec(
+        num_tokens=10, paging=Paging(block_size=4, spare_blocks=1), input_dtype=dtype, values=values, padding=padding
+    )
     return materialize(spec, seed, DEV).tensors
 
 
@@ -81,14 +91,36 @@ def test_the_16_bit_decode_is_torchs_exact_conversion_for_every_pattern(dtype):
 
 def test_the_e4m3fn_encode_is_the_oracles_on_random_bits_and_every_rounding_boundary():
     gen = torch.Generator().manual_seed(0)
-    bits = torch.randint(-2**31, 2**31, (1 << 15,), generator=gen, dtype=torch.int64).to(torch.int32)
+    bits = torch.randint(-(2**31), 2**31, (1 << 15,), generator=gen, dtype=torch.int64).to(torch.int32)
     grid = torch.arange(0, 4 * 1024, dtype=torch.float32) / 2**12  # quarter steps of the subnormal quantum
-    halves = torch.cat([grid, 2.0 ** -6 + grid / 64, (torch.arange(0, 64) + 0.5) * 2.0 ** -9 * 8])
-    top = torch.tensor([416.0, 432.0, 440.0, 448.0, 456.0, 463.9, 464.0, 464.1, 480.0, 1e30, float("inf"),
-                        float("nan"), 2.0**-126, 2.0**-149, 0.0])
+    halves = torch.cat([grid, 2.0**-6 + grid / 64, (torch.arange(0, 64) + 0.5) * 2.0**-9 * 8])
+    top = torch.tensor(
+        [
+            416.0,
+            432.0,
+            440.0,
+            448.0,
+            456.0,
+            463.9,
+            464.0,
+            464.1,
+            480.0,
+            1e30,
+            float("inf"),
+            float("nan"),
+            2.0**-126,
+            2.0**-149,
+            0.0,
+        ]
+    )
     near = torch.cat([halves, top])
-    near = torch.cat([near, near.nextafter(torch.full_like(near, float("inf"))),
-                      near.nextafter(torch.full_like(near, -float("inf")))])
+    near = torch.cat(
+        [
+            near,
+            near.nextafter(torch.full_like(near, float("inf"))),
+            near.nextafter(torch.full_like(near, -float("inf"))),
+        ]
+    )
     y = torch.cat([bits.view(torch.float32), near, -near, torch.randn(1 << 14, generator=gen) * 64])
     y = torch.cat([y, torch.zeros((-y.numel()) % 1024)])
     out = torch.empty(y.shape, dtype=torch.int32, device=DEV)
@@ -131,7 +163,7 @@ def test_yes_on_the_oracles_cache_for_every_16_bit_input_pattern_and_hard_tiles(
     kv_c = _hard_tiles(dtype)
     n = kv_c.shape[0]
     gen = torch.Generator().manual_seed(2)
-    k_pe = torch.randint(-2**15, 2**15, (n, 64), generator=gen, dtype=torch.int32).to(torch.int16).view(dtype)
+    k_pe = torch.randint(-(2**15), 2**15, (n, 64), generator=gen, dtype=torch.int32).to(torch.int16).view(dtype)
     slots = torch.randperm(n + 6, generator=gen)[:n]
     slots[::9] = -1  # padding tokens
     t = _tensors(kv_c, k_pe, slots, num_blocks=(n + 6) // 2, bs=2)
@@ -144,8 +176,17 @@ def test_yes_on_the_oracles_cache_for_every_16_bit_input_pattern_and_hard_tiles(
 
 def test_an_unknown_revision_is_cannot_tell_not_a_verdict():
     t = _case(WriterValues.NORMAL, InputDtype.BF16, 3, padding=False)
-    assert writer_records_flag(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"],
-                               kv_cache_after=_expected(t), slot_mapping=t["slot_mapping"], revision="2026-08") is None
+    assert (
+        writer_records_flag(
+            kv_c=t["kv_c"],
+            k_pe=t["k_pe"],
+            kv_cache_before=t["kv_cache"],
+            kv_cache_after=_expected(t),
+            slot_mapping=t["slot_mapping"],
+            revision="2026-08",
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("revision", REVISIONS)
@@ -193,8 +234,13 @@ def test_duplicate_out_of_range_and_short_inputs_say_no_without_raising():
     assert _match(dup, after) is False
     # ... and a "cannot tell" (2), never a "differs" (1): the runner reports a fast-path "differs"
     # the full check cannot reproduce as nondeterminism. In the runner's own flag too.
-    args = dict(kv_c=dup["kv_c"], k_pe=dup["k_pe"], kv_cache_before=dup["kv_cache"],
-                kv_cache_after=_expected(dup), slot_mapping=dup["slot_mapping"])
+    args = dict(
+        kv_c=dup["kv_c"],
+        k_pe=dup["k_pe"],
+        kv_cache_before=dup["kv_cache"],
+        kv_cache_after=_expected(dup),
+        slot_mapping=dup["slot_mapping"],
+    )
     assert writer_records_flag(**args).tolist() == [2]
     board = torch.zeros(2, dtype=torch.int64, device=DEV)
     assert writer_records_flag(**args, flag=board) is board and board.tolist() == [0, 2]
@@ -217,8 +263,13 @@ def test_checks_of_interleaved_cases_and_a_smaller_cache_after_a_bigger_see_only
     dup = dict(b, slot_mapping=b["slot_mapping"].clone())
     dup["slot_mapping"][1] = dup["slot_mapping"][0]
     for t in (a, big, dup, b, a, b):
-        args = dict(kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache_before=t["kv_cache"], kv_cache_after=_expected(t),
-                    slot_mapping=t["slot_mapping"])
+        args = dict(
+            kv_c=t["kv_c"],
+            k_pe=t["k_pe"],
+            kv_cache_before=t["kv_cache"],
+            kv_cache_after=_expected(t),
+            slot_mapping=t["slot_mapping"],
+        )
         if t is dup:
             assert writer_records_flag(**args).tolist() == [2]
             continue
@@ -259,15 +310,17 @@ def test_the_runner_skips_the_oracle_on_yes_and_a_mutant_is_still_found(mutant):
     from mlafuzz.harness.ops.table import OPS
     from mlafuzz.reports.findings import Kind
 
-    spec = WriterSpec(num_tokens=12, paging=Paging(block_size=4, spare_blocks=1), values=WriterValues.NORMAL,
-                      padding=True)
+    spec = WriterSpec(
+        num_tokens=12, paging=Paging(block_size=4, spare_blocks=1), values=WriterValues.NORMAL, padding=True
+    )
     case = materialize(spec, 11, DEV)
 
     def boom(case):
         raise AssertionError("the oracle ran although the fast check said the cache matches")
 
-    no_oracle = Session(table=OpTable(tuple(dataclasses.replace(o, oracle=boom) if o.name == "writer" else o
-                                            for o in OPS.ops)))
+    no_oracle = Session(
+        table=OpTable(tuple(dataclasses.replace(o, oracle=boom) if o.name == "writer" else o for o in OPS.ops))
+    )
     assert run_case(session=no_oracle, case=case, entry=no_oracle.entry("writer", "torch"), fast=True).findings == ()
     real = Session(table=OPS)
     bad = run_case(session=real, case=case, entry=real.entry("writer", mutant), fast=True)

@@ -20,16 +20,18 @@ D = Draws(2026, "test-fill")
 
 # --- bit helpers -------------------------------------------------------------
 
+
 def test_half_bits_saturates_and_goes_subnormal() -> None:
     sign = torch.tensor([0, 1, 0, 0, 0])
     exp = torch.tensor([0, 40, -14, -20, -40])
     mant = torch.tensor([0, 0x3FF, 0, 0x200, 0x3FF])
     got = to_half(half_bits(sign, exp, mant, FP16), torch.float16).float().tolist()
-    assert got == [1.0, -65504.0, 2.0 ** -14, 1.5 * 2.0 ** -20, 0.0]
-    assert to_half(half_bits(sign[:1], torch.tensor([-126]), mant[:1], BF16), torch.bfloat16).item() == 2.0 ** -126
+    assert got == [1.0, -65504.0, 2.0**-14, 1.5 * 2.0**-20, 0.0]
+    assert to_half(half_bits(sign[:1], torch.tensor([-126]), mant[:1], BF16), torch.bfloat16).item() == 2.0**-126
 
 
 # --- block tables --------------------------------------------------------------
+
 
 def _table(*, need, **kw):
     """(table, pool) as a materializer makes them: the plan, its rows on the device, the table."""
@@ -93,13 +95,15 @@ def test_block_ids_can_sit_at_the_top_of_int32() -> None:
 
 # --- top-k -------------------------------------------------------------------
 
+
 def _topk(mode: TopkMode, seq: torch.Tensor, width: int = 8, bs: int = 16, k: int = 128) -> torch.Tensor:
     """Rows of requests of these lengths, one row per entry of ``seq`` (requests by distinct length)."""
     lengths = sorted(set(seq.tolist()))
     owners = torch.tensor([lengths.index(s) for s in seq.tolist()], dtype=torch.int32)
     (host,) = fill.upload(fill.topk_rows(seq_lens=lengths, width=width, block_size=bs, topk=k), device=CPU)
-    return fill.topk_indices(D, per_row=torch.index_select(host, 0, owners), width=width, block_size=bs, topk=k,
-                             mode=mode, device=CPU)
+    return fill.topk_indices(
+        D, per_row=torch.index_select(host, 0, owners), width=width, block_size=bs, topk=k, mode=mode, device=CPU
+    )
 
 
 SEQ = torch.tensor([0, 1, 5, 100, 127, 128, 129] * 40)
@@ -134,16 +138,20 @@ def test_topk_classes_appear_in_each_mode(mode: TopkMode) -> None:
     out = _topk(mode, SEQ, width, bs, k).long()
     seq = SEQ.unsqueeze(1).expand_as(out)
     top = width * bs
-    negative = (out < -1)
+    negative = out < -1
     past_table = out >= torch.clamp(seq, min=top)  # a row with seq_len > M*bs has real positions past the table
     past_seq = (out >= seq) & (out < top)
     present = {"negative": negative.any(), "past_table": past_table.any(), "past_seq": past_seq.any()}
-    want = {TopkMode.NEGATIVE: {"negative"}, TopkMode.PAST_TABLE: {"past_table"},
-            TopkMode.PAST_SEQ_LEN: {"past_seq"}, TopkMode.MIXED: {"negative", "past_table", "past_seq"}}[mode]
+    want = {
+        TopkMode.NEGATIVE: {"negative"},
+        TopkMode.PAST_TABLE: {"past_table"},
+        TopkMode.PAST_SEQ_LEN: {"past_seq"},
+        TopkMode.MIXED: {"negative", "past_table", "past_seq"},
+    }[mode]
     assert {name for name, hit in present.items() if hit} == want
     assert ((out == -1) | ((out >= 0) & (out < seq))).any()  # the padded rows are still there
     if mode in (TopkMode.NEGATIVE, TopkMode.MIXED):
-        assert set(out[negative].tolist()) == {-2, -bs, -k, catalog.INT32_MIN, -(2 ** 20)}
+        assert set(out[negative].tolist()) == {-2, -bs, -k, catalog.INT32_MIN, -(2**20)}
     if mode in (TopkMode.PAST_TABLE, TopkMode.MIXED):
         vals = out[past_table]
         assert (vals == catalog.INT32_MAX).any() and ((vals >= top) & (vals <= top + 2 * bs)).sum() > 10
@@ -163,15 +171,20 @@ def test_topk_with_a_non_power_of_two_k() -> None:
 
 # --- writer inputs -------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("values", list(WriterValues))
 def test_writer_inputs_shape_determinism_and_prefix(values: WriterValues, dtype: torch.dtype) -> None:
     x = fill.writer_inputs(D, num_tokens=257, values=values, dtype=dtype, device=CPU)
     assert x.shape == (257, 576) and x.dtype == dtype
-    assert torch.equal(x.view(torch.int16), fill.writer_inputs(D, num_tokens=257, values=values, dtype=dtype,
-                                                              device=CPU).view(torch.int16))
-    assert torch.equal(x[:10].view(torch.int16), fill.writer_inputs(D, num_tokens=10, values=values, dtype=dtype,
-                                                                    device=CPU).view(torch.int16))
+    assert torch.equal(
+        x.view(torch.int16),
+        fill.writer_inputs(D, num_tokens=257, values=values, dtype=dtype, device=CPU).view(torch.int16),
+    )
+    assert torch.equal(
+        x[:10].view(torch.int16),
+        fill.writer_inputs(D, num_tokens=10, values=values, dtype=dtype, device=CPU).view(torch.int16),
+    )
     kv_c, k_pe = x.split([512, 64], dim=-1)  # as vLLM splits its projection output
     assert kv_c.stride() == (576, 1) and k_pe.storage_offset() == 512
     finite = torch.isfinite(x.float())
@@ -193,6 +206,7 @@ def test_writer_wide_spreads_tile_magnitudes_and_extreme_has_zero_tiles() -> Non
 
 
 # --- slot mappings -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n,num_slots", [(0, 5), (1, 1), (10, 10), (100, 1000), (5000, 1 << 30), (64, 1 << 27)])
 def test_distinct_slots_are_distinct_and_in_range(n: int, num_slots: int) -> None:

@@ -33,8 +33,9 @@ def test_key_derivation_is_pinned() -> None:
 
 def test_child_is_the_slash_joined_name() -> None:
     assert Stream(3, "case").child("topk") == Stream(3, "case/topk")
-    assert torch.equal(Stream(3, "case").child("topk").words(8, device=CPU),
-                       Stream(3, "case/topk").words(8, device=CPU))
+    assert torch.equal(
+        Stream(3, "case").child("topk").words(8, device=CPU), Stream(3, "case/topk").words(8, device=CPU)
+    )
 
 
 @pytest.mark.parametrize("start", [0, 1, 1000, (1 << 31) - 5, (1 << 32) - 3, 1 << 40])
@@ -43,7 +44,7 @@ def test_words_at_start_is_a_slice_of_a_longer_call(start: int) -> None:
     base = max(start - 7, 0)
     long = s.words(32, device=CPU, start=base)
     off = start - base
-    assert torch.equal(s.words(9, device=CPU, start=start), long[off:off + 9])
+    assert torch.equal(s.words(9, device=CPU, start=start), long[off : off + 9])
 
 
 def test_fast_and_general_paths_agree_across_the_boundary() -> None:
@@ -179,13 +180,17 @@ def test_every_stream_output_is_byte_identical_on_cuda() -> None:
     outs = {}
     for dev in ("cpu", "cuda"):
         outs[dev] = [
-            s.words((7, 300), device=dev), s.words(64, device=dev, start=(1 << 31) - 20),
+            s.words((7, 300), device=dev),
+            s.words(64, device=dev, start=(1 << 31) - 20),
             s.words(64, device=dev, start=(1 << 40)),
             s.words_at(torch.tensor(_EDGE_INDICES, device=dev)),
-            s.below(1000, 5000, device=dev), s.below(torch.tensor([[3], [1 << 31]], device=dev), (2, 99), device=dev),
-            s.integers(-7, 9, 999, device=dev), s.coin(1, 3, 999, device=dev),
+            s.below(1000, 5000, device=dev),
+            s.below(torch.tensor([[3], [1 << 31]], device=dev), (2, 99), device=dev),
+            s.integers(-7, 9, 999, device=dev),
+            s.coin(1, 3, 999, device=dev),
             s.choice(torch.tensor([1.5, -0.0, float("nan")]), 99, device=dev),
-            s.permutation(5000, device=dev), s.permutation(256, batch=(64,), device=dev),
+            s.permutation(5000, device=dev),
+            s.permutation(256, batch=(64,), device=dev),
             s.bytes(4097, device=dev),
         ]
     for a, b in zip(outs["cpu"], outs["cuda"]):

@@ -31,11 +31,15 @@ def test_the_same_spec_and_seed_give_the_same_bytes_and_layouts(op, knobs):
 
 @pytest.mark.parametrize("op", OP_NAMES)
 def test_another_seed_gives_other_bytes(op):
-    spec = next(s for i in range(50) if (s := draw_spec(op, seed=i, knobs=MEDIUM)) and
-                sum(OPS.get(op).size(s).values()) > 40)
+    spec = next(
+        s for i in range(50) if (s := draw_spec(op, seed=i, knobs=MEDIUM)) and sum(OPS.get(op).size(s).values()) > 40
+    )
     a, b = materialize(spec, 1), materialize(spec, 2)
-    changed = [k for k, t in a.tensors.items() if t is not None and t.numel() > 16 and not torch.equal(
-        raw(t), raw(b.tensors[k]))]
+    changed = [
+        k
+        for k, t in a.tensors.items()
+        if t is not None and t.numel() > 16 and not torch.equal(raw(t), raw(b.tensors[k]))
+    ]
     assert changed, f"seeds 1 and 2 of {spec} made the same tensors"
 
 
@@ -59,14 +63,18 @@ def test_every_layout_spec_materializes_its_views():
         if isinstance(spec, WriterSpec) and spec.inputs_view is View.COLUMNS:
             kv_c, k_pe = t["kv_c"], t["k_pe"]
             assert kv_c.stride() == (576, 1) and k_pe.stride() == (576, 1)
-            assert k_pe.storage_offset() == 512 and kv_c.untyped_storage().data_ptr() == k_pe.untyped_storage().data_ptr()
+            assert (
+                k_pe.storage_offset() == 512 and kv_c.untyped_storage().data_ptr() == k_pe.untyped_storage().data_ptr()
+            )
             seen["split"] += 1
     assert set(seen) == {"columns", "rows", "dst", "split"}
 
 
 def test_a_view_holds_the_plain_tensor_and_valid_ids_around_it():
-    plain = GatherSpec(requests=(GatherRequest(context_len=700, seq_start=130, length=300),),
-                       paging=Paging(block_size=16, layout="shuffled"))
+    plain = GatherSpec(
+        requests=(GatherRequest(context_len=700, seq_start=130, length=300),),
+        paging=Paging(block_size=16, layout="shuffled"),
+    )
     base = materialize(plain, 3).tensors
     num_blocks = base["src_cache"].shape[0]
     for view in (View.COLUMNS, View.ROWS):
@@ -94,8 +102,9 @@ def test_a_cache_at_the_top_of_a_larger_one_makes_only_its_blocks():
         assert torch.equal(cache[300:], low.tensors[name])  # the same blocks, renumbered
         if name == "kv_cache":
             slots = case.tensors["slot_mapping"]
-            assert torch.equal(slots, torch.where(low.tensors["slot_mapping"] >= 0,
-                                                  low.tensors["slot_mapping"] + 300 * 16, -1))
+            assert torch.equal(
+                slots, torch.where(low.tensors["slot_mapping"] >= 0, low.tensors["slot_mapping"] + 300 * 16, -1)
+            )
 
 
 def test_a_4_gb_cache_costs_a_cpu_worker_only_its_blocks():
@@ -103,8 +112,10 @@ def test_a_4_gb_cache_costs_a_cpu_worker_only_its_blocks():
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * 4096
 
-    spec = GatherSpec(requests=(GatherRequest(context_len=5000, seq_start=1000, length=2000),),
-                      paging=Paging(block_size=64, base_block=(1 << 32) // (64 * 656) + 1))
+    spec = GatherSpec(
+        requests=(GatherRequest(context_len=5000, seq_start=1000, length=2000),),
+        paging=Paging(block_size=64, base_block=(1 << 32) // (64 * 656) + 1),
+    )
     before = resident()
     case = materialize(spec, 1)
     copies = case.cloned_tensors()
@@ -163,7 +174,9 @@ def test_large_knobs_draw_realistic_sizes():
     assert max(r.seq_len for s in specs for r in s.requests) > 100_000
     rows = [sum(r.num_tokens for r in s.requests) for s in specs]
     assert sorted(rows)[len(rows) // 2] < 1000 < max(rows)  # many small, some huge
-    at_tiles = sum(any(abs(n - m * t) <= 1 for t in (128, 256, 1024) for m in range(1, 129) if m * t > 100) for n in rows)
+    at_tiles = sum(
+        any(abs(n - m * t) <= 1 for t in (128, 256, 1024) for m in range(1, 129) if m * t > 100) for n in rows
+    )
     assert at_tiles >= 30
 
 

@@ -49,12 +49,24 @@ def test_large_cases_are_the_same_bytes_on_cpu_and_cuda(op):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", [
-    GatherSpec(requests=(GatherRequest(context_len=9000, seq_start=4000, length=3000),), values="nan",
-               paging=Paging(block_size=64, layout="shuffled", base_block=HUGE)),
-    WriterSpec(num_tokens=3000, values="extreme", padding=True, inputs_view="columns",
-               paging=Paging(block_size=64, spare_blocks=3, base_block=HUGE)),
-], ids=["gather", "writer"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GatherSpec(
+            requests=(GatherRequest(context_len=9000, seq_start=4000, length=3000),),
+            values="nan",
+            paging=Paging(block_size=64, layout="shuffled", base_block=HUGE),
+        ),
+        WriterSpec(
+            num_tokens=3000,
+            values="extreme",
+            padding=True,
+            inputs_view="columns",
+            paging=Paging(block_size=64, spare_blocks=3, base_block=HUGE),
+        ),
+    ],
+    ids=["gather", "writer"],
+)
 def test_a_cache_past_2_32_bytes_is_the_same_bytes_on_cpu_and_cuda(spec):
     _same_on_both(spec, 5)
     case = materialize(spec, 5, "cuda")

@@ -23,7 +23,7 @@ def test_words_are_pinned_to_the_key() -> None:
     # The replay contract across machines and versions: these must never change silently.
     d = Draws(1, "x")
     assert d.offset == Stream(1, "x").k0 % POOL_WORDS
-    assert d.words(4, device=CPU).tolist() == word_pool(CPU)[d.offset:d.offset + 4].tolist()
+    assert d.words(4, device=CPU).tolist() == word_pool(CPU)[d.offset : d.offset + 4].tolist()
     assert d.words(3, device=CPU).tolist() == [674912832, 171536596, 740262111]
 
 
@@ -46,7 +46,7 @@ def test_windows_are_runs_of_the_table_from_each_offset() -> None:
     rows = windows(offsets, 300, device=CPU)
     assert rows.shape == (4, 300) and rows.dtype == torch.int32
     for r, o in enumerate(offsets.tolist()):
-        assert torch.equal(rows[r], table[o:o + 300])
+        assert torch.equal(rows[r], table[o : o + 300])
     assert torch.equal(windows(offsets.to(torch.int32), 300, device=CPU), rows)
 
 

@@ -36,7 +36,7 @@ def test_records_are_deterministic_and_a_block_depends_only_on_its_word(mode: Va
     full = _records(mode, 20)
     assert full.dtype == torch.uint8 and full.shape == (320, 656)
     assert torch.equal(full, _records(mode, 20))
-    assert torch.equal(_records(mode, 7), full[:7 * 16])  # fewer blocks: a prefix
+    assert torch.equal(_records(mode, 7), full[: 7 * 16])  # fewer blocks: a prefix
     assert not torch.equal(full, _records(mode, 20, draws=Draws(1, "other")))
     words = records.record_words(D.words(20, device=CPU)[[3, 3, 11]], block_size=16, device=CPU)
     out = torch.empty((48, 656), dtype=torch.uint8)
@@ -63,7 +63,7 @@ def test_a_power_of_two_scale_shift_is_the_writer_output_of_the_scaled_input() -
     k_pe = to_half(normal_bits(w[:, :64], BF16), torch.bfloat16)
     base = encode_rows(kv_c=x, k_pe=k_pe, revision="2026-07")
     for k in (-20, -7, 1, 20):
-        shifted = encode_rows(kv_c=x * 2.0 ** k, k_pe=k_pe, revision="2026-07")  # exact: a power of two
+        shifted = encode_rows(kv_c=x * 2.0**k, k_pe=k_pe, revision="2026-07")  # exact: a power of two
         bits = base[:, 512:528].contiguous().view(torch.int32) + (k << 23)
         assert torch.equal(shifted[:, :512], base[:, :512]) and torch.equal(shifted[:, 528:], base[:, 528:])
         assert torch.equal(shifted[:, 512:528].contiguous().view(torch.int32), bits)
@@ -95,12 +95,14 @@ def test_all_codes_records_each_hold_every_code() -> None:
     assert int(exps.min()) <= -20 and int(exps.max()) >= 20  # exponents spread over [-24, 24]
 
 
-@pytest.mark.parametrize("mode,table", [("extreme_scales", catalog.EXTREME_SCALES),
-                                        ("subnormal", catalog.SUBNORMAL_SCALES)])
+@pytest.mark.parametrize(
+    "mode,table", [("extreme_scales", catalog.EXTREME_SCALES), ("subnormal", catalog.SUBNORMAL_SCALES)]
+)
 def test_catalog_scale_modes(mode: str, table: tuple[float, ...]) -> None:
     recs = _records(mode, 32)
-    allowed = set(torch.tensor(table, dtype=torch.float32).view(torch.int32).to(torch.int64).bitwise_and(
-        0xFFFFFFFF).tolist())
+    allowed = set(
+        torch.tensor(table, dtype=torch.float32).view(torch.int32).to(torch.int64).bitwise_and(0xFFFFFFFF).tolist()
+    )
     assert _scale_bits(recs) == allowed  # every catalog value, nothing else
     assert not ((recs[:, :512] & 0x7F) == 0x7F).any()  # no NaN codes
 

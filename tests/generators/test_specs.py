@@ -24,9 +24,14 @@ def _same_tensors(a, b) -> bool:
         x, y = a[k], b[k]
         if (x is None) != (y is None):
             return False
-        if x is not None and not (x.dtype == y.dtype and x.shape == y.shape
-                                  and torch.equal(x.reshape(-1).view(torch.uint8) if x.is_floating_point() else x,
-                                                  y.reshape(-1).view(torch.uint8) if y.is_floating_point() else y)):
+        if x is not None and not (
+            x.dtype == y.dtype
+            and x.shape == y.shape
+            and torch.equal(
+                x.reshape(-1).view(torch.uint8) if x.is_floating_point() else x,
+                y.reshape(-1).view(torch.uint8) if y.is_floating_point() else y,
+            )
+        ):
             return False
     return True
 
@@ -62,27 +67,33 @@ def test_materialize_does_not_touch_the_global_rng():
     assert torch.equal(torch.rand(3), before)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (lambda: Paging(block_size=0), "block_size=0"),
-    (lambda: ConvertSpec(requests=(ConvertRequest(seq_len=4, num_tokens=1),), topk=96, block_n=64), "topk=96"),
-    (lambda: ConvertSpec(requests=(ConvertRequest(seq_len=4, num_tokens=1),), block_n=48, topk=96), "block_n=48"),
-    (lambda: GatherRequest(context_len=4, seq_start=3, length=2), "length=2"),
-    (lambda: GatherSpec(requests=()), "requests=()"),
-    (lambda: ConvertRequest(seq_len="3", num_tokens=1), "seq_len='3'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda: Paging(block_size=0), "block_size=0"),
+        (lambda: ConvertSpec(requests=(ConvertRequest(seq_len=4, num_tokens=1),), topk=96, block_n=64), "topk=96"),
+        (lambda: ConvertSpec(requests=(ConvertRequest(seq_len=4, num_tokens=1),), block_n=48, topk=96), "block_n=48"),
+        (lambda: GatherRequest(context_len=4, seq_start=3, length=2), "length=2"),
+        (lambda: GatherSpec(requests=()), "requests=()"),
+        (lambda: ConvertRequest(seq_len="3", num_tokens=1), "seq_len='3'"),
+    ],
+)
 def test_invalid_specs_are_refused_with_name_equals_value(bad, message):
     with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
         bad()
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d["spec"].update(bogus=1), "unknown field 'bogus'"),
-    (lambda d: d["spec"]["paging"].update(block_size="64"), "block_size='64' must be an integer"),
-    (lambda d: d["spec"].update(values="shiny"), "values='shiny' must be one of"),
-    (lambda d: d.update(schema_version=99), "schema_version=99"),
-    (lambda d: d.update(op="attention"), "op='attention'"),
-    (lambda d: d["spec"]["requests"][0].pop("context_len"), "context_len"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["spec"].update(bogus=1), "unknown field 'bogus'"),
+        (lambda d: d["spec"]["paging"].update(block_size="64"), "block_size='64' must be an integer"),
+        (lambda d: d["spec"].update(values="shiny"), "values='shiny' must be one of"),
+        (lambda d: d.update(schema_version=99), "schema_version=99"),
+        (lambda d: d.update(op="attention"), "op='attention'"),
+        (lambda d: d["spec"]["requests"][0].pop("context_len"), "context_len"),
+    ],
+)
 def test_bad_spec_files_fail_with_one_line(mutate, message):
     data = json.loads(spec_to_json(GatherSpec(requests=(GatherRequest(context_len=4, length=2),))))
     mutate(data)
@@ -92,8 +103,10 @@ def test_bad_spec_files_fail_with_one_line(mutate, message):
 
 
 def test_block_table_covers_every_request_and_shared_prefix_shares_blocks():
-    spec = GatherSpec(requests=(GatherRequest(context_len=200, length=10), GatherRequest(context_len=130, length=5)),
-                      paging=Paging(block_size=16, layout="shared_prefix"))
+    spec = GatherSpec(
+        requests=(GatherRequest(context_len=200, length=10), GatherRequest(context_len=130, length=5)),
+        paging=Paging(block_size=16, layout="shared_prefix"),
+    )
     case = materialize(spec, 5, "cpu")
     table = case.tensors["block_table"]
     num_blocks = case.tensors["src_cache"].shape[0]
@@ -103,8 +116,13 @@ def test_block_table_covers_every_request_and_shared_prefix_shares_blocks():
 
 @pytest.mark.parametrize("mode", list(TopkMode))
 def test_topk_modes_produce_their_index_classes(mode):
-    spec = ConvertSpec(requests=(ConvertRequest(seq_len=100, num_tokens=8),), paging=Paging(block_size=16),
-                       topk=256, block_n=64, topk_mode=mode)
+    spec = ConvertSpec(
+        requests=(ConvertRequest(seq_len=100, num_tokens=8),),
+        paging=Paging(block_size=16),
+        topk=256,
+        block_n=64,
+        topk_mode=mode,
+    )
     idx = materialize(spec, 11, "cpu").tensors["token_indices"]
     width = 7 * 16  # ceil(100 / 16) = 7 blocks
     present = {
@@ -114,8 +132,11 @@ def test_topk_modes_produce_their_index_classes(mode):
         "past_seq_len": bool(((idx >= 100) & (idx < width)).any()),
     }
     expected = {
-        TopkMode.VALID: {"valid"}, TopkMode.PADDED: {"valid"}, TopkMode.NEGATIVE: {"valid", "negative_other"},
-        TopkMode.PAST_TABLE: {"valid", "past_table"}, TopkMode.PAST_SEQ_LEN: {"valid", "past_seq_len"},
+        TopkMode.VALID: {"valid"},
+        TopkMode.PADDED: {"valid"},
+        TopkMode.NEGATIVE: {"valid", "negative_other"},
+        TopkMode.PAST_TABLE: {"valid", "past_table"},
+        TopkMode.PAST_SEQ_LEN: {"valid", "past_seq_len"},
         TopkMode.MIXED: {"valid", "negative_other", "past_table", "past_seq_len"},
     }[mode]
     assert {k for k, v in present.items() if v} == expected
@@ -129,8 +150,11 @@ def test_all_codes_mode_uses_every_fp8_code():
 
 
 def test_cumulative_workspace_starts_carry_one_more_entry():
-    reqs = (GatherRequest(context_len=10, length=3), GatherRequest(context_len=10, length=0),
-            GatherRequest(context_len=10, seq_start=4, length=6))
+    reqs = (
+        GatherRequest(context_len=10, length=3),
+        GatherRequest(context_len=10, length=0),
+        GatherRequest(context_len=10, seq_start=4, length=6),
+    )
     exact = materialize(GatherSpec(requests=reqs), 0, "cpu")
     cum = materialize(GatherSpec(requests=reqs, ws_form="cumulative"), 0, "cpu")
     assert exact.tensors["workspace_starts"].tolist() == [0, 3, 3]
@@ -153,4 +177,4 @@ def test_a_strided_inputs_copy_keeps_its_strides_and_the_bytes_between_its_eleme
     # What a kernel assuming contiguity reads there: the case's own values, not uninitialized memory.
     flat = copies["block_table"].as_strided((3 * 3,), (1,))
     assert flat.tolist() == wide.reshape(-1)[2:11].tolist()
-    assert torch.equal(copies["k_pe_like"].as_strided((64 + 576,), (1,)), both.reshape(-1)[512:512 + 640])
+    assert torch.equal(copies["k_pe_like"].as_strided((64 + 576,), (1,)), both.reshape(-1)[512 : 512 + 640])

@@ -16,25 +16,47 @@ def _esc(text: str) -> str:
     return text.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: StepSpec(requests=()), "requests=()"),
-    (lambda: StepSpec(requests=(R(context_len=0, query_len=0),)), "requests[0].query_len=0"),
-    # A prefill (no context) before a decode: the scheduler orders decode -> extend -> prefill.
-    (lambda: StepSpec(requests=(R(context_len=0, query_len=3), R(context_len=5, query_len=1))), "requests[1]="),
-    # An extend (query_len > threshold) before a decode.
-    (lambda: StepSpec(requests=(R(context_len=5, query_len=3), R(context_len=5, query_len=1))), "is a decode after"),
-    # Padding requests form the tail.
-    (lambda: StepSpec(requests=(R(context_len=5, query_len=1), R(context_len=0, query_len=0),
-                                R(context_len=0, query_len=2))), "requests[1].query_len=0"),
-    # Two prefill requests with context need two blocks of workspace.
-    (lambda: StepSpec(requests=(R(context_len=5, query_len=3), R(context_len=5, query_len=3)),
-                      paging=Paging(block_size=16), workspace_rows=31), "workspace_rows=31"),
-    # Without the uniform rule the decodes [2, 1] give 3 decode tokens: not a multiple of 2.
-    (lambda: StepSpec(requests=(R(context_len=5, query_len=2), R(context_len=5, query_len=1)), threshold=2,
-                      require_uniform=False), "require_uniform=False"),
-    (lambda: StepSpec(requests=(R(context_len=5, query_len=1),), topk=48, block_n=32), "topk=48"),
-    (lambda: R(context_len=-1, query_len=1), "context_len=-1"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: StepSpec(requests=()), "requests=()"),
+        (lambda: StepSpec(requests=(R(context_len=0, query_len=0),)), "requests[0].query_len=0"),
+        # A prefill (no context) before a decode: the scheduler orders decode -> extend -> prefill.
+        (lambda: StepSpec(requests=(R(context_len=0, query_len=3), R(context_len=5, query_len=1))), "requests[1]="),
+        # An extend (query_len > threshold) before a decode.
+        (
+            lambda: StepSpec(requests=(R(context_len=5, query_len=3), R(context_len=5, query_len=1))),
+            "is a decode after",
+        ),
+        # Padding requests form the tail.
+        (
+            lambda: StepSpec(
+                requests=(R(context_len=5, query_len=1), R(context_len=0, query_len=0), R(context_len=0, query_len=2))
+            ),
+            "requests[1].query_len=0",
+        ),
+        # Two prefill requests with context need two blocks of workspace.
+        (
+            lambda: StepSpec(
+                requests=(R(context_len=5, query_len=3), R(context_len=5, query_len=3)),
+                paging=Paging(block_size=16),
+                workspace_rows=31,
+            ),
+            "workspace_rows=31",
+        ),
+        # Without the uniform rule the decodes [2, 1] give 3 decode tokens: not a multiple of 2.
+        (
+            lambda: StepSpec(
+                requests=(R(context_len=5, query_len=2), R(context_len=5, query_len=1)),
+                threshold=2,
+                require_uniform=False,
+            ),
+            "require_uniform=False",
+        ),
+        (lambda: StepSpec(requests=(R(context_len=5, query_len=1),), topk=48, block_n=32), "topk=48"),
+        (lambda: R(context_len=-1, query_len=1), "context_len=-1"),
+    ],
+)
 def test_invalid_steps_are_refused_with_name_equals_value(make, message):
     with pytest.raises(SpecError, match=_esc(message)):
         make()
@@ -47,8 +69,10 @@ def test_every_drawn_step_survives_a_json_round_trip(spec):
 
 
 def test_padded_uniform_decode_batch_counts_padding_tokens():
-    spec = StepSpec(requests=(R(context_len=7, query_len=2), R(context_len=7, query_len=2),
-                              R(context_len=0, query_len=0)), threshold=128)
+    spec = StepSpec(
+        requests=(R(context_len=7, query_len=2), R(context_len=7, query_len=2), R(context_len=0, query_len=0)),
+        threshold=128,
+    )
     assert spec.num_tokens == 6 and spec.split() == (3, 0, 6, 0)
     case = materialize(spec, 0, "cpu")
     # The padding tokens 4 and 5 belong to the zero-length request (2 = q0 of them), all -1 rows.
@@ -79,5 +103,14 @@ def test_drawn_steps_cover_the_corners_the_pipeline_has():
     seen = set()
     for seed in range(80):
         seen |= features(draw_spec("step", seed=seed))
-    assert {"batch:decode-only", "batch:prefill-only", "batch:mixed", "multi-chunk", "spec-decode",
-            "padded-requests", "dense-prefill", "sparse-prefill", "prefill-chunks>1"} <= seen
+    assert {
+        "batch:decode-only",
+        "batch:prefill-only",
+        "batch:mixed",
+        "multi-chunk",
+        "spec-decode",
+        "padded-requests",
+        "dense-prefill",
+        "sparse-prefill",
+        "prefill-chunks>1",
+    } <= seen

@@ -23,17 +23,28 @@ def test_bench_fuzz_runs_the_fuzz_loop_per_op_and_reports_its_cases_per_second()
 
 
 def test_harness_shares_split_the_end_to_end_time():
-    med = {"generate": 1.0, "check": 3.0, "kernel": 1.0, "run": 1.2, "rerun": 0.0, "inputs": 0.4, "oracle": 0.8,
-           "guards": 0.0}
+    med = {
+        "generate": 1.0,
+        "check": 3.0,
+        "kernel": 1.0,
+        "run": 1.2,
+        "rerun": 0.0,
+        "inputs": 0.4,
+        "oracle": 0.8,
+        "guards": 0.0,
+    }
     text = _shares(med)
     assert "generate 25%, kernel 25%, rest of check 50%" in text and "run 30%" in text and "oracle 20%" in text
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["bench", "--fuzz", "--harness"], "not allowed with"),
-    (["bench", "--fuzz", "--seconds", "0"], "must be > 0"),
-    (["bench", "--fuzz", "--workers", "0"], "must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["bench", "--fuzz", "--harness"], "not allowed with"),
+        (["bench", "--fuzz", "--seconds", "0"], "must be > 0"),
+        (["bench", "--fuzz", "--workers", "0"], "must be >= 1"),
+    ],
+)
 def test_bench_mistakes_exit_2_with_one_line(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -87,8 +87,9 @@ def test_integer_outputs_compare_exactly_and_name_the_first_index():
 
 def test_wrong_shape_or_missing_output_is_reported_not_raised():
     exp = torch.zeros((2, 3), dtype=torch.int32)
-    (f,) = compare(expected={"out": exp}, actual={"out": torch.zeros((3, 3), dtype=torch.int32)},
-                   policy=Policy(), ctx=CTX)
+    (f,) = compare(
+        expected={"out": exp}, actual={"out": torch.zeros((3, 3), dtype=torch.int32)}, policy=Policy(), ctx=CTX
+    )
     assert "shape" in f.message
     (g,) = compare(expected={"out": exp}, actual={}, policy=Policy(), ctx=CTX)
     assert g.kind is Kind.VALUE_MISMATCH

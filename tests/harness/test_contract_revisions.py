@@ -25,8 +25,16 @@ from mlafuzz.tests.support.helpers import materialize, session
 
 
 def _fuzz(tmp_path: Path, impl: str, revision: str, cases: int = 16, **kw):
-    config = FuzzConfig(ops=("writer",), impls={"writer": impl}, device="cpu", cases=cases, seed=3,
-                        out_dir=tmp_path / f"{impl}-{revision}", revision=revision, **kw)
+    config = FuzzConfig(
+        ops=("writer",),
+        impls={"writer": impl},
+        device="cpu",
+        cases=cases,
+        seed=3,
+        out_dir=tmp_path / f"{impl}-{revision}",
+        revision=revision,
+        **kw,
+    )
     return config, fuzz(config, executor=InProcess(session=Session(table=OPS)))
 
 
@@ -82,14 +90,22 @@ def test_execute_hands_the_effective_revision_to_the_oracle_the_call_and_the_fin
         result = execute(Task(index=0, op="writer", seed=seed, impl_ref=impl, device="cpu", revision=run_rev), s)
         assert seen[-1] == judged
         assert all(f.revision == judged for f in result.findings)
-    assert execute(Task(index=0, op="writer", seed=seed, impl_ref="writer_round_down", device="cpu"),
-                   s).findings  # killed under its own pin
+    assert execute(
+        Task(index=0, op="writer", seed=seed, impl_ref="writer_round_down", device="cpu"), s
+    ).findings  # killed under its own pin
 
 
 def test_the_log2f_band_names_the_cause_only_when_every_differing_record_is_in_it():
     case = materialize(WriterSpec(num_tokens=2), 1)
-    f = Finding(kind=Kind.VALUE_MISMATCH, op="writer", impl="x", case_id="c", tensor="kv_cache",
-                cause="kv_cache:value", message="kv_cache: Mismatched elements")
+    f = Finding(
+        kind=Kind.VALUE_MISMATCH,
+        op="writer",
+        impl="x",
+        case_id="c",
+        tensor="kv_cache",
+        cause="kv_cache:value",
+        message="kv_cache: Mismatched elements",
+    )
     band, yes, no = torch.tensor([True, False]), torch.tensor([True, False]), torch.tensor([True, True])
     assert relabel_band([f], case=case, band=band, differs=yes)[0].cause == LOG2F_BAND_CAUSE
     assert relabel_band([f], case=case, band=band, differs=no) == [f]
@@ -105,9 +121,11 @@ def test_no_16_bit_input_reaches_the_log2f_band(dtype):
     kv_c.view(-1, 4, 128)[:, :, 0] = bits.view(-1, 4)
     case = materialize(WriterSpec(num_tokens=1), 1)
     n = kv_c.shape[0]
-    case = dataclasses.replace(case, tensors={**case.tensors, "kv_c": kv_c, "slot_mapping": torch.zeros(n,
-                                                                                                        dtype=torch.int64)},
-                               params={"revision": NEWEST})
+    case = dataclasses.replace(
+        case,
+        tensors={**case.tensors, "kv_c": kv_c, "slot_mapping": torch.zeros(n, dtype=torch.int64)},
+        params={"revision": NEWEST},
+    )
     assert not band_tokens(case).any()
 
 
@@ -125,12 +143,44 @@ def test_a_bundle_records_the_revision_and_replay_uses_it_unless_told_otherwise(
 
 
 def test_the_cli_names_the_revision_and_refuses_an_unknown_one(tmp_path, capsys):
-    rc = main(["fuzz", "--op", "writer", "--device", "cpu", "--cases", "4", "--revision", "2026-07",
-               "--in-process", "--shrink-budget", "0", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "fuzz",
+            "--op",
+            "writer",
+            "--device",
+            "cpu",
+            "--cases",
+            "4",
+            "--revision",
+            "2026-07",
+            "--in-process",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     assert "contract revision 2026-07" in capsys.readouterr().err
-    assert main(["fuzz", "--op", "writer", "--device", "cpu", "--cases", "1", "--revision", "2026-08",
-                 "--out", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "fuzz",
+                "--op",
+                "writer",
+                "--device",
+                "cpu",
+                "--cases",
+                "1",
+                "--revision",
+                "2026-08",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
 
 
 def test_reports_show_a_findings_revision_and_rerun_with_it():

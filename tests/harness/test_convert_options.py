@@ -40,7 +40,10 @@ def test_drawn_options_go_only_to_implementations_whose_signature_has_them():
         result = execute(Task(index=0, op="convert", seed=seed, impl_ref=ref, device="cpu"), s)
         assert result.skipped is None and result.findings == ()
         assert options <= set(result.features) and not (set(result.features) - options) & {
-            "compact", "stride:padded", "stride:block_size"}
+            "compact",
+            "stride:padded",
+            "stride:block_size",
+        }
 
 
 def test_a_given_spec_that_needs_an_option_is_a_counted_skip_not_a_finding():
@@ -52,8 +55,15 @@ def test_a_given_spec_that_needs_an_option_is_a_counted_skip_not_a_finding():
 
 def test_an_old_signature_and_an_unordered_compaction_draw_nothing_and_skip_nothing(tmp_path):
     for ref in (OLD, SHUFFLED):
-        config = FuzzConfig(ops=("convert",), impls={"convert": ref}, device="cpu", cases=30, seed=5,
-                            out_dir=tmp_path / ref.rsplit(":", 1)[1], rerun_every=1)  # every case run twice
+        config = FuzzConfig(
+            ops=("convert",),
+            impls={"convert": ref},
+            device="cpu",
+            cases=30,
+            seed=5,
+            out_dir=tmp_path / ref.rsplit(":", 1)[1],
+            rerun_every=1,
+        )  # every case run twice
         summary = fuzz(config, executor=InProcess(session=Session(table=OPS)))
         assert summary.cases == 30 and summary.skipped == 0 and summary.findings == 0, summary.by_kind
     assert summary.coverage["compact"]  # the shuffled one got compacted cases
@@ -65,8 +75,9 @@ def _rows(*rows):
 
 def test_row_set_mode_accepts_any_order_and_finds_a_wrong_multiset_or_tail():
     exp, counts = _rows([5, 7, 7, -1], [3, -1, -1, -1]), torch.tensor([3, 1], dtype=torch.int32)
-    run = lambda act: compare(expected={"out": exp}, actual={"out": act}, policy=Policy(), ctx=CTX,
-                              row_sets={"out": counts})
+    run = lambda act: compare(
+        expected={"out": exp}, actual={"out": act}, policy=Policy(), ctx=CTX, row_sets={"out": counts}
+    )
     assert run(_rows([7, 5, 7, -1], [3, -1, -1, -1])) == []
     (f,) = run(_rows([7, 5, 5, -1], [3, -1, -1, -1]))  # one 7 became a 5
     assert f.kind is Kind.VALUE_MISMATCH and f.cause == "out:row_set" and f.count == 1 and f.total == 2
@@ -74,8 +85,12 @@ def test_row_set_mode_accepts_any_order_and_finds_a_wrong_multiset_or_tail():
     (f,) = run(_rows([5, 7, 7, -1], [-1, 3, -1, -1]))  # the slot is not at the front
     assert f.mismatches[0].index == (1,) and "tail" in f.mismatches[0].actual
     # Without the mode the same reordered row is an element mismatch.
-    assert compare(expected={"out": exp}, actual={"out": _rows([7, 5, 7, -1], [3, -1, -1, -1])}, policy=Policy(),
-                   ctx=CTX)[0].cause == "out:value"
+    assert (
+        compare(expected={"out": exp}, actual={"out": _rows([7, 5, 7, -1], [3, -1, -1, -1])}, policy=Policy(), ctx=CTX)[
+            0
+        ].cause
+        == "out:value"
+    )
 
 
 def test_a_rerun_in_another_order_is_not_nondeterminism_but_other_slots_are():

@@ -21,21 +21,27 @@ def _gather(values: ValueMode) -> GatherSpec:
     return GatherSpec(requests=REQS, paging=Paging(block_size=16), values=values)
 
 
-@pytest.mark.parametrize("mutant, values, kind", [
-    ("gather_truncate_bf16", ValueMode.ACTIVATIONS, Kind.VALUE_MISMATCH),
-    ("gather_nan_to_zero", ValueMode.NAN, Kind.NAN_MISMATCH),
-    ("gather_flush_subnormal", ValueMode.SUBNORMAL, Kind.SUBNORMAL_FLUSH),
-    ("gather_one_row_too_far", ValueMode.ACTIVATIONS, Kind.OOB_WRITE),
-    ("gather_skip_last_row", ValueMode.ACTIVATIONS, Kind.MISSING_WRITE),
-    ("gather_mutates_cache", ValueMode.ACTIVATIONS, Kind.INPUT_MUTATION),
-    ("gather_nondeterministic", ValueMode.ACTIVATIONS, Kind.NONDETERMINISM),
-])
-@pytest.mark.parametrize("fast, room", [
-    pytest.param(False, "1", id="oracle"),
-    # Under the CPU interpreter the fused checks are slow; the GPU stage runs them (.ci/gpu fasttests).
-    pytest.param(True, "1", id="fused-check", marks=pytest.mark.slow),
-    pytest.param(True, "0", id="fast-room-off"),
-])
+@pytest.mark.parametrize(
+    "mutant, values, kind",
+    [
+        ("gather_truncate_bf16", ValueMode.ACTIVATIONS, Kind.VALUE_MISMATCH),
+        ("gather_nan_to_zero", ValueMode.NAN, Kind.NAN_MISMATCH),
+        ("gather_flush_subnormal", ValueMode.SUBNORMAL, Kind.SUBNORMAL_FLUSH),
+        ("gather_one_row_too_far", ValueMode.ACTIVATIONS, Kind.OOB_WRITE),
+        ("gather_skip_last_row", ValueMode.ACTIVATIONS, Kind.MISSING_WRITE),
+        ("gather_mutates_cache", ValueMode.ACTIVATIONS, Kind.INPUT_MUTATION),
+        ("gather_nondeterministic", ValueMode.ACTIVATIONS, Kind.NONDETERMINISM),
+    ],
+)
+@pytest.mark.parametrize(
+    "fast, room",
+    [
+        pytest.param(False, "1", id="oracle"),
+        # Under the CPU interpreter the fused checks are slow; the GPU stage runs them (.ci/gpu fasttests).
+        pytest.param(True, "1", id="fused-check", marks=pytest.mark.slow),
+        pytest.param(True, "0", id="fast-room-off"),
+    ],
+)
 def test_planted_gather_draws_its_kind_and_the_torch_gather_does_not(mutant, values, kind, fast, room, monkeypatch):
     """fused-check: the GPU's path, where the fused check of both runs stands in for the oracle,
     the comparator and the write map whenever it says yes (on CPU under the interpreter).
@@ -118,7 +124,8 @@ def _counting_gather(tmp_path, *, spoil_first: bool):
         "    gather_torch(src_cache, dst, *args)\n"
         "    CALLS.append(1)\n"
         f"    if {spoil_first} and len(CALLS) == 1:\n"
-        "        dst.view(__import__('torch').int16)[0, 0] ^= 0x0100\n")
+        "        dst.view(__import__('torch').int16)[0, 0] ^= 0x0100\n"
+    )
     entry = resolve("gather", f"{path}:gather")
     fn = entry.load(FAST_DEV)
     return entry, fn, fn.__globals__["CALLS"]

@@ -25,8 +25,24 @@ def _findings(out: Path) -> list[dict]:
 
 @pytest.mark.parametrize("planted, kind", [("abort_gather.py", "CRASH"), ("hang_gather.py", "TIMEOUT")])
 def test_dying_or_hanging_impl_is_reported_and_the_run_goes_on_to_its_last_case(planted, kind, tmp_path, capsys):
-    rc = main(["fuzz", "--impl", f"gather={PLANTED / planted}:gather", "--device", "cpu", "--cases", "10",
-               "--timeout", "3", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"])
+    rc = main(
+        [
+            "fuzz",
+            "--impl",
+            f"gather={PLANTED / planted}:gather",
+            "--device",
+            "cpu",
+            "--cases",
+            "10",
+            "--timeout",
+            "3",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     assert rc == 1
     found = _findings(tmp_path)
     assert {f["kind"] for f in found} == {kind}
@@ -36,8 +52,23 @@ def test_dying_or_hanging_impl_is_reported_and_the_run_goes_on_to_its_last_case(
 
 
 def test_single_request_bug_shrinks_to_at_most_two_requests_and_replays(tmp_path, capsys):
-    rc = main(["fuzz", "--impl", f"gather={PLANTED / 'gather_from_zero.py'}:gather", "--device", "cpu",
-               "--cases", "40", "--shrink-budget", "15", "--out", str(tmp_path), "--quiet", "--in-process"])
+    rc = main(
+        [
+            "fuzz",
+            "--impl",
+            f"gather={PLANTED / 'gather_from_zero.py'}:gather",
+            "--device",
+            "cpu",
+            "--cases",
+            "40",
+            "--shrink-budget",
+            "15",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+            "--in-process",
+        ]
+    )
     assert rc == 1
     bundles = sorted((tmp_path / "bundles").iterdir())
     assert bundles
@@ -58,8 +89,23 @@ def test_single_request_bug_shrinks_to_at_most_two_requests_and_replays(tmp_path
 def test_tampered_or_malformed_bundles_exit_2_with_one_line(tmp_path, capsys):
     import torch
 
-    main(["fuzz", "--impl", f"gather={PLANTED / 'gather_from_zero.py'}:gather", "--device", "cpu",
-          "--cases", "10", "--shrink-budget", "2", "--out", str(tmp_path / "run"), "--quiet", "--in-process"])
+    main(
+        [
+            "fuzz",
+            "--impl",
+            f"gather={PLANTED / 'gather_from_zero.py'}:gather",
+            "--device",
+            "cpu",
+            "--cases",
+            "10",
+            "--shrink-budget",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+            "--in-process",
+        ]
+    )
     bundle = next((tmp_path / "run" / "bundles").iterdir())
     capsys.readouterr()
     inputs = torch.load(bundle / "inputs.pt", weights_only=True)
@@ -95,10 +141,28 @@ def test_shards_split_the_case_space_into_disjoint_slices():
 
 def test_interrupted_run_leaves_valid_findings_and_a_summary(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "mlafuzz.harness.cli.main", "fuzz", "--impl",
-                             f"gather={PLANTED / 'gather_from_zero.py'}:gather", "--device", "cpu", "--budget", "60",
-                             "--out", str(tmp_path), "--in-process", "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlafuzz.harness.cli.main",
+            "fuzz",
+            "--impl",
+            f"gather={PLANTED / 'gather_from_zero.py'}:gather",
+            "--device",
+            "cpu",
+            "--budget",
+            "60",
+            "--out",
+            str(tmp_path),
+            "--in-process",
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     findings = tmp_path / "findings.jsonl"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not (findings.exists() and findings.stat().st_size > 0):
@@ -114,9 +178,26 @@ def test_interrupted_run_leaves_valid_findings_and_a_summary(tmp_path):
 
 @pytest.mark.gpu
 def test_a_case_that_breaks_the_cuda_context_is_a_crash_and_later_cases_run_in_a_fresh_worker(tmp_path, capsys):
-    rc = main(["fuzz", "--op", "gather", "--impl", f"gather={PLANTED / 'illegal_address_gather.py'}:gather",
-               "--device", "cuda", "--workers", "1", "--cases", "60", "--shrink-budget", "0",
-               "--out", str(tmp_path), "--quiet"])
+    rc = main(
+        [
+            "fuzz",
+            "--op",
+            "gather",
+            "--impl",
+            f"gather={PLANTED / 'illegal_address_gather.py'}:gather",
+            "--device",
+            "cuda",
+            "--workers",
+            "1",
+            "--cases",
+            "60",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     assert rc == 1
     found = _findings(tmp_path)
     assert found and {f["kind"] for f in found} == {"CRASH"}
@@ -129,8 +210,26 @@ def test_a_case_that_breaks_the_cuda_context_is_a_crash_and_later_cases_run_in_a
 def test_each_of_4_shards_fuzzes_all_four_ops_in_the_unsharded_mix(tmp_path):
     for k in range(4):
         out = tmp_path / f"shard{k}"
-        assert main(["fuzz", "--device", "cpu", "--cases", "8", "--shard", f"{k}/4", "--in-process",
-                     "--shrink-budget", "0", "--quiet", "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "fuzz",
+                    "--device",
+                    "cpu",
+                    "--cases",
+                    "8",
+                    "--shard",
+                    f"{k}/4",
+                    "--in-process",
+                    "--shrink-budget",
+                    "0",
+                    "--quiet",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         summary = json.loads((out / "summary.json").read_text())
         assert summary["per_op"] == {"convert": 2, "gather": 2, "writer": 2, "step": 2}, (k, summary["per_op"])
 

@@ -28,21 +28,25 @@ sys.exit(main(sys.argv[1:]))
 
 def _run(argv: list[str], *, code: str = _NO_TRITON, env: dict | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
-                          env={**clean, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300, env={**clean, **(env or {})}
+    )
 
 
 def test_help_answers_without_importing_torch_or_triton():
-    code = ("import sys\nfrom mlafuzz.harness.cli.main import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print('torch' in sys.modules, 'triton' in sys.modules)")
+    code = (
+        "import sys\nfrom mlafuzz.harness.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, 'triton' in sys.modules)"
+    )
     proc = _run([], code=code)
     assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "False False", proc.stdout + proc.stderr
 
 
 def test_without_triton_the_torch_paths_fuzz_and_asking_for_triton_is_one_line(tmp_path):
-    ok = _run(["fuzz", "--impl", "gather=torch", "--device", "cpu", "--cases", "12", "--quiet",
-               "--out", str(tmp_path / "a")])
+    ok = _run(
+        ["fuzz", "--impl", "gather=torch", "--device", "cpu", "--cases", "12", "--quiet", "--out", str(tmp_path / "a")]
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     every = _run(["fuzz", "--device", "cpu", "--cases", "8", "--quiet", "--out", str(tmp_path / "b")])
     assert every.returncode == 0 and "convert" in every.stdout, every.stdout + every.stderr  # the torch convert
@@ -66,6 +70,24 @@ def test_the_cli_sets_the_interpreter_itself_when_the_shell_does_not(tmp_path):
     under the interpreter and the correct implementation draws nothing (it used to draw
     EXCEPTION findings because triton was imported before the CLI set the variable)."""
     code = "import sys\nfrom mlafuzz.harness.cli.main import main\nsys.exit(main(sys.argv[1:]))"
-    proc = _run(["fuzz", "--op", "convert", "--impl", "convert=triton", "--device", "cpu", "--cases", "6",
-                 "--in-process", "--quiet", "--shrink-budget", "0", "--out", str(tmp_path)], code=code)
+    proc = _run(
+        [
+            "fuzz",
+            "--op",
+            "convert",
+            "--impl",
+            "convert=triton",
+            "--device",
+            "cpu",
+            "--cases",
+            "6",
+            "--in-process",
+            "--quiet",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+        ],
+        code=code,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

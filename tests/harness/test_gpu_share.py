@@ -53,8 +53,10 @@ def test_a_slot_held_by_a_process_that_died_is_free_again(tmp_path):
     import subprocess
     import sys
 
-    code = ("import os, sys\nfrom pathlib import Path\nfrom mlafuzz.harness.memory.share import slot\n"
-            "with slot(Path(sys.argv[1]), 'gpu', 1):\n    os._exit(9)\n")
+    code = (
+        "import os, sys\nfrom pathlib import Path\nfrom mlafuzz.harness.memory.share import slot\n"
+        "with slot(Path(sys.argv[1]), 'gpu', 1):\n    os._exit(9)\n"
+    )
     assert subprocess.run([sys.executable, "-c", code, str(tmp_path)]).returncode == 9
     with slot(tmp_path, "gpu", 1) as k:
         assert k == 0

@@ -35,8 +35,12 @@ FULL = WriterSpec(num_tokens=6, paging=Paging(block_size=4, spare_blocks=2))
 
 def _fake_entry(runtime: FakeRuntime):
     # Implements one revision (no revision= keyword), like an external writer.
-    return dataclasses.replace(resolve("writer", "torch"), name="fake_zero_grid", revisions=None,
-                               loader=lambda device: runtime.zero_grid_writer())
+    return dataclasses.replace(
+        resolve("writer", "torch"),
+        name="fake_zero_grid",
+        revisions=None,
+        loader=lambda device: runtime.zero_grid_writer(),
+    )
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["full-path", "fast-path"])
@@ -52,8 +56,7 @@ def test_an_error_left_pending_by_the_call_is_a_launch_error_charged_to_the_impl
 
 
 @pytest.mark.parametrize("rerun, impl_calls", [(False, 1), (True, 2)])
-def test_the_fast_path_takes_pending_errors_without_a_sync_and_keeps_its_one_board_read(rerun, impl_calls,
-                                                                                          monkeypatch):
+def test_the_fast_path_takes_pending_errors_without_a_sync_and_keeps_its_one_board_read(rerun, impl_calls, monkeypatch):
     pytest.importorskip("triton")  # the fast room needs it (under its CPU interpreter here)
     runtime = FakeRuntime().install(monkeypatch)
     case = materialize(FULL, 2)
@@ -92,8 +95,10 @@ def test_a_pending_error_after_an_error_input_is_a_launch_error_too(monkeypatch)
 
 
 def _raise_cuda_error(*args, **kwargs):
-    raise RuntimeError("CUDA error: invalid configuration argument\nCUDA kernel errors might be asynchronously "
-                       "reported at some other API call")
+    raise RuntimeError(
+        "CUDA error: invalid configuration argument\nCUDA kernel errors might be asynchronously "
+        "reported at some other API call"
+    )
 
 
 def _task(spec: WriterSpec) -> Task:
@@ -148,8 +153,22 @@ def test_gpu_writer_zero_grid_is_a_launch_error_taken_right_after_its_call_and_o
 def test_gpu_fuzzing_writer_zero_grid_draws_launch_error_and_never_a_harness_error(tmp_path, capsys):
     from mlafuzz.harness.cli.main import main
 
-    rc = main(["fuzz", "--impl", "writer=writer_zero_grid", "--device", "cuda", "--cases", "30",
-               "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"])
+    rc = main(
+        [
+            "fuzz",
+            "--impl",
+            "writer=writer_zero_grid",
+            "--device",
+            "cuda",
+            "--cases",
+            "30",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     assert rc == 1
     found = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
     assert found and {f["kind"] for f in found} == {"LAUNCH_ERROR"}

@@ -48,11 +48,17 @@ def test_exact_cause_entry_wins_over_a_wildcard_one(tmp_path):
 
 def test_stale_lists_entries_that_matched_nothing_among_what_ran(tmp_path):
     path = tmp_path / "ledger.json"
-    path.write_text(json.dumps({"expected": [
-        {"kind": "VALUE_MISMATCH", "op": "gather", "impl": "vllm", "cause": "*", "issue": ISSUE},
-        {"kind": "OOB_WRITE", "op": "gather", "impl": "vllm", "cause": "*", "link": "https://x/1"},
-        {"kind": "OOB_WRITE", "op": "convert", "impl": "vllm", "cause": "*", "issue": "https://x/2"},
-    ]}))
+    path.write_text(
+        json.dumps(
+            {
+                "expected": [
+                    {"kind": "VALUE_MISMATCH", "op": "gather", "impl": "vllm", "cause": "*", "issue": ISSUE},
+                    {"kind": "OOB_WRITE", "op": "gather", "impl": "vllm", "cause": "*", "link": "https://x/1"},
+                    {"kind": "OOB_WRITE", "op": "convert", "impl": "vllm", "cause": "*", "issue": "https://x/2"},
+                ]
+            }
+        )
+    )
     ledger = load_ledger(path)
     stale = ledger.stale([_finding()])
     assert [e.index for e in stale] == [1, 2]
@@ -61,20 +67,26 @@ def test_stale_lists_entries_that_matched_nothing_among_what_ran(tmp_path):
     assert "expected[1] OOB_WRITE gather=vllm" in line and "https://x/1" in line
 
 
-@pytest.mark.parametrize("body, needle", [
-    (ENTRY.format(cause="*", issue="").replace('issue = ""\n', ""), "expected[0] (kind='VALUE_MISMATCH'"),
-    (ENTRY.format(cause="*", issue="").replace('issue = ""\n', ""), "issue= (or link=) is required"),
-    (ENTRY.format(cause="*", issue=" "), "issue=' ' must be a non-empty string"),
-    (ENTRY.format(cause="*", issue=ISSUE).replace("VALUE_MISMATCH", "VALUE"), "kind='VALUE' is not a finding kind"),
-    (ENTRY.format(cause="*", issue=ISSUE).replace('impl = "vllm"', 'impl = "*"'), "only cause may be '*'"),
-    (ENTRY.format(cause="*", issue=ISSUE).replace('cause = "*"\n', ""), "cause= is required"),
-    (ENTRY.format(cause="*", issue=ISSUE) + 'isue = "x"\n', "unknown key 'isue'"),
-    (ENTRY.format(cause="*", issue=ISSUE) * 2, "expected[1] VALUE_MISMATCH gather=vllm cause=* duplicates expected[0]"),
-    ('[[expected]\nkind = "x"\n', "not valid TOML"),
-    ('expected = "nope"\n', "top-level 'expected' array"),
-    ('waivers = []\n', "unknown top-level key 'waivers'"),
-    ('expected = [1]\n', "expected[0] must be a table/object, got int"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (ENTRY.format(cause="*", issue="").replace('issue = ""\n', ""), "expected[0] (kind='VALUE_MISMATCH'"),
+        (ENTRY.format(cause="*", issue="").replace('issue = ""\n', ""), "issue= (or link=) is required"),
+        (ENTRY.format(cause="*", issue=" "), "issue=' ' must be a non-empty string"),
+        (ENTRY.format(cause="*", issue=ISSUE).replace("VALUE_MISMATCH", "VALUE"), "kind='VALUE' is not a finding kind"),
+        (ENTRY.format(cause="*", issue=ISSUE).replace('impl = "vllm"', 'impl = "*"'), "only cause may be '*'"),
+        (ENTRY.format(cause="*", issue=ISSUE).replace('cause = "*"\n', ""), "cause= is required"),
+        (ENTRY.format(cause="*", issue=ISSUE) + 'isue = "x"\n', "unknown key 'isue'"),
+        (
+            ENTRY.format(cause="*", issue=ISSUE) * 2,
+            "expected[1] VALUE_MISMATCH gather=vllm cause=* duplicates expected[0]",
+        ),
+        ('[[expected]\nkind = "x"\n', "not valid TOML"),
+        ('expected = "nope"\n', "top-level 'expected' array"),
+        ("waivers = []\n", "unknown top-level key 'waivers'"),
+        ("expected = [1]\n", "expected[0] must be a table/object, got int"),
+    ],
+)
 def test_malformed_ledger_is_one_line_naming_the_file_and_entry(tmp_path, body, needle):
     path = _toml(tmp_path, body)
     with pytest.raises(LedgerError) as info:
@@ -110,10 +122,14 @@ def test_reports_show_waived_buckets_as_expected_not_failed(tmp_path):
 
 
 def test_verdict_fails_only_on_unexpected_errors_and_lists_stale_entries(tmp_path):
-    ledger = load_ledger(_toml(tmp_path, ENTRY.format(cause="*", issue=ISSUE)
-                               + ENTRY.format(cause="*", issue=ISSUE).replace("VALUE_MISMATCH", "OOB_WRITE")))
-    info = Finding(kind=Kind.EXCEPTION, op="gather", impl="vllm", case_id="c", message="m",
-                   severity=Severity.INFO)
+    ledger = load_ledger(
+        _toml(
+            tmp_path,
+            ENTRY.format(cause="*", issue=ISSUE)
+            + ENTRY.format(cause="*", issue=ISSUE).replace("VALUE_MISMATCH", "OOB_WRITE"),
+        )
+    )
+    info = Finding(kind=Kind.EXCEPTION, op="gather", impl="vllm", case_id="c", message="m", severity=Severity.INFO)
     found = [_finding(), info]
     verdict = judge(found, ledger=ledger, ran=[("gather", "vllm")])
     assert verdict.passed and [e.kind for e in verdict.stale] == ["OOB_WRITE"]
@@ -134,10 +150,29 @@ def test_fuzz_exits_0_when_every_finding_is_expected_and_names_stale_entries(tmp
     from mlafuzz.harness.cli.main import main
 
     planted = f"{Path(__file__).parents[1] / 'support' / 'planted' / 'gather_from_zero.py'}:gather"
-    body = "".join(f'[[expected]]\nkind = "{k}"\nop = "gather"\nimpl = "{planted}"\ncause = "*"\n'
-                   f'issue = "https://x/{i}"\n' for i, k in enumerate(("VALUE_MISMATCH", "NAN_MISMATCH", "OOB_WRITE")))
-    argv = ["fuzz", "--impl", f"gather={planted}", "--device", "cpu", "--cases", "4", "--seed", "7", "--in-process",
-            "--shrink-budget", "0", "--quiet", "--out", str(tmp_path / "run"), "--ledger", str(_toml(tmp_path, body))]
+    body = "".join(
+        f'[[expected]]\nkind = "{k}"\nop = "gather"\nimpl = "{planted}"\ncause = "*"\nissue = "https://x/{i}"\n'
+        for i, k in enumerate(("VALUE_MISMATCH", "NAN_MISMATCH", "OOB_WRITE"))
+    )
+    argv = [
+        "fuzz",
+        "--impl",
+        f"gather={planted}",
+        "--device",
+        "cpu",
+        "--cases",
+        "4",
+        "--seed",
+        "7",
+        "--in-process",
+        "--shrink-budget",
+        "0",
+        "--quiet",
+        "--out",
+        str(tmp_path / "run"),
+        "--ledger",
+        str(_toml(tmp_path, body)),
+    ]
     assert main(argv) == 0
     assert "stale ledger entry expected[2] OOB_WRITE" in capsys.readouterr().err
     assert main(argv[:-2] + ["--overwrite"]) == 1  # without the ledger the same findings fail

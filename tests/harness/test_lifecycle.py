@@ -31,7 +31,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    fields = text[text.rindex(")") + 2:].split()
+    fields = text[text.rindex(")") + 2 :].split()
     return fields[0], int(fields[1])
 
 
@@ -65,14 +65,42 @@ def _start_hanging_run(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     """A worker-pool run whose first case hangs inside the implementation; returns once a worker
     is in that call."""
     spec = tmp_path / "two_requests.json"
-    spec.write_text(spec_to_json(GatherSpec(requests=(GatherRequest(context_len=8, length=8),
-                                                      GatherRequest(context_len=8, length=8)))))
+    spec.write_text(
+        spec_to_json(
+            GatherSpec(requests=(GatherRequest(context_len=8, length=8), GatherRequest(context_len=8, length=8)))
+        )
+    )
     mark = tmp_path / "inside-the-call"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONUNBUFFERED="1", MLAFUZZ_TEST_HANG_MARK=str(mark))
-    proc = subprocess.Popen([sys.executable, "-m", "mlafuzz.harness.cli.main", "fuzz", "--spec", str(spec),
-                             "--impl", f"gather={HANG}:gather", "--device", "cpu", "--cases", "2", "--workers", "1",
-                             "--timeout", "600", "--shrink-budget", "0", "--out", str(tmp_path / "run"), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlafuzz.harness.cli.main",
+            "fuzz",
+            "--spec",
+            str(spec),
+            "--impl",
+            f"gather={HANG}:gather",
+            "--device",
+            "cpu",
+            "--cases",
+            "2",
+            "--workers",
+            "1",
+            "--timeout",
+            "600",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path / "run"),
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     if not _wait_until(lambda: mark.exists() or proc.poll() is not None, START_DEADLINE, step=0.2):
         proc.kill()
         raise AssertionError("no worker entered the hanging call")
@@ -109,8 +137,9 @@ def test_an_idle_worker_whose_parent_goes_away_exits_0_and_prints_nothing(capfd)
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     state = ctx.RawArray("d", 3)
-    worker = ctx.Process(target=_worker_main, args=(child, state, "cpu", False, 1, DEFAULT_TABLE, os.getpid()),
-                         daemon=True)
+    worker = ctx.Process(
+        target=_worker_main, args=(child, state, "cpu", False, 1, DEFAULT_TABLE, os.getpid()), daemon=True
+    )
     worker.start()
     child.close()
     assert parent.poll(START_DEADLINE) and parent.recv() == ("ready", None)

@@ -33,12 +33,16 @@ def test_catalog_has_at_least_20_described_mutants_across_all_ops():
 
 def test_the_mutants_command_kills_the_cpu_catalog_and_the_correct_implementations_draw_nothing(tmp_path, capsys):
     # The crashing mutant (gather_cpp_throw) runs in a worker process: this process survives it.
-    rc = main(["mutants", "--device", "cpu", "--cases-per-mutant", "40", "--shrink-budget", "0",
-               "--out", str(tmp_path)])
+    rc = main(
+        ["mutants", "--device", "cpu", "--cases-per-mutant", "40", "--shrink-budget", "0", "--out", str(tmp_path)]
+    )
     out = capsys.readouterr().out
     assert "SURVIVED" not in out, out
-    rows = {line.split()[0]: line.split()[2] for line in out.splitlines()[1:] if line.split()[2:3]
-            and line.split()[2] in ("killed", "awaiting")}
+    rows = {
+        line.split()[0]: line.split()[2]
+        for line in out.splitlines()[1:]
+        if line.split()[2:3] and line.split()[2] in ("killed", "awaiting")
+    }
     assert {name for name, result in rows.items() if result == "awaiting"} == AWAITING_ON_CPU, out
     for name in ("gather_cpp_throw", "gather_dst_storage_start", *LAYOUT_MUTANTS):
         assert rows[name] == "killed", out
@@ -57,9 +61,18 @@ def test_every_cpu_mutant_is_killed_drawing_only_its_kind_and_correct_implementa
         return pools[0]
 
     try:
-        results, clean = run_mutants(session=session, ops=list(OPS.names), device="cpu", budget=None,
-                                     cases=CASES_PER_MUTANT, out=tmp_path, seed=0, shrink_budget=0.0,
-                                     executor=InProcess(session=session), isolated=isolated)
+        results, clean = run_mutants(
+            session=session,
+            ops=list(OPS.names),
+            device="cpu",
+            budget=None,
+            cases=CASES_PER_MUTANT,
+            out=tmp_path,
+            seed=0,
+            shrink_budget=0.0,
+            executor=InProcess(session=session),
+            isolated=isolated,
+        )
     finally:
         for pool in pools:
             pool.close()
@@ -72,8 +85,13 @@ def test_every_cpu_mutant_is_killed_drawing_only_its_kind_and_correct_implementa
 
 def _session_with_mutant(**changes) -> Session:
     """The registry with one extra 'mutant' that is the torch gather itself: nothing can kill it."""
-    fake = dataclasses.replace(default_registry().get("gather", "torch"), name="gather_unkillable", is_mutant=True,
-                               expected_kind="VALUE_MISMATCH", **changes)
+    fake = dataclasses.replace(
+        default_registry().get("gather", "torch"),
+        name="gather_unkillable",
+        is_mutant=True,
+        expected_kind="VALUE_MISMATCH",
+        **changes,
+    )
     entries = [e for e in default_registry().entries_by_key.values() if not e.is_mutant]
     return Session(table=OPS, registry=Registry.of((*entries, fake)))
 
@@ -81,8 +99,17 @@ def _session_with_mutant(**changes) -> Session:
 @pytest.mark.parametrize("awaits, failed, result", [(None, True, "SURVIVED"), ("huge caches", False, "awaiting")])
 def test_a_survivor_fails_the_run_unless_the_catalog_marks_it_as_awaiting_inputs(awaits, failed, result, tmp_path):
     session = _session_with_mutant(awaits=awaits)
-    (row,), clean = run_mutants(session=session, ops=["gather"], device="cpu", budget=None, cases=3, out=tmp_path,
-                                seed=0, shrink_budget=0.0, executor=InProcess(session=session))
+    (row,), clean = run_mutants(
+        session=session,
+        ops=["gather"],
+        device="cpu",
+        budget=None,
+        cases=3,
+        out=tmp_path,
+        seed=0,
+        shrink_budget=0.0,
+        executor=InProcess(session=session),
+    )
     assert not row.killed and row.failed is failed and clean == []
     lines = console.mutants_table([row])
     assert lines[1].split()[2] == result
@@ -96,18 +123,43 @@ def test_each_mutant_is_reported_as_soon_as_it_is_done_before_the_correct_implem
     def on_result(row):
         heard.append((row.name, (tmp_path / "correct-gather").exists()))
 
-    results, _ = run_mutants(session=session, ops=["gather"], device="cpu", budget=None, cases=2, out=tmp_path,
-                             seed=0, shrink_budget=0.0, executor=InProcess(session=session), on_result=on_result)
+    results, _ = run_mutants(
+        session=session,
+        ops=["gather"],
+        device="cpu",
+        budget=None,
+        cases=2,
+        out=tmp_path,
+        seed=0,
+        shrink_budget=0.0,
+        executor=InProcess(session=session),
+        on_result=on_result,
+    )
     assert heard == [("gather_unkillable", False)] and [r.name for r in results] == ["gather_unkillable"]
     assert (tmp_path / "correct-gather").exists()
 
 
 def test_a_killed_mutant_still_marked_as_awaiting_is_called_stale(tmp_path):
-    session = Session(table=OPS, registry=Registry.of(
-        (*(e for e in default_registry().entries_by_key.values() if not e.is_mutant),
-         dataclasses.replace(default_registry().get("gather", "gather_no_seq_starts"), awaits="huge caches"))))
-    (row,), _ = run_mutants(session=session, ops=["gather"], device="cpu", budget=None, cases=10, out=tmp_path,
-                            seed=0, shrink_budget=0.0, executor=InProcess(session=session))
+    session = Session(
+        table=OPS,
+        registry=Registry.of(
+            (
+                *(e for e in default_registry().entries_by_key.values() if not e.is_mutant),
+                dataclasses.replace(default_registry().get("gather", "gather_no_seq_starts"), awaits="huge caches"),
+            )
+        ),
+    )
+    (row,), _ = run_mutants(
+        session=session,
+        ops=["gather"],
+        device="cpu",
+        budget=None,
+        cases=10,
+        out=tmp_path,
+        seed=0,
+        shrink_budget=0.0,
+        executor=InProcess(session=session),
+    )
     assert row.killed and not row.failed
     assert any(line.startswith("  stale mark: gather_no_seq_starts") for line in console.mutants_table([row]))
 
@@ -117,8 +169,23 @@ def test_gpu_every_new_mutant_is_killed_by_fuzzing_with_its_kind(tmp_path, capsy
     """Issues 16 and 17 on the H200: the zero-grid writer (LAUNCH_ERROR), the C++ throw (CRASH), the
     dst-storage-start gather (OOB_WRITE), and the layout mutants on the drawn views and the int32
     offsets gather on the drawn caches past 2^32 bytes (its large cases) are killed by fuzzing."""
-    rc = main(["mutants", "--device", "cuda", "--op", "gather", "--op", "writer", "--cases-per-mutant", "200",
-               "--shrink-budget", "0", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "mutants",
+            "--device",
+            "cuda",
+            "--op",
+            "gather",
+            "--op",
+            "writer",
+            "--cases-per-mutant",
+            "200",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split()[1:4] for line in out.splitlines()[1:] if len(line.split()) > 4}
     assert rows["writer_zero_grid"][:2] == ["LAUNCH_ERROR", "killed"], out

@@ -60,8 +60,13 @@ def test_a_wrong_element_beside_an_unwritten_row_stays_a_value_mismatch_of_its_o
         full.view(torch.int16)[0, 0] ^= 1  # one ulp off, at an element that is written
         dst[:-1].copy_(full[:-1])
 
-    entry = ImplEntry(op="gather", name="skip_and_flip", loader=lambda device: skip_last_row_and_flip_one,
-                      devices=frozenset({"cpu"}), rejects=frozenset())
+    entry = ImplEntry(
+        op="gather",
+        name="skip_and_flip",
+        loader=lambda device: skip_last_row_and_flip_one,
+        devices=frozenset({"cpu"}),
+        rejects=frozenset(),
+    )
     spec = GatherSpec(requests=(GatherRequest(context_len=8, length=8),))
     result = run_case(case=materialize(spec, 5, "cpu"), entry=entry)
     by_kind = {f.kind: f for f in result.findings}

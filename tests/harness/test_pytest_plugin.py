@@ -21,8 +21,9 @@ SEED = "7"
 
 def _plugin_args() -> list[str]:
     """-p for the plugin, unless its pytest11 entry point already loads it (registering it twice is an error)."""
-    installed = any(ep.value.startswith("mlafuzz.harness.pytest_plugin")
-                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    installed = any(
+        ep.value.startswith("mlafuzz.harness.pytest_plugin") for ep in importlib.metadata.entry_points(group="pytest11")
+    )
     # In-process runs meet the plugin module already imported: pytest warns it can't assert-rewrite it. Fine here.
     quiet = ["-W", "ignore::pytest.PytestAssertRewriteWarning"]
     return quiet if installed else ["-p", "mlafuzz.harness.pytest_plugin", *quiet]
@@ -31,7 +32,8 @@ def _plugin_args() -> list[str]:
 def test_worker_identity_comes_from_xdist_workerinput():
     assert worker_of(SimpleNamespace()) == Worker(name="main", index=0, count=1)
     assert worker_of(SimpleNamespace(workerinput={"workerid": "gw3", "workercount": 4})) == Worker(
-        name="gw3", index=3, count=4)
+        name="gw3", index=3, count=4
+    )
 
 
 @pytest.mark.parametrize("index, gpus, expected", [(0, 1, 0), (3, 1, 0), (3, 2, 1), (5, 4, 1), (2, 8, 2)])
@@ -55,17 +57,35 @@ def test_plugin_adds_nothing_without_a_budget(pytester):
 
 def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_rerun_command_under_xdist(pytester):
     result = pytester.runpytest_subprocess(
-        *_plugin_args(), "-n", "2", "-rA", "--mlafuzz-cases", "8", "--mlafuzz-seed", SEED,
-        "--mlafuzz-shrink-budget", "0", "--mlafuzz-impl", "gather=torch", "--mlafuzz-impl", f"gather={PLANTED}",
-        "--mlafuzz-out", "out")
+        *_plugin_args(),
+        "-n",
+        "2",
+        "-rA",
+        "--mlafuzz-cases",
+        "8",
+        "--mlafuzz-seed",
+        SEED,
+        "--mlafuzz-shrink-budget",
+        "0",
+        "--mlafuzz-impl",
+        "gather=torch",
+        "--mlafuzz-impl",
+        f"gather={PLANTED}",
+        "--mlafuzz-out",
+        "out",
+    )
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     assert "PASSED mlafuzz::gather[torch]" in out
     assert "FAILED mlafuzz::gather[gather_from_zero.py:gather]" in out
     assert "VALUE_MISMATCH cause=dst:value" in out and "Mismatched elements" in out
     # No bundles (shrinking off): the replay is a re-run of this worker's shard of the case space.
-    result.stdout.fnmatch_lines(["*replay: mlafuzz fuzz --op gather --impl gather=*gather_from_zero.py:gather"
-                                 " --device cpu --seed 7 --cases * --shard [01]/2 --out *"])
+    result.stdout.fnmatch_lines(
+        [
+            "*replay: mlafuzz fuzz --op gather --impl gather=*gather_from_zero.py:gather"
+            " --device cpu --seed 7 --cases * --shard [01]/2 --out *"
+        ]
+    )
     dirs = sorted(p.name for p in (pytester.path / "out").iterdir())
     assert len(dirs) == 2 and all(d.rsplit("-", 1)[1] in ("gw0", "gw1") for d in dirs)
     assert all((pytester.path / "out" / d / "summary.json").is_file() for d in dirs)
@@ -73,33 +93,60 @@ def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_rerun_comma
 
 def test_planted_failure_names_the_shrunk_bundles_replay_command(pytester):
     result = pytester.runpytest(
-        *_plugin_args(), "--mlafuzz-cases", "4", "--mlafuzz-seed", SEED, "--mlafuzz-shrink-budget", "0.3",
-        "--mlafuzz-impl", f"gather={PLANTED}", "--mlafuzz-out", "out")
+        *_plugin_args(),
+        "--mlafuzz-cases",
+        "4",
+        "--mlafuzz-seed",
+        SEED,
+        "--mlafuzz-shrink-budget",
+        "0.3",
+        "--mlafuzz-impl",
+        f"gather={PLANTED}",
+        "--mlafuzz-out",
+        "out",
+    )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["collected 1 item",
-                                 "*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-main/bundles/*"])
+    result.stdout.fnmatch_lines(
+        ["collected 1 item", "*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-main/bundles/*"]
+    )
 
 
 def test_ledger_turns_planted_findings_into_expected_ones_and_names_stale_entries(pytester):
     entries = "".join(
         f'[[expected]]\nkind = "{kind}"\nop = "gather"\nimpl = "{TWO_BUGS}"\ncause = "*"\nissue = "https://x/{i}"\n'
-        for i, kind in enumerate(("VALUE_MISMATCH", "NAN_MISMATCH", "OOB_WRITE")))
+        for i, kind in enumerate(("VALUE_MISMATCH", "NAN_MISMATCH", "OOB_WRITE"))
+    )
     pytester.makefile(".toml", ledger=entries)
     result = pytester.runpytest(  # seed 3: its 4 cases draw both of the planted gather's buckets
-        *_plugin_args(), "--mlafuzz-cases", "4", "--mlafuzz-seed", "3", "--mlafuzz-shrink-budget", "0",
-        "--mlafuzz-impl", f"gather={TWO_BUGS}", "--mlafuzz-ledger", "ledger.toml", "--mlafuzz-out", "out")
+        *_plugin_args(),
+        "--mlafuzz-cases",
+        "4",
+        "--mlafuzz-seed",
+        "3",
+        "--mlafuzz-shrink-budget",
+        "0",
+        "--mlafuzz-impl",
+        f"gather={TWO_BUGS}",
+        "--mlafuzz-ledger",
+        "ledger.toml",
+        "--mlafuzz-out",
+        "out",
+    )
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*stale ledger entry expected[[]2[]] OOB_WRITE gather=*https://x/2*"])
     assert "expected[0]" not in result.stdout.str() and "expected[1]" not in result.stdout.str()
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--mlafuzz-impl", "gather=nosuchimpl"], "no implementation named 'nosuchimpl'"),
-    (["--mlafuzz-impl", "softmax=torch"], "unknown op 'softmax'"),
-    (["--mlafuzz-budget", "0"], "--mlafuzz-budget=0.0 must be > 0"),
-    (["--mlafuzz-cases", "0"], "--mlafuzz-cases=0 must be >= 1"),
-    (["--mlafuzz-ledger", "missing.toml"], "ledger=missing.toml: no such file"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--mlafuzz-impl", "gather=nosuchimpl"], "no implementation named 'nosuchimpl'"),
+        (["--mlafuzz-impl", "softmax=torch"], "unknown op 'softmax'"),
+        (["--mlafuzz-budget", "0"], "--mlafuzz-budget=0.0 must be > 0"),
+        (["--mlafuzz-cases", "0"], "--mlafuzz-cases=0 must be >= 1"),
+        (["--mlafuzz-ledger", "missing.toml"], "ledger=missing.toml: no such file"),
+    ],
+)
 def test_bad_plugin_options_are_one_line_usage_errors(pytester, argv, needle):
     result = pytester.runpytest(*_plugin_args(), "--mlafuzz-budget", "1", *argv)
     assert result.ret == pytest.ExitCode.USAGE_ERROR

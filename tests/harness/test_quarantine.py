@@ -30,11 +30,28 @@ def _wrong_dtype_turns(impl: str) -> list[int]:
 
 
 @pytest.mark.parametrize("impl", [SEGV, "gather_cpp_throw"], ids=["sigsegv", "cpp-throw"])
-def test_an_error_input_class_that_kills_its_worker_is_one_crash_one_restart_and_quarantined(impl, tmp_path,
-                                                                                               capsys):
+def test_an_error_input_class_that_kills_its_worker_is_one_crash_one_restart_and_quarantined(impl, tmp_path, capsys):
     assert len(_wrong_dtype_turns(impl)) == 3  # without the quarantine: three crashes, three restarts
-    rc = main(["fuzz", "--op", "gather", "--impl", f"gather={impl}", "--device", "cpu", "--cases", str(CASES),
-               "--workers", "1", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"])
+    rc = main(
+        [
+            "fuzz",
+            "--op",
+            "gather",
+            "--impl",
+            f"gather={impl}",
+            "--device",
+            "cpu",
+            "--cases",
+            str(CASES),
+            "--workers",
+            "1",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     assert rc == 1
     found = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
     crashes = [f for f in found if f["kind"] == "CRASH"]
@@ -57,9 +74,15 @@ class _Pool:
 
 
 def _crash(index: int) -> Finding:
-    return Finding(kind=Kind.CRASH, op="gather", impl="x", case_id=f"c{index}", cause="contract:wrong_dtype:crash",
-                   message="worker killed by SIGSEGV (in its error input wrong_dtype)",
-                   extra={"part": "contract", "invalid_class": "wrong_dtype"})
+    return Finding(
+        kind=Kind.CRASH,
+        op="gather",
+        impl="x",
+        case_id=f"c{index}",
+        cause="contract:wrong_dtype:crash",
+        message="worker killed by SIGSEGV (in its error input wrong_dtype)",
+        extra={"part": "contract", "invalid_class": "wrong_dtype"},
+    )
 
 
 def test_a_second_crash_of_a_quarantined_class_is_counted_not_reported(tmp_path):
@@ -80,8 +103,26 @@ def test_a_second_crash_of_a_quarantined_class_is_counted_not_reported(tmp_path)
 
 @pytest.mark.gpu
 def test_gpu_gather_cpp_throw_costs_one_restart_and_its_valid_cases_run_on(tmp_path, capsys):
-    rc = main(["fuzz", "--op", "gather", "--impl", "gather=gather_cpp_throw", "--device", "cuda",
-               "--cases", "200", "--workers", "2", "--shrink-budget", "0", "--out", str(tmp_path), "--quiet"])
+    rc = main(
+        [
+            "fuzz",
+            "--op",
+            "gather",
+            "--impl",
+            "gather=gather_cpp_throw",
+            "--device",
+            "cuda",
+            "--cases",
+            "200",
+            "--workers",
+            "2",
+            "--shrink-budget",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     assert rc == 1
     found = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
     assert [f["cause"] for f in found] == ["contract:wrong_dtype:crash"]

@@ -16,17 +16,37 @@ def _external_impl(tmp_path: Path) -> tuple[Path, Path]:
     """A gather in its own file that leaves a mark each time it is imported."""
     mark = tmp_path / "imported"
     impl = tmp_path / "fix.py"
-    impl.write_text(f"from pathlib import Path\nPath({str(mark)!r}).write_text('imported')\n"
-                    f"import importlib.util\n"
-                    f"_s = importlib.util.spec_from_file_location('g', {str(PLANTED / 'gather_from_zero.py')!r})\n"
-                    f"_m = importlib.util.module_from_spec(_s)\n_s.loader.exec_module(_m)\ngather = _m.gather\n")
+    impl.write_text(
+        f"from pathlib import Path\nPath({str(mark)!r}).write_text('imported')\n"
+        f"import importlib.util\n"
+        f"_s = importlib.util.spec_from_file_location('g', {str(PLANTED / 'gather_from_zero.py')!r})\n"
+        f"_m = importlib.util.module_from_spec(_s)\n_s.loader.exec_module(_m)\ngather = _m.gather\n"
+    )
     return impl, mark
 
 
 def test_a_bundle_naming_an_external_implementation_is_not_run_without_impl(tmp_path, capsys):
     impl, mark = _external_impl(tmp_path)
-    assert main(["fuzz", "--impl", f"gather={impl}:gather", "--device", "cpu", "--cases", "10",
-                 "--shrink-budget", "2", "--in-process", "--quiet", "--out", str(tmp_path / "run")]) == 1
+    assert (
+        main(
+            [
+                "fuzz",
+                "--impl",
+                f"gather={impl}:gather",
+                "--device",
+                "cpu",
+                "--cases",
+                "10",
+                "--shrink-budget",
+                "2",
+                "--in-process",
+                "--quiet",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 1
+    )
     bundle = next((tmp_path / "run" / "bundles").iterdir())
     assert json.loads((bundle / "case.json").read_text())["impl"] == f"{impl}:gather"
     mark.unlink()
@@ -43,8 +63,28 @@ def test_a_bundle_naming_an_external_implementation_is_not_run_without_impl(tmp_
 
 
 def test_a_bundle_naming_a_builtin_implementation_replays_as_it_is(tmp_path, capsys):
-    assert main(["fuzz", "--op", "gather", "--impl", "gather=gather_skip_last_row", "--device", "cpu", "--cases",
-                 "6", "--shrink-budget", "2", "--in-process", "--quiet", "--out", str(tmp_path)]) == 1
+    assert (
+        main(
+            [
+                "fuzz",
+                "--op",
+                "gather",
+                "--impl",
+                "gather=gather_skip_last_row",
+                "--device",
+                "cpu",
+                "--cases",
+                "6",
+                "--shrink-budget",
+                "2",
+                "--in-process",
+                "--quiet",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 1
+    )
     bundle = next((tmp_path / "bundles").iterdir())
     assert main(["replay", str(bundle)]) == 1
 
@@ -54,12 +94,37 @@ def test_a_timeout_bundle_replays_under_its_runs_limit_or_the_one_given(tmp_path
     from mlafuzz.generators.spec import spec_to_json
 
     spec = tmp_path / "two_requests.json"
-    spec.write_text(spec_to_json(GatherSpec(requests=(GatherRequest(context_len=4, length=4),
-                                                      GatherRequest(context_len=4, length=4)))))
+    spec.write_text(
+        spec_to_json(
+            GatherSpec(requests=(GatherRequest(context_len=4, length=4), GatherRequest(context_len=4, length=4)))
+        )
+    )
     # A shrink budget smaller than the limit: no attempt could show a TIMEOUT in time, so none is made.
-    assert main(["fuzz", "--spec", str(spec), "--impl", f"gather={HANG}:gather", "--device", "cpu", "--cases", "1",
-                 "--workers", "1", "--timeout", "2", "--shrink-budget", "1", "--quiet",
-                 "--out", str(tmp_path / "run")]) == 1
+    assert (
+        main(
+            [
+                "fuzz",
+                "--spec",
+                str(spec),
+                "--impl",
+                f"gather={HANG}:gather",
+                "--device",
+                "cpu",
+                "--cases",
+                "1",
+                "--workers",
+                "1",
+                "--timeout",
+                "2",
+                "--shrink-budget",
+                "1",
+                "--quiet",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 1
+    )
     bundle = next((tmp_path / "run" / "bundles").iterdir())
     case = json.loads((bundle / "case.json").read_text())
     assert case["timeout"] == 2.0

@@ -17,8 +17,24 @@ SKIP_LAST_ROW = "gather=gather_skip_last_row"  # a finding in most cases: every 
 
 
 def _fuzz(out: Path | None, *extra: str, cases: int = 4, seed: int = 0) -> int:
-    argv = ["fuzz", "--op", "gather", "--impl", SKIP_LAST_ROW, "--device", "cpu", "--cases", str(cases),
-            "--seed", str(seed), "--in-process", "--shrink-budget", "0", "--quiet", *extra]
+    argv = [
+        "fuzz",
+        "--op",
+        "gather",
+        "--impl",
+        SKIP_LAST_ROW,
+        "--device",
+        "cpu",
+        "--cases",
+        str(cases),
+        "--seed",
+        str(seed),
+        "--in-process",
+        "--shrink-budget",
+        "0",
+        "--quiet",
+        *extra,
+    ]
     return main(argv + (["--out", str(out)] if out is not None else []))
 
 
@@ -41,13 +57,17 @@ def no_workers(monkeypatch):
     monkeypatch.setattr(workers.WorkerPool, "__init__", refuse)
 
 
-@pytest.mark.parametrize("make, needle", [
-    (lambda tmp: (tmp / "a_file").write_text("x") and tmp / "a_file", "is a file, not a folder"),
-    (lambda tmp: (tmp / "a_file").write_text("x") and tmp / "a_file" / "sub", "cannot be created"),
-    (lambda tmp: Path("/proc/mlafuzz-no-such-dir/run"), "cannot be created"),
-])
-def test_an_out_that_cannot_hold_a_run_is_one_line_exit_2_before_any_worker_starts(make, needle, tmp_path, capsys,
-                                                                                     no_workers):
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda tmp: (tmp / "a_file").write_text("x") and tmp / "a_file", "is a file, not a folder"),
+        (lambda tmp: (tmp / "a_file").write_text("x") and tmp / "a_file" / "sub", "cannot be created"),
+        (lambda tmp: Path("/proc/mlafuzz-no-such-dir/run"), "cannot be created"),
+    ],
+)
+def test_an_out_that_cannot_hold_a_run_is_one_line_exit_2_before_any_worker_starts(
+    make, needle, tmp_path, capsys, no_workers
+):
     out = make(tmp_path)
     rc = main(["fuzz", "--op", "gather", "--device", "cpu", "--cases", "1", "--out", str(out)])
     err = capsys.readouterr().err.strip()
@@ -107,8 +127,25 @@ def test_the_default_out_is_a_scratch_folder_cleared_with_a_note(tmp_path, capsy
     assert _fuzz(None) == 1
     first = _summary(tmp_path / "mlafuzz-out")
     capsys.readouterr()
-    assert main(["fuzz", "--op", "gather", "--impl", SKIP_LAST_ROW, "--device", "cpu", "--cases", "4",
-                 "--in-process", "--shrink-budget", "0"]) == 1
+    assert (
+        main(
+            [
+                "fuzz",
+                "--op",
+                "gather",
+                "--impl",
+                SKIP_LAST_ROW,
+                "--device",
+                "cpu",
+                "--cases",
+                "4",
+                "--in-process",
+                "--shrink-budget",
+                "0",
+            ]
+        )
+        == 1
+    )
     assert "cleared the earlier run in ./mlafuzz-out" in capsys.readouterr().err
     out = tmp_path / "mlafuzz-out"
     assert _summary(out)["findings"] == first["findings"] == len(_lines(out))
@@ -117,8 +154,25 @@ def test_the_default_out_is_a_scratch_folder_cleared_with_a_note(tmp_path, capsy
 def test_every_file_of_a_run_gets_the_users_umask(tmp_path):
     old = os.umask(0o027)
     try:
-        rc = main(["fuzz", "--op", "gather", "--impl", SKIP_LAST_ROW, "--device", "cpu", "--cases", "4",
-                   "--in-process", "--shrink-budget", "2", "--quiet", "--out", str(tmp_path / "run")])
+        rc = main(
+            [
+                "fuzz",
+                "--op",
+                "gather",
+                "--impl",
+                SKIP_LAST_ROW,
+                "--device",
+                "cpu",
+                "--cases",
+                "4",
+                "--in-process",
+                "--shrink-budget",
+                "2",
+                "--quiet",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
         assert rc == 1
         assert main(["report", str(tmp_path / "run"), "--format", "html", "-o", str(tmp_path / "run" / "r.html")]) == 0
     finally:

@@ -32,8 +32,13 @@ def test_memcheck_errors_are_charged_to_the_case_whose_marker_precedes_them():
 def test_a_child_that_dies_mid_batch_charges_that_case_and_reruns_the_rest(tmp_path):
     # No sanitizer here (tool_cmd=[]): the batch runs in a plain child, which the
     # planted gather aborts on 3-request batches, like a broken CUDA context would.
-    config = FuzzConfig(ops=("gather",), impls={"gather": f"{PLANTED / 'abort_gather.py'}:gather"}, device="cpu",
-                        cases=40, out_dir=tmp_path)
+    config = FuzzConfig(
+        ops=("gather",),
+        impls={"gather": f"{PLANTED / 'abort_gather.py'}:gather"},
+        device="cpu",
+        cases=40,
+        out_dir=tmp_path,
+    )
     summary = fuzz(config, executor=SanitizerExecutor(device="cpu", batch=20, tool_cmd=[]))
     assert summary.cases == 40  # every case got a verdict despite the deaths
     assert set(summary.by_kind) == {Kind.CRASH.value}

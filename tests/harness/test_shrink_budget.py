@@ -14,8 +14,13 @@ from mlafuzz.harness.drive.workers import InProcess
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.reports.findings import Finding, Kind
 
-SPEC = GatherSpec(requests=(GatherRequest(context_len=40, length=30), GatherRequest(context_len=20, length=20),
-                            GatherRequest(context_len=9, length=9)))
+SPEC = GatherSpec(
+    requests=(
+        GatherRequest(context_len=40, length=30),
+        GatherRequest(context_len=20, length=20),
+        GatherRequest(context_len=9, length=9),
+    )
+)
 
 
 def _task(impl: str) -> Task:
@@ -44,11 +49,18 @@ def test_a_shrink_reports_every_attempt_and_ends_complete_at_a_local_minimum():
     task = _task("gather_skip_last_row")
     (finding,) = evaluate_sync(executor, task).findings
     heard = []
-    result = shrink(task=task, finding=finding, evaluate=lambda t, deadline: evaluate_sync(executor, t,
-                                                                                        deadline=deadline),
-                    budget=600.0, table=OPS, on_step=lambda attempts, accepted, spec: heard.append((attempts, accepted)))
+    result = shrink(
+        task=task,
+        finding=finding,
+        evaluate=lambda t, deadline: evaluate_sync(executor, t, deadline=deadline),
+        budget=600.0,
+        table=OPS,
+        on_step=lambda attempts, accepted, spec: heard.append((attempts, accepted)),
+    )
     assert result.complete and result.accepted >= 1
-    assert heard[-1] == (result.attempts, result.accepted) and [a for a, _ in heard] == list(range(1, result.attempts + 1))
+    assert heard[-1] == (result.attempts, result.accepted) and [a for a, _ in heard] == list(
+        range(1, result.attempts + 1)
+    )
     assert len(OPS.decode(result.task.spec).requests) == 1
 
 

@@ -32,8 +32,11 @@ def _kinds_until(name: str, stop) -> tuple[int | None, set[str]]:
 
 def test_the_four_planted_step_bugs_are_registered_with_their_kinds():
     assert {n: resolve("step", n).expected_kind for n in MUTANTS} == {
-        "step_full_req_id": "METADATA_MISMATCH", "step_no_seq_starts": "METADATA_MISMATCH",
-        "step_second_split": "METADATA_MISMATCH", "step_ws_not_restarted": "METADATA_MISMATCH"}
+        "step_full_req_id": "METADATA_MISMATCH",
+        "step_no_seq_starts": "METADATA_MISMATCH",
+        "step_second_split": "METADATA_MISMATCH",
+        "step_ws_not_restarted": "METADATA_MISMATCH",
+    }
 
 
 @pytest.mark.parametrize("name", MUTANTS)
@@ -49,8 +52,23 @@ def test_every_planted_step_bug_draws_its_named_kind(name):
 
 
 def test_fuzzing_our_step_pipeline_on_cpu_finds_nothing(tmp_path, capsys):
-    rc = main(["fuzz", "--op", "step", "--impl", "step=ours", "--device", "cpu", "--cases", "20", "--in-process",
-               "--quiet", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "fuzz",
+            "--op",
+            "step",
+            "--impl",
+            "step=ours",
+            "--device",
+            "cpu",
+            "--cases",
+            "20",
+            "--in-process",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out + (tmp_path / "findings.jsonl").read_text()
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -58,8 +76,25 @@ def test_fuzzing_our_step_pipeline_on_cpu_finds_nothing(tmp_path, capsys):
 
 
 def test_the_full_req_id_bug_is_named_shrunk_and_replayed(tmp_path, capsys):
-    rc = main(["fuzz", "--op", "step", "--impl", "step=step_full_req_id", "--device", "cpu", "--cases", "6",
-               "--shrink-budget", "4", "--in-process", "--quiet", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "fuzz",
+            "--op",
+            "step",
+            "--impl",
+            "step=step_full_req_id",
+            "--device",
+            "cpu",
+            "--cases",
+            "6",
+            "--shrink-budget",
+            "4",
+            "--in-process",
+            "--quiet",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 1
     found = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
     assert found and all("req_id rows=" in f["message"] for f in found)
@@ -75,11 +110,13 @@ def test_the_full_req_id_bug_is_named_shrunk_and_replayed(tmp_path, capsys):
 def test_a_fresh_process_knows_the_step_op_from_the_op_table_alone():
     """No registration by import side effect: the table, the registry and the spec codec know the
     step op in a process that imported nothing else."""
-    code = ("from mlafuzz.harness.ops.table import OPS; from mlafuzz.kernels.registry import default_registry;"
-            "assert 'step' in OPS.names; r = default_registry(); assert r.get('step', 'ours');"
-            "assert r.get('step', 'step_full_req_id');"
-            "from mlafuzz.generators.spec import SCHEMA_VERSION;"
-            "OPS.decode({'schema_version': SCHEMA_VERSION, 'op': 'step',"
-            " 'spec': {'requests': [{'context_len': 3, 'query_len': 1}]}})")
+    code = (
+        "from mlafuzz.harness.ops.table import OPS; from mlafuzz.kernels.registry import default_registry;"
+        "assert 'step' in OPS.names; r = default_registry(); assert r.get('step', 'ours');"
+        "assert r.get('step', 'step_full_req_id');"
+        "from mlafuzz.generators.spec import SCHEMA_VERSION;"
+        "OPS.decode({'schema_version': SCHEMA_VERSION, 'op': 'step',"
+        " 'spec': {'requests': [{'context_len': 3, 'query_len': 1}]}})"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent)
     assert proc.returncode == 0, proc.stderr

@@ -74,16 +74,35 @@ def toy_last_wrong(x: torch.Tensor) -> torch.Tensor:  # the planted bug: the las
 
 ENTRIES = (
     ImplEntry(op="toy", name="ours", loader=lambda device: toy, devices=frozenset({"cpu"}), rejects=frozenset()),
-    ImplEntry(op="toy", name="toy_last_wrong", loader=lambda device: toy_last_wrong, devices=frozenset({"cpu"}),
-              rejects=frozenset(), is_mutant=True, expected_kind="VALUE_MISMATCH",
-              description="the last element is off by one"),
+    ImplEntry(
+        op="toy",
+        name="toy_last_wrong",
+        loader=lambda device: toy_last_wrong,
+        devices=frozenset({"cpu"}),
+        rejects=frozenset(),
+        is_mutant=True,
+        expected_kind="VALUE_MISMATCH",
+        description="the last element is off by one",
+    ),
 )
 
 
 # --- harness/ops/toy.py -----------------------------------------------------------
-TOY = Op(name="toy", spec_type=ToySpec, draw=draw, materialize=materialize, features=lambda s: {f"n:{s.n % 2}"},
-         size=lambda s: {"n": s.n}, reduce=reduce, invalid=(), oracle=oracle, oracle_slow=oracle,
-         invoke=lambda fn, case, t, sub: {"y": fn(t["x"])}, defaults={"cpu": ("ours",)}, contract=frozenset())
+TOY = Op(
+    name="toy",
+    spec_type=ToySpec,
+    draw=draw,
+    materialize=materialize,
+    features=lambda s: {f"n:{s.n % 2}"},
+    size=lambda s: {"n": s.n},
+    reduce=reduce,
+    invalid=(),
+    oracle=oracle,
+    oracle_slow=oracle,
+    invoke=lambda fn, case, t, sub: {"y": fn(t["x"])},
+    defaults={"cpu": ("ours",)},
+    contract=frozenset(),
+)
 
 # --- harness/ops/table.py: the one line -------------------------------------------
 TABLE = OPS.with_op(TOY)
@@ -95,11 +114,23 @@ def _session() -> Session:
 
 def test_a_toy_op_is_fuzzed_shrunk_and_bundled_through_the_table_alone(tmp_path):
     session = _session()
-    clean = fuzz(FuzzConfig(ops=("toy",), impls={"toy": "ours"}, device="cpu", cases=20, out_dir=tmp_path / "ok",
-                            table=TABLE), executor=InProcess(session=session))
+    clean = fuzz(
+        FuzzConfig(ops=("toy",), impls={"toy": "ours"}, device="cpu", cases=20, out_dir=tmp_path / "ok", table=TABLE),
+        executor=InProcess(session=session),
+    )
     assert clean.cases == 20 and clean.findings == 0 and clean.coverage
-    bad = fuzz(FuzzConfig(ops=("toy",), impls={"toy": "toy_last_wrong"}, device="cpu", cases=6,
-                          out_dir=tmp_path / "bad", shrink_budget=5, table=TABLE), executor=InProcess(session=session))
+    bad = fuzz(
+        FuzzConfig(
+            ops=("toy",),
+            impls={"toy": "toy_last_wrong"},
+            device="cpu",
+            cases=6,
+            out_dir=tmp_path / "bad",
+            shrink_budget=5,
+            table=TABLE,
+        ),
+        executor=InProcess(session=session),
+    )
     assert bad.findings == 6 and set(bad.by_kind) == {"VALUE_MISMATCH"}
     (bundle,) = bad.bundles
     assert bundle["size"] == {"n": 1}  # shrunk by the toy's own reducer to a one-element case
@@ -107,8 +138,17 @@ def test_a_toy_op_is_fuzzed_shrunk_and_bundled_through_the_table_alone(tmp_path)
 
 def test_the_mutation_score_and_the_cli_take_the_toy_op_from_the_table(tmp_path):
     session = _session()
-    results, clean = run_mutants(session=session, ops=["toy"], device="cpu", budget=None, cases=10, out=tmp_path,
-                                 seed=0, shrink_budget=0, executor=InProcess(session=session))
+    results, clean = run_mutants(
+        session=session,
+        ops=["toy"],
+        device="cpu",
+        budget=None,
+        cases=10,
+        out=tmp_path,
+        seed=0,
+        shrink_budget=0,
+        executor=InProcess(session=session),
+    )
     assert [(r.name, r.killed) for r in results] == [("toy_last_wrong", True)] and clean == []
     args = build_parser(names=TABLE.names).parse_args(["fuzz", "--op", "toy", "--cases", "1"])
     assert args.op == ["toy"]

@@ -26,11 +26,20 @@ from mlafuzz.tests.support.helpers import materialize, resolve, run_case
 PLANTED = Path(__file__).parents[1] / "support" / "planted"
 HIGH_31 = (1 << 31) // (16 * 656) + 1  # block size 16: every record past 2**31 bytes
 
-GATHER = GatherSpec(requests=(GatherRequest(context_len=300, seq_start=40, length=200),
-                              GatherRequest(context_len=50, seq_start=3, length=40)),
-                    paging=Paging(block_size=16, layout="shuffled"))
-CONVERT = ConvertSpec(requests=(ConvertRequest(seq_len=500, num_tokens=4), ConvertRequest(seq_len=90, num_tokens=3)),
-                      paging=Paging(block_size=16, layout="shuffled"), topk=64, block_n=32, topk_mode="valid")
+GATHER = GatherSpec(
+    requests=(
+        GatherRequest(context_len=300, seq_start=40, length=200),
+        GatherRequest(context_len=50, seq_start=3, length=40),
+    ),
+    paging=Paging(block_size=16, layout="shuffled"),
+)
+CONVERT = ConvertSpec(
+    requests=(ConvertRequest(seq_len=500, num_tokens=4), ConvertRequest(seq_len=90, num_tokens=3)),
+    paging=Paging(block_size=16, layout="shuffled"),
+    topk=64,
+    block_n=32,
+    topk_mode="valid",
+)
 WRITER = WriterSpec(num_tokens=40, paging=Paging(block_size=16, spare_blocks=1))
 
 
@@ -42,12 +51,16 @@ def _planted(module: str, fn: str) -> str:
     return f"{PLANTED / module}:{fn}"
 
 
-@pytest.mark.parametrize("spec, op, planted", [
-    (dataclasses.replace(GATHER, table_view=View.COLUMNS), "gather", "gather_contiguous_table"),
-    (dataclasses.replace(CONVERT, table_view=View.COLUMNS), "convert", "convert_contiguous_table"),
-    (dataclasses.replace(CONVERT, rows_view=View.ROWS), "convert", "convert_indices_from_row_0"),
-    (dataclasses.replace(WRITER, inputs_view=View.COLUMNS), "writer", "writer_contiguous_inputs"),
-], ids=["gather-table-columns", "convert-table-columns", "convert-indices-rows", "writer-split-inputs"])
+@pytest.mark.parametrize(
+    "spec, op, planted",
+    [
+        (dataclasses.replace(GATHER, table_view=View.COLUMNS), "gather", "gather_contiguous_table"),
+        (dataclasses.replace(CONVERT, table_view=View.COLUMNS), "convert", "convert_contiguous_table"),
+        (dataclasses.replace(CONVERT, rows_view=View.ROWS), "convert", "convert_indices_from_row_0"),
+        (dataclasses.replace(WRITER, inputs_view=View.COLUMNS), "writer", "writer_contiguous_inputs"),
+    ],
+    ids=["gather-table-columns", "convert-table-columns", "convert-indices-rows", "writer-split-inputs"],
+)
 def test_a_kernel_assuming_contiguous_inputs_is_found_on_the_view_and_not_without_it(spec, op, planted):
     ref = _planted("contiguity.py", planted)
     case = materialize(spec, 3)
@@ -58,12 +71,22 @@ def test_a_kernel_assuming_contiguous_inputs_is_found_on_the_view_and_not_withou
     assert _kinds(plain, ref, op) == set()  # why the views must be drawn: plain tensors hide the bug
 
 
-@pytest.mark.parametrize("spec, op, planted", [
-    (dataclasses.replace(GATHER, paging=dataclasses.replace(GATHER.paging, base_block=HIGH_31)), "gather",
-     "gather_int32_offsets"),
-    (dataclasses.replace(WRITER, paging=dataclasses.replace(WRITER.paging, base_block=HIGH_31)), "writer",
-     "writer_int32_offsets"),
-], ids=["gather", "writer"])
+@pytest.mark.parametrize(
+    "spec, op, planted",
+    [
+        (
+            dataclasses.replace(GATHER, paging=dataclasses.replace(GATHER.paging, base_block=HIGH_31)),
+            "gather",
+            "gather_int32_offsets",
+        ),
+        (
+            dataclasses.replace(WRITER, paging=dataclasses.replace(WRITER.paging, base_block=HIGH_31)),
+            "writer",
+            "writer_int32_offsets",
+        ),
+    ],
+    ids=["gather", "writer"],
+)
 def test_record_offsets_in_int32_are_found_on_a_cache_past_2_31_bytes(spec, op, planted):
     ref = _planted("offsets.py", planted)
     case = materialize(spec, 1)
@@ -95,12 +118,18 @@ def test_a_writer_cache_high_in_a_larger_one_is_compared_past_its_zero_blocks():
     case = materialize(spec, 2)
     assert _kinds(case, "torch", "writer") == set()
     low = _planted("contiguity.py", "writer_ignores_base")
-    (head,) = [f for f in run_case(case=case, entry=resolve("writer", low), fast=False).findings
-               if f.cause == "kv_cache:zero_blocks"]
+    (head,) = [
+        f
+        for f in run_case(case=case, entry=resolve("writer", low), fast=False).findings
+        if f.cause == "kv_cache:zero_blocks"
+    ]
     assert head.kind is Kind.VALUE_MISMATCH and head.mismatches[0].index[0] < base
     assert "which no slot maps to" in head.message
-    (tail,) = [f for f in run_case(case=case, entry=resolve("writer", "writer_scale_pow2"), fast=False).findings
-               if f.kind is Kind.VALUE_MISMATCH]
+    (tail,) = [
+        f
+        for f in run_case(case=case, entry=resolve("writer", "writer_scale_pow2"), fast=False).findings
+        if f.kind is Kind.VALUE_MISMATCH
+    ]
     assert tail.mismatches and all(m.index[0] >= base for m in tail.mismatches)
 
 
@@ -110,9 +139,25 @@ def test_a_high_cache_bundle_stores_the_cases_blocks_and_replays(tmp_path, capsy
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(spec_to_json(spec))
     out = tmp_path / "run"
-    rc = main(["fuzz", "--spec", str(spec_file), "--impl", f"gather={_planted('offsets.py', 'gather_int16_block_ids')}",
-               "--device", "cpu", "--cases", "2", "--shrink-budget", "3", "--out", str(out), "--quiet",
-               "--in-process"])
+    rc = main(
+        [
+            "fuzz",
+            "--spec",
+            str(spec_file),
+            "--impl",
+            f"gather={_planted('offsets.py', 'gather_int16_block_ids')}",
+            "--device",
+            "cpu",
+            "--cases",
+            "2",
+            "--shrink-budget",
+            "3",
+            "--out",
+            str(out),
+            "--quiet",
+            "--in-process",
+        ]
+    )
     assert rc == 1
     bundle = next(b for b in (out / "bundles").iterdir() if b.name.startswith("VALUE_MISMATCH"))
     case = json.loads((bundle / "case.json").read_text())
@@ -130,8 +175,23 @@ def test_a_high_cache_bundle_stores_the_cases_blocks_and_replays(tmp_path, capsy
 
 def test_a_bundle_of_the_old_generator_is_refused_in_one_line(tmp_path, capsys):
     out = tmp_path / "run"
-    main(["fuzz", "--impl", f"gather={PLANTED / 'gather_from_zero.py'}:gather", "--device", "cpu", "--cases", "10",
-          "--shrink-budget", "1", "--out", str(out), "--quiet", "--in-process"])
+    main(
+        [
+            "fuzz",
+            "--impl",
+            f"gather={PLANTED / 'gather_from_zero.py'}:gather",
+            "--device",
+            "cpu",
+            "--cases",
+            "10",
+            "--shrink-budget",
+            "1",
+            "--out",
+            str(out),
+            "--quiet",
+            "--in-process",
+        ]
+    )
     bundle = next((out / "bundles").iterdir())
     case = json.loads((bundle / "case.json").read_text())
     (bundle / "case.json").write_text(json.dumps({**case, "schema_version": 1}))
@@ -150,10 +210,14 @@ def _gpu_specs():
     from mlafuzz.tests.support.gen_cases import every_layout_spec
 
     specs = [s for s in every_layout_spec() if s.op != "step"] + [
-        s for s in every_layout_spec(base_block=300) if s.op != "step"]
-    specs += [dataclasses.replace(GATHER, paging=Paging(block_size=64, layout="shuffled", base_block=HUGE_32)),
-              dataclasses.replace(WRITER, paging=Paging(block_size=64, spare_blocks=2, base_block=HUGE_32),
-                                  inputs_view=View.COLUMNS)]
+        s for s in every_layout_spec(base_block=300) if s.op != "step"
+    ]
+    specs += [
+        dataclasses.replace(GATHER, paging=Paging(block_size=64, layout="shuffled", base_block=HUGE_32)),
+        dataclasses.replace(
+            WRITER, paging=Paging(block_size=64, spare_blocks=2, base_block=HUGE_32), inputs_view=View.COLUMNS
+        ),
+    ]
     return specs
 
 
@@ -172,21 +236,36 @@ def test_the_fast_path_clears_every_view_and_agrees_with_the_full_path(spec):
     op = OPS.get(spec.op)
     entry = resolve(spec.op, s.default_ref(spec.op, "cuda"))
     fn = s.load(entry, "cuda")
-    result = fast_path(op=op, case=case, fn=fn, ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
-                       rerun=True, sub=s.sub("cuda"), res=fast_resources(s))
+    result = fast_path(
+        op=op,
+        case=case,
+        fn=fn,
+        ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
+        rerun=True,
+        sub=s.sub("cuda"),
+        res=fast_resources(s),
+    )
     assert isinstance(result, Clear), result
     assert run_case(case=case, entry=entry, rerun=True, fast=True).findings == ()
     assert run_case(case=case, entry=entry, rerun=True, fast=False).findings == ()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec, op, module, planted", [
-    (dataclasses.replace(GATHER, table_view=View.COLUMNS), "gather", "contiguity.py", "gather_contiguous_table"),
-    (dataclasses.replace(CONVERT, rows_view=View.ROWS), "convert", "contiguity.py", "convert_indices_from_row_0"),
-    (dataclasses.replace(WRITER, inputs_view=View.COLUMNS), "writer", "contiguity.py", "writer_contiguous_inputs"),
-    (dataclasses.replace(GATHER, paging=Paging(block_size=64, base_block=HUGE_32)), "gather", "offsets.py",
-     "gather_int32_offsets"),
-], ids=["gather-table", "convert-rows", "writer-split", "gather-2**32"])
+@pytest.mark.parametrize(
+    "spec, op, module, planted",
+    [
+        (dataclasses.replace(GATHER, table_view=View.COLUMNS), "gather", "contiguity.py", "gather_contiguous_table"),
+        (dataclasses.replace(CONVERT, rows_view=View.ROWS), "convert", "contiguity.py", "convert_indices_from_row_0"),
+        (dataclasses.replace(WRITER, inputs_view=View.COLUMNS), "writer", "contiguity.py", "writer_contiguous_inputs"),
+        (
+            dataclasses.replace(GATHER, paging=Paging(block_size=64, base_block=HUGE_32)),
+            "gather",
+            "offsets.py",
+            "gather_int32_offsets",
+        ),
+    ],
+    ids=["gather-table", "convert-rows", "writer-split", "gather-2**32"],
+)
 def test_planted_view_and_offset_bugs_are_found_through_the_fast_path(spec, op, module, planted):
     case = materialize(spec, 3, "cuda")
     found = run_case(case=case, entry=resolve(op, _planted(module, planted)), rerun=True, fast=True).findings

@@ -23,8 +23,14 @@ I32 = torch.int32
 
 
 def _args(**changes):
-    args = dict(req_id=torch.zeros(2, dtype=I32), block_table=torch.zeros((1, 1), dtype=I32),
-                token_indices=torch.zeros((2, 64), dtype=I32), BLOCK_SIZE=64, NUM_TOPK_TOKENS=64, BLOCK_N=32)
+    args = dict(
+        req_id=torch.zeros(2, dtype=I32),
+        block_table=torch.zeros((1, 1), dtype=I32),
+        token_indices=torch.zeros((2, 64), dtype=I32),
+        BLOCK_SIZE=64,
+        NUM_TOPK_TOKENS=64,
+        BLOCK_N=32,
+    )
     args.update(changes)
     return args
 
@@ -38,11 +44,18 @@ ASSERTED = {
     "req_id_longer": ("length_mismatch", dict(req_id=torch.zeros(3, dtype=I32))),
     "k_not_num_topk": ("k_mismatch", dict(NUM_TOPK_TOKENS=128)),
     "k_not_multiple": ("k_not_multiple_of_block_n", dict(BLOCK_N=128, NUM_TOPK_TOKENS=64)),
-    "prefill_ids_missing": ("missing_prefill_args", dict(HAS_PREFILL_WORKSPACE=True,
-                                                         prefill_workspace_starts=torch.zeros(1, dtype=I32))),
-    "prefill_starts_int64": ("wrong_dtype", dict(HAS_PREFILL_WORKSPACE=True,
-                                                 prefill_workspace_request_ids=torch.zeros(2, dtype=I32),
-                                                 prefill_workspace_starts=torch.zeros(1, dtype=torch.int64))),
+    "prefill_ids_missing": (
+        "missing_prefill_args",
+        dict(HAS_PREFILL_WORKSPACE=True, prefill_workspace_starts=torch.zeros(1, dtype=I32)),
+    ),
+    "prefill_starts_int64": (
+        "wrong_dtype",
+        dict(
+            HAS_PREFILL_WORKSPACE=True,
+            prefill_workspace_request_ids=torch.zeros(2, dtype=I32),
+            prefill_workspace_starts=torch.zeros(1, dtype=torch.int64),
+        ),
+    ),
 }
 
 
@@ -59,11 +72,14 @@ def test_a_vllm_style_raises_assertion_error_catches_our_refusal(impl, case):
 
 
 @pytest.mark.parametrize("impl", sorted(IMPLS))
-@pytest.mark.parametrize("reason,changes", [
-    ("bad_block_size", dict(BLOCK_SIZE=0)),
-    ("bad_block_n", dict(BLOCK_N=24, NUM_TOPK_TOKENS=48, token_indices=torch.zeros((2, 48), dtype=I32))),
-    ("bad_block_stride", dict(BLOCK_STRIDE_ROWS=0)),
-])
+@pytest.mark.parametrize(
+    "reason,changes",
+    [
+        ("bad_block_size", dict(BLOCK_SIZE=0)),
+        ("bad_block_n", dict(BLOCK_N=24, NUM_TOPK_TOKENS=48, token_indices=torch.zeros((2, 48), dtype=I32))),
+        ("bad_block_stride", dict(BLOCK_STRIDE_ROWS=0)),
+    ],
+)
 def test_refusals_vllm_does_not_assert_stay_plain_value_errors(impl, reason, changes):
     with pytest.raises(InvalidInputError) as info:
         IMPLS[impl](**_args(**changes))

@@ -29,25 +29,42 @@ IMPLS = {"triton": convert_triton, "torch": convert_torch}
 
 
 def _oracle(c, req, bt, ti, ids, starts, stride, compact):
-    return oracle_convert(req_id=req, block_table=bt, token_indices=ti, block_size=c["block_size"],
-                          has_prefill_workspace=ids is not None, prefill_workspace_request_ids=ids,
-                          prefill_workspace_starts=starts, block_stride_rows=stride, compact_to_front=compact)
+    return oracle_convert(
+        req_id=req,
+        block_table=bt,
+        token_indices=ti,
+        block_size=c["block_size"],
+        has_prefill_workspace=ids is not None,
+        prefill_workspace_request_ids=ids,
+        prefill_workspace_starts=starts,
+        block_stride_rows=stride,
+        compact_to_front=compact,
+    )
 
 
 def _call(fn, c, req, bt, ti, ids, starts, stride, compact):
     extra = {} if stride is None else {"BLOCK_STRIDE_ROWS": stride}
     if compact:
         extra["COMPACT_TO_FRONT"] = True
-    return fn(req, bt, ti, BLOCK_SIZE=c["block_size"], NUM_TOPK_TOKENS=c["k"], BLOCK_N=c["block_n"],
-              HAS_PREFILL_WORKSPACE=c["prefill"], prefill_workspace_request_ids=ids,
-              prefill_workspace_starts=starts, return_valid_counts=True, **extra)
+    return fn(
+        req,
+        bt,
+        ti,
+        BLOCK_SIZE=c["block_size"],
+        NUM_TOPK_TOKENS=c["k"],
+        BLOCK_N=c["block_n"],
+        HAS_PREFILL_WORKSPACE=c["prefill"],
+        prefill_workspace_request_ids=ids,
+        prefill_workspace_starts=starts,
+        return_valid_counts=True,
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("impl", sorted(IMPLS))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c=convert_cases(), stride_extra=st.none() | st.integers(0, 70), compact=st.booleans())
-def test_options_match_the_oracle_with_compacted_rows_as_multisets_and_exact_counts(impl, c, stride_extra,
-                                                                                      compact):
+def test_options_match_the_oracle_with_compacted_rows_as_multisets_and_exact_counts(impl, c, stride_extra, compact):
     req, bt, ti, ids, starts = build_inputs(c, DEVICE)
     stride = None if stride_extra is None else c["block_size"] + stride_extra
     out, counts = _call(IMPLS[impl], c, req, bt, ti, ids, starts, stride, compact)
@@ -65,11 +82,19 @@ def test_a_stride_multiplies_the_table_entry_and_wraps_in_int32_prefill_rows_ign
     # Row 0 decodes through the table (blocks 2 and 2**20), row 1 is a prefill row at 1000.
     ti = torch.tensor([[5, 70, 200, -3] * 32] * 2, dtype=torch.int32, device=DEVICE)
     bt = torch.tensor([[2, 2**20, 4]], dtype=torch.int32, device=DEVICE)
-    out, counts = IMPLS[impl](torch.zeros(2, dtype=torch.int32, device=DEVICE), bt, ti, BLOCK_SIZE=64,
-                              BLOCK_STRIDE_ROWS=4096, NUM_TOPK_TOKENS=128, BLOCK_N=128, HAS_PREFILL_WORKSPACE=True,
-                              prefill_workspace_request_ids=torch.tensor([-1, 0], dtype=torch.int32, device=DEVICE),
-                              prefill_workspace_starts=torch.tensor([1000], dtype=torch.int32, device=DEVICE),
-                              return_valid_counts=True)
+    out, counts = IMPLS[impl](
+        torch.zeros(2, dtype=torch.int32, device=DEVICE),
+        bt,
+        ti,
+        BLOCK_SIZE=64,
+        BLOCK_STRIDE_ROWS=4096,
+        NUM_TOPK_TOKENS=128,
+        BLOCK_N=128,
+        HAS_PREFILL_WORKSPACE=True,
+        prefill_workspace_request_ids=torch.tensor([-1, 0], dtype=torch.int32, device=DEVICE),
+        prefill_workspace_starts=torch.tensor([1000], dtype=torch.int32, device=DEVICE),
+        return_valid_counts=True,
+    )
     wrapped = (2**20 * 4096 + 6 + 2**31) % 2**32 - 2**31  # 2**32 + 6 wraps to 6
     assert out[0, :4].tolist() == [2 * 4096 + 5, wrapped, -1, -1]
     assert out[1, :4].tolist() == [1005, 1070, -1, -1]  # no stride there; the table bound still holds
@@ -83,9 +108,17 @@ def test_compaction_packs_valid_slots_at_the_front_across_tiles_and_pads_with_mi
     ti = torch.full((1, 64), -1, dtype=torch.int32, device=DEVICE)
     ti[0, 40], ti[0, 63], ti[0, 50] = 3, 1, 2
     bt = torch.tensor([[2**31 - 1]], dtype=torch.int32, device=DEVICE)  # (2**31 - 1) * 2 + 1 wraps to -1
-    out, counts = IMPLS[impl](torch.zeros(1, dtype=torch.int32, device=DEVICE), bt, ti, BLOCK_SIZE=4,
-                              BLOCK_STRIDE_ROWS=2, NUM_TOPK_TOKENS=64, BLOCK_N=32, return_valid_counts=True,
-                              COMPACT_TO_FRONT=True)
+    out, counts = IMPLS[impl](
+        torch.zeros(1, dtype=torch.int32, device=DEVICE),
+        bt,
+        ti,
+        BLOCK_SIZE=4,
+        BLOCK_STRIDE_ROWS=2,
+        NUM_TOPK_TOKENS=64,
+        BLOCK_N=32,
+        return_valid_counts=True,
+        COMPACT_TO_FRONT=True,
+    )
     assert counts.tolist() == [3]
     assert sorted(out[0, :3].tolist()) == [-1, 0, 1] and (out[0, 3:] == -1).all()
 

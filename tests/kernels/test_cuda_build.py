@@ -35,15 +35,25 @@ def test_nvcc_compile_check(tmp_path):
 def test_writer_rejects_other_kv_cache_dtype():
     x = torch.zeros(1, 512, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="fp8_ds_mla"):
-        cuda_ext.writer(x, x[:, :64], torch.zeros(1, 1, 656, dtype=torch.uint8),
-                        torch.zeros(1, dtype=torch.int64), kv_cache_dtype="auto")
+        cuda_ext.writer(
+            x,
+            x[:, :64],
+            torch.zeros(1, 1, 656, dtype=torch.uint8),
+            torch.zeros(1, dtype=torch.int64),
+            kv_cache_dtype="auto",
+        )
 
 
 def test_wrappers_refuse_cpu_tensors():
     cache = torch.zeros(1, 1, 656, dtype=torch.uint8)
     with pytest.raises(ValueError, match="CUDA"):
-        cuda_ext.gather(cache, torch.zeros(1, 576, dtype=torch.bfloat16),
-                        torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 1)
+        cuda_ext.gather(
+            cache,
+            torch.zeros(1, 576, dtype=torch.bfloat16),
+            torch.zeros(1, 1, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32),
+            1,
+        )
     x = torch.zeros(1, 512, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="CUDA"):
         cuda_ext.writer(x, x[:, :64], cache, torch.zeros(1, dtype=torch.int64))
@@ -62,5 +72,3 @@ def test_build_key_depends_on_arch_and_flags():
     assert "-gencode=arch=compute_90,code=sm_90" in flags
     assert "-ftz=false" in flags and "-prec-div=true" in flags
     assert not any("fast_math" in f or "fast-math" in f for f in flags)
-
-

@@ -33,14 +33,28 @@ from mlafuzz.tests.support.cuda_cases import (
 
 
 @gpu
-@pytest.mark.parametrize("p", _random_matrix(48), ids=lambda p: f"s{p['seed']}-bs{p['bs']}-{p['cache_layout']}-{p['dst_layout']}")
+@pytest.mark.parametrize(
+    "p", _random_matrix(48), ids=lambda p: f"s{p['seed']}-bs{p['bs']}-{p['cache_layout']}-{p['dst_layout']}"
+)
 def test_gather_random_vs_oracle(ext, p):
-    case = gather_case(p["seed"], bs=p["bs"], batch_size=1 + p["seed"] % 9, max_len=3 * p["bs"] + 7,
-                       ws_form=p["ws_form"], ss_mode=p["ss_mode"], shared=p["shared"])
-    run_gather(case, cache_layout=p["cache_layout"], dst_layout=p["dst_layout"],
-               table_layout=p["table_layout"], rows_per_warp=p["rows_per_warp"],
-               stream_hints=p["stream_hints"],
-               force_scalar=p["force_scalar"])
+    case = gather_case(
+        p["seed"],
+        bs=p["bs"],
+        batch_size=1 + p["seed"] % 9,
+        max_len=3 * p["bs"] + 7,
+        ws_form=p["ws_form"],
+        ss_mode=p["ss_mode"],
+        shared=p["shared"],
+    )
+    run_gather(
+        case,
+        cache_layout=p["cache_layout"],
+        dst_layout=p["dst_layout"],
+        table_layout=p["table_layout"],
+        rows_per_warp=p["rows_per_warp"],
+        stream_hints=p["stream_hints"],
+        force_scalar=p["force_scalar"],
+    )
 
 
 @gpu
@@ -97,17 +111,38 @@ def test_gather_variants_agree_and_are_deterministic(ext):
     variants = [(rpw, hints, False) for rpw in cuda_ext.GATHER_ROWS_CHOICES for hints in (False, True)]
     for rpw, hints, scalar in [*variants, (2, False, True), variants[0]]:
         dst = torch.empty(case.total, 576, dtype=torch.bfloat16, device=dev)
-        cuda_ext.gather_impl(cache, dst, case.block_table.to(dev), case.ws.to(dev), case.batch_size,
-                             case.seq_starts.to(dev), rows_per_warp=rpw, force_scalar=scalar,
-                             stream_hints=hints)
+        cuda_ext.gather_impl(
+            cache,
+            dst,
+            case.block_table.to(dev),
+            case.ws.to(dev),
+            case.batch_size,
+            case.seq_starts.to(dev),
+            rows_per_warp=rpw,
+            force_scalar=scalar,
+            stream_hints=hints,
+        )
         results.append(dst.view(torch.int16).cpu())
     for r in results[1:]:
         assert torch.equal(r, results[0]), "gather variants / reruns differ bit for bit"
 
 
 @gpu
-@pytest.mark.parametrize("bad", ["dst_f32", "dst_cols", "record_575", "ws_short", "table_rows",
-                                 "ss_short", "ws_int64", "table_cpu", "batch_neg", "rows_per_warp3"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "dst_f32",
+        "dst_cols",
+        "record_575",
+        "ws_short",
+        "table_rows",
+        "ss_short",
+        "ws_int64",
+        "table_cpu",
+        "batch_neg",
+        "rows_per_warp3",
+    ],
+)
 def test_gather_host_checks(ext, bad):
     dev = DEV
     cache = torch.zeros(4, 16, 656, dtype=torch.uint8, device=dev)
@@ -115,8 +150,7 @@ def test_gather_host_checks(ext, bad):
     table = torch.zeros(2, 4, dtype=torch.int32, device=dev)
     ws = torch.tensor([0, 5], dtype=torch.int32, device=dev)
     ss = torch.zeros(2, dtype=torch.int32, device=dev)
-    args = dict(src_cache=cache, dst=dst, block_table=table, workspace_starts=ws, batch_size=2,
-                seq_starts=ss)
+    args = dict(src_cache=cache, dst=dst, block_table=table, workspace_starts=ws, batch_size=2, seq_starts=ss)
     extra = {}
     if bad == "dst_f32":
         args["dst"] = torch.zeros(10, 576, device=dev)
@@ -142,7 +176,6 @@ def test_gather_host_checks(ext, bad):
         cuda_ext.gather_impl(*args.values(), **extra)
     _sync()
     assert bool((dst == 7.0).all()), "a rejected call wrote dst"
-
 
 
 # ----------------------------------------------------------------------------- GPU: the big case
@@ -176,8 +209,9 @@ def test_gather_64x4096_correct_and_near_copy_bandwidth(ext):
     total = reqs * ctx
     dst = torch.empty(total, 576, dtype=torch.bfloat16, device=dev)
     cuda_ext.gather(cache, dst, table, ws, reqs, ss)
-    expected = gather_oracle.gather(src_cache=cache, block_table=table, workspace_starts=ws,
-                                    batch_size=reqs, seq_starts=ss, total=total)
+    expected = gather_oracle.gather(
+        src_cache=cache, block_table=table, workspace_starts=ws, batch_size=reqs, seq_starts=ss, total=total
+    )
     assert_rows_equal(dst, expected, "gather 64x4096")
     del expected
 
@@ -193,8 +227,7 @@ def test_gather_64x4096_correct_and_near_copy_bandwidth(ext):
     ms_pub = _time_ms(lambda: cuda_ext.gather(cache, dst, table, ws, reqs, ss))
     ratio = moved / ms_pub / 1e6 / copy_bw
     lines = ", ".join(f"rows_per_warp={k}: {v[0] * 1e3:.0f} us {v[1]:.0f} GB/s" for k, v in report.items())
-    msg = (f"copy {copy_bw:.0f} GB/s; gather (public) {ms_pub * 1e3:.0f} us = {ratio:.1%} of copy; {lines}")
+    msg = f"copy {copy_bw:.0f} GB/s; gather (public) {ms_pub * 1e3:.0f} us = {ratio:.1%} of copy; {lines}"
     print(msg)
     need = float(os.environ.get("MLAFUZZ_GATHER_MIN_BW_RATIO", "0.9"))
     assert ratio >= need, msg
-

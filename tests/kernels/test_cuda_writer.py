@@ -34,17 +34,27 @@ def _check_cache_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) 
     if bad.any():
         rows, cols = bad.nonzero(as_tuple=True)
         part = lambda c: "code" if c < 512 else ("scale" if c < 528 else "rope")  # noqa: E731
-        first = "; ".join(f"slot {int(r)} byte {int(c)} ({part(int(c))}) got {int(a[r, c]):#04x} "
-                          f"want {int(e[r, c]):#04x}" for r, c in list(zip(rows, cols))[:8])
+        first = "; ".join(
+            f"slot {int(r)} byte {int(c)} ({part(int(c))}) got {int(a[r, c]):#04x} want {int(e[r, c]):#04x}"
+            for r, c in list(zip(rows, cols))[:8]
+        )
         pytest.fail(f"{what}: {int(bad.sum())} bytes differ in {len(set(rows.tolist()))} slots; {first}")
 
 
 WRITER_CASES = [
-    dict(seed=s, bs=(1, 16, 64)[s % 3], kv_dtype=d[0], pe_dtype=d[1],
-         cache_layout=("contig", "fp8", "offset1", "offset8", "entry_pad4", "block_pad")[s % 6],
-         fused=bool(s % 2) and d[0] == d[1])
-    for s, d in enumerate([(torch.bfloat16, torch.bfloat16)] * 6 + [(torch.float16, torch.float16)] * 4
-                          + [(torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)])
+    dict(
+        seed=s,
+        bs=(1, 16, 64)[s % 3],
+        kv_dtype=d[0],
+        pe_dtype=d[1],
+        cache_layout=("contig", "fp8", "offset1", "offset8", "entry_pad4", "block_pad")[s % 6],
+        fused=bool(s % 2) and d[0] == d[1],
+    )
+    for s, d in enumerate(
+        [(torch.bfloat16, torch.bfloat16)] * 6
+        + [(torch.float16, torch.float16)] * 4
+        + [(torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)]
+    )
 ]
 
 
@@ -70,19 +80,23 @@ def test_writer_random_vs_oracle(ext, p, revision):
     _check_cache_equal(dev_cache.view(torch.uint8), expected, f"writer {p}")
     # Whole underlying buffer (padding between records included) == the expected cache placed
     # the same way: nothing written outside the records.
-    assert torch.equal(root_bytes(dev_cache), root_bytes(place_cache(expected, p["cache_layout"], dev))), \
+    assert torch.equal(root_bytes(dev_cache), root_bytes(place_cache(expected, p["cache_layout"], dev))), (
         "writer wrote outside the records (layout padding changed)"
+    )
     for b, a in zip(inputs_before, (kv_c_d, k_pe_d, slots_d)):  # bitwise: inputs hold NaNs
-        assert torch.equal(b.view(torch.int16 if b.element_size() == 2 else b.dtype),
-                           a.view(torch.int16 if a.element_size() == 2 else a.dtype)), "writer modified an input"
+        assert torch.equal(
+            b.view(torch.int16 if b.element_size() == 2 else b.dtype),
+            a.view(torch.int16 if a.element_size() == 2 else a.dtype),
+        ), "writer modified an input"
 
 
 @gpu
 def test_writer_convert_fp16_rope_option(ext):
     gen = torch.Generator().manual_seed(5)
     kv_c, k_pe, slots, cache = kv_inputs(gen, bs=16, kv_dtype=torch.float16, pe_dtype=torch.float16)
-    k_pe[:, :8] = torch.tensor([float("nan"), float("inf"), -float("inf"), 6e-8, 1 + 2**-8, 1 + 3 * 2**-9,
-                                65504.0, -0.0], dtype=torch.float16)  # NaN, inf, subnormal, RNE ties
+    k_pe[:, :8] = torch.tensor(
+        [float("nan"), float("inf"), -float("inf"), 6e-8, 1 + 2**-8, 1 + 3 * 2**-9, 65504.0, -0.0], dtype=torch.float16
+    )  # NaN, inf, subnormal, RNE ties
     expected = codec.write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=cache, slot_mapping=slots, revision=REVISION)
     rope = k_pe[: slots.numel()].float().to(torch.bfloat16).view(torch.int16)
     rope = torch.where(torch.isnan(k_pe[: slots.numel()]), torch.full_like(rope, 0x7FC0), rope)
@@ -115,8 +129,9 @@ def test_writer_then_gather_roundtrip(ext):
     cuda_ext.writer(kv_c.to(DEV), k_pe.to(DEV), dev_cache, slots.to(DEV))
     nb, bs = cache.shape[:2]
     half = nb * bs // 2
-    case = explicit_case(cache=expected_cache, lens=[half, nb * bs - half], seq_starts=[0, half],
-                         table=[list(range(nb))] * 2)
+    case = explicit_case(
+        cache=expected_cache, lens=[half, nb * bs - half], seq_starts=[0, half], table=[list(range(nb))] * 2
+    )
     expected = _oracle_gather(case)
     dst = torch.empty(case.total, 576, dtype=torch.bfloat16, device=DEV)
     cuda_ext.gather(dev_cache, dst, case.block_table.to(DEV), case.ws.to(DEV), 2, case.seq_starts.to(DEV))
@@ -124,8 +139,9 @@ def test_writer_then_gather_roundtrip(ext):
 
 
 @gpu
-@pytest.mark.parametrize("bad", ["kv_f32", "kv_cols", "pe_cols", "slots_int32", "few_rows",
-                                 "cache_657", "cache_cpu_slots"])
+@pytest.mark.parametrize(
+    "bad", ["kv_f32", "kv_cols", "pe_cols", "slots_int32", "few_rows", "cache_657", "cache_cpu_slots"]
+)
 def test_writer_host_checks(ext, bad):
     dev = DEV
     kv_c = torch.zeros(4, 512, dtype=torch.bfloat16, device=dev)
@@ -151,5 +167,3 @@ def test_writer_host_checks(ext, bad):
         cuda_ext.writer(*args)
     _sync()
     assert bool((cache == 9).all()), "a rejected call wrote the cache"
-
-

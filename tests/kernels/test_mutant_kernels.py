@@ -30,10 +30,14 @@ from mlafuzz.kernels.mutants import cuda_mutants, host_throw
 from mlafuzz.reports.findings import Kind
 from mlafuzz.tests.support.helpers import materialize, resolve, run_case
 
-GATHER = GatherSpec(requests=(GatherRequest(context_len=40, length=40), GatherRequest(context_len=50, seq_start=5,
-                                                                                     length=30),
-                              GatherRequest(context_len=33, length=33)),
-                    paging=Paging(block_size=4, layout=Layout.SHUFFLED, spare_blocks=3))
+GATHER = GatherSpec(
+    requests=(
+        GatherRequest(context_len=40, length=40),
+        GatherRequest(context_len=50, seq_start=5, length=30),
+        GatherRequest(context_len=33, length=33),
+    ),
+    paging=Paging(block_size=4, layout=Layout.SHUFFLED, spare_blocks=3),
+)
 WRITER = WriterSpec(num_tokens=12, paging=Paging(block_size=4, spare_blocks=2))
 EXTRA_COLS = 5
 
@@ -117,10 +121,14 @@ def test_cpp_throw_gather_aborts_its_process_on_a_non_bf16_dst_and_is_ours_other
 def test_mutants_cu_bug_codes_are_the_ones_python_passes():
     text = cuda_mutants.SOURCE.read_text()
     snake = lambda name: re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()  # noqa: E731
-    found = {(op.lower(), snake(name)): int(code)
-             for op, name, code in re.findall(r"constexpr int64_t k(Gather|Writer)(\w+) = (\d+);", text)}
-    expected = {**{("gather", k): v for k, v in cuda_mutants.GATHER_BUGS.items()},
-                **{("writer", k): v for k, v in cuda_mutants.WRITER_BUGS.items()}}
+    found = {
+        (op.lower(), snake(name)): int(code)
+        for op, name, code in re.findall(r"constexpr int64_t k(Gather|Writer)(\w+) = (\d+);", text)
+    }
+    expected = {
+        **{("gather", k): v for k, v in cuda_mutants.GATHER_BUGS.items()},
+        **{("writer", k): v for k, v in cuda_mutants.WRITER_BUGS.items()},
+    }
     assert found == expected
 
 
@@ -184,11 +192,15 @@ def huge_cache_case() -> Case:
     table = torch.tensor([low, high], dtype=torch.int32, device="cuda")
     rows = 3 * BIG_BS
     spec = GatherSpec(requests=(GatherRequest(context_len=rows, length=rows),) * 2, paging=Paging(block_size=BIG_BS))
-    tensors = {"src_cache": cache, "block_table": table,
-               "workspace_starts": torch.tensor([0, rows], dtype=torch.int32, device="cuda"),
-               "seq_starts": torch.zeros(2, dtype=torch.int32, device="cuda")}
-    return Case(op="gather", spec=spec, seed=11, device="cuda", tensors=tensors,
-                params={"batch_size": 2, "total": 2 * rows})
+    tensors = {
+        "src_cache": cache,
+        "block_table": table,
+        "workspace_starts": torch.tensor([0, rows], dtype=torch.int32, device="cuda"),
+        "seq_starts": torch.zeros(2, dtype=torch.int32, device="cuda"),
+    }
+    return Case(
+        op="gather", spec=spec, seed=11, device="cuda", tensors=tensors, params={"batch_size": 2, "total": 2 * rows}
+    )
 
 
 @pytest.mark.gpu

@@ -44,23 +44,35 @@ def _context(case, request: int, n: int) -> torch.Tensor:
 
 # --- 5.1: the split, resolved once --------------------------------------------
 
-@pytest.mark.parametrize("lens, threshold, uniform, counts", [
-    ([1, 2, 3], 128, True, (1, 2, 1, 5)),  # uniform rule: prefills start at the first differing length
-    ([1, 2, 3], 128, False, (3, 0, 6, 0)),  # everything under the threshold is a decode
-    ([1, 2, 3], 2, False, (2, 1, 3, 3)),
-    ([5, 6], 4, True, (0, 2, 0, 11)),  # the first request over the threshold: no decodes
-])
+
+@pytest.mark.parametrize(
+    "lens, threshold, uniform, counts",
+    [
+        ([1, 2, 3], 128, True, (1, 2, 1, 5)),  # uniform rule: prefills start at the first differing length
+        ([1, 2, 3], 128, False, (3, 0, 6, 0)),  # everything under the threshold is a decode
+        ([1, 2, 3], 2, False, (2, 1, 3, 3)),
+        ([5, 6], 4, True, (0, 2, 0, 11)),  # the first request over the threshold: no decodes
+    ],
+)
 def test_split_hand_worked_examples(lens, threshold, uniform, counts):
-    spec = StepSpec(requests=tuple(R(context_len=5, query_len=q) for q in lens), threshold=threshold,
-                    require_uniform=uniform, paging=Paging(block_size=4), workspace_rows=64)
+    spec = StepSpec(
+        requests=tuple(R(context_len=5, query_len=q) for q in lens),
+        threshold=threshold,
+        require_uniform=uniform,
+        paging=Paging(block_size=4),
+        workspace_rows=64,
+    )
     _case, out, _rec = _run(spec)
     assert _counts(out) == counts
     _agrees_with_oracle(spec)
 
 
 def test_padded_uniform_decodes_are_all_decodes_with_padding_tokens():
-    spec = StepSpec(requests=(R(context_len=7, query_len=2), R(context_len=7, query_len=2),
-                              R(context_len=0, query_len=0)), threshold=128, paging=Paging(block_size=4))
+    spec = StepSpec(
+        requests=(R(context_len=7, query_len=2), R(context_len=7, query_len=2), R(context_len=0, query_len=0)),
+        threshold=128,
+        paging=Paging(block_size=4),
+    )
     _case, out, rec = _run(spec)
     assert _counts(out) == (3, 0, 6, 0)
     assert (int(out["decode_query_len"]), int(out["num_active_decodes"])) == (2, 3)
@@ -71,12 +83,23 @@ def test_padded_uniform_decodes_are_all_decodes_with_padding_tokens():
 
 # --- 5.3: fp8 separate metadata; 5.2: chunked context ------------------------
 
+
 def _fp8_example(workspace_rows: int, topk: int) -> StepSpec:
     # Two decodes of query_len 1, then prefill-side seq_lens [10, 15, 20, 5] (SPEC 5.3 / vLLM's example).
-    return StepSpec(requests=(R(context_len=4, query_len=1), R(context_len=5, query_len=1),
-                              R(context_len=8, query_len=2), R(context_len=13, query_len=2),
-                              R(context_len=0, query_len=20), R(context_len=0, query_len=5)),
-                    paging=Paging(block_size=4), topk=topk, block_n=16, workspace_rows=workspace_rows)
+    return StepSpec(
+        requests=(
+            R(context_len=4, query_len=1),
+            R(context_len=5, query_len=1),
+            R(context_len=8, query_len=2),
+            R(context_len=13, query_len=2),
+            R(context_len=0, query_len=20),
+            R(context_len=0, query_len=5),
+        ),
+        paging=Paging(block_size=4),
+        topk=topk,
+        block_n=16,
+        workspace_rows=workspace_rows,
+    )
 
 
 @pytest.mark.parametrize("workspace_rows", [25, 30, 44])
@@ -114,9 +137,18 @@ def test_sparse_route_converts_prefill_rows_to_workspace_offsets():
 
 def _chunked_example() -> StepSpec:
     # Prefill-side contexts [10, 3, 7, 0], W = 8, bs = 2: chunk = 8 // 3 = 2, five chunks.
-    return StepSpec(requests=(R(context_len=10, query_len=2), R(context_len=3, query_len=2),
-                              R(context_len=7, query_len=2), R(context_len=0, query_len=3)),
-                    paging=Paging(block_size=2), topk=16, block_n=16, workspace_rows=8)
+    return StepSpec(
+        requests=(
+            R(context_len=10, query_len=2),
+            R(context_len=3, query_len=2),
+            R(context_len=7, query_len=2),
+            R(context_len=0, query_len=3),
+        ),
+        paging=Paging(block_size=2),
+        topk=16,
+        block_n=16,
+        workspace_rows=8,
+    )
 
 
 def test_chunked_context_example_gathers_each_chunk_with_its_seq_starts():
@@ -144,9 +176,14 @@ def test_without_seq_starts_later_chunks_reread_the_first():
 
 # --- 5.4 and 5.3's metadata fix: the planted bugs on their examples ------------
 
+
 def test_decode_plus_short_prefill_converts_the_decode_subset_only():
-    spec = StepSpec(requests=(R(context_len=9, query_len=1), R(context_len=0, query_len=6)), threshold=1,
-                    paging=Paging(block_size=4), workspace_rows=8)
+    spec = StepSpec(
+        requests=(R(context_len=9, query_len=1), R(context_len=0, query_len=6)),
+        threshold=1,
+        paging=Paging(block_size=4),
+        workspace_rows=8,
+    )
     _case, out, rec = _run(spec)
     assert _counts(out) == (1, 1, 1, 6) and [c.rows for c in rec.converts] == [1]
     with pytest.raises(StepCallError, match="req_id rows=7 != token_indices rows=1"):
@@ -155,8 +192,11 @@ def test_decode_plus_short_prefill_converts_the_decode_subset_only():
 
 
 def test_a_second_split_with_another_threshold_disagrees_on_spec_decode():
-    spec = StepSpec(requests=(R(context_len=9, query_len=2), R(context_len=9, query_len=2),
-                              R(context_len=4, query_len=5)), threshold=2, paging=Paging(block_size=4))
+    spec = StepSpec(
+        requests=(R(context_len=9, query_len=2), R(context_len=9, query_len=2), R(context_len=4, query_len=5)),
+        threshold=2,
+        paging=Paging(block_size=4),
+    )
     _case, good, _rec = _run(spec)
     _case, bad, rec = _run(spec, impl="step_second_split")
     assert _counts(good) == (2, 1, 4, 5) and _counts(bad) == (0, 3, 0, 9)

@@ -54,8 +54,14 @@ def f64_dequant(records):
 
 
 def reference_gather(src_cache, block_table, ws, batch_size, seq_starts, total):
-    return oracle_gather(src_cache=src_cache, block_table=block_table, workspace_starts=ws,
-                         batch_size=batch_size, seq_starts=seq_starts, total=total)
+    return oracle_gather(
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=ws,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+    )
 
 
 def local_fp8_rne(q):
@@ -73,8 +79,11 @@ def local_fp8_rne(q):
 
 def reference_write(kv_c, k_pe, kv_cache, slot_mapping, revision=NEWEST):
     # The torch writer follows either contract revision (SPEC section 7), the newest by default.
-    return oracle_write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache,
-                                slot_mapping=slot_mapping, revision=revision).view(torch.uint8).cpu()
+    return (
+        oracle_write_records(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, revision=revision)
+        .view(torch.uint8)
+        .cpu()
+    )
 
 
 def same_bits(a, b):
@@ -86,8 +95,21 @@ def same_bits(a, b):
 
 # ---------------------------------------------------------------- records
 
-SCALES = [1.0, 0.5, 3.0e-3, FLT_MIN, 2.0**-130, 2.0**-149, 2.0**100, 3.0e38, 0.0, -2.0,
-          float("inf"), float("nan"), 1.7e-39]
+SCALES = [
+    1.0,
+    0.5,
+    3.0e-3,
+    FLT_MIN,
+    2.0**-130,
+    2.0**-149,
+    2.0**100,
+    3.0e38,
+    0.0,
+    -2.0,
+    float("inf"),
+    float("nan"),
+    1.7e-39,
+]
 
 
 def make_cache(g, num_blocks, bs):
@@ -138,8 +160,7 @@ def _gather_case(g, lens, bs, seq_starts, ws_plus_one, max_blocks=None, num_bloc
     m = max_blocks or need + 1
     bt = torch.randint(0, num_blocks, (b, m), generator=g, dtype=torch.int32)
     cache = make_cache(g, num_blocks, bs)
-    return (cache, bt, torch.tensor(ws, dtype=torch.int32),
-            torch.tensor(seq_starts, dtype=torch.int32), total)
+    return (cache, bt, torch.tensor(ws, dtype=torch.int32), torch.tensor(seq_starts, dtype=torch.int32), total)
 
 
 @settings(max_examples=40, deadline=None)
@@ -216,8 +237,14 @@ def test_gather_accepts_an_fp8_view_of_the_cache_and_a_strided_dst():
 def _ok_gather(**changes):
     g = torch.Generator().manual_seed(0)
     cache, bt, ws, ss, total = _gather_case(g, [3, 2], 4, [1, 2], False, max_blocks=2, num_blocks=8)
-    a = dict(src_cache=cache, dst=torch.full((total, 576), 3.0, dtype=torch.bfloat16),
-             block_table=bt, workspace_starts=ws, batch_size=2, seq_starts=ss)
+    a = dict(
+        src_cache=cache,
+        dst=torch.full((total, 576), 3.0, dtype=torch.bfloat16),
+        block_table=bt,
+        workspace_starts=ws,
+        batch_size=2,
+        seq_starts=ss,
+    )
     a.update(changes)
     return a
 
@@ -235,9 +262,15 @@ INVALID_GATHER = {
     "negative_batch": ("wrong_shape", dict(batch_size=-1)),
     "dst_other_device": ("device_mismatch", dict(dst=torch.zeros((5, 576), dtype=torch.bfloat16, device="meta"))),
     "ws0_nonzero": ("ws0_nonzero", dict(workspace_starts=torch.tensor([1, 3], dtype=I32))),
-    "ws_decreasing": ("ws_decreasing", dict(workspace_starts=torch.tensor([0, 3, 2], dtype=I32), batch_size=3,
-                                            block_table=torch.zeros((3, 2), dtype=I32),
-                                            seq_starts=torch.zeros(3, dtype=I32))),
+    "ws_decreasing": (
+        "ws_decreasing",
+        dict(
+            workspace_starts=torch.tensor([0, 3, 2], dtype=I32),
+            batch_size=3,
+            block_table=torch.zeros((3, 2), dtype=I32),
+            seq_starts=torch.zeros(3, dtype=I32),
+        ),
+    ),
     "ws_past_total": ("ws_past_total", dict(workspace_starts=torch.tensor([0, 6], dtype=I32))),
     "block_index_past_table": ("block_index_past_table", dict(seq_starts=torch.tensor([6, 2], dtype=I32))),
     "block_id_past_cache": ("block_id_past_cache", dict(block_table=torch.tensor([[8, 0], [1, 1]], dtype=I32))),
@@ -266,11 +299,14 @@ def test_gather_valid_baseline_of_the_rejection_cases_runs():
 def test_gather_checks_only_table_entries_it_reads_and_ignores_the_last_cumulative_entry():
     # Entry [0, 1] is never read (request 0 stays in block 0), and ws[2] is
     # the ignored tail of a [B+1] array: neither may cause a rejection.
-    args = _ok_gather(block_table=torch.tensor([[0, 99], [1, 1]], dtype=I32),
-                      workspace_starts=torch.tensor([0, 3, 12345], dtype=I32))
+    args = _ok_gather(
+        block_table=torch.tensor([[0, 99], [1, 1]], dtype=I32), workspace_starts=torch.tensor([0, 3, 12345], dtype=I32)
+    )
     gather_torch(**args)
-    assert same_bits(args["dst"], reference_gather(args["src_cache"], args["block_table"],
-                                                   args["workspace_starts"], 2, args["seq_starts"], 5))
+    assert same_bits(
+        args["dst"],
+        reference_gather(args["src_cache"], args["block_table"], args["workspace_starts"], 2, args["seq_starts"], 5),
+    )
 
 
 # ----------------------------------------------------------------- writer
@@ -355,8 +391,10 @@ def test_writer_codes_round_ties_to_even_and_saturate():
     t = kv_c.shape[0]
     cache = torch.zeros((t, 1, 656), dtype=torch.uint8)
     writer_torch(kv_c, torch.zeros((t, 64), dtype=torch.bfloat16), cache, torch.arange(t))
-    assert torch.equal(cache, reference_write(kv_c, torch.zeros((t, 64), dtype=torch.bfloat16),
-                                              torch.zeros_like(cache), torch.arange(t)))
+    assert torch.equal(
+        cache,
+        reference_write(kv_c, torch.zeros((t, 64), dtype=torch.bfloat16), torch.zeros_like(cache), torch.arange(t)),
+    )
     scales = cache[:, 0, 512:528].contiguous().view(torch.float32)
     has_448 = kv_c.float().abs().view(t, 4, 128).amax(-1) == 448
     assert (scales[has_448] == 1.0).all() and has_448.sum() >= 4
@@ -383,8 +421,10 @@ INVALID_WRITER = {
     "slots_f32": ("wrong_dtype", dict(slot_mapping=torch.zeros(2))),
     "kv_c_511": ("wrong_shape", dict(kv_c=torch.zeros((2, 511), dtype=torch.bfloat16))),
     "cache_655": ("wrong_shape", dict(kv_cache=torch.zeros((2, 4, 655), dtype=torch.uint8))),
-    "cache_other_device": ("device_mismatch", dict(kv_cache=torch.zeros((2, 4, 656), dtype=torch.uint8,
-                                                                         device="meta"))),
+    "cache_other_device": (
+        "device_mismatch",
+        dict(kv_cache=torch.zeros((2, 4, 656), dtype=torch.uint8, device="meta")),
+    ),
     "slot_past_cache": ("slot_past_cache", dict(slot_mapping=torch.tensor([0, 8]))),
 }
 
@@ -393,8 +433,12 @@ INVALID_WRITER = {
 def test_writer_rejects_invalid_input_without_writing(case):
     reason, changes = INVALID_WRITER[case]
     assert reason in WRITER_TORCH_REJECTS
-    args = dict(kv_c=torch.ones((2, 512), dtype=torch.bfloat16), k_pe=torch.ones((2, 64), dtype=torch.bfloat16),
-                kv_cache=torch.zeros((2, 4, 656), dtype=torch.uint8), slot_mapping=torch.tensor([0, 1]))
+    args = dict(
+        kv_c=torch.ones((2, 512), dtype=torch.bfloat16),
+        k_pe=torch.ones((2, 64), dtype=torch.bfloat16),
+        kv_cache=torch.zeros((2, 4, 656), dtype=torch.uint8),
+        slot_mapping=torch.tensor([0, 1]),
+    )
     args.update(changes)
     before = args["kv_cache"].clone()
     with pytest.raises((ValueError, TypeError)) as info:
@@ -408,15 +452,28 @@ def test_writer_rejects_invalid_input_without_writing(case):
 
 
 def _reference_convert(req, bt, ti, bs, ids=None, starts=None):
-    out, counts = oracle_convert(req_id=req, block_table=bt, token_indices=ti, block_size=bs,
-                                 has_prefill_workspace=ids is not None,
-                                 prefill_workspace_request_ids=ids, prefill_workspace_starts=starts)
+    out, counts = oracle_convert(
+        req_id=req,
+        block_table=bt,
+        token_indices=ti,
+        block_size=bs,
+        has_prefill_workspace=ids is not None,
+        prefill_workspace_request_ids=ids,
+        prefill_workspace_starts=starts,
+    )
     return out.long(), counts.long()
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(0, 5), tiles=st.integers(1, 2), bs=st.sampled_from([1, 3, 16, 64]),
-       m=st.integers(0, 4), prefill=st.booleans(), strided=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(
+    n=st.integers(0, 5),
+    tiles=st.integers(1, 2),
+    bs=st.sampled_from([1, 3, 16, 64]),
+    m=st.integers(0, 4),
+    prefill=st.booleans(),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_convert_torch_matches_oracle_on_drawn_inputs(n, tiles, bs, m, prefill, strided, seed):
     g = torch.Generator().manual_seed(seed)
     k = 32 * tiles
@@ -427,28 +484,56 @@ def test_convert_torch_matches_oracle_on_drawn_inputs(n, tiles, bs, m, prefill, 
     ti[torch.rand(ti.shape, generator=g) < 0.1] = -(2**31)
     ids = torch.randint(-1, 2, (n,), generator=g, dtype=torch.int32) if prefill else None
     starts = torch.tensor([0, 5000], dtype=torch.int32) if prefill else None
-    out, counts = convert_torch(req, bt, ti, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, BLOCK_N=32,
-                                HAS_PREFILL_WORKSPACE=prefill, prefill_workspace_request_ids=ids,
-                                prefill_workspace_starts=starts, return_valid_counts=True)
+    out, counts = convert_torch(
+        req,
+        bt,
+        ti,
+        BLOCK_SIZE=bs,
+        NUM_TOPK_TOKENS=k,
+        BLOCK_N=32,
+        HAS_PREFILL_WORKSPACE=prefill,
+        prefill_workspace_request_ids=ids,
+        prefill_workspace_starts=starts,
+        return_valid_counts=True,
+    )
     want_out, want_counts = _reference_convert(req, bt, ti, bs, ids, starts)
     assert out.dtype == torch.int32 and counts.dtype == torch.int32
     assert torch.equal(out.long(), want_out) and torch.equal(counts.long(), want_counts)
-    assert torch.equal(convert_torch(req, bt, ti, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, BLOCK_N=32,
-                                     HAS_PREFILL_WORKSPACE=prefill, prefill_workspace_request_ids=ids,
-                                     prefill_workspace_starts=starts), out)
+    assert torch.equal(
+        convert_torch(
+            req,
+            bt,
+            ti,
+            BLOCK_SIZE=bs,
+            NUM_TOPK_TOKENS=k,
+            BLOCK_N=32,
+            HAS_PREFILL_WORKSPACE=prefill,
+            prefill_workspace_request_ids=ids,
+            prefill_workspace_starts=starts,
+        ),
+        out,
+    )
 
 
-@pytest.mark.parametrize("reason,changes", [
-    ("length_mismatch", dict(req_id=torch.zeros(3, dtype=torch.int32))),
-    ("wrong_dtype", dict(token_indices=torch.zeros((2, 64), dtype=torch.int64))),
-    ("k_mismatch", dict(NUM_TOPK_TOKENS=128)),
-    ("k_not_multiple_of_block_n", dict(BLOCK_N=128, NUM_TOPK_TOKENS=64)),
-    ("bad_block_size", dict(BLOCK_SIZE=0)),
-])
+@pytest.mark.parametrize(
+    "reason,changes",
+    [
+        ("length_mismatch", dict(req_id=torch.zeros(3, dtype=torch.int32))),
+        ("wrong_dtype", dict(token_indices=torch.zeros((2, 64), dtype=torch.int64))),
+        ("k_mismatch", dict(NUM_TOPK_TOKENS=128)),
+        ("k_not_multiple_of_block_n", dict(BLOCK_N=128, NUM_TOPK_TOKENS=64)),
+        ("bad_block_size", dict(BLOCK_SIZE=0)),
+    ],
+)
 def test_convert_torch_rejects_the_spec_classes(reason, changes):
-    args = dict(req_id=torch.zeros(2, dtype=torch.int32), block_table=torch.zeros((1, 1), dtype=torch.int32),
-                token_indices=torch.zeros((2, 64), dtype=torch.int32), BLOCK_SIZE=64, NUM_TOPK_TOKENS=64,
-                BLOCK_N=32)
+    args = dict(
+        req_id=torch.zeros(2, dtype=torch.int32),
+        block_table=torch.zeros((1, 1), dtype=torch.int32),
+        token_indices=torch.zeros((2, 64), dtype=torch.int32),
+        BLOCK_SIZE=64,
+        NUM_TOPK_TOKENS=64,
+        BLOCK_N=32,
+    )
     args.update(changes)
     assert reason in CONVERT_REJECTS
     with pytest.raises(InvalidInputError) as info:
@@ -505,6 +590,11 @@ def test_writer_scales_are_the_oracles_on_every_16_bit_amax(dtype, revision):
 def test_writer_refuses_an_unknown_revision_before_writing():
     cache = torch.zeros((1, 2, 656), dtype=torch.uint8)
     with pytest.raises(ValueError, match="revision"):
-        writer_torch(torch.ones((1, 512), dtype=torch.bfloat16), torch.ones((1, 64), dtype=torch.bfloat16), cache,
-                     torch.tensor([0]), revision="2026-08")
+        writer_torch(
+            torch.ones((1, 512), dtype=torch.bfloat16),
+            torch.ones((1, 64), dtype=torch.bfloat16),
+            cache,
+            torch.tensor([0]),
+            revision="2026-08",
+        )
     assert not cache.any()

@@ -28,8 +28,24 @@ from mlafuzz.oracles.codec import (
 
 FAST = settings(max_examples=40, deadline=None)
 
-SCALES = [1.0, 0.5, 2.0**-126, 1e-45, 1e-40, 3.4e38, 1e30, 2.0**-140, 0.0, -0.0,
-          math.nan, math.inf, -math.inf, 1 / 448, 1e-3, 7.0]
+SCALES = [
+    1.0,
+    0.5,
+    2.0**-126,
+    1e-45,
+    1e-40,
+    3.4e38,
+    1e30,
+    2.0**-140,
+    0.0,
+    -0.0,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1 / 448,
+    1e-3,
+    7.0,
+]
 
 
 def bits16(t: torch.Tensor) -> torch.Tensor:
@@ -49,8 +65,7 @@ def random_records(gen: torch.Generator, n: int) -> torch.Tensor:
     scales = rec[:, 512:528].clone().view(torch.float32)
     pick = torch.randint(0, 4, scales.shape, generator=gen)
     sane = torch.rand(scales.shape, generator=gen) * 2.0**-4
-    specials = torch.tensor([math.nan, math.inf, 2.0**-149, FLT_MIN])[
-        torch.randint(0, 4, scales.shape, generator=gen)]
+    specials = torch.tensor([math.nan, math.inf, 2.0**-149, FLT_MIN])[torch.randint(0, 4, scales.shape, generator=gen)]
     scales = torch.where(pick == 0, sane, torch.where(pick == 1, specials, scales))
     rec[:, 512:528] = scales.view(torch.uint8)
     rec[:, :8] = torch.tensor([0x7F, 0xFF, 0x00, 0x80, 0x01, 0x81, 0x7E, 0xFE], dtype=torch.uint8)
@@ -126,8 +141,7 @@ def test_dequant_exhaustive_codes_times_scales_matches_bit_level_reference() -> 
         r, half = divmod(k, 2)
         recs[r, half * 256 : half * 256 + 256] = codes
         for t in (2 * half, 2 * half + 1):
-            recs[r, 512 + 4 * t : 516 + 4 * t] = torch.tensor(
-                list(struct.pack("<f", s)), dtype=torch.uint8)
+            recs[r, 512 + 4 * t : 516 + 4 * t] = torch.tensor(list(struct.pack("<f", s)), dtype=torch.uint8)
     for out in (dequant_records(recs), dequant_records_loop(recs)):
         got = bits16(out[:, :512]).reshape(-1).tolist()
         for k, s in enumerate(scales32):
@@ -180,8 +194,9 @@ def test_dequant_keeps_subnormal_products() -> None:
 def special_rows(gen: torch.Generator, n: int, dtype: torch.dtype) -> torch.Tensor:
     raw = torch.randint(0, 2**16, (n, 512), generator=gen, dtype=torch.int32)
     vals = raw.to(torch.int16).view(dtype).float()
-    normal = (torch.randn(n, 512, generator=gen) *
-              torch.exp2(torch.randint(-30, 30, (n, 4, 1), generator=gen).float()).repeat_interleave(128, 1).reshape(n, 512))
+    normal = torch.randn(n, 512, generator=gen) * torch.exp2(
+        torch.randint(-30, 30, (n, 4, 1), generator=gen).float()
+    ).repeat_interleave(128, 1).reshape(n, 512)
     mode = torch.randint(0, 3, (n, 4, 1), generator=gen).expand(n, 4, 128).reshape(n, 512)
     x = torch.where(mode == 0, vals, normal).to(dtype)
     return x
@@ -218,13 +233,15 @@ def test_writer_codes_saturate_at_448() -> None:
     # 2026-07 only: a power-of-two scale (2026-09) is never below amax / 448.
     # Find a bf16 amax whose f32(amax / 448) rounds down, so amax / scale > 448.
     amax = next(
-        a for a in (1.0 + k / 128 for k in range(128))
-        if Fraction(a) / Fraction(fpbits.f32_div(a, 448.0)) > 448)
+        a for a in (1.0 + k / 128 for k in range(128)) if Fraction(a) / Fraction(fpbits.f32_div(a, 448.0)) > 448
+    )
     kv = torch.zeros(1, 512, dtype=torch.bfloat16)
     kv[0, 0], kv[0, 1], kv[0, 130] = amax, -amax, 3.0
     pe = torch.zeros(1, 64, dtype=torch.bfloat16)
-    for rec in (encode_rows(kv_c=kv, k_pe=pe, revision="2026-07"),
-                encode_rows_loop(kv_c=kv, k_pe=pe, revision="2026-07")):
+    for rec in (
+        encode_rows(kv_c=kv, k_pe=pe, revision="2026-07"),
+        encode_rows_loop(kv_c=kv, k_pe=pe, revision="2026-07"),
+    ):
         assert rec[0, 0] == 0x7E and rec[0, 1] == 0xFE and rec[0, 130] == 0x7E
         assert int(rec[0, :512].max()) <= 0xFE and 0x7F not in rec[0, :512].tolist()
 
@@ -234,8 +251,10 @@ def test_writer_all_nan_tile_gives_flt_min_scale_and_nan_codes() -> None:
     kv[0, :128] = torch.tensor(math.nan)
     kv[0, :64] = -kv[0, :64]
     pe = torch.zeros(1, 64, dtype=torch.bfloat16)
-    for rec in (encode_rows(kv_c=kv, k_pe=pe, revision="2026-07"),
-                encode_rows_loop(kv_c=kv, k_pe=pe, revision="2026-07")):
+    for rec in (
+        encode_rows(kv_c=kv, k_pe=pe, revision="2026-07"),
+        encode_rows_loop(kv_c=kv, k_pe=pe, revision="2026-07"),
+    ):
         assert rec[0, :128].tolist() == [0x7F] * 128
         assert struct.unpack("<f", bytes(rec[0, 512:516].tolist()))[0] == FLT_MIN
 
@@ -245,8 +264,10 @@ def test_writer_zero_tile_gives_flt_min_scale_and_signed_zero_codes() -> None:
     kv[0, 128:256] = 0.0
     kv[0, 200] = -0.0
     pe = torch.zeros(1, 64, dtype=torch.bfloat16)
-    for rec in (encode_rows(kv_c=kv, k_pe=pe, revision="2026-07"),
-                encode_rows_loop(kv_c=kv, k_pe=pe, revision="2026-07")):
+    for rec in (
+        encode_rows(kv_c=kv, k_pe=pe, revision="2026-07"),
+        encode_rows_loop(kv_c=kv, k_pe=pe, revision="2026-07"),
+    ):
         assert struct.unpack("<f", bytes(rec[0, 516:520].tolist()))[0] == FLT_MIN
         assert rec[0, 128:256].tolist() == [0x80 if i == 72 else 0 for i in range(128)]
 
@@ -318,5 +339,11 @@ def test_writer_slot_past_cache_raises() -> None:
 
 
 def test_codec_constants() -> None:
-    assert (codec.RECORD_BYTES, codec.NOPE_DIM, codec.ROPE_DIM, codec.TILE, codec.ROW_DIM,
-            codec.FP8_MAX) == (656, 512, 64, 128, 576, 448.0)
+    assert (codec.RECORD_BYTES, codec.NOPE_DIM, codec.ROPE_DIM, codec.TILE, codec.ROW_DIM, codec.FP8_MAX) == (
+        656,
+        512,
+        64,
+        128,
+        576,
+        448.0,
+    )

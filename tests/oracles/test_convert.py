@@ -51,21 +51,22 @@ def test_prefill_rows_use_workspace_offsets_and_still_check_the_block_range() ->
 
 
 def test_every_negative_token_is_invalid_not_only_minus_one() -> None:
-    out, cnt = both(req_id=i32([0]), block_table=i32([[1]]),
-                    token_indices=i32([[-1, -2, -64, -(2**31), 0]]), block_size=64)
+    out, cnt = both(
+        req_id=i32([0]), block_table=i32([[1]]), token_indices=i32([[-1, -2, -64, -(2**31), 0]]), block_size=64
+    )
     assert out.tolist() == [[-1, -1, -1, -1, 64]] and cnt.tolist() == [1]
 
 
 def test_values_wrap_to_int32_like_the_kernel() -> None:
-    out, cnt = both(req_id=i32([0]), block_table=i32([[2**30, -3]]),
-                    token_indices=i32([[1, 5]]), block_size=4)
+    out, cnt = both(req_id=i32([0]), block_table=i32([[2**30, -3]]), token_indices=i32([[1, 5]]), block_size=4)
     assert out.tolist() == [[wrap_int32(2**32 + 1), -11]] == [[1, -11]]
     assert cnt.tolist() == [2]  # validity is about inputs, not about the value's sign
 
 
 def test_rows_with_req_out_of_range_are_reported_and_returned_as_minus_one() -> None:
-    kw = dict(req_id=i32([2, -1, 1]), block_table=i32([[1], [2]]),
-              token_indices=i32([[0, 1], [0, 1], [0, 1]]), block_size=2)
+    kw = dict(
+        req_id=i32([2, -1, 1]), block_table=i32([[1], [2]]), token_indices=i32([[0, 1], [0, 1], [0, 1]]), block_size=2
+    )
     out, cnt = both(**kw)
     assert out.tolist() == [[-1, -1], [-1, -1], [4, 5]] and cnt.tolist() == [0, 0, 2]
     mask = convert_undefined_rows(req_id=kw["req_id"], block_table=kw["block_table"])
@@ -73,9 +74,15 @@ def test_rows_with_req_out_of_range_are_reported_and_returned_as_minus_one() -> 
 
 
 def test_prefill_id_past_workspace_starts_is_an_undefined_row() -> None:
-    kw = dict(req_id=i32([0, 0]), block_table=i32([[1]]), token_indices=i32([[0], [0]]),
-              block_size=2, has_prefill_workspace=True,
-              prefill_workspace_request_ids=i32([0, 1]), prefill_workspace_starts=i32([7]))
+    kw = dict(
+        req_id=i32([0, 0]),
+        block_table=i32([[1]]),
+        token_indices=i32([[0], [0]]),
+        block_size=2,
+        has_prefill_workspace=True,
+        prefill_workspace_request_ids=i32([0, 1]),
+        prefill_workspace_starts=i32([7]),
+    )
     out, cnt = both(**kw)
     assert out.tolist() == [[7], [-1]] and cnt.tolist() == [1, 0]
 
@@ -84,8 +91,9 @@ def test_shape_mismatch_and_missing_prefill_arrays_raise() -> None:
     with pytest.raises(ValueError, match="req_id.shape"):
         convert(req_id=i32([0, 0]), block_table=i32([[0]]), token_indices=i32([[0]]), block_size=1)
     with pytest.raises(ValueError, match="has_prefill_workspace"):
-        convert_loop(req_id=i32([0]), block_table=i32([[0]]), token_indices=i32([[0]]),
-                     block_size=1, has_prefill_workspace=True)
+        convert_loop(
+            req_id=i32([0]), block_table=i32([[0]]), token_indices=i32([[0]]), block_size=1, has_prefill_workspace=True
+        )
     with pytest.raises(ValueError, match="block_size"):
         convert(req_id=i32([0]), block_table=i32([[0]]), token_indices=i32([[0]]), block_size=0)
 
@@ -100,8 +108,9 @@ def convert_cases(draw: st.DrawFn) -> dict[str, object]:
     big = st.integers(-(2**31), 2**31 - 1)
     table_vals = st.one_of(st.integers(-2, 20), big)
     table = draw(st.lists(st.lists(table_vals, min_size=m, max_size=m), min_size=n_req, max_size=n_req))
-    toks = draw(st.lists(st.lists(st.one_of(st.integers(-3, m * bs + 3), big), min_size=k, max_size=k),
-                         min_size=n, max_size=n))
+    toks = draw(
+        st.lists(st.lists(st.one_of(st.integers(-3, m * bs + 3), big), min_size=k, max_size=k), min_size=n, max_size=n)
+    )
     reqs = draw(st.lists(st.integers(-1, n_req), min_size=n, max_size=n))
     case: dict[str, object] = dict(
         req_id=i32(reqs).reshape(n),
@@ -113,8 +122,12 @@ def convert_cases(draw: st.DrawFn) -> dict[str, object]:
         n_pre = draw(st.integers(0, 3))
         case.update(
             has_prefill_workspace=True,
-            prefill_workspace_request_ids=i32(draw(st.lists(st.integers(-1, n_pre), min_size=n, max_size=n))).reshape(n),
-            prefill_workspace_starts=i32(draw(st.lists(st.one_of(st.integers(0, 50), big), min_size=n_pre, max_size=n_pre))).reshape(n_pre),
+            prefill_workspace_request_ids=i32(draw(st.lists(st.integers(-1, n_pre), min_size=n, max_size=n))).reshape(
+                n
+            ),
+            prefill_workspace_starts=i32(
+                draw(st.lists(st.one_of(st.integers(0, 50), big), min_size=n_pre, max_size=n_pre))
+            ).reshape(n_pre),
         )
     return case
 

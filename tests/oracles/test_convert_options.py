@@ -61,8 +61,13 @@ def test_block_stride_keeps_the_bounds_on_block_size_and_leaves_prefill_rows_alo
 
 
 def test_block_stride_product_wraps_to_int32() -> None:
-    out, cnt = both(req_id=i32([0]), block_table=i32([[2**20, 2**19 + 1]]),
-                    token_indices=i32([[3, 4]]), block_size=4, block_stride_rows=2**12)
+    out, cnt = both(
+        req_id=i32([0]),
+        block_table=i32([[2**20, 2**19 + 1]]),
+        token_indices=i32([[3, 4]]),
+        block_size=4,
+        block_stride_rows=2**12,
+    )
     # 2**20 * 2**12 + 3 = 2**32 + 3 -> 3; (2**19 + 1) * 2**12 + 0 = 2**31 + 4096 -> -2**31 + 4096
     assert out.tolist() == [[3, -(2**31) + 4096]] and cnt.tolist() == [2]
 
@@ -85,24 +90,36 @@ def test_compact_packs_valid_values_in_column_order_then_minus_one() -> None:
 
 def test_compact_keeps_a_valid_value_that_wrapped_to_minus_one() -> None:
     # (2**30 - 1) * 4 + 3 = 2**32 - 1 wraps to -1 but is valid; (2**30 - 1) * 4 + 1 wraps to -3
-    out, cnt = both(req_id=i32([0]), block_table=i32([[2**30 - 1]]),
-                    token_indices=i32([[-1, 3, -5, 1]]), block_size=4, compact_to_front=True)
+    out, cnt = both(
+        req_id=i32([0]),
+        block_table=i32([[2**30 - 1]]),
+        token_indices=i32([[-1, 3, -5, 1]]),
+        block_size=4,
+        compact_to_front=True,
+    )
     assert out.tolist() == [[-1, -3, -1, -1]] and cnt.tolist() == [2]
 
 
 def test_compact_undefined_and_empty_rows() -> None:
-    out, cnt = both(req_id=i32([5, 0]), block_table=i32([[1]]), token_indices=i32([[0, 1], [-1, -1]]),
-                    block_size=2, compact_to_front=True)
+    out, cnt = both(
+        req_id=i32([5, 0]),
+        block_table=i32([[1]]),
+        token_indices=i32([[0, 1], [-1, -1]]),
+        block_size=2,
+        compact_to_front=True,
+    )
     assert out.tolist() == [[-1, -1], [-1, -1]] and cnt.tolist() == [0, 0]
-    out, cnt = both(req_id=i32([]), block_table=i32([[1]]), token_indices=i32([]).reshape(0, 4),
-                    block_size=2, compact_to_front=True)
+    out, cnt = both(
+        req_id=i32([]), block_table=i32([[1]]), token_indices=i32([]).reshape(0, 4), block_size=2, compact_to_front=True
+    )
     assert out.shape == (0, 4) and cnt.shape == (0,)
 
 
 @FAST
 @given(convert_cases(), st.one_of(st.none(), st.integers(1, 2**13)), st.booleans())
-def test_loop_and_vectorized_agree_with_both_options(case: dict[str, object], stride: int | None,
-                                                    compact: bool) -> None:
+def test_loop_and_vectorized_agree_with_both_options(
+    case: dict[str, object], stride: int | None, compact: bool
+) -> None:
     out, cnt = both(**case, block_stride_rows=stride, compact_to_front=compact)
     if compact:
         plain, plain_cnt = both(**case, block_stride_rows=stride)
@@ -120,11 +137,19 @@ def test_loop_and_vectorized_agree_with_both_options(case: dict[str, object], st
 def test_sets_equal_accepts_any_order_of_the_prefix_and_requires_the_minus_one_tail() -> None:
     exp = i32([[11, 32, 10, -1, -1], [23, 0, 3, 1, -1], [-1, -1, -1, -1, -1]])
     cnt = i32([3, 4, 0])
-    assert rows_as_sets_equal(expected=exp, actual=i32([[10, 11, 32, -1, -1], [1, 3, 0, 23, -1],
-                                                        [-1] * 5]), counts=cnt).tolist() == [True] * 3
-    bad = i32([[10, 11, 33, -1, -1],   # a wrong value
-               [1, 3, 0, -1, 23],      # a value in the tail, a -1 in the prefix
-               [-1, -1, -1, -1, 0]])   # garbage past an empty prefix
+    assert (
+        rows_as_sets_equal(
+            expected=exp, actual=i32([[10, 11, 32, -1, -1], [1, 3, 0, 23, -1], [-1] * 5]), counts=cnt
+        ).tolist()
+        == [True] * 3
+    )
+    bad = i32(
+        [
+            [10, 11, 33, -1, -1],  # a wrong value
+            [1, 3, 0, -1, 23],  # a value in the tail, a -1 in the prefix
+            [-1, -1, -1, -1, 0],
+        ]
+    )  # garbage past an empty prefix
     assert rows_as_sets_equal(expected=exp, actual=bad, counts=cnt).tolist() == [False] * 3
 
 

@@ -41,8 +41,9 @@ def both(**kw: object) -> torch.Tensor:
     return a
 
 
-def by_definition(cache: torch.Tensor, table: list[list[int]], ws: list[int],
-                  ss: list[int], total: int) -> torch.Tensor:
+def by_definition(
+    cache: torch.Tensor, table: list[list[int]], ws: list[int], ss: list[int], total: int
+) -> torch.Tensor:
     """SPEC 4 written out directly, reusing only the (separately tested) dequant."""
     bs = cache.shape[1]
     rows = []
@@ -64,8 +65,13 @@ def gather_cases(draw: st.DrawFn) -> dict[str, object]:
     m = max((s + ln + bs - 1) // bs for s, ln in zip(ss, lens)) + draw(st.integers(0, 1))
     m = max(m, 1)
     # Small num_blocks forces shared physical blocks across requests.
-    table = draw(st.lists(st.lists(st.integers(0, num_blocks - 1), min_size=m, max_size=m),
-                          min_size=b + draw(st.integers(0, 1)), max_size=b + 1))
+    table = draw(
+        st.lists(
+            st.lists(st.integers(0, num_blocks - 1), min_size=m, max_size=m),
+            min_size=b + draw(st.integers(0, 1)),
+            max_size=b + 1,
+        )
+    )
     ws = [0]
     for ln in lens[:-1]:
         ws.append(ws[-1] + ln)
@@ -79,7 +85,9 @@ def gather_cases(draw: st.DrawFn) -> dict[str, object]:
         batch_size=b,
         seq_starts=i32(ss) if draw(st.booleans()) or any(ss) else None,
         total=total,
-        _table=table, _ws=ws[:b], _ss=ss,
+        _table=table,
+        _ws=ws[:b],
+        _ss=ss,
     )
 
 
@@ -97,8 +105,9 @@ def test_loop_vectorized_and_definition_agree(case: dict[str, object]) -> None:
 
 def test_seq_starts_shift_each_request_and_none_means_zeros() -> None:
     cache = make_cache(0, 4, 2)
-    kw = dict(src_cache=cache, block_table=i32([[0, 1, 2], [3, 0, 1]]),
-              workspace_starts=i32([0, 2]), batch_size=2, total=5)
+    kw = dict(
+        src_cache=cache, block_table=i32([[0, 1, 2], [3, 0, 1]]), workspace_starts=i32([0, 2]), batch_size=2, total=5
+    )
     base = both(**kw, seq_starts=None)
     assert torch.equal(bits16(base), bits16(both(**kw, seq_starts=i32([0, 0]))))
     shifted = both(**kw, seq_starts=i32([3, 1]))
@@ -110,29 +119,43 @@ def test_seq_starts_shift_each_request_and_none_means_zeros() -> None:
 
 def test_empty_requests_and_total_zero() -> None:
     cache = make_cache(1, 2, 3)
-    out = both(src_cache=cache, block_table=i32([[1, 0]] * 4), workspace_starts=i32([0, 0, 2, 2]),
-               batch_size=4, seq_starts=i32([9, 1, 0, 0]), total=3)
+    out = both(
+        src_cache=cache,
+        block_table=i32([[1, 0]] * 4),
+        workspace_starts=i32([0, 0, 2, 2]),
+        batch_size=4,
+        seq_starts=i32([9, 1, 0, 0]),
+        total=3,
+    )
     # request 1 reads positions 1, 2 of block 1; request 3 position 0 of block 1
     ref = dequant_records(torch.stack([cache[1, 1], cache[1, 2], cache[1, 0]]))
     assert torch.equal(bits16(out), bits16(ref))
-    empty = both(src_cache=cache, block_table=i32([[0]]), workspace_starts=i32([0]),
-                 batch_size=1, seq_starts=None, total=0)
+    empty = both(
+        src_cache=cache, block_table=i32([[0]]), workspace_starts=i32([0]), batch_size=1, seq_starts=None, total=0
+    )
     assert empty.shape == (0, 576)
 
 
 def test_block_size_one_and_three_and_fp8_view() -> None:
     for bs in (1, 3):
         cache = make_cache(2, 4, bs)
-        kw = dict(block_table=i32([[3, 2, 1, 0]]), workspace_starts=i32([0, 7]), batch_size=1,
-                  seq_starts=i32([1]), total=3)
+        kw = dict(
+            block_table=i32([[3, 2, 1, 0]]), workspace_starts=i32([0, 7]), batch_size=1, seq_starts=i32([1]), total=3
+        )
         a = both(src_cache=cache, **kw)
         b = both(src_cache=cache.view(torch.float8_e4m3fn), **kw)
         assert torch.equal(bits16(a), bits16(b))
 
 
 def bad_case(**over: object) -> dict[str, object]:
-    kw: dict[str, object] = dict(src_cache=make_cache(3, 2, 2), block_table=i32([[0, 1], [1, 0]]),
-                                 workspace_starts=i32([0, 2]), batch_size=2, seq_starts=None, total=4)
+    kw: dict[str, object] = dict(
+        src_cache=make_cache(3, 2, 2),
+        block_table=i32([[0, 1], [1, 0]]),
+        workspace_starts=i32([0, 2]),
+        batch_size=2,
+        seq_starts=None,
+        total=4,
+    )
     kw.update(over)
     return kw
 
@@ -142,8 +165,10 @@ def bad_case(**over: object) -> dict[str, object]:
     [
         (dict(workspace_starts=i32([1, 2])), ["ws0_nonzero"]),
         (dict(batch_size=0, total=1), ["ws0_nonzero"]),
-        (dict(workspace_starts=i32([0, 3, 1]), batch_size=3,
-              block_table=i32([[0, 1]] * 3), total=4), ["ws_decreasing"]),
+        (
+            dict(workspace_starts=i32([0, 3, 1]), batch_size=3, block_table=i32([[0, 1]] * 3), total=4),
+            ["ws_decreasing"],
+        ),
         (dict(workspace_starts=i32([0, 1]), total=0), ["ws_past_total"]),
         (dict(seq_starts=i32([3, 0])), ["block_index_past_table"]),
         (dict(block_table=i32([[0, 1], [2, 0]])), ["block_id_past_cache"]),
@@ -161,8 +186,7 @@ def test_each_precondition_class_is_detected_and_rejected(override: dict, expect
 
 
 def test_empty_request_reads_nothing_so_its_table_row_is_not_checked() -> None:
-    kw = bad_case(workspace_starts=i32([0, 4]), block_table=i32([[0, 1], [99, -5]]),
-                  seq_starts=i32([0, -3]))
+    kw = bad_case(workspace_starts=i32([0, 4]), block_table=i32([[0, 1], [99, -5]]), seq_starts=i32([0, -3]))
     assert gather_preconditions(**kw) == []
     both(**kw)
 

@@ -37,8 +37,9 @@ def test_split_hand_worked_example_uniform_rule_starts_prefills_at_first_differi
     # lens [1, 2, 3]: all <= 128, but require_uniform with threshold > 1 skips
     # the all-decodes rule; lens[1] != lens[0] so prefills start at request 1.
     assert split_both(query_start_loc=[0, 1, 3, 6], threshold=128, require_uniform=True) == (1, 2, 1, 5)
-    assert split_both(query_start_loc=torch.tensor([0, 1, 3, 6], dtype=torch.int32),
-                      threshold=128, require_uniform=True) == (1, 2, 1, 5)
+    assert split_both(
+        query_start_loc=torch.tensor([0, 1, 3, 6], dtype=torch.int32), threshold=128, require_uniform=True
+    ) == (1, 2, 1, 5)
 
 
 def test_split_without_uniformity_everything_under_threshold_is_decode() -> None:
@@ -53,8 +54,7 @@ def test_split_first_request_over_threshold_means_no_decodes() -> None:
 
 
 def test_split_uniform_padding_with_zero_lengths_is_all_decodes() -> None:
-    assert split_both(query_start_loc=[0, 2, 4, 4], threshold=128, require_uniform=True,
-                      num_tokens=6) == (3, 0, 6, 0)
+    assert split_both(query_start_loc=[0, 2, 4, 4], threshold=128, require_uniform=True, num_tokens=6) == (3, 0, 6, 0)
     with pytest.raises(ValueError, match="tokens not padded correctly"):
         split_decodes_and_prefills(query_start_loc=[0, 2, 4, 4], threshold=128, require_uniform=True)
     with pytest.raises(ValueError, match="tokens not padded correctly"):
@@ -103,8 +103,13 @@ def sep_both(**kw: object):  # noqa: ANN201
 @pytest.mark.parametrize("workspace_rows", [25, 30, 44])
 def test_fp8_separate_hand_worked_example_workspace_starts_restart_per_chunk(workspace_rows: int) -> None:
     # Two decodes of query_len 1, then prefills with seq_lens [10, 15, 20, 5].
-    meta = sep_both(query_start_loc=[0, 1, 2, 4, 6, 7, 8], seq_lens=[5, 6, 10, 15, 20, 5],
-                    num_decodes=2, num_decode_tokens=2, workspace_rows=workspace_rows)
+    meta = sep_both(
+        query_start_loc=[0, 1, 2, 4, 6, 7, 8],
+        seq_lens=[5, 6, 10, 15, 20, 5],
+        num_decodes=2,
+        num_decode_tokens=2,
+        workspace_rows=workspace_rows,
+    )
     assert meta.chunks == ((0, 2), (2, 4))
     assert meta.workspace_starts == (0, 10, 0, 20)
     assert meta.chunk_seq_tot == (25, 25)
@@ -115,15 +120,17 @@ def test_fp8_separate_hand_worked_example_workspace_starts_restart_per_chunk(wor
 
 
 def test_fp8_separate_padded_decodes_drop_out_of_active_count() -> None:
-    meta = sep_both(query_start_loc=[0, 2, 4, 4], seq_lens=[9, 9, 0], num_decodes=3,
-                    num_decode_tokens=4, workspace_rows=8)
+    meta = sep_both(
+        query_start_loc=[0, 2, 4, 4], seq_lens=[9, 9, 0], num_decodes=3, num_decode_tokens=4, workspace_rows=8
+    )
     assert (meta.decode_query_len, meta.num_active_decodes, meta.num_prefills) == (2, 2, 0)
     assert meta.chunks == () and meta.prefill_request_ids == (-1,) * 4
 
 
 def test_fp8_separate_oversized_prefill_gets_its_own_chunk() -> None:
-    meta = sep_both(query_start_loc=[0, 3, 5, 6], seq_lens=[4, 50, 3], num_decodes=0,
-                    num_decode_tokens=0, workspace_rows=10)
+    meta = sep_both(
+        query_start_loc=[0, 3, 5, 6], seq_lens=[4, 50, 3], num_decodes=0, num_decode_tokens=0, workspace_rows=10
+    )
     assert meta.chunks == ((0, 1), (1, 2), (2, 3))
     assert meta.workspace_starts == (0, 0, 0) and meta.chunk_seq_tot == (4, 50, 3)
     assert (meta.decode_query_len, meta.num_active_decodes) == (0, 0)
@@ -131,13 +138,15 @@ def test_fp8_separate_oversized_prefill_gets_its_own_chunk() -> None:
 
 def test_fp8_separate_rejects_non_multiple_decode_tokens() -> None:
     with pytest.raises(ValueError, match="num_decode_tokens=3"):
-        fp8_separate_metadata(query_start_loc=[0, 2, 4], seq_lens=[5, 5], num_decodes=2,
-                              num_decode_tokens=3, workspace_rows=8)
+        fp8_separate_metadata(
+            query_start_loc=[0, 2, 4], seq_lens=[5, 5], num_decodes=2, num_decode_tokens=3, workspace_rows=8
+        )
 
 
 @FAST
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12)), min_size=1, max_size=7),
-       st.integers(0, 40), st.data())
+@given(
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12)), min_size=1, max_size=7), st.integers(0, 40), st.data()
+)
 def test_fp8_separate_loop_and_cumsum_formulations_agree(reqs: list[tuple[int, int]], w: int, data) -> None:
     qsl = [0]
     for q, _ in reqs:
@@ -148,15 +157,13 @@ def test_fp8_separate_loop_and_cumsum_formulations_agree(reqs: list[tuple[int, i
         nd = 0
     dql = qsl[1] - qsl[0] if nd else 1
     ndt = qsl[nd] - qsl[nd] % dql
-    meta = sep_both(query_start_loc=qsl, seq_lens=seq_lens, num_decodes=nd,
-                    num_decode_tokens=ndt, workspace_rows=w)
+    meta = sep_both(query_start_loc=qsl, seq_lens=seq_lens, num_decodes=nd, num_decode_tokens=ndt, workspace_rows=w)
     # every prefill is in exactly one chunk, chunks fit unless a lone prefill
     covered = [k for s, e in meta.chunks for k in range(s, e)]
     assert covered == list(range(len(reqs) - nd))
     for (s, e), tot in zip(meta.chunks, meta.chunk_seq_tot):
         assert tot <= w or e - s == 1
-        assert [meta.workspace_starts[k] for k in range(s, e)] == [
-            sum(seq_lens[nd + s : nd + k]) for k in range(s, e)]
+        assert [meta.workspace_starts[k] for k in range(s, e)] == [sum(seq_lens[nd + s : nd + k]) for k in range(s, e)]
 
 
 # ------------------------------------------------------------------ 5.2
@@ -174,8 +181,7 @@ def test_chunked_context_requests_without_context_are_not_in_the_divisor() -> No
 
 def test_chunked_context_edge_cases() -> None:
     none = chunked_context(context_lens=[0, 0], workspace_rows=8, block_size=4)
-    assert none == ChunkedContext(n_requests=2, chunk=0, n_chunks=0, starts=(), lens=(),
-                                  cu_seq_lens=(), seq_tot=())
+    assert none == ChunkedContext(n_requests=2, chunk=0, n_chunks=0, starts=(), lens=(), cu_seq_lens=(), seq_tot=())
     assert none.tensors()[2].shape == (0, 3)
     for fn in (chunked_context, chunked_context_loop):
         with pytest.raises(ValueError, match="chunk=0"):
@@ -199,16 +205,28 @@ def test_chunked_context_invariant_every_token_once_in_order(ctx: list[int], w: 
 
 def test_chunked_context_violations_catch_the_seq_starts_bug() -> None:
     c = chunked_context(context_lens=[5, 3], workspace_rows=4, block_size=1)
-    buggy = ChunkedContext(n_requests=2, chunk=c.chunk, n_chunks=c.n_chunks, starts=tuple((0,) * 2 for _ in c.starts),
-                           lens=c.lens, cu_seq_lens=c.cu_seq_lens, seq_tot=c.seq_tot)
+    buggy = ChunkedContext(
+        n_requests=2,
+        chunk=c.chunk,
+        n_chunks=c.n_chunks,
+        starts=tuple((0,) * 2 for _ in c.starts),
+        lens=c.lens,
+        cu_seq_lens=c.cu_seq_lens,
+        seq_tot=c.seq_tot,
+    )
     assert chunked_context_violations(context_lens=[5, 3], chunked=buggy, workspace_rows=4)
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.lists(st.integers(0, 9), min_size=1, max_size=3), st.integers(4, 12),
-       st.sampled_from([1, 2, 3]), st.integers(0, 2**20))
+@given(
+    st.lists(st.integers(0, 9), min_size=1, max_size=3),
+    st.integers(4, 12),
+    st.sampled_from([1, 2, 3]),
+    st.integers(0, 2**20),
+)
 def test_pipeline_chunked_gather_yields_each_context_dequantized_once_in_order(
-        ctx: list[int], w: int, bs: int, seed: int) -> None:
+    ctx: list[int], w: int, bs: int, seed: int
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     try:
         c = chunked_context(context_lens=ctx, workspace_rows=w, block_size=bs)
@@ -221,8 +239,14 @@ def test_pipeline_chunked_gather_yields_each_context_dequantized_once_in_order(
     starts, _, cu, tot = c.tensors()
     got: list[list[torch.Tensor]] = [[] for _ in ctx]
     for i, rows in enumerate(chunked_context_rows(context_lens=ctx, chunked=c)):
-        ws = gather(src_cache=cache, block_table=table, workspace_starts=cu[i], batch_size=len(ctx),
-                    seq_starts=starts[i], total=int(tot[i]))
+        ws = gather(
+            src_cache=cache,
+            block_table=table,
+            workspace_starts=cu[i],
+            batch_size=len(ctx),
+            seq_starts=starts[i],
+            total=int(tot[i]),
+        )
         for row, (r, _) in zip(ws, rows):
             got[r].append(row)
     for r, n in enumerate(ctx):

@@ -22,8 +22,24 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-SCALES = [1.0, 0.5, 2.0**-126, 1e-45, 1e-40, 3.4e38, 1e30, 2.0**-140, 0.0, -0.0,
-          math.nan, math.inf, -math.inf, 1 / 448, 1e-3, 7.0]
+SCALES = [
+    1.0,
+    0.5,
+    2.0**-126,
+    1e-45,
+    1e-40,
+    3.4e38,
+    1e30,
+    2.0**-140,
+    0.0,
+    -0.0,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1 / 448,
+    1e-3,
+    7.0,
+]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -47,7 +63,8 @@ def test_encode_and_write_match_cpu() -> None:
     for dtype in (torch.bfloat16, torch.float16):
         raw = torch.randint(0, 2**16, (16, 512), generator=gen, dtype=torch.int32).to(torch.int16)
         normal = torch.randn(16, 512, generator=gen) * torch.exp2(
-            torch.randint(-30, 30, (16, 1), generator=gen).float())
+            torch.randint(-30, 30, (16, 1), generator=gen).float()
+        )
         kv = torch.where(torch.arange(16).unsqueeze(1) % 2 == 0, raw.view(dtype).float(), normal).to(dtype)
         pe = torch.randn(16, 64, generator=gen).to(dtype)
         assert same_bits(encode_rows(kv_c=kv.cuda(), k_pe=pe.cuda()), encode_rows(kv_c=kv, k_pe=pe))
@@ -61,7 +78,7 @@ def test_convert_matches_cpu() -> None:
     gen = torch.Generator().manual_seed(2)
     kw = dict(
         req_id=torch.randint(-1, 5, (32,), generator=gen).to(torch.int32),
-        block_table=torch.randint(-2**31, 2**31 - 1, (4, 6), generator=gen).to(torch.int32),
+        block_table=torch.randint(-(2**31), 2**31 - 1, (4, 6), generator=gen).to(torch.int32),
         token_indices=torch.randint(-4, 400, (32, 256), generator=gen).to(torch.int32),
         block_size=64,
         has_prefill_workspace=True,
@@ -76,10 +93,13 @@ def test_convert_matches_cpu() -> None:
 def test_gather_matches_cpu() -> None:
     gen = torch.Generator().manual_seed(3)
     cache = torch.randint(0, 256, (8, 3, RECORD_BYTES), dtype=torch.uint8, generator=gen)
-    kw = dict(block_table=torch.randint(0, 8, (3, 5), generator=gen).to(torch.int32),
-              workspace_starts=torch.tensor([0, 4, 4, 9], dtype=torch.int32), batch_size=3,
-              seq_starts=torch.tensor([2, 0, 5], dtype=torch.int32), total=10)
+    kw = dict(
+        block_table=torch.randint(0, 8, (3, 5), generator=gen).to(torch.int32),
+        workspace_starts=torch.tensor([0, 4, 4, 9], dtype=torch.int32),
+        batch_size=3,
+        seq_starts=torch.tensor([2, 0, 5], dtype=torch.int32),
+        total=10,
+    )
     cpu = gather(src_cache=cache, **kw)
-    gpu = gather(src_cache=cache.cuda(), **{k: v.cuda() if isinstance(v, torch.Tensor) else v
-                                            for k, v in kw.items()})
+    gpu = gather(src_cache=cache.cuda(), **{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
     assert same_bits(gpu, cpu)

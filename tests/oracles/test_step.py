@@ -11,16 +11,32 @@ from mlafuzz.oracles.metadata import chunked_context, chunked_context_violations
 from mlafuzz.oracles.step import step_oracle
 from mlafuzz.tests.support.helpers import draw_spec, materialize
 
-TINY = Knobs(max_requests=3, max_seq_len=40, max_tokens_per_request=2, block_sizes=(4, 1, 3), block_ns=(16,),
-             topk_multiples=(1, 2))
+TINY = Knobs(
+    max_requests=3,
+    max_seq_len=40,
+    max_tokens_per_request=2,
+    block_sizes=(4, 1, 3),
+    block_ns=(16,),
+    topk_multiples=(1, 2),
+)
 
 
 def _oracle(case, *, loop: bool):
     t, p = case.tensors, case.params
-    return step_oracle(kv_cache=t["kv_cache"], block_table=t["block_table"], query_start_loc=t["query_start_loc"],
-                       seq_lens=t["seq_lens"], req_id_per_token=t["req_id_per_token"], topk_indices=t["topk_indices"],
-                       num_tokens=p["num_tokens"], threshold=p["threshold"], require_uniform=p["require_uniform"],
-                       workspace_rows=p["workspace_rows"], topk=p["topk"], loop=loop)
+    return step_oracle(
+        kv_cache=t["kv_cache"],
+        block_table=t["block_table"],
+        query_start_loc=t["query_start_loc"],
+        seq_lens=t["seq_lens"],
+        req_id_per_token=t["req_id_per_token"],
+        topk_indices=t["topk_indices"],
+        num_tokens=p["num_tokens"],
+        threshold=p["threshold"],
+        require_uniform=p["require_uniform"],
+        workspace_rows=p["workspace_rows"],
+        topk=p["topk"],
+        loop=loop,
+    )
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -57,10 +73,16 @@ def test_context_rows_equal_the_chunked_gathers_of_section_5_2(seed):
     starts, lens, cu, tot = plan.tensors()
     per_request: list[list[torch.Tensor]] = [[] for _ in ctx]
     for i in range(plan.n_chunks):
-        rows = gather(src_cache=t["kv_cache"], block_table=t["block_table"][nd:], workspace_starts=cu[i],
-                      batch_size=len(ctx), seq_starts=starts[i], total=int(tot[i]))
+        rows = gather(
+            src_cache=t["kv_cache"],
+            block_table=t["block_table"][nd:],
+            workspace_starts=cu[i],
+            batch_size=len(ctx),
+            seq_starts=starts[i],
+            total=int(tot[i]),
+        )
         for r in range(len(ctx)):
-            per_request[r].append(rows[int(cu[i, r]):int(cu[i, r]) + int(lens[i, r])])
+            per_request[r].append(rows[int(cu[i, r]) : int(cu[i, r]) + int(lens[i, r])])
     chunks = [x for xs in per_request for x in xs]
     want = torch.cat(chunks) if chunks else torch.empty((0, 576), dtype=torch.bfloat16)
     assert torch.equal(_bits(out["context_rows"]), _bits(want))

@@ -26,12 +26,41 @@ def shards(tmp_path_factory) -> list[Path]:
     dirs = []
     for k in (0, 1):
         out = root / f"shard{k}"
-        rc = main(["fuzz", "--op", "gather", "--impl", f"gather={PLANTED}:gather", "--device", "cpu", "--cases",
-                   "12", "--shard", f"{k}/2", "--out", str(out), "--quiet", "--in-process", "--shrink-budget", "0"])
+        rc = main(
+            [
+                "fuzz",
+                "--op",
+                "gather",
+                "--impl",
+                f"gather={PLANTED}:gather",
+                "--device",
+                "cpu",
+                "--cases",
+                "12",
+                "--shard",
+                f"{k}/2",
+                "--out",
+                str(out),
+                "--quiet",
+                "--in-process",
+                "--shrink-budget",
+                "0",
+            ]
+        )
         assert rc == 1
         # The run.json a shard will carry: its seed and shard make each finding re-runnable.
-        (out / "run.json").write_text(json.dumps({"ops": ["gather"], "impls": {"gather": f"{PLANTED}:gather"},
-                                                  "device": "cpu", "seed": 0, "shard": f"{k}/2", "cases": 12}))
+        (out / "run.json").write_text(
+            json.dumps(
+                {
+                    "ops": ["gather"],
+                    "impls": {"gather": f"{PLANTED}:gather"},
+                    "device": "cpu",
+                    "seed": 0,
+                    "shard": f"{k}/2",
+                    "cases": 12,
+                }
+            )
+        )
         dirs.append(out)
     return dirs
 
@@ -79,17 +108,24 @@ def test_a_merged_run_renders_like_any_run(shards, tmp_path):
     assert "Shards" in render_dir(tmp_path / "merged", "html")
 
 
-@pytest.mark.parametrize("case, needle", [
-    ("out_is_input", "is one of the inputs"),
-    ("twice", "is given twice"),
-    ("not_a_run", "not a run directory"),
-    ("none", "at least one"),
-])
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("out_is_input", "is one of the inputs"),
+        ("twice", "is given twice"),
+        ("not_a_run", "not a run directory"),
+        ("none", "at least one"),
+    ],
+)
 def test_merge_refuses_bad_inputs_with_one_line(shards, tmp_path, case, needle):
     empty = tmp_path / "empty"
     empty.mkdir()
-    args = {"out_is_input": (shards, shards[0]), "twice": ([shards[0], shards[0]], tmp_path / "m"),
-            "not_a_run": ([empty], tmp_path / "m"), "none": ([], tmp_path / "m")}[case]
+    args = {
+        "out_is_input": (shards, shards[0]),
+        "twice": ([shards[0], shards[0]], tmp_path / "m"),
+        "not_a_run": ([empty], tmp_path / "m"),
+        "none": ([], tmp_path / "m"),
+    }[case]
     with pytest.raises(ReportError, match=needle) as info:
         merge_runs(*args)
     assert "\n" not in str(info.value)
@@ -131,8 +167,9 @@ def test_shards_without_run_json_are_attributed_by_their_findings_never_by_guess
     assert cases == {(f"{PLANTED}:gather", 12), ("?", 5)}
 
 
-def _fake_run(path: Path, *, seed: int, shard: str, cases: int = 16, impl: str = "torch", lines: int = 2,
-              total: int = 5) -> Path:
+def _fake_run(
+    path: Path, *, seed: int, shard: str, cases: int = 16, impl: str = "torch", lines: int = 2, total: int = 5
+) -> Path:
     """A run directory as fuzz writes it: one bucket of ``total`` findings, ``lines`` of them kept."""
     from mlafuzz.reports.findings import Finding, Kind
     from mlafuzz.reports.jsonl import JsonlSink
@@ -141,18 +178,41 @@ def _fake_run(path: Path, *, seed: int, shard: str, cases: int = 16, impl: str =
     f = Finding(kind=Kind.VALUE_MISMATCH, op="gather", impl=impl, case_id="c", message="m", cause="dst:value")
     with JsonlSink(path / "findings.jsonl") as sink:
         sink.write_findings([f] * lines)
-    (path / "summary.json").write_text(json.dumps({
-        "cases": cases, "skipped": 0, "findings": total, "infos": 0, "per_op": {"gather": cases},
-        "by_kind": {"VALUE_MISMATCH": total}, "bucket_counts": {"\x1f".join(f.dedup_key): total}}))
-    (path / "run.json").write_text(json.dumps({"ops": ["gather"], "impls": {"gather": impl}, "device": "cpu",
-                                               "seed": seed, "shard": shard, "cases": cases}))
+    (path / "summary.json").write_text(
+        json.dumps(
+            {
+                "cases": cases,
+                "skipped": 0,
+                "findings": total,
+                "infos": 0,
+                "per_op": {"gather": cases},
+                "by_kind": {"VALUE_MISMATCH": total},
+                "bucket_counts": {"\x1f".join(f.dedup_key): total},
+            }
+        )
+    )
+    (path / "run.json").write_text(
+        json.dumps(
+            {
+                "ops": ["gather"],
+                "impls": {"gather": impl},
+                "device": "cpu",
+                "seed": seed,
+                "shard": shard,
+                "cases": cases,
+            }
+        )
+    )
     return path
 
 
-@pytest.mark.parametrize("second, needle", [
-    ({"seed": 8, "shard": "1/2"}, "different seeds"),
-    ({"seed": 7, "shard": "1/4"}, "different shard schemes"),
-])
+@pytest.mark.parametrize(
+    "second, needle",
+    [
+        ({"seed": 8, "shard": "1/2"}, "different seeds"),
+        ({"seed": 7, "shard": "1/4"}, "different shard schemes"),
+    ],
+)
 def test_merge_refuses_runs_that_are_not_shards_of_one_run(second, needle, tmp_path):
     a = _fake_run(tmp_path / "a", seed=7, shard="0/2")
     b = _fake_run(tmp_path / "b", **second)

@@ -29,12 +29,34 @@ def planted_run(tmp_path_factory) -> Path:
     """
     out = tmp_path_factory.mktemp("run")
     # Seed 3: its 8 cases trip both the VALUE_MISMATCH and the NAN_MISMATCH bucket.
-    rc = main(["fuzz", "--op", "gather", "--impl", f"gather={PLANTED}:gather", "--device", "cpu", "--cases", "8",
-               "--seed", "3", "--out", str(out), "--quiet", "--in-process", "--shrink-budget", "0"])
+    rc = main(
+        [
+            "fuzz",
+            "--op",
+            "gather",
+            "--impl",
+            f"gather={PLANTED}:gather",
+            "--device",
+            "cpu",
+            "--cases",
+            "8",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+            "--quiet",
+            "--in-process",
+            "--shrink-budget",
+            "0",
+        ]
+    )
     assert rc == 1
     if not (out / "run.json").exists():  # what the run records of its config, until fuzz writes it itself
-        (out / "run.json").write_text(json.dumps({"ops": ["gather"], "impls": {"gather": f"{PLANTED}:gather"},
-                                                  "device": "cpu", "seed": 3, "cases": 8}))
+        (out / "run.json").write_text(
+            json.dumps(
+                {"ops": ["gather"], "impls": {"gather": f"{PLANTED}:gather"}, "device": "cpu", "seed": 3, "cases": 8}
+            )
+        )
     return out
 
 
@@ -112,15 +134,27 @@ def test_junit_failure_carries_the_message_and_a_replay_command(planted_run):
 
 
 def test_a_bundled_bucket_replays_with_its_bundle_command_in_every_format(tmp_path):
-    f = Finding(kind=Kind.OOB_WRITE, op="gather", impl="cuda", case_id="c1", message="guard bytes changed",
-                cause="dst:guard_after")
-    bundle = {"bucket": list(f.dedup_key), "path": "/runs/x/bundles/b1", "replay": "mlafuzz replay /runs/x/bundles/b1",
-              "size": {"requests": 1, "rows": 2}}
+    f = Finding(
+        kind=Kind.OOB_WRITE,
+        op="gather",
+        impl="cuda",
+        case_id="c1",
+        message="guard bytes changed",
+        cause="dst:guard_after",
+    )
+    bundle = {
+        "bucket": list(f.dedup_key),
+        "path": "/runs/x/bundles/b1",
+        "replay": "mlafuzz replay /runs/x/bundles/b1",
+        "size": {"requests": 1, "rows": 2},
+    }
     run = _write_run(tmp_path / "run", [f], summary={"cases": 3, "per_op": {"gather": 3}, "bundles": [bundle]})
     for fmt in FORMATS:
         assert "mlafuzz replay /runs/x/bundles/b1" in render_dir(run, fmt), fmt
     assert "minimized to requests 1, rows 2" in render_dir(run, "html")
-    assert any("mlafuzz replay /runs/x/bundles/b1" in line for line in findings_table([f], Judgement(), bundles=[bundle]))
+    assert any(
+        "mlafuzz replay /runs/x/bundles/b1" in line for line in findings_table([f], Judgement(), bundles=[bundle])
+    )
 
 
 def test_markdown_and_json_agree_with_the_junit_counts(planted_run):
@@ -132,7 +166,8 @@ def test_markdown_and_json_agree_with_the_junit_counts(planted_run):
     assert doc["status"] == "failed" and doc["tests"] == int(root.get("tests")) and doc["failures"] == failures
     assert doc["counts"]["failure_findings"] == findings == doc["counts"]["findings_lines"]
     assert {tuple(b[k] for k in ("kind", "op", "impl", "cause")) for b in doc["buckets"]} == _buckets_in_jsonl(
-        planted_run)
+        planted_run
+    )
     assert all(b["replay"].startswith("mlafuzz ") for b in doc["buckets"])
     assert md.startswith(f"## \u274c mlafuzz: {failures} failing buckets ({findings} findings)")
     assert md.count("<details>") == failures == md.count("</details>")
@@ -154,10 +189,21 @@ def test_html_is_well_formed_self_contained_and_details_every_bucket(planted_run
 
 def test_every_format_escapes_a_script_tag_in_a_finding(tmp_path):
     evil = "<script>alert('x')</script> & \"quotes\" | `tick`"
-    run = _write_run(tmp_path / "run", [Finding(
-        kind=Kind.VALUE_MISMATCH, op="gather", impl="evil<b>impl", case_id="c<1>", message=evil, cause="dst:<i>",
-        mismatches=(Mismatch(index=(0, 1), expected="<e>", actual="0x\x00ff"),))],
-        summary={"cases": 1, "per_op": {"gather": 1}, "findings": 1})
+    run = _write_run(
+        tmp_path / "run",
+        [
+            Finding(
+                kind=Kind.VALUE_MISMATCH,
+                op="gather",
+                impl="evil<b>impl",
+                case_id="c<1>",
+                message=evil,
+                cause="dst:<i>",
+                mismatches=(Mismatch(index=(0, 1), expected="<e>", actual="0x\x00ff"),),
+            )
+        ],
+        summary={"cases": 1, "per_op": {"gather": 1}, "findings": 1},
+    )
     page = render_dir(run, "html")
     parsed = _parse_html(page)
     assert "<script>" not in page and "&lt;script&gt;" in page
@@ -170,8 +216,15 @@ def test_every_format_escapes_a_script_tag_in_a_finding(tmp_path):
 
 
 def test_info_findings_are_shown_but_never_fail(tmp_path):
-    info = Finding(kind=Kind.ACCEPTED_INVALID_INPUT, op="gather", impl="torch", case_id="c1", message="ran anyway",
-                   cause="wrong_shape", severity=Severity.INFO)
+    info = Finding(
+        kind=Kind.ACCEPTED_INVALID_INPUT,
+        op="gather",
+        impl="torch",
+        case_id="c1",
+        message="ran anyway",
+        cause="wrong_shape",
+        severity=Severity.INFO,
+    )
     run = _write_run(tmp_path / "run", [info], summary={"cases": 3, "per_op": {"gather": 3}, "infos": 1})
     root = ET.fromstring(render_dir(run, "junit"))
     assert root.get("failures") == "0" and root.get("tests") == "1"
@@ -218,8 +271,25 @@ def capped_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("capped")
     cap, fuzz_module.MAX_LINES_PER_BUCKET = fuzz_module.MAX_LINES_PER_BUCKET, 2
     try:
-        rc = main(["fuzz", "--op", "gather", "--impl", "gather=gather_skip_last_row", "--device", "cpu", "--cases",
-                   "12", "--in-process", "--quiet", "--shrink-budget", "0", "--out", str(out)])
+        rc = main(
+            [
+                "fuzz",
+                "--op",
+                "gather",
+                "--impl",
+                "gather=gather_skip_last_row",
+                "--device",
+                "cpu",
+                "--cases",
+                "12",
+                "--in-process",
+                "--quiet",
+                "--shrink-budget",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
     finally:
         fuzz_module.MAX_LINES_PER_BUCKET = cap
     assert rc == 1

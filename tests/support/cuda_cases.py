@@ -23,9 +23,30 @@ FLT_MIN = 2.0**-126
 CACHE_LAYOUTS = ("contig", "fp8", "offset1", "offset8", "block_pad", "entry_pad4", "entry_pad16")
 DST_LAYOUTS = ("plain", "rowpad8", "rowpad3", "offset1", "colstride2")
 TABLE_LAYOUTS = ("contig", "wide", "transposed")
-SCALE_CATALOG = (1.0, 0.5, 1 / 448, 448.0, FLT_MIN, 1.5 * FLT_MIN, 2.0**-127, 2.0**-140, 2.0**-149,
-                 1e-40, 3.4028234663852886e38, 1e38, 2.0**100, 2.0**-100, float("inf"),
-                 float("-inf"), float("nan"), 0.0, -0.0, -1.0, -(2.0**-149), 1.0000001)
+SCALE_CATALOG = (
+    1.0,
+    0.5,
+    1 / 448,
+    448.0,
+    FLT_MIN,
+    1.5 * FLT_MIN,
+    2.0**-127,
+    2.0**-140,
+    2.0**-149,
+    1e-40,
+    3.4028234663852886e38,
+    1e38,
+    2.0**100,
+    2.0**-100,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    0.0,
+    -0.0,
+    -1.0,
+    -(2.0**-149),
+    1.0000001,
+)
 
 
 def _sync() -> None:
@@ -51,10 +72,8 @@ def random_records(gen: torch.Generator, n: int) -> torch.Tensor:
     third each from the catalog, random sign/magnitude over 2**-40..2**40, and raw random bits."""
     rec = torch.randint(0, 256, (n, 656), generator=gen, dtype=torch.uint8)
     kind = torch.randint(0, 3, (n, 4), generator=gen)
-    cat = torch.tensor(SCALE_CATALOG, dtype=torch.float32)[
-        torch.randint(0, len(SCALE_CATALOG), (n, 4), generator=gen)]
-    mag = (torch.rand(n, 4, generator=gen) * 2 - 1) * torch.exp2(
-        torch.randint(-40, 41, (n, 4), generator=gen).float())
+    cat = torch.tensor(SCALE_CATALOG, dtype=torch.float32)[torch.randint(0, len(SCALE_CATALOG), (n, 4), generator=gen)]
+    mag = (torch.rand(n, 4, generator=gen) * 2 - 1) * torch.exp2(torch.randint(-40, 41, (n, 4), generator=gen).float())
     raw = rec[:, 512:528].clone().view(torch.float32)
     scales = torch.where(kind == 0, cat, torch.where(kind == 1, mag, raw))
     rec[:, 512:528] = scales.contiguous().view(torch.uint8)
@@ -83,14 +102,18 @@ def explicit_case(*, cache, lens, seq_starts, table, ws_form="B") -> GatherCase:
     tail = {"B": [], "B+1": [total], "B+1-junk": [total + 12345]}[ws_form]
     table = table if isinstance(table, torch.Tensor) else torch.tensor(table, dtype=torch.int64)
     return GatherCase(
-        cache=cache, block_table=table.to(torch.int32),
+        cache=cache,
+        block_table=table.to(torch.int32),
         ws=torch.tensor(ws_list + tail, dtype=torch.int32),
         seq_starts=None if seq_starts is None else torch.tensor(seq_starts, dtype=torch.int32),
-        batch_size=len(lens), total=total)
+        batch_size=len(lens),
+        total=total,
+    )
 
 
-def gather_case(seed, *, bs, lens=None, batch_size=1, max_len=8, ws_form="B", ss_mode="random",
-                shared=False, extra_rows=0) -> GatherCase:
+def gather_case(
+    seed, *, bs, lens=None, batch_size=1, max_len=8, ws_form="B", ss_mode="random", shared=False, extra_rows=0
+) -> GatherCase:
     """A random well-formed case: empty requests, nonzero seq_starts, shuffled blocks (or a small
     shared pool), table entries past each request's blocks filled with valid ids, extra rows."""
     gen = torch.Generator().manual_seed(seed)
@@ -107,11 +130,12 @@ def gather_case(seed, *, bs, lens=None, batch_size=1, max_len=8, ws_form="B", ss
     if not shared:
         perm, off = torch.randperm(nb, generator=gen), 0
         for b, k in enumerate(need):
-            table[b, :k] = perm[off:off + k]
+            table[b, :k] = perm[off : off + k]
             off += k
     cache = random_records(gen, nb * bs).view(nb, bs, 656)
-    return explicit_case(cache=cache, lens=lens, seq_starts=None if ss_mode == "none" else ss,
-                         table=table, ws_form=ws_form)
+    return explicit_case(
+        cache=cache, lens=lens, seq_starts=None if ss_mode == "none" else ss, table=table, ws_form=ws_form
+    )
 
 
 def special_values(gen: torch.Generator, rows: int, dtype: torch.dtype) -> torch.Tensor:
@@ -165,8 +189,8 @@ def place_cache(cache: torch.Tensor, layout: str, dev) -> torch.Tensor:
     if layout.startswith("offset"):  # storage offset: records not 16-byte aligned -> scalar path
         off = int(layout.removeprefix("offset"))
         buf = torch.full((n + 64,), PAD_BYTE, dtype=torch.uint8, device=dev)
-        buf[off:off + n] = cache.reshape(-1).to(dev)
-        return buf[off:off + n].view(nb, bs, 656)
+        buf[off : off + n] = cache.reshape(-1).to(dev)
+        return buf[off : off + n].view(nb, bs, 656)
     if layout == "block_pad":  # block stride (bs + 1) * 656
         big = torch.full((nb, bs + 1, 656), PAD_BYTE, dtype=torch.uint8, device=dev)
         big[:, :bs] = cache.to(dev)
@@ -194,8 +218,13 @@ def place_table(table: torch.Tensor, layout: str, dev) -> torch.Tensor:
 
 def make_dst(total: int, layout: str, fill: int, dev, guard: int = 3):
     """(buffer, dst view, footprint mask of the buffer) with `guard` rows of sentinel around dst."""
-    row_stride, col_stride, off0 = {"plain": (576, 1, 0), "rowpad8": (584, 1, 0), "rowpad3": (579, 1, 0),
-                                    "offset1": (576, 1, 1), "colstride2": (1152, 2, 0)}[layout]
+    row_stride, col_stride, off0 = {
+        "plain": (576, 1, 0),
+        "rowpad8": (584, 1, 0),
+        "rowpad3": (579, 1, 0),
+        "offset1": (576, 1, 1),
+        "colstride2": (1152, 2, 0),
+    }[layout]
     off = guard * row_stride + off0
     size = off + (total + guard) * row_stride + 8
     buf = torch.full((size,), fill, dtype=torch.int16, device=dev).view(torch.bfloat16)
@@ -219,24 +248,41 @@ def assert_rows_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -
     rows, cols = bad.nonzero(as_tuple=True)
     rows, cols = rows.cpu(), cols.cpu()
     ac, ec = a.cpu(), e.cpu()
-    first = "; ".join(f"[{int(r)},{int(c)}] got {int(ac[r, c]) & 0xFFFF:#06x} want {int(ec[r, c]) & 0xFFFF:#06x}"
-                      for r, c in list(zip(rows, cols))[:8])
+    first = "; ".join(
+        f"[{int(r)},{int(c)}] got {int(ac[r, c]) & 0xFFFF:#06x} want {int(ec[r, c]) & 0xFFFF:#06x}"
+        for r, c in list(zip(rows, cols))[:8]
+    )
     exp_sub = ((ec & 0x7F80) == 0) & ((ec & 0x7F) != 0)
     flushed = int((exp_sub & (ac & 0x7FFF == 0))[rows, cols].sum())
-    pytest.fail(f"{what}: mismatched elements {int(bad.sum())} / {bad.numel()} in {len(set(rows.tolist()))} rows "
-                f"({flushed} look like subnormal flushes); first: {first}")
-
-
+    pytest.fail(
+        f"{what}: mismatched elements {int(bad.sum())} / {bad.numel()} in {len(set(rows.tolist()))} rows "
+        f"({flushed} look like subnormal flushes); first: {first}"
+    )
 
 
 def _oracle_gather(case) -> torch.Tensor:
-    return gather_oracle.gather(src_cache=case.cache, block_table=case.block_table,
-                                workspace_starts=case.ws, batch_size=case.batch_size,
-                                seq_starts=case.seq_starts, total=case.total)
+    return gather_oracle.gather(
+        src_cache=case.cache,
+        block_table=case.block_table,
+        workspace_starts=case.ws,
+        batch_size=case.batch_size,
+        seq_starts=case.seq_starts,
+        total=case.total,
+    )
 
 
-def run_gather(case, *, cache_layout="contig", dst_layout="plain", table_layout="contig",
-               rows_per_warp=2, force_scalar=False, stream_hints=False, expected=None, public=False):
+def run_gather(
+    case,
+    *,
+    cache_layout="contig",
+    dst_layout="plain",
+    table_layout="contig",
+    rows_per_warp=2,
+    force_scalar=False,
+    stream_hints=False,
+    expected=None,
+    public=False,
+):
     """Runs the kernel once per sentinel fill and checks: dst == oracle, nothing outside dst's
     footprint changed, inputs unchanged. Returns the dst of the last run (CPU)."""
     expected = _oracle_gather(case) if expected is None else expected
@@ -252,9 +298,17 @@ def run_gather(case, *, cache_layout="contig", dst_layout="plain", table_layout=
         if public:
             cuda_ext.gather(cache, dst, table, ws, case.batch_size, ss)
         else:
-            cuda_ext.gather_impl(cache, dst, table, ws, case.batch_size, ss,
-                                 rows_per_warp=rows_per_warp, force_scalar=force_scalar,
-                                 stream_hints=stream_hints)
+            cuda_ext.gather_impl(
+                cache,
+                dst,
+                table,
+                ws,
+                case.batch_size,
+                ss,
+                rows_per_warp=rows_per_warp,
+                force_scalar=force_scalar,
+                stream_hints=stream_hints,
+            )
         _sync()
         out = dst.cpu()
         assert_rows_equal(out, expected, f"gather (fill {fill:#x}, {cache_layout}/{dst_layout}/{table_layout})")
@@ -271,18 +325,21 @@ def _random_matrix(n):
     """n cases cycling through every layout, table/ws/seq_starts form and tuning variant."""
     out = []
     for k in range(n):
-        out.append(dict(
-            seed=1000 + k, bs=(1, 3, 16, 64)[k % 4],
-            cache_layout=CACHE_LAYOUTS[k % len(CACHE_LAYOUTS)],
-            dst_layout=DST_LAYOUTS[(k // 2) % len(DST_LAYOUTS)],
-            table_layout=TABLE_LAYOUTS[(k // 3) % len(TABLE_LAYOUTS)],
-            ws_form=("B", "B+1", "B+1-junk")[(k // 4) % 3],
-            ss_mode=("random", "none", "zeros")[k % 3],
-            shared=bool((k // 5) % 2),
-            rows_per_warp=(1, 2, 4, 8)[(k // 6) % 4],
-            stream_hints=bool(k % 2),
-            force_scalar=(k % 11 == 10),
-        ))
+        out.append(
+            dict(
+                seed=1000 + k,
+                bs=(1, 3, 16, 64)[k % 4],
+                cache_layout=CACHE_LAYOUTS[k % len(CACHE_LAYOUTS)],
+                dst_layout=DST_LAYOUTS[(k // 2) % len(DST_LAYOUTS)],
+                table_layout=TABLE_LAYOUTS[(k // 3) % len(TABLE_LAYOUTS)],
+                ws_form=("B", "B+1", "B+1-junk")[(k // 4) % 3],
+                ss_mode=("random", "none", "zeros")[k % 3],
+                shared=bool((k // 5) % 2),
+                rows_per_warp=(1, 2, 4, 8)[(k // 6) % 4],
+                stream_hints=bool(k % 2),
+                force_scalar=(k % 11 == 10),
+            )
+        )
     return out
 
 

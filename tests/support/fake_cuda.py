@@ -39,10 +39,12 @@ class FakeRuntime:
     def zero_grid_writer(self) -> Callable[..., None]:
         """vLLM's writer as issue 16 found it: its host checks, then on zero tokens a launch that
         fails, unchecked."""
+
         def writer(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None):
             check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
             if slot_mapping.shape[0] == 0:
                 self.leave(ZERO_GRID)
                 return
             writer_torch(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale)
+
         return writer

@@ -53,11 +53,27 @@ def resolve(op: str, ref: str, *, rejects: Any = None) -> ImplEntry:
     return session().entry(op, ref, rejects=rejects)
 
 
-def run_case(*, case: Case, entry: ImplEntry, policy: Policy = Policy(), fn: Callable | None = None,
-             rerun: bool = False, slow_oracle: bool = False, fast: bool | None = None,
-             in_session: Session | None = None) -> CaseResult:
-    return _run_case(session=in_session or session(), case=case, entry=entry, policy=policy, fn=fn, rerun=rerun,
-                     slow_oracle=slow_oracle, fast=fast)
+def run_case(
+    *,
+    case: Case,
+    entry: ImplEntry,
+    policy: Policy = Policy(),
+    fn: Callable | None = None,
+    rerun: bool = False,
+    slow_oracle: bool = False,
+    fast: bool | None = None,
+    in_session: Session | None = None,
+) -> CaseResult:
+    return _run_case(
+        session=in_session or session(),
+        case=case,
+        entry=entry,
+        policy=policy,
+        fn=fn,
+        rerun=rerun,
+        slow_oracle=slow_oracle,
+        fast=fast,
+    )
 
 
 def session_with(op: str, **changes: Any) -> Session:
@@ -71,9 +87,16 @@ def session_with(op: str, **changes: Any) -> Session:
 
 def check_contract(*, case: Case, entry: ImplEntry, fn: Callable, klass: Any) -> list[Finding]:
     s = session()
-    return _check_contract(op=OPS.get(case.op), case=case, entry=entry, fn=fn, klass=klass,
-                           ctx=Context(op=case.op, impl=entry.name, case_id=case.case_id), sub=s.sub(case.device),
-                           redzone=s.redzone)
+    return _check_contract(
+        op=OPS.get(case.op),
+        case=case,
+        entry=entry,
+        fn=fn,
+        klass=klass,
+        ctx=Context(op=case.op, impl=entry.name, case_id=case.case_id),
+        sub=s.sub(case.device),
+        redzone=s.redzone,
+    )
 
 
 def spec_from_json(text: str) -> Any:

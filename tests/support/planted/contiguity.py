@@ -52,5 +52,11 @@ def writer_ignores_base(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_
     zero blocks below the case's own (a kernel that took block ids relative to the wrong base)."""
     bs = kv_cache.shape[1]
     base = int(torch.nonzero(kv_cache.reshape(kv_cache.shape[0], -1).any(1))[0])
-    writer_torch(kv_c, k_pe, kv_cache, torch.where(slot_mapping >= 0, slot_mapping - base * bs, slot_mapping),
-                 kv_cache_dtype, scale)
+    writer_torch(
+        kv_c,
+        k_pe,
+        kv_cache,
+        torch.where(slot_mapping >= 0, slot_mapping - base * bs, slot_mapping),
+        kv_cache_dtype,
+        scale,
+    )

@@ -20,8 +20,15 @@ def _int32(offsets):
 def gather_int32_offsets(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None):
     cache = src_cache.view(torch.uint8)
     bs, total = cache.shape[1], dst.shape[0]
-    block, entry = row_records(block_size=bs, block_table=block_table, workspace_starts=workspace_starts,
-                               batch_size=batch_size, seq_starts=seq_starts, total=total, device=dst.device)
+    block, entry = row_records(
+        block_size=bs,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+        device=dst.device,
+    )
     start = _int32((block * bs + entry) * RECORD)
     records = cache.reshape(-1)[start.unsqueeze(1) + torch.arange(RECORD, device=dst.device)]
     dst.copy_(dequant_records_torch(records))
@@ -35,10 +42,10 @@ def writer_int32_offsets(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8
     kv_cache.view(torch.uint8).reshape(-1)[start.unsqueeze(1) + torch.arange(RECORD, device=slots.device)] = records
 
 
-
 def gather_int16_block_ids(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None):
     """Block ids read through 16 bits (a table assumed to hold small ids): wrong blocks past 32767."""
     from mlafuzz.kernels.torch_impl import gather_torch
 
-    gather_torch(src_cache, dst, block_table.to(torch.int16).to(torch.int32) & 0x7FFF, workspace_starts, batch_size,
-                 seq_starts)
+    gather_torch(
+        src_cache, dst, block_table.to(torch.int16).to(torch.int32) & 0x7FFF, workspace_starts, batch_size, seq_starts
+    )

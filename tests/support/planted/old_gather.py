@@ -1,6 +1,5 @@
 """The pre-#48642 gather signature: seq_lens, no seq_starts (a capability the harness must detect)."""
 
-
 from mlafuzz.kernels.torch_impl import gather_torch
 
 
