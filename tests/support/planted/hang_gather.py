@@ -14,8 +14,9 @@ from mlafuzz.kernels.torch_impl import gather_torch
 def gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None):
     if batch_size == 2:
         mark = os.environ.get("MLAFUZZ_TEST_HANG_MARK")
-        if mark:
-            Path(mark).write_text(str(os.getpid()))
+        if mark:  # written whole, then renamed: a reader never sees it empty
+            Path(mark + ".tmp").write_text(str(os.getpid()))
+            os.replace(mark + ".tmp", mark)
         while True:
             time.sleep(1)
     gather_torch(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
