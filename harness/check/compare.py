@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -54,6 +54,12 @@ class Context:
     impl: str
     case_id: str
 
+    def finding(self, name: str, tag: str, *, kind: Kind = Kind.VALUE_MISMATCH, **rest: Any) -> Finding:
+        """A finding of output ``name`` of this case, bucketed by the cause ``name:tag``."""
+        return Finding(
+            kind=kind, op=self.op, impl=self.impl, case_id=self.case_id, tensor=name, cause=f"{name}:{tag}", **rest
+        )
+
 
 def _fmt_index(flat: int, shape: tuple[int, ...], origin: int = 0) -> tuple[int, ...]:
     """The index of flat element ``flat``; ``origin`` is added to the first (a tensor compared from
@@ -84,13 +90,9 @@ def _ordered(bits: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _shape_finding(ctx: Context, name: str, exp: torch.Tensor, act: torch.Tensor) -> Finding:
-    return Finding(
-        kind=Kind.VALUE_MISMATCH,
-        op=ctx.op,
-        impl=ctx.impl,
-        case_id=ctx.case_id,
-        tensor=name,
-        cause=f"{name}:shape",
+    return ctx.finding(
+        name,
+        "shape",
         message=f"{name}: expected shape {tuple(exp.shape)} dtype {exp.dtype}, "
         f"got shape {tuple(act.shape)} dtype {act.dtype}",
     )
@@ -129,10 +131,9 @@ def _float_findings(
     shape = tuple(exp.shape)
     keep = _skip_mask(skip, total, e_bits.device)
     note = _skipped_note(keep)
-    out: list[Finding] = []
 
-    def shown(idx: torch.Tensor) -> tuple[Mismatch, ...]:
-        idx = idx[:MAX_SHOWN].tolist()
+    def shown(mask: torch.Tensor) -> tuple[Mismatch, ...]:
+        idx = mask.nonzero()[:MAX_SHOWN].reshape(-1).tolist()
         return tuple(
             Mismatch(
                 index=_fmt_index(i, shape, origin),
@@ -152,16 +153,15 @@ def _float_findings(
         nan_bad_mask &= ~keep
         bad_mask &= ~keep
     n_nan, n = int(nan_bad_mask.sum()), int(bad_mask.sum())
-    if n_nan and not n:
-        sample = shown(nan_bad_mask.nonzero()[:MAX_SHOWN].reshape(-1))
-        out.append(
-            Finding(
+    if not n:
+        if not n_nan:
+            return []
+        sample = shown(nan_bad_mask)
+        return [
+            ctx.finding(
+                name,
+                "nan",
                 kind=Kind.NAN_MISMATCH,
-                op=ctx.op,
-                impl=ctx.impl,
-                case_id=ctx.case_id,
-                tensor=name,
-                cause=f"{name}:nan",
                 mismatches=sample,
                 count=n_nan,
                 total=total,
@@ -169,39 +169,32 @@ def _float_findings(
                 f" first at {list(sample[0].index)} (expected {sample[0].expected}, got {sample[0].actual})"
                 f"{note}",
             )
+        ]
+    masked = torch.where(bad_mask, dist, torch.zeros_like(dist))
+    worst = int(masked.argmax())
+    worst_dist = int(masked[worst])
+    e_mag = e_bits.to(torch.int64) & ((1 << (width - 1)) - 1)
+    # Flushing happens on the f32 product, which may round up to the smallest
+    # normal in bf16: count that value as "where the exact result is subnormal".
+    subnormal = (e_mag > 0) & (e_mag <= _MIN_NORMAL_BITS[exp.dtype])
+    only_subnormal = not n_nan and not bool((bad_mask & ~subnormal).any())
+    detail = " (every mismatch is where the exact result is subnormal)" if only_subnormal else ""
+    nan_note = f"; NaN positions differ at {n_nan} more" if n_nan else ""
+    return [
+        ctx.finding(
+            name,
+            "subnormal" if only_subnormal else "value",
+            kind=Kind.SUBNORMAL_FLUSH if only_subnormal else Kind.VALUE_MISMATCH,
+            mismatches=shown(bad_mask | nan_bad_mask),
+            count=n + n_nan,
+            total=total,
+            max_ulp=worst_dist,
+            message=f"{name}: Mismatched elements: {n + n_nan} / {total} ({100.0 * (n + n_nan) / total:.1f}%);"
+            f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape, origin))}"
+            f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"
+            f"{nan_note}{note}",
         )
-    if n:
-        masked = torch.where(bad_mask, dist, torch.zeros_like(dist))
-        worst = int(masked.argmax())
-        worst_dist = int(masked[worst])
-        e_mag = e_bits.to(torch.int64) & ((1 << (width - 1)) - 1)
-        # Flushing happens on the f32 product, which may round up to the smallest
-        # normal in bf16: count that value as "where the exact result is subnormal".
-        subnormal = (e_mag > 0) & (e_mag <= _MIN_NORMAL_BITS[exp.dtype])
-        only_subnormal = not n_nan and not bool((bad_mask & ~subnormal).any())
-        kind = Kind.SUBNORMAL_FLUSH if only_subnormal else Kind.VALUE_MISMATCH
-        sample = shown((bad_mask | nan_bad_mask).nonzero()[:MAX_SHOWN].reshape(-1))
-        detail = " (every mismatch is where the exact result is subnormal)" if only_subnormal else ""
-        nan_note = f"; NaN positions differ at {n_nan} more" if n_nan else ""
-        out.append(
-            Finding(
-                kind=kind,
-                op=ctx.op,
-                impl=ctx.impl,
-                case_id=ctx.case_id,
-                tensor=name,
-                cause=f"{name}:{'subnormal' if only_subnormal else 'value'}",
-                mismatches=sample,
-                count=n + n_nan,
-                total=total,
-                max_ulp=worst_dist,
-                message=f"{name}: Mismatched elements: {n + n_nan} / {total} ({100.0 * (n + n_nan) / total:.1f}%);"
-                f" greatest ulp distance {worst_dist} at {list(_fmt_index(worst, shape, origin))}"
-                f" (expected {_hex(int(e_bits[worst]), width)}, got {_hex(int(a_bits[worst]), width)}){detail}"
-                f"{nan_note}{note}",
-            )
-        )
-    return out
+    ]
 
 
 def _exact_findings(
@@ -224,13 +217,9 @@ def _exact_findings(
         for i in bad[:MAX_SHOWN]
     )
     return [
-        Finding(
-            kind=Kind.VALUE_MISMATCH,
-            op=ctx.op,
-            impl=ctx.impl,
-            case_id=ctx.case_id,
-            tensor=name,
-            cause=f"{name}:value",
+        ctx.finding(
+            name,
+            "value",
             mismatches=shown,
             count=n,
             total=total,
@@ -275,13 +264,9 @@ def _row_set_findings(
             )
         )
     return [
-        Finding(
-            kind=Kind.VALUE_MISMATCH,
-            op=ctx.op,
-            impl=ctx.impl,
-            case_id=ctx.case_id,
-            tensor=name,
-            cause=f"{name}:row_set",
+        ctx.finding(
+            name,
+            "row_set",
             mismatches=tuple(shown),
             count=n,
             total=total,
@@ -316,13 +301,9 @@ def compare(
             continue
         if exp is None or act is None or not isinstance(act, torch.Tensor):
             findings.append(
-                Finding(
-                    kind=Kind.VALUE_MISMATCH,
-                    op=ctx.op,
-                    impl=ctx.impl,
-                    case_id=ctx.case_id,
-                    tensor=name,
-                    cause=f"{name}:missing",
+                ctx.finding(
+                    name,
+                    "missing",
                     message=f"{name}: expected {'a tensor' if exp is not None else 'nothing'},"
                     f" got {type(act).__name__}",
                 )

@@ -37,7 +37,7 @@ from mlafuzz.harness.check.compare import Context, Policy
 from mlafuzz.harness.check.contracts import check_contract
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.run import run_case
-from mlafuzz.harness.memory.cuda_errors import looks_like_cuda_error
+from mlafuzz.harness.memory.cuda_errors import is_out_of_memory, looks_like_cuda_error
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.reports.findings import Finding, Kind
@@ -113,7 +113,7 @@ def execute(
     worker publishes them, so a crash is charged to the part that caused it). ``hold(spec)`` is
     held from making the case to its verdict (a worker's share of its GPU: memory/share.py)."""
     start = time.perf_counter()
-    progress = _Progress()
+    called = False  # whether an implementation's call has been made (a CUDA error after it is its own)
     revision = task.revision
     try:
         table = session.table
@@ -128,19 +128,45 @@ def execute(
         if task.spec is None and op.fit is not None:
             spec = op.fit(spec, entry.capabilities)
         with hold(spec) if hold is not None else contextlib.nullcontext():
-            return _run(
-                task,
-                session,
-                op=op,
+            features = tuple(sorted(op.features(spec)))
+            case = op.materialize(spec, seed=task.seed, device=task.device)
+            case = dataclasses.replace(case, params={**case.params, "revision": revision})
+            if on_phase is not None:
+                on_phase("valid")
+            called = True
+            result = run_case(
+                session=session,
+                case=case,
                 entry=entry,
-                spec=spec,
-                revision=revision,
-                on_phase=on_phase,
-                start=start,
-                progress=progress,
+                policy=Policy(ulp=task.ulp),
+                rerun=task.rerun,
+                slow_oracle=task.slow_oracle,
+            )
+            findings = list(result.findings)
+            if task.contract and not result.skipped:
+                if on_phase is not None:
+                    on_phase(f"contract:{task.contract}")
+                extra = check_contract(
+                    op=op,
+                    case=case,
+                    entry=entry,
+                    fn=session.load(entry, task.device, revision=revision),
+                    klass=op.invalid_class(task.contract),
+                    sub=session.sub(task.device),
+                    ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
+                    redzone=session.redzone,
+                )
+                spec_dict = spec_to_dict(spec)
+                findings += [dataclasses.replace(f, seed=task.seed, spec=spec_dict, revision=revision) for f in extra]
+            return TaskResult(
+                findings=tuple(findings),
+                skipped=result.skipped,
+                seconds=time.perf_counter() - start,
+                features=features,
+                spec=spec_to_dict(spec) if findings and task.spec is None else None,
             )
     except Exception as exc:
-        if not progress.called and _out_of_memory(exc):
+        if not called and is_out_of_memory(exc):
             # The harness could not make this case on a GPU that other processes fill: a counted
             # skip, never a finding against anyone.
             return TaskResult(
@@ -148,71 +174,9 @@ def execute(
                 seconds=time.perf_counter() - start,
             )
         return TaskResult(
-            findings=(_unexpected(task, session, exc, called=progress.called, revision=revision),),
+            findings=(_unexpected(task, session, exc, called=called, revision=revision),),
             seconds=time.perf_counter() - start,
         )
-
-
-@dataclass
-class _Progress:
-    called: bool = False  # an implementation's call has been made (a CUDA error after it is its own)
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    import torch
-
-    return isinstance(exc, torch.cuda.OutOfMemoryError)
-
-
-def _run(
-    task: Task,
-    session: Session,
-    *,
-    op: Any,
-    entry: Any,
-    spec: Any,
-    revision: str,
-    on_phase: Callable[[str], None] | None,
-    start: float,
-    progress: _Progress,
-) -> TaskResult:
-    features = tuple(sorted(op.features(spec)))
-    case = op.materialize(spec, seed=task.seed, device=task.device)
-    case = dataclasses.replace(case, params={**case.params, "revision": revision})
-    if on_phase is not None:
-        on_phase("valid")
-    progress.called = True
-    result = run_case(
-        session=session,
-        case=case,
-        entry=entry,
-        policy=Policy(ulp=task.ulp),
-        rerun=task.rerun,
-        slow_oracle=task.slow_oracle,
-    )
-    findings = list(result.findings)
-    if task.contract and not result.skipped:
-        if on_phase is not None:
-            on_phase(f"contract:{task.contract}")
-        extra = check_contract(
-            op=op,
-            case=case,
-            entry=entry,
-            fn=session.load(entry, task.device, revision=revision),
-            klass=op.invalid_class(task.contract),
-            sub=session.sub(task.device),
-            ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
-            redzone=session.redzone,
-        )
-        spec_dict = spec_to_dict(spec)
-        findings += [dataclasses.replace(f, seed=task.seed, spec=spec_dict, revision=revision) for f in extra]
-    return TaskResult(
-        findings=tuple(findings),
-        skipped=result.skipped,
-        seconds=time.perf_counter() - start,
-        features=features,
-        spec=spec_to_dict(spec) if findings and task.spec is None else None,
-    )
 
 
 def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool, revision: str | None) -> Finding:

@@ -71,3 +71,9 @@ def looks_like_cuda_error(exc: BaseException) -> bool:
     """An exception raised by a CUDA runtime call (as torch words them)."""
     name = type(exc).__name__
     return name == "AcceleratorError" or "CUDA error" in str(exc) or "cudaError" in str(exc)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's CUDA allocator could not find the memory (OutOfMemoryError, by name: no torch
+    import here, and a CPU build has the class too)."""
+    return type(exc).__name__ == "OutOfMemoryError"

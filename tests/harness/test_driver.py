@@ -151,8 +151,8 @@ def test_interrupted_run_leaves_valid_findings_and_a_summary(tmp_path):
             f"gather={PLANTED / 'gather_from_zero.py'}:gather",
             "--device",
             "cpu",
-            "--budget",
-            "60",
+            "--cases",
+            "1000000",  # far more than it can run before the signal: the run is mid-way when stopped
             "--out",
             str(tmp_path),
             "--in-process",

@@ -42,8 +42,8 @@ def test_slots_go_to_the_first_free_one_and_a_full_set_makes_the_next_case_wait(
 
         t = threading.Thread(target=third)
         t.start()
-        time.sleep(0.3)
-        assert got == []  # both slots held: it waits
+        t.join(timeout=0.5)
+        assert t.is_alive() and got == []  # both slots held: it waits
         released = time.monotonic()
     t.join(timeout=10)
     assert len(got) == 1 and got[0][1] >= released

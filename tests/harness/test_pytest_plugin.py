@@ -148,6 +148,6 @@ def test_ledger_turns_planted_findings_into_expected_ones_and_names_stale_entrie
     ],
 )
 def test_bad_plugin_options_are_one_line_usage_errors(pytester, argv, needle):
-    result = pytester.runpytest(*_plugin_args(), "--mlafuzz-budget", "1", *argv)
+    result = pytester.runpytest(*_plugin_args(), "--mlafuzz-cases", "1", *argv)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert needle in result.stderr.str()
