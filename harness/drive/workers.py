@@ -181,7 +181,8 @@ def _serve(conn: Connection, state: Any, device: str, redzone: bool, threads: in
             rz = rzmod.install()
         torch.cuda.set_device(torch.device(device))
     session = Session(table=table_from_ref(table_ref), redzone=rz)
-    share = GpuShare(device) if device.startswith("cuda") else None  # huge cases take turns on a GPU
+    # Huge cases take turns on a GPU; under the red-zone allocator there is no cache to trim.
+    share = GpuShare(device, caching=rz is None) if device.startswith("cuda") else None
     held: frozenset[tuple[str, str, str]] = frozenset()
     queue: collections.deque[Task] = collections.deque()
 

@@ -16,6 +16,11 @@ slots per GPU: its memory over SLOT_BYTES, at least 1. Every other case runs
 unhindered; a worker that ends a case holding more than TRIM_BYTES reserved
 hands that back too. Only the scheduling changes: the cases, their bytes and
 their verdicts are the same.
+
+A process whose CUDA memory goes through another allocator (the red-zone allocator of
+``--redzone`` and of ``mutants --device cuda``: harness/memory/redzone.py) has no cache to hand
+back, and torch's cache queries raise under it ("CUDAPluggableAllocator does not yet support
+getDeviceStats"): its share takes turns in the slots but never asks or trims (``caching=False``).
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ def head_bytes(spec: Any) -> int:
 class GpuShare:
     """The huge-case slots of one GPU (``device``: "cuda:N"), for the worker processes on it."""
 
-    def __init__(self, device: str, *, lock_dir: Path | None = None, slots: int | None = None) -> None:
+    def __init__(
+        self, device: str, *, lock_dir: Path | None = None, slots: int | None = None, caching: bool = True
+    ) -> None:
         import torch
 
         dev = torch.device(device)
@@ -53,6 +60,7 @@ class GpuShare:
         # Keyed by the physical GPU, not the index: CUDA_VISIBLE_DEVICES renumbers them per run.
         name = str(getattr(props, "uuid", "") or f"index{dev.index}")
         self._device = dev
+        self._caching = caching  # torch's caching allocator serves this process (not a pluggable one)
         self._slots = slots or max(1, int(props.total_memory) // SLOT_BYTES)
         self._stem = f"mlafuzz-gpu-{zlib.crc32(name.encode()):08x}"
         self._dir = lock_dir or Path(tempfile.gettempdir())
@@ -68,14 +76,15 @@ class GpuShare:
 
         if head_bytes(spec) < HUGE_BYTES:
             yield
-            if torch.cuda.memory_reserved(self._device) > TRIM_BYTES:
+            if self._caching and torch.cuda.memory_reserved(self._device) > TRIM_BYTES:
                 torch.cuda.empty_cache()
             return
         with slot(self._dir, self._stem, self._slots):
             try:
                 yield
             finally:
-                torch.cuda.empty_cache()
+                if self._caching:
+                    torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager

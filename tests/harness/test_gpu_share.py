@@ -94,6 +94,60 @@ def test_running_out_of_memory_after_the_call_is_still_reported():
     assert finding.kind is Kind.CRASH and "OutOfMemoryError" in finding.message
 
 
+class _Props:
+    uuid = "GPU-test"
+    total_memory = 80 << 30
+
+
+def _pluggable(*_args, **_kwargs):
+    # What torch raises for a cache query while a CUDAPluggableAllocator (the red zone) serves.
+    raise RuntimeError("CUDAPluggableAllocator does not yet support getDeviceStats.")
+
+
+@pytest.mark.parametrize("huge", [False, True], ids=["ordinary", "huge"])
+def test_a_red_zone_workers_share_never_asks_the_caching_allocator(monkeypatch, tmp_path, huge):
+    # Under --redzone (and mutants --device cuda) every case used to end in a harness error here,
+    # so no mutant could be killed on the GPU.
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _dev: _Props())
+    monkeypatch.setattr(torch.cuda, "memory_reserved", _pluggable)
+    monkeypatch.setattr(torch.cuda, "empty_cache", _pluggable)
+    share = GpuShare("cuda:0", lock_dir=tmp_path, caching=False)
+    spec = WriterSpec(num_tokens=6, paging=Paging(block_size=64, base_block=HUGE_BYTES // (64 * 656) + 1))
+    ran = []
+    with share.case(spec if huge else SMALL_SPEC):
+        ran.append(True)
+    assert ran == [True]
+    with pytest.raises(RuntimeError, match="getDeviceStats"):  # the caching share does ask
+        with GpuShare("cuda:0", lock_dir=tmp_path).case(spec if huge else SMALL_SPEC):
+            pass
+
+
+@pytest.mark.gpu
+def test_a_red_zone_worker_pool_kills_a_gather_mutant_without_harness_errors(tmp_path):
+    from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
+    from mlafuzz.harness.drive.workers import DEFAULT_TABLE, WorkerPool, table_from_ref
+
+    table = table_from_ref(DEFAULT_TABLE)
+    pool = WorkerPool(devices=["cuda:0"], timeout=120.0, redzone=True, table_ref=DEFAULT_TABLE)
+    try:
+        summary = fuzz(
+            FuzzConfig(
+                ops=("gather",),
+                impls={"gather": "gather_nan_to_zero"},
+                device="cuda",
+                cases=40,
+                seed=0,
+                out_dir=tmp_path / "run",
+                shrink_budget=0.0,
+                table=table,
+            ),
+            executor=pool,
+        )
+    finally:
+        pool.close()
+    assert "NAN_MISMATCH" in summary.by_kind and "CRASH" not in summary.by_kind
+
+
 @pytest.mark.gpu
 def test_gpu_share_has_at_least_one_slot_and_hands_memory_back_after_a_huge_case(tmp_path):
     share = GpuShare("cuda:0", lock_dir=tmp_path)
