@@ -70,11 +70,15 @@ def pick_tile(k: int, block_n: int, max_tile: int = _MAX_TILE) -> int:
     return tile
 
 
-# Scalars that vary from call to call (shapes, the table's row stride, the block stride) are
-# not specialized on (== 1, % 16): each such variant is one more compile, and a fuzz run draws
-# hundreds of them. The column strides and the rows of token_indices and out stay specialized:
-# their == 1 and % 16 are what vectorize the row loads and stores. (K stays a constexpr: it takes
-# a few values, and the CPU interpreter of Triton 3.6 cannot loop to a runtime bound.)
+# One compiled variant serves many calls. A fuzz run at realistic sizes draws K, the block size,
+# prefill rows, counts, a block stride and compaction independently, and with each one a
+# constexpr the run compiled a new kernel every few cases (on the H200: 121 compiles in 86 cases,
+# 2.1 cases/s). So only K (its loop bound: Triton 3.6's CPU interpreter cannot loop to a runtime
+# bound), TILE (from K and BLOCK_N), compaction (another store pattern) and whether the block
+# size is a power of two (shift and mask, else division) are constexprs; the rest are runtime
+# scalars that are not specialized on (== 1, % 16), and the pointers only read a scalar per row
+# are not specialized on alignment. The column strides and the rows of token_indices and out stay
+# specialized: their == 1 and % 16 are what vectorize the row loads and stores.
 _RUNTIME_SCALARS = [
     "num_reqs",
     "max_blocks",
@@ -83,11 +87,16 @@ _RUNTIME_SCALARS = [
     "bt_stride0",
     "pid_stride",
     "ps_stride",
+    "block_size",
+    "block_shift",
     "block_stride",
+    "has_prefill",
+    "return_counts",
 ]
+_SCALAR_POINTERS = ["req_id_ptr", "valid_counts_ptr", "prefill_ids_ptr", "prefill_starts_ptr"]
 
 
-@triton.jit(do_not_specialize=_RUNTIME_SCALARS)
+@triton.jit(do_not_specialize=_RUNTIME_SCALARS, do_not_specialize_on_alignment=_SCALAR_POINTERS)
 def _convert_kernel(
     req_id_ptr,
     block_table_ptr,
@@ -107,14 +116,15 @@ def _convert_kernel(
     pid_stride,
     ps_stride,
     out_stride0,
-    block_stride,  # BLOCK_STRIDE_ROWS; read only with HAS_STRIDE
+    block_size,  # BLOCK_SIZE
+    block_shift,  # log2(BLOCK_SIZE) when BS_POW2
+    block_stride,  # BLOCK_STRIDE_ROWS, or BLOCK_SIZE when it is not passed
+    has_prefill,  # HAS_PREFILL_WORKSPACE (0 / 1)
+    return_counts,  # return_valid_counts (0 / 1)
     K: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
-    HAS_PREFILL: tl.constexpr,
-    RETURN_COUNTS: tl.constexpr,
+    BS_POW2: tl.constexpr,
     TI_COL_I64: tl.constexpr,  # column offsets of token_indices need int64
-    HAS_STRIDE: tl.constexpr,
     COMPACT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -126,21 +136,19 @@ def _convert_kernel(
     ti_row_ptr = token_indices_ptr + row * ti_stride0
     out_row_ptr = out_ptr + row * out_stride0
 
-    if HAS_PREFILL:
-        pref = tl.load(prefill_ids_ptr + row * pid_stride)
-        is_prefill = pref >= 0
-        pref_ok = is_prefill & (pref < num_prefill_starts)
-        pref_start = tl.load(
-            prefill_starts_ptr + tl.where(pref_ok, pref, 0).to(tl.int64) * ps_stride,
-            mask=pref_ok,
-            other=0,
-        )
-        # Prefill rows take their value from the workspace, never the table.
-        row_ok = tl.where(is_prefill, pref_ok, req_ok)
-        table_row = req_ok & (pref < 0)
-    else:
-        row_ok = req_ok
-        table_row = req_ok
+    # Without a prefill workspace no row is a prefill row: the id reads as -1 (its pointer, then
+    # req_id's, is never dereferenced).
+    pref = tl.load(prefill_ids_ptr + row * pid_stride, mask=has_prefill != 0, other=-1)
+    is_prefill = pref >= 0
+    pref_ok = is_prefill & (pref < num_prefill_starts)
+    pref_start = tl.load(
+        prefill_starts_ptr + tl.where(pref_ok, pref, 0).to(tl.int64) * ps_stride,
+        mask=pref_ok,
+        other=0,
+    )
+    # Prefill rows take their value from the workspace, never the table.
+    row_ok = tl.where(is_prefill, pref_ok, req_ok)
+    table_row = req_ok & (pref < 0)
 
     cols = tl.arange(0, TILE)
     count = 0
@@ -154,8 +162,12 @@ def _convert_kernel(
         # Divide only non-negative values: floor vs trunc never matters, and a
         # negative token never becomes a table index.
         tok_s = tl.where(nonneg, tok, 0)
-        blk = tok_s // BLOCK_SIZE
-        off = tok_s % BLOCK_SIZE
+        if BS_POW2:
+            blk = tok_s >> block_shift
+            off = tok_s & (block_size - 1)
+        else:
+            blk = tok_s // block_size
+            off = tok_s % block_size
         valid = nonneg & (blk < max_blocks) & row_ok
         # `!= False` makes the mask a bool array under the CPU interpreter: there a scalar  # noqa: E712 (a bool mask: see above)
         # predicate (row_ok, table_row) broadcast into a block is an integer array, which
@@ -166,22 +178,19 @@ def _convert_kernel(
             mask=(valid & table_row) != False,  # noqa: E712 (a bool mask: see above)
             other=0,
         )
-        if HAS_STRIDE:
-            val = base * block_stride + off
-        else:
-            val = base * BLOCK_SIZE + off
-        if HAS_PREFILL:
-            val = tl.where(is_prefill, pref_start + tok_s, val)
+        # int32, wrapping like vLLM's `block_table[req, blk] * BLOCK_SIZE + off`.
+        val = tl.where(is_prefill, pref_start + tok_s, base * block_stride + off)
         if COMPACT:
             # Valid column j of this tile goes to the row's count so far plus its rank among the
             # tile's valid columns: distinct slots, all below the row's final count.
             v = valid.to(tl.int32)
             dest = count + tl.cumsum(v, axis=0) - 1
             tl.store(out_row_ptr + dest, val, mask=valid != False)  # noqa: E712 (a bool mask, as above)
+            count += tl.sum(v, axis=0)
         else:
             tl.store(out_row_ptr + c, tl.where(valid, val, -1))
-        if RETURN_COUNTS or COMPACT:
-            count += tl.sum(valid.to(tl.int32), axis=0)
+            if return_counts != 0:  # a uniform branch: a launch without counts pays no reduction
+                count += tl.sum(valid.to(tl.int32), axis=0)
 
     if COMPACT:
         # The tail: columns from the row's count on. Disjoint from the packed prefix, so the
@@ -190,8 +199,7 @@ def _convert_kernel(
             c = start + cols
             tl.store(out_row_ptr + c, tl.full([TILE], -1, tl.int32), mask=c >= count)
 
-    if RETURN_COUNTS:
-        tl.store(valid_counts_ptr + row, count)
+    tl.store(valid_counts_ptr + row, count, mask=return_counts != 0)
 
 
 # TRITON_INTERPRET=1 at decoration time gives an interpreted kernel (CPU
@@ -319,14 +327,15 @@ def launch(
         ids.stride(0),
         starts.stride(0),
         out.stride(0),
+        BLOCK_SIZE,
+        BLOCK_SIZE.bit_length() - 1,
         BLOCK_SIZE if BLOCK_STRIDE_ROWS is None else BLOCK_STRIDE_ROWS,
+        int(has_prefill),
+        int(return_valid_counts),
         K=k,
-        BLOCK_SIZE=BLOCK_SIZE,
         TILE=pick_tile(k, BLOCK_N),
-        HAS_PREFILL=has_prefill,
-        RETURN_COUNTS=return_valid_counts,
+        BS_POW2=BLOCK_SIZE & (BLOCK_SIZE - 1) == 0,
         TI_COL_I64=ti_col_i64,
-        HAS_STRIDE=BLOCK_STRIDE_ROWS is not None,
         COMPACT=COMPACT_TO_FRONT,
         num_warps=_NUM_WARPS,
     )

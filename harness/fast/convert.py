@@ -24,9 +24,24 @@ from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.ops.op import Outputs
 
 
-# The per-case scalars are not specialized on (one compile serves every shape a run draws); the
-# column strides are (their == 1 vectorizes the loads). K stays a constexpr, as in the kernel.
-@triton.jit(do_not_specialize=["num_reqs", "max_blocks", "num_starts", "table_s0", "block_size", "block_stride"])
+# One compile serves every case of a run (as in the kernel under test, kernels/triton_convert.py):
+# the per-case scalars and flags are runtime values, not specialized on, and the pointers read a
+# scalar per row (or gathered) are not specialized on alignment; the column strides and the rows
+# of token_indices and out are (their == 1 and alignment vectorize the loads). K stays a
+# constexpr, as in the kernel.
+@triton.jit(
+    do_not_specialize=[
+        "num_reqs",
+        "max_blocks",
+        "num_starts",
+        "table_s0",
+        "block_size",
+        "block_stride",
+        "has_prefill",
+        "has_counts",
+    ],
+    do_not_specialize_on_alignment=["req_ptr", "table_ptr", "counts_ptr", "pw_ptr", "ps_ptr", "bad_ptr"],
+)
 def _check_convert(
     req_ptr,
     table_ptr,
@@ -46,22 +61,19 @@ def _check_convert(
     out_s0,
     block_size,
     block_stride,
+    has_prefill,  # 0 / 1: prefill rows exist only with a prefill workspace
+    has_counts,  # 0 / 1: valid_counts is checked too
     K: tl.constexpr,
     TILE: tl.constexpr,
-    HAS_PREFILL: tl.constexpr,
-    HAS_COUNTS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_ptr + row).to(tl.int64)
     row_ok = (req >= 0) & (req < num_reqs)
-    is_pf = req != req  # a false scalar; prefill rows exist only with HAS_PREFILL
-    start = req * 0
-    if HAS_PREFILL:
-        pw = tl.load(pw_ptr + row).to(tl.int64)
-        is_pf = pw >= 0
-        pf_ok = pw < num_starts
-        start = tl.load(ps_ptr + tl.where(is_pf & pf_ok, pw, 0), mask=is_pf & pf_ok, other=0).to(tl.int64)
-        row_ok = tl.where(is_pf, pf_ok, row_ok)
+    pw = tl.load(pw_ptr + row, mask=has_prefill != 0, other=-1).to(tl.int64)
+    is_pf = pw >= 0
+    pf_ok = pw < num_starts
+    start = tl.load(ps_ptr + tl.where(is_pf & pf_ok, pw, 0), mask=is_pf & pf_ok, other=0).to(tl.int64)
+    row_ok = tl.where(is_pf, pf_ok, row_ok)
     cols = tl.arange(0, TILE)
     bad = 0
     valid_n = 0
@@ -86,8 +98,8 @@ def _check_convert(
         actual = tl.load(out_ptr + row * out_s0 + c)
         bad += tl.sum((expected != actual).to(tl.int32), axis=0)
         valid_n += tl.sum(valid.to(tl.int32), axis=0)
-    if HAS_COUNTS:
-        bad += (tl.load(counts_ptr + row) != valid_n).to(tl.int32)
+    counted = tl.load(counts_ptr + row, mask=has_counts != 0, other=0)
+    bad += ((has_counts != 0) & (counted != valid_n)).to(tl.int32)
     tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
 
 
@@ -154,12 +166,10 @@ def convert_rows_flag(
         outc.stride(0),
         block_size,
         block_size if block_stride_rows is None else block_stride_rows,
+        int(bool(has_prefill_workspace)),
+        int(valid_counts is not None),
     )
-    (launchers or Launchers())(_check_convert)(
-        n,
-        args,
-        {"K": k, "TILE": tile, "HAS_PREFILL": bool(has_prefill_workspace), "HAS_COUNTS": valid_counts is not None},
-    )
+    (launchers or Launchers())(_check_convert)(n, args, {"K": k, "TILE": tile})
     return bad
 
 

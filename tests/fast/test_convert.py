@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -97,3 +98,39 @@ def test_a_stride_is_judged_and_compacted_cases_are_left_to_the_full_path():
     assert accepts(case)
     compact = materialize(dataclasses.replace(spec, compact=True), 5, DEV)
     assert not accepts(compact)
+
+
+_PTX_SCRIPT = """
+import os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+try:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError as exc:
+    print("SKIP", exc)
+    sys.exit(0)
+from mlafuzz.harness.fast.convert import _check_convert
+sig = {p.name: "*i32" if p.name.endswith("_ptr") else "constexpr" if p.is_constexpr else "i32"
+       for p in _check_convert.params}
+try:
+    triton.compile(ASTSource(fn=_check_convert, signature=sig, constexprs=dict(K=2048, TILE=1024)),
+                   target=GPUTarget("cuda", 90, 32))
+except ImportError as exc:
+    print("SKIP", exc)
+    sys.exit(0)
+print("OK")
+"""
+
+
+@pytest.mark.slow
+def test_the_gpu_build_of_the_fused_check_compiles_offline_for_sm90():
+    # Prefill rows and counts are runtime flags: one build serves every case of a K.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    if res.stdout.startswith("SKIP"):
+        pytest.skip(f"Triton's offline compiler is unavailable: {res.stdout.strip()}")
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr

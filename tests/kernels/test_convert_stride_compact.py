@@ -142,12 +142,11 @@ except ImportError as exc:
     print("SKIP", exc)
     sys.exit(0)
 from mlafuzz.kernels.triton_convert import _convert_kernel
-FLAGS = ("K", "BLOCK_SIZE", "TILE", "HAS_PREFILL", "RETURN_COUNTS", "TI_COL_I64", "HAS_STRIDE", "COMPACT")
+FLAGS = ("K", "TILE", "BS_POW2", "TI_COL_I64", "COMPACT")
 names = [p.name for p in _convert_kernel.params]
 sig = {n: "*i32" if n.endswith("_ptr") else "constexpr" if n in FLAGS else "i32" for n in names}
-for stride, compact in ((True, True), (False, True), (True, False)):
-    consts = dict(K=2048, BLOCK_SIZE=64, TILE=2048, HAS_PREFILL=True, RETURN_COUNTS=True, TI_COL_I64=False,
-                  HAS_STRIDE=stride, COMPACT=compact)
+for pow2, compact in ((True, True), (False, True), (True, False), (False, False)):
+    consts = dict(K=2048, TILE=2048, BS_POW2=pow2, TI_COL_I64=False, COMPACT=compact)
     try:
         triton.compile(ASTSource(fn=_convert_kernel, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
     except ImportError as exc:
