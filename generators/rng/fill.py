@@ -36,8 +36,9 @@ from mlafuzz.generators.rng.bits import (
     pick,
     to_half,
 )
+from mlafuzz.generators.rng.fusing import fused_room
 from mlafuzz.generators.rng.hashing import Stream, scale_below
-from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, windows
+from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, window_width, windows, word_pool
 from mlafuzz.generators.spec import Layout, TopkMode, WriterValues
 
 __all__ = [
@@ -155,8 +156,27 @@ def plan_table(
 
 
 def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) -> Tensor:
-    """The table of ``plan``, int32 [R, M]; ``rows``: plan.rows on the device (int32 [R, >= 4])."""
+    """The table of ``plan``, int32 [R, M]; ``rows``: plan.rows on the device (int32 [R, >= 4]).
+    On a GPU the fused room (generators/fused) makes the same table in one launch after the sort."""
     num_req, width, pool, shared = len(plan.rows), plan.width, plan.pool, plan.shared
+    fused = fused_room(device)
+    if fused is not None:
+        if plan.live:  # the torch path's bounds on the words it reads: the same errors
+            draws.child("cold").span(num_req)
+            window_width(width)
+        return fused.block_table(
+            ids=None
+            if plan.layout is Layout.CONTIGUOUS
+            else torch.sort(draws.child("ids").words(pool, device=device), stable=True).indices,
+            rows=rows,
+            table=word_pool(device),
+            cold_offset=draws.child("cold").offset if plan.live else None,
+            width=width,
+            pool=pool,
+            base=plan.base_block,
+            shared=shared,
+            word_mask=_MASK,
+        )
     if plan.layout is Layout.CONTIGUOUS:
         ids = torch.arange(plan.base_block, plan.base_block + pool, dtype=torch.int32, device=device)
     else:
@@ -202,6 +222,11 @@ def _rank_rows(words: Tensor, k: int, device: Device) -> Tensor:
     return torch.index_select(table.unfold(0, k, 1), 0, starts)
 
 
+def _negatives(bs: int, k: int, device: str) -> Tensor:
+    """The negative mode's five per-row values (a row picks one by its word): int32 on device."""
+    return const((-2, -bs, -k, INT32_MIN, -(2**20)), device, torch.int32)
+
+
 def topk_rows(*, seq_lens: Sequence[int], width: int, block_size: int, topk: int) -> list[tuple[int, ...]]:
     """Per request, the 8 host ints ``topk_indices`` reads per row (the device gathers them by each
     row's request: one op)."""
@@ -243,6 +268,23 @@ def topk_indices(
     mode = TopkMode(mode)
     n, k, bs = per_row.shape[0], topk, block_size
     past_end = width * bs
+    fused = fused_room(device)
+    if fused is not None:  # the same rows in one launch (generators/fused)
+        draws.child("row").span(n * 4)  # the torch path's bounds on the words it reads: the same errors
+        window_width(k)
+        return fused.topk_indices(
+            table=word_pool(device),
+            row_offset=draws.child("row").offset,
+            per_row=per_row,
+            ranks=_ranks(k, _dev(device)),
+            negatives=_negatives(bs, k, _dev(device)),
+            k=k,
+            block_size=bs,
+            past_end=past_end,
+            mode=mode.value,
+            word_mask=_MASK,
+            quarter=_QUARTER,
+        )
     rw = draws.child("row").grid(n, 4, device=device)
     w = windows(rw[:, 0] & _MASK, k, device=device)
     pos = w % per_row[:, 0:1]
@@ -254,9 +296,7 @@ def topk_indices(
         return pos
     r3 = rw[:, 3:4]
     if mode in (TopkMode.NEGATIVE, TopkMode.MIXED):
-        negative = torch.index_select(
-            const((-2, -bs, -k, INT32_MIN, -(2**20)), _dev(device), torch.int32), 0, (r3 % 5).reshape(-1)
-        ).unsqueeze(1)
+        negative = torch.index_select(_negatives(bs, k, _dev(device)), 0, (r3 % 5).reshape(-1)).unsqueeze(1)
     if mode in (TopkMode.PAST_TABLE, TopkMode.MIXED):
         past_table = torch.where((r3 >> 3) % 5 == 0, INT32_MAX, past_end + (r3 >> 6) % (2 * bs + 1))
     if mode in (TopkMode.PAST_SEQ_LEN, TopkMode.MIXED):
@@ -352,6 +392,17 @@ def writer_inputs(
     """
     chunks = _writer_chunks(WriterValues(values), dtype, _dev(device))
     dev = _dev(device)
+    fused = fused_room(device)
+    if fused is not None:  # the same rows in one launch (generators/fused)
+        draws.child("token").span(num_tokens * 5)  # the torch path's bound on the words it reads
+        return fused.writer_rows(
+            table=word_pool(device),
+            token_offset=draws.child("token").offset,
+            chunks=chunks,
+            num_tokens=num_tokens,
+            tiles=WRITER_TILES,
+            ropes=WRITER_ROPES,
+        )
     # Token t's 9 chunks: tile k's two halves (2 * tile + 0, 1) from its word k, the rope from word 4.
     picks = draws.child("token").grid(num_tokens, 5, device=device)[:, const(_CHUNK_WORD, dev)]
     index = (picks & const(_CHUNK_MASK, dev, torch.int32)) * const(_CHUNK_MUL, dev, torch.int32)

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from mlafuzz.generators.rng.hashing import Stream
 
-__all__ = ["POOL_WORDS", "Draws", "word_pool", "windows"]
+__all__ = ["POOL_WORDS", "Draws", "word_pool", "windows", "window_width"]
 
 POOL_WORDS = 1 << 20
 _MASK = POOL_WORDS - 1
@@ -75,10 +75,16 @@ def word_pool(device: Device) -> Tensor:
 def windows(offsets: Tensor, width: int, *, device: Device) -> Tensor:
     """int32 [len(offsets), width]: row r is the ``width`` table words from offsets[r] (int32 or int64,
     in [0, POOL_WORDS)), one index_select of the table's unfolded view."""
+    table = word_pool(device)
+    return torch.index_select(table.unfold(0, window_width(width), 1), 0, offsets.reshape(-1))
+
+
+def window_width(width: int) -> int:
+    """``width``, checked: a window holds 1..POOL_WORDS words (the fused kernels read windows of
+    the table themselves, and ask first)."""
     if not 0 < width <= POOL_WORDS:
         raise ValueError(f"width={width}: a window holds 1..{POOL_WORDS} words")
-    table = word_pool(device)
-    return torch.index_select(table.unfold(0, width, 1), 0, offsets.reshape(-1))
+    return width
 
 
 @dataclass(frozen=True)
@@ -100,9 +106,14 @@ class Draws:
 
     def words(self, n: int, *, device: Device) -> Tensor:
         """int32 [n] of 31-bit words (a view of the table: callers must not write it)."""
+        return word_pool(device)[self.offset : self.offset + self.span(n)]
+
+    def span(self, n: int) -> int:
+        """``n``, checked: a stream holds at most POOL_WORDS words (the fused kernels read the
+        table at ``offset`` .. ``offset + n`` themselves, and ask first)."""
         if not 0 <= n <= POOL_WORDS:
             raise ValueError(f"n={n}: a stream holds at most {POOL_WORDS} words; use windows for more")
-        return word_pool(device)[self.offset : self.offset + n]
+        return n
 
     def grid(self, rows: int, cols: int, *, device: Device) -> Tensor:
         """int32 [rows, cols]: ``words(rows * cols)`` viewed as rows."""

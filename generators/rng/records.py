@@ -53,8 +53,9 @@ from torch import Tensor
 
 from mlafuzz.generators import catalog
 from mlafuzz.generators.rng.bits import BF16, Device, const, f32_pattern, normal_bits, pick, to_half
+from mlafuzz.generators.rng.fusing import fused_room
 from mlafuzz.generators.rng.hashing import Stream, as_int32
-from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, windows
+from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, window_width, windows, word_pool
 from mlafuzz.generators.spec import ValueMode
 from mlafuzz.oracles.codec import encode_rows
 
@@ -282,7 +283,24 @@ def paged_cache(
         else torch.empty(shape, dtype=torch.uint8, device=device)
     )  # every byte of a cache without a zero head is written
     tail = cache[base_block:].view(pool_blocks * block_size, RECORD_BYTES)
-    if pool_blocks:
+    fused = fused_room(device)
+    if pool_blocks and fused is not None:  # the same records in one launch (generators/fused)
+        mode = ValueMode(mode)
+        pool, _, scales = _pool(mode, _dev(device))
+        draws.span(pool_blocks)  # the torch path's bounds on the words it reads, the same errors
+        window_width(block_size * WORDS)
+        fused.fill_records(
+            tail,
+            table=word_pool(device),
+            block_offset=draws.offset,
+            block_size=block_size,
+            pool=pool,
+            scales=scales,
+            activations=mode is ValueMode.ACTIVATIONS,
+            word_mask=POOL_WORDS - 1,
+            scale_mask=SCALE_ROWS - 1,
+        )
+    elif pool_blocks:
         words = record_words(draws.words(pool_blocks, device=device), block_size=block_size, device=device)
         fill_records(tail, mode, words=words)
     return cache

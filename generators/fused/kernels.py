@@ -1,0 +1,332 @@
+"""Fused generation kernels (Triton): each big tensor of a case in one launch.
+
+Each kernel computes, element by element, exactly what its torch builder in generators/rng
+computes with a dozen ops: the same words of the same word table, the same integer arithmetic
+(``%``, ``&``, ``>>`` and compares on non-negative int32 values, where every device and C's
+truncating division agree with torch's floor division), the same table lookups. No float is
+computed: floats are copied as the bit patterns of their pools. So the bytes are the torch
+builders', which tests/generators/test_fused.py checks under the CPU interpreter and on the GPU.
+
+The callers (generators/rng) pass every table and constant, so this module needs nothing of
+mlafuzz and the room can be deleted. The per-case numbers (offsets, sizes) are runtime scalars
+that are not specialized on: a run compiles each kernel once per mode flag, not per case.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["INTERPRETED", "TOPK_MODES", "block_table", "topk_indices", "fill_records", "writer_rows"]
+
+# The order of the top-k modes (generators.spec.TopkMode values), the kernel's MODE constexpr.
+TOPK_MODES = ("valid", "padded", "negative", "past_table", "past_seq_len", "mixed")
+_VALID, _PADDED, _NEGATIVE, _PAST_TABLE, _PAST_SEQ_LEN, _MIXED = range(6)
+_TILE = 1024  # columns per program of a row-wise kernel
+_RECORDS_PER_PROGRAM = 16
+_TOKENS_PER_PROGRAM = 32
+
+_TABLE_SCALARS = ["rows_s0", "cold_offset", "width", "pool", "base", "shared", "word_mask"]
+
+
+@triton.jit(do_not_specialize=_TABLE_SCALARS, do_not_specialize_on_alignment=["rows_ptr", "ids_ptr"])
+def _table_kernel(
+    out_ptr,
+    ids_ptr,
+    rows_ptr,
+    table_ptr,
+    rows_s0,
+    cold_offset,
+    width,
+    pool,
+    base,
+    shared,
+    word_mask,
+    HAS_IDS: tl.constexpr,
+    LIVE: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    r = tl.program_id(0)
+    col = tl.program_id(1) * TILE + tl.arange(0, TILE)
+    cm = col < width
+    row = rows_ptr + r.to(tl.int64) * rows_s0
+    need = tl.load(row)
+    shift = tl.load(row + 1)
+    index = col + shift  # an owned column's pool index
+    index = tl.where(col < shared, col, index)
+    if LIVE:  # the columns a call does not read: random blocks of the pool
+        off = tl.load(table_ptr + cold_offset + r) & word_mask
+        cold = tl.load(table_ptr + off + col, mask=cm, other=0) % pool
+        keep = ((col >= tl.load(row + 2)) & (col <= tl.load(row + 3))) | (col < shared)
+        index = tl.where(keep, index, cold)
+    index = tl.where(col < need, index, pool)
+    inside = index < pool
+    if HAS_IDS:
+        ids = tl.load(ids_ptr + tl.where(inside & cm, index, 0), mask=inside & cm, other=0).to(tl.int32)
+    else:
+        ids = index
+    tl.store(out_ptr + r.to(tl.int64) * width + col, tl.where(inside, ids + base, 0), mask=cm)
+
+
+def block_table(
+    *,
+    ids: torch.Tensor | None,
+    rows: torch.Tensor,
+    table: torch.Tensor,
+    cold_offset: int | None,
+    width: int,
+    pool: int,
+    base: int,
+    shared: int,
+    word_mask: int,
+) -> torch.Tensor:
+    """int32 [R, width]: rng.fill.block_table's table. ``ids``: the sorted pool order (None: the
+    contiguous layout, pool index i is block base + i); ``rows``: the plan's rows on the device
+    ([R, >= 4] int32); ``cold_offset``: the offset of the cold columns' words (None: every column
+    live)."""
+    num_req = rows.shape[0]
+    out = torch.empty((num_req, width), dtype=torch.int32, device=rows.device)
+    if num_req == 0 or width == 0:
+        return out
+    live = cold_offset is not None
+    _table_kernel[(num_req, triton.cdiv(width, _TILE))](
+        out,
+        ids if ids is not None else rows,
+        rows,
+        table,
+        rows.stride(0),
+        cold_offset if live else 0,
+        width,
+        pool,
+        base,
+        shared,
+        word_mask,
+        HAS_IDS=ids is not None,
+        LIVE=live,
+        TILE=_TILE,
+    )
+    return out
+
+
+_TOPK_SCALARS = [
+    "row_offset",
+    "per_row_s0",
+    "k",
+    "span",
+    "ranks_pow2",
+    "bs",
+    "past_end",
+    "word_mask",
+    "quarter",
+    "third",
+]
+
+
+@triton.jit(
+    do_not_specialize=_TOPK_SCALARS,
+    do_not_specialize_on_alignment=["per_row_ptr", "negatives_ptr", "ranks_ptr"],
+)
+def _topk_kernel(
+    out_ptr,
+    table_ptr,
+    ranks_ptr,
+    per_row_ptr,
+    negatives_ptr,
+    row_offset,
+    per_row_s0,
+    k,
+    span,
+    ranks_pow2,
+    bs,
+    past_end,
+    word_mask,
+    quarter,
+    third,
+    MODE: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    r = tl.program_id(0)
+    c = tl.program_id(1) * TILE + tl.arange(0, TILE)
+    cm = c < k
+    words = table_ptr + row_offset + r * 4  # the row's four words
+    rw0 = tl.load(words)
+    pr = per_row_ptr + r.to(tl.int64) * per_row_s0  # its request's eight ints
+    w = tl.load(table_ptr + (rw0 & word_mask) + c, mask=cm, other=0)
+    pos = w % tl.load(pr)
+    if MODE == 0:  # valid
+        out = pos + tl.load(pr + 1)
+    else:
+        n_valid = tl.minimum(tl.maximum(tl.load(words + 1) % tl.load(pr + 2) - tl.load(pr + 3), 0), tl.load(pr + 4))
+        rw2 = tl.load(words + 2)
+        start = tl.where(ranks_pow2 != 0, rw2 & ((span - 1) & ~k), (rw2 % (span // (2 * k))) * (2 * k) + (rw2 >> 8) % k)
+        rank = tl.load(ranks_ptr + start + c, mask=cm, other=0)
+        out = tl.where(rank >= n_valid, -1, pos)
+        if MODE != 1:  # the modes past padded replace columns by their row's value of a class
+            r3 = tl.load(words + 3)
+            negative = tl.load(negatives_ptr + r3 % 5)
+            past_table = tl.where((r3 >> 3) % 5 == 0, 2147483647, past_end + (r3 >> 6) % (2 * bs + 1))
+            room = tl.load(pr + 7)  # 2**29, or 0: no room past seq_len
+            past_seq = tl.load(pr + 5) + (r3 >> 16) % tl.load(pr + 6)
+            if MODE == 2:
+                out = tl.where(w < quarter, negative, out)
+            elif MODE == 3:
+                out = tl.where(w < quarter, past_table, out)
+            elif MODE == 4:
+                out = tl.where(w < room, past_seq, out)
+            else:
+                out = tl.where(w < tl.maximum(room, 2 * third), past_seq, out)
+                out = tl.where(w < 2 * third, past_table, out)
+                out = tl.where(w < third, negative, out)
+    tl.store(out_ptr + r.to(tl.int64) * k + c, out, mask=cm)
+
+
+def topk_indices(
+    *,
+    table: torch.Tensor,
+    row_offset: int,
+    per_row: torch.Tensor,
+    ranks: torch.Tensor,
+    negatives: torch.Tensor,
+    k: int,
+    block_size: int,
+    past_end: int,
+    mode: str,
+    word_mask: int,
+    quarter: int,
+) -> torch.Tensor:
+    """int32 [N, k]: rng.fill.topk_indices's rows, row r from its request's eight ints (row r of
+    ``per_row``, int32 [N, 8]) and its four words at ``row_offset + 4r`` of ``table``."""
+    n = per_row.shape[0]
+    out = torch.empty((n, k), dtype=torch.int32, device=per_row.device)
+    if n == 0 or k == 0:
+        return out
+    span = ranks.shape[0]
+    _topk_kernel[(n, triton.cdiv(k, _TILE))](
+        out,
+        table,
+        ranks,
+        per_row,
+        negatives,
+        row_offset,
+        per_row.stride(0),
+        k,
+        span,
+        int(span & (span - 1) == 0 and k & (k - 1) == 0),
+        block_size,
+        past_end,
+        word_mask,
+        quarter,
+        quarter // 3,
+        MODE=TOPK_MODES.index(mode),
+        TILE=_TILE,
+    )
+    return out
+
+
+@triton.jit(do_not_specialize=["n", "block_offset", "bs", "word_mask", "scale_mask"])
+def _records_kernel(
+    out_ptr,
+    table_ptr,
+    pool_ptr,
+    scales_ptr,
+    n,
+    block_offset,
+    bs,
+    word_mask,
+    scale_mask,
+    ACTIVATIONS: tl.constexpr,
+    RB: tl.constexpr,
+):
+    s = tl.program_id(0) * RB + tl.arange(0, RB)  # records
+    sm = s < n
+    at = tl.load(table_ptr + block_offset + s // bs, mask=sm, other=0) & word_mask  # its block's window
+    j = 2 * (s % bs)
+    w0 = tl.load(table_ptr + at + j, mask=sm, other=0)
+    w1 = tl.load(table_ptr + at + j + 1, mask=sm, other=0)
+    sel = w0 >> 21  # the codes' pool row
+    if ACTIVATIONS:  # one of its 64 scale rows
+        row = sel * 64 + (w1 & 63)
+    else:
+        row = w1 & scale_mask
+    c = tl.arange(0, 256)[None, :]  # int32 words of a 656-byte record: 128 codes, 4 scales, 32 rope
+    inside = sm[:, None] & (c < 164)
+    is_scale = (c >= 128) & (c < 132)
+    src = tl.where(c < 128, sel[:, None], (w0 & 1023)[:, None])  # the rope's pool row
+    value = tl.load(pool_ptr + src * 164 + c, mask=inside & ~is_scale, other=0)
+    scale = tl.load(scales_ptr + row[:, None] * 4 + (c - 128), mask=inside & is_scale, other=0)
+    tl.store(out_ptr + s[:, None].to(tl.int64) * 164 + c, tl.where(is_scale, scale, value), mask=inside)
+
+
+def fill_records(
+    out: torch.Tensor,
+    *,
+    table: torch.Tensor,
+    block_offset: int,
+    block_size: int,
+    pool: torch.Tensor,
+    scales: torch.Tensor,
+    activations: bool,
+    word_mask: int,
+    scale_mask: int,
+) -> None:
+    """rng.records.fill_records for a cache's ``paged_cache`` tail: ``out`` uint8 [n, 656]
+    (contiguous, 4-byte aligned), record s of block s // block_size, the blocks' words at
+    ``block_offset`` of ``table``; ``pool`` uint8 [P, 656], ``scales`` int32 [rows, 4]."""
+    n = out.shape[0]
+    if n == 0:
+        return
+    _records_kernel[(triton.cdiv(n, _RECORDS_PER_PROGRAM),)](
+        out.view(torch.int32),
+        table,
+        pool.view(torch.int32),
+        scales,
+        n,
+        block_offset,
+        block_size,
+        word_mask,
+        scale_mask,
+        ACTIVATIONS=activations,
+        RB=_RECORDS_PER_PROGRAM,
+    )
+
+
+@triton.jit(do_not_specialize=["num_tokens", "token_offset", "tile_mask", "rope_mask", "rope_row"])
+def _writer_kernel(
+    out_ptr, table_ptr, chunks_ptr, num_tokens, token_offset, tile_mask, rope_mask, rope_row, RB: tl.constexpr
+):
+    t = tl.program_id(0) * RB + tl.arange(0, RB)
+    part = tl.program_id(1)  # chunks 0..7: the kv_c tiles' halves; 8: the rope
+    tm = t < num_tokens
+    is_tile = part < 8
+    word = tl.load(table_ptr + token_offset + t * 5 + tl.where(is_tile, part >> 1, 4), mask=tm, other=0)
+    chunk = tl.where(is_tile, (word & tile_mask) * 2 + (part & 1), (word & rope_mask) + rope_row)
+    c = tl.arange(0, 32)[None, :]  # 32 int32 words: the chunk's 64 halves
+    value = tl.load(chunks_ptr + chunk[:, None] * 32 + c, mask=tm[:, None], other=0)
+    tl.store(out_ptr + t[:, None].to(tl.int64) * 288 + part * 32 + c, value, mask=tm[:, None])
+
+
+def writer_rows(
+    *, table: torch.Tensor, token_offset: int, chunks: torch.Tensor, num_tokens: int, tiles: int, ropes: int
+) -> torch.Tensor:
+    """rng.fill.writer_inputs's rows, [T, 576] of chunks' dtype: token t's five words at
+    ``token_offset + 5t``, chunks [2 * tiles + ropes, 64] (tiles and ropes powers of two)."""
+    out = torch.empty((num_tokens, 576), dtype=chunks.dtype, device=chunks.device)
+    if num_tokens == 0:
+        return out
+    _writer_kernel[(triton.cdiv(num_tokens, _TOKENS_PER_PROGRAM), 9)](
+        out.view(torch.int32),
+        table,
+        chunks.view(torch.int32),
+        num_tokens,
+        token_offset,
+        tiles - 1,
+        ropes - 1,
+        2 * tiles,
+        RB=_TOKENS_PER_PROGRAM,
+    )
+    return out
+
+
+# TRITON_INTERPRET=1 at decoration time gives interpreted kernels (CPU tensors only).
+INTERPRETED = type(_topk_kernel).__name__ == "InterpretedFunction"
