@@ -28,9 +28,9 @@ __all__ = ["SWITCH", "room"]
 def room(device: torch.device | str) -> ModuleType | None:
     """The fused kernels for tensors on ``device``, or None: the torch builders make them."""
     mode = os.environ.get(SWITCH, "")
-    if mode == "0":
-        return None
     kind = torch.device(device).type
+    if mode == "0" or (kind == "cpu" and mode != "1"):
+        return None  # decided before importing triton: a CPU run pays nothing for this room
     try:
         from mlafuzz.generators.fused import kernels
     except ImportError:  # no triton: the torch builders

@@ -7,9 +7,14 @@ the harness to the oracle and comparator. Integer arithmetic only: int64,
 wrapped to int32 like the oracle.
 
 SPEC section 7's options: a block stride (``block_stride_rows``) is one more
-runtime multiplier, judged here; compact-to-front cases are not (``accepts``
-says no, before any call): their rows are multisets, which the full path's
-comparator judges.
+runtime multiplier. A compacted row (compact-to-front) is a multiset: the full
+path's comparator takes the oracle's valid count n of the row, then compares
+the first n values as a multiset and wants -1 in every later column. Here the
+same row passes when its tail is exactly -1, valid_counts is exact, and two
+sums over its first n values of a bijective 32-bit mix (two keys) equal the
+sums over the oracle's valid values: equal multisets always pass, and unequal
+ones pass only when both 32-bit-word sums collide (about 2**-64 for a changed
+row), which is the one way this filter can miss what the comparator would see.
 """
 
 from __future__ import annotations
@@ -22,6 +27,20 @@ from mlafuzz.generators.case import Case
 from mlafuzz.harness.fast.launch import Launchers
 from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.ops.op import Outputs
+
+_KEYS = (0x2545F491, 0x6C8E9CF5)  # the two mixes' keys: any two distinct 32-bit values
+
+
+@triton.jit
+def _mix(v, key):
+    """A bijection of the 32 bits of int32 ``v``, as int64 in [0, 2**32) (lowbias32 with a key, in
+    int64 so no product wraps): summed over a row, a multiset's signature."""
+    x = (v.to(tl.int64) & 0xFFFFFFFF) ^ key
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x046CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
 
 
 # One compile serves every case of a run (as in the kernel under test, kernels/triton_convert.py):
@@ -65,6 +84,9 @@ def _check_convert(
     has_counts,  # 0 / 1: valid_counts is checked too
     K: tl.constexpr,
     TILE: tl.constexpr,
+    COMPACT: tl.constexpr,
+    KEY1: tl.constexpr,
+    KEY2: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_ptr + row).to(tl.int64)
@@ -77,6 +99,8 @@ def _check_convert(
     cols = tl.arange(0, TILE)
     bad = 0
     valid_n = 0
+    sig1 = row * 0  # compacted rows: the oracle's valid values' signatures (int64 sums)
+    sig2 = row * 0
     for c0 in tl.range(0, K, TILE):
         c = c0 + cols
         tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1).to(tl.int64)
@@ -95,9 +119,22 @@ def _check_convert(
         ).to(tl.int64)  # noqa: E712 (a bool mask: see above)
         value = tl.where(is_pf, start + tok, base * block_stride + off)
         expected = tl.where(valid, value.to(tl.int32), -1)
-        actual = tl.load(out_ptr + row * out_s0 + c)
-        bad += tl.sum((expected != actual).to(tl.int32), axis=0)
+        if COMPACT:
+            sig1 += tl.sum(tl.where(valid, _mix(expected, KEY1), 0), axis=0)
+            sig2 += tl.sum(tl.where(valid, _mix(expected, KEY2), 0), axis=0)
+        else:
+            actual = tl.load(out_ptr + row * out_s0 + c)
+            bad += tl.sum((expected != actual).to(tl.int32), axis=0)
         valid_n += tl.sum(valid.to(tl.int32), axis=0)
+    if COMPACT:  # the row's first valid_n values against the signatures, -1 after them
+        for c0 in tl.range(0, K, TILE):
+            c = c0 + cols
+            actual = tl.load(out_ptr + row * out_s0 + c)
+            front = c < valid_n
+            sig1 -= tl.sum(tl.where(front, _mix(actual, KEY1), 0), axis=0)
+            sig2 -= tl.sum(tl.where(front, _mix(actual, KEY2), 0), axis=0)
+            bad += tl.sum((~front & (actual != -1)).to(tl.int32), axis=0)
+        bad += ((sig1 != 0) | (sig2 != 0)).to(tl.int32)
     counted = tl.load(counts_ptr + row, mask=has_counts != 0, other=0)
     bad += ((has_counts != 0) & (counted != valid_n)).to(tl.int32)
     tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
@@ -117,11 +154,13 @@ def convert_rows_flag(
     flag: torch.Tensor | None = None,
     launchers: Launchers | None = None,
     block_stride_rows: int | None = None,
+    compact: bool = False,
 ) -> torch.Tensor | None:
     """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
     check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization.
     ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one.
-    ``block_stride_rows``: SPEC 7's stride (None: block_size)."""
+    ``block_stride_rows``: SPEC 7's stride (None: block_size); ``compact``: rows compacted to the
+    front (SPEC 7), judged as multisets with a -1 tail (the module docstring)."""
     n, k = token_indices.shape
     if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
         return None
@@ -169,19 +208,16 @@ def convert_rows_flag(
         int(bool(has_prefill_workspace)),
         int(valid_counts is not None),
     )
-    (launchers or Launchers())(_check_convert)(n, args, {"K": k, "TILE": tile})
+    (launchers or Launchers())(_check_convert)(
+        n, args, {"K": k, "TILE": tile, "COMPACT": bool(compact), "KEY1": _KEYS[0], "KEY2": _KEYS[1]}
+    )
     return bad
-
-
-def accepts(case: Case) -> bool:
-    """Compacted rows are multisets: the full path's comparator judges them."""
-    return not case.params.get("COMPACT_TO_FRONT")
 
 
 def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
     """The fast path's check of a convert call (convert has no guarded outputs: ``second`` is
     never given). False: it cannot tell from the host, nothing launched."""
-    if second is not None or not accepts(case):
+    if second is not None:
         return False
     t, p = case.tensors, case.params
     out, counts = outputs.get("out"), outputs.get("valid_counts")
@@ -201,6 +237,7 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
             flag=flag,
             launchers=state.launchers,
             block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
+            compact=bool(p.get("COMPACT_TO_FRONT")),
         )
         is not None
     )

@@ -45,13 +45,11 @@ class FastOp:
 
     check: Callable[[Case, Outputs, Outputs | None, torch.Tensor, CaseState], bool]
     prefill: Callable[[Case, Mapping[str, Guarded], CaseState], bool] | None = None
-    # Cases it judges (None: all); the rest go straight to the full path, before any call.
-    accepts: Callable[[Case], bool] | None = None
 
 
 # The ops this room accelerates, by name; any other op takes the full path.
 FAST_OPS: dict[str, FastOp] = {
-    "convert": FastOp(check=convert.check, accepts=convert.accepts),
+    "convert": FastOp(check=convert.check),
     "gather": FastOp(check=gather.check, prefill=gather.prefill),
     "writer": FastOp(check=writer.check),
 }
@@ -80,10 +78,9 @@ class Found:
 FastResult = Clear | Undecided | Found
 
 
-def handles(op: Op, case: Case | None = None) -> bool:
-    """Whether this path judges ``op`` (and, given, this ``case``)."""
-    fast = FAST_OPS.get(op.name)
-    return fast is not None and (case is None or fast.accepts is None or fast.accepts(case))
+def handles(op: Op) -> bool:
+    """Whether this path judges ``op``'s cases."""
+    return op.name in FAST_OPS
 
 
 def _quietly(res: Resources, op: str, fn: Callable[[], object], default: object) -> object:

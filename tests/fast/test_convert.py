@@ -39,17 +39,14 @@ def _check(case, out, counts) -> bool:
             out=out,
             valid_counts=counts,
             block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
+            compact=bool(p.get("COMPACT_TO_FRONT")),
         )
     )
 
 
-@given(spec=specs("convert"), seed=st.integers(0, 2**32 - 1), where=st.integers(0, 2**31), delta=st.integers(1, 9))
-@settings(max_examples=30, deadline=None)
-def test_yes_on_the_oracles_outputs_and_no_after_any_single_change(spec, seed, where, delta):
-    case = materialize(spec, seed, DEV)
+def _oracle(case):
     t, p = case.tensors, case.params
-    # The drawn block stride is judged here; compaction is not (the full path's, see accepts()).
-    out, counts = oc.convert(
+    return oc.convert(
         req_id=t["req_id"],
         block_table=t["block_table"],
         token_indices=t["token_indices"],
@@ -58,8 +55,29 @@ def test_yes_on_the_oracles_outputs_and_no_after_any_single_change(spec, seed, w
         prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
         prefill_workspace_starts=t["prefill_workspace_starts"],
         block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
+        compact_to_front=bool(p.get("COMPACT_TO_FRONT")),
     )
+
+
+def _shuffled_prefixes(out, counts, seed: int):
+    """The same compacted rows with each valid prefix in another order (any order is right)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = out.clone()
+    for i, n in enumerate(counts.tolist()):
+        if n > 1:
+            rows[i, :n] = rows[i, :n][torch.randperm(n, generator=g).to(rows.device)]
+    return rows
+
+
+@given(spec=specs("convert"), seed=st.integers(0, 2**32 - 1), where=st.integers(0, 2**31), delta=st.integers(1, 9))
+@settings(max_examples=30, deadline=None)
+def test_yes_on_the_oracles_outputs_and_no_after_any_single_change(spec, seed, where, delta):
+    case = materialize(spec, seed, DEV)
+    # Every drawn option is judged here: a block stride, and compaction (rows as multisets).
+    out, counts = _oracle(case)
     assert _check(case, out, counts) and _check(case, out, None)
+    if case.params.get("COMPACT_TO_FRONT"):
+        assert _check(case, _shuffled_prefixes(out, counts, seed), counts)
     if out.numel():
         bad = out.clone()
         bad.view(-1)[where % out.numel()] += delta
@@ -69,10 +87,9 @@ def test_yes_on_the_oracles_outputs_and_no_after_any_single_change(spec, seed, w
         assert not _check(case, out, bad_counts)
 
 
-def test_a_stride_is_judged_and_compacted_cases_are_left_to_the_full_path():
+def test_a_stride_is_judged_and_a_compacted_row_is_a_multiset_with_a_minus_one_tail():
     from mlafuzz.generators.ops.convert import ConvertRequest, ConvertSpec
-    from mlafuzz.generators.spec import Paging
-    from mlafuzz.harness.fast.convert import accepts
+    from mlafuzz.generators.spec import Paging, TopkMode
 
     spec = ConvertSpec(
         requests=(ConvertRequest(seq_len=200, num_tokens=3),),
@@ -95,9 +112,21 @@ def test_a_stride_is_judged_and_compacted_cases_are_left_to_the_full_path():
     )
     assert not torch.equal(strided, plain)
     assert _check(case, strided, counts) and not _check(case, plain, counts)
-    assert accepts(case)
-    compact = materialize(dataclasses.replace(spec, compact=True), 5, DEV)
-    assert not accepts(compact)
+
+    many_rows = (ConvertRequest(seq_len=200, num_tokens=16),)
+    compact = materialize(
+        dataclasses.replace(spec, requests=many_rows, compact=True, topk_mode=TopkMode.PADDED), 5, DEV
+    )
+    out, counts = _oracle(compact)
+    assert _check(compact, out, counts) and _check(compact, _shuffled_prefixes(out, counts, 1), counts)
+    i = int(((counts > 1) & (counts < 64)).nonzero()[0])
+    n = int(counts[i])
+    swapped = out.clone()  # a prefix value swapped with the tail's first -1: same multiset, wrong shape
+    swapped[i, n - 1], swapped[i, n] = out[i, n], out[i, n - 1]
+    doubled = out.clone()  # one slot twice, another missing: the count and the tail still right
+    doubled[i, 1] = out[i, 0]
+    assert not _check(compact, swapped, counts) and not _check(compact, doubled, counts)
+    assert not _check(compact, out, counts + 1)
 
 
 _PTX_SCRIPT = """
@@ -110,15 +139,16 @@ try:
 except ImportError as exc:
     print("SKIP", exc)
     sys.exit(0)
-from mlafuzz.harness.fast.convert import _check_convert
+from mlafuzz.harness.fast.convert import _KEYS, _check_convert
 sig = {p.name: "*i32" if p.name.endswith("_ptr") else "constexpr" if p.is_constexpr else "i32"
        for p in _check_convert.params}
-try:
-    triton.compile(ASTSource(fn=_check_convert, signature=sig, constexprs=dict(K=2048, TILE=1024)),
-                   target=GPUTarget("cuda", 90, 32))
-except ImportError as exc:
-    print("SKIP", exc)
-    sys.exit(0)
+for compact in (False, True):
+    consts = dict(K=2048, TILE=1024, COMPACT=compact, KEY1=_KEYS[0], KEY2=_KEYS[1])
+    try:
+        triton.compile(ASTSource(fn=_check_convert, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+    except ImportError as exc:
+        print("SKIP", exc)
+        sys.exit(0)
 print("OK")
 """
 
