@@ -36,6 +36,9 @@ class ImplEntry:
     # revision, the one the run names.
     revision: str | None = None
     revisions: frozenset[str] | None = None
+    # What it compiles on its first call (an extension, a helper library), built ahead of time for
+    # a device kind: a timed run (``mutants``) then charges no build to its first cases.
+    prepare: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         if self.revision is not None and self.revisions is not None:
@@ -75,6 +78,12 @@ class ImplEntry:
                 f" (install it, or pick another --impl {self.op}=...)"
             )
         return kind
+
+    def build(self, device: str) -> None:
+        """Build now what this entry compiles on its first call on ``device`` (cached on disk, so
+        every process that loads it later finds it); ImplError if it cannot run there."""
+        if self.prepare is not None:
+            self.prepare(self.check_device(device))
 
     def judged_under(self, run_revision: str) -> str:
         """The revision a case of this entry is judged under when the run names ``run_revision``."""

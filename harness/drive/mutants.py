@@ -9,7 +9,8 @@ process runs on an isolated executor (worker processes) even where the rest run
 in this process. A mutant is fuzzed at the case sizes its entry names (``size``:
 small, or large for a bug only caches past 2^32 bytes show). A mutant marked
 ``awaits`` (its bug only shows on inputs the generators do not draw yet) that
-survives is reported as awaiting, not as survived. Each gets its own run folder under ``out``, cleared first: a catalog
+survives is reported as awaiting, not as survived. What a mutant compiles on first use (a CUDA
+extension, a helper library) is built before its clock starts. Each gets its own run folder under ``out``, cleared first: a catalog
 run replaces the last one, never appends to it.
 """
 
@@ -73,6 +74,10 @@ def run_mutants(
         if entry.op not in ops or kind not in entry.devices or entry.missing():
             continue
         expected = entry.expected_kind or ""
+        try:  # its extension or library built here, untimed: its budget is for cases
+            entry.build(device)
+        except Exception:  # the run reports it: its first case fails to load the same way
+            pass
         runner = isolated() if isolated is not None and expected in ISOLATED_KINDS else executor
         config = FuzzConfig(
             ops=(entry.op,),

@@ -233,8 +233,9 @@ def _cuda_broken(device: str) -> str | None:
 
 def charge_broken_context(task: Task, result: TaskResult, error: str, table: OpTable) -> TaskResult:
     """The case after which the CUDA context broke caused it: a CRASH for it (its other findings
-    kept, harness errors the broken context caused dropped)."""
-    kept = tuple(f for f in result.findings if f.cause != "harness_error")
+    kept; dropped, what the broken context explains: harness errors, and the fault itself surfacing
+    in the harness's next CUDA op, which alone would read as a LAUNCH_ERROR)."""
+    kept = tuple(f for f in result.findings if f.cause not in ("harness_error", "cuda_error_after_call"))
     described = task.with_spec(table)
     crash = Finding(
         kind=Kind.CRASH,

@@ -311,6 +311,13 @@ def _loader(op: str, bug: str | None, cuda_bug: str | None, revision: str | None
     return load
 
 
+def _prepare_cuda_bug(device: str) -> None:
+    if device == "cuda":
+        from mlafuzz.kernels.mutants import cuda_mutants
+
+        cuda_mutants.load_extension()
+
+
 def _revisions(m: Mutant) -> frozenset[str] | None:
     """What a mutant's entry follows: a writer mutant without a pin follows every revision."""
     return frozenset(WRITER_REVISIONS) if m.op == "writer" and m.revision is None else None
@@ -328,6 +335,16 @@ def _cpp_throw_loader(device: str) -> Callable:
     return host_throw.gather_cpp_throw(device)
 
 
+def _cpp_throw_prepare(device: str) -> None:
+    from mlafuzz.kernels.mutants import host_throw
+
+    host_throw.build()
+    if device == "cuda":  # on valid inputs it is our CUDA gather
+        from mlafuzz.kernels import cuda_ext
+
+        cuda_ext.load_extension()
+
+
 MUTANTS: tuple[ImplEntry, ...] = tuple(
     ImplEntry(
         op=m.op,
@@ -343,6 +360,7 @@ MUTANTS: tuple[ImplEntry, ...] = tuple(
         capabilities=m.capabilities,
         awaits=m.awaits,
         size=m.size,
+        prepare=_prepare_cuda_bug if m.cuda_bug else None,
     )
     for m in CATALOG
 ) + (
@@ -367,6 +385,7 @@ MUTANTS: tuple[ImplEntry, ...] = tuple(
         expected_kind="CRASH",
         is_mutant=True,
         tools=("g++",),
+        prepare=_cpp_throw_prepare,
         description="its C++ host check throws on a non-bf16 dst and the process aborts (vLLM on the H200); else ours",
     ),
 )

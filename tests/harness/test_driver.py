@@ -207,6 +207,30 @@ def test_a_case_that_breaks_the_cuda_context_is_a_crash_and_later_cases_run_in_a
     assert summary["cases"] == 60 and summary["findings"] < 60
 
 
+def test_a_fault_that_broke_the_cuda_context_is_one_crash_not_also_a_launch_error():
+    # An illegal address surfaces in the harness's next CUDA op (a LAUNCH_ERROR on its own); when
+    # the worker then finds its context broken, that same fault is the case's one CRASH.
+    from mlafuzz.harness.drive.tasks import Task, TaskResult
+    from mlafuzz.harness.drive.workers import DEFAULT_TABLE, charge_broken_context, table_from_ref
+    from mlafuzz.reports.findings import Finding, Kind
+
+    task = Task(index=3, op="gather", seed=9, impl_ref="torch", device="cuda:0")
+    surfaced = Finding(
+        kind=Kind.LAUNCH_ERROR, op="gather", impl="torch", case_id="c", cause="cuda_error_after_call", message="m"
+    )
+    other = Finding(kind=Kind.VALUE_MISMATCH, op="gather", impl="torch", case_id="c", cause="dst:value", message="m")
+    result = charge_broken_context(
+        task,
+        TaskResult(findings=(surfaced, other)),
+        "AcceleratorError: CUDA error: an illegal memory access was encountered",
+        table_from_ref(DEFAULT_TABLE),
+    )
+    assert [(f.kind, f.cause) for f in result.findings] == [
+        (Kind.VALUE_MISMATCH, "dst:value"),
+        (Kind.CRASH, "cuda_context"),
+    ]
+
+
 def test_each_of_4_shards_fuzzes_all_four_ops_in_the_unsharded_mix(tmp_path):
     for k in range(4):
         out = tmp_path / f"shard{k}"

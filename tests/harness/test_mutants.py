@@ -139,6 +139,32 @@ def test_each_mutant_is_reported_as_soon_as_it_is_done_before_the_correct_implem
     assert (tmp_path / "correct-gather").exists()
 
 
+def test_what_a_mutant_builds_on_first_use_is_built_before_its_clock_starts(tmp_path):
+    # On the H200 the CUDA mutants' extension (a cold nvcc build) ate gather_contiguous_table's
+    # whole budget: 3 cases in 108 s, "survived". Now the build comes first, outside its time.
+    events: list[str] = []
+    session = _session_with_mutant(prepare=lambda kind: events.append(f"build {kind}"))
+    real_load = session.load
+
+    def load(entry, device, **kwargs):
+        events.append("load")
+        return real_load(entry, device, **kwargs)
+
+    session.load = load
+    run_mutants(
+        session=session,
+        ops=["gather"],
+        device="cpu",
+        budget=None,
+        cases=2,
+        out=tmp_path,
+        seed=0,
+        shrink_budget=0.0,
+        executor=InProcess(session=session),
+    )
+    assert events[0] == "build cpu" and events.count("build cpu") == 1 and "load" in events
+
+
 def test_a_killed_mutant_still_marked_as_awaiting_is_called_stale(tmp_path):
     session = Session(
         table=OPS,
