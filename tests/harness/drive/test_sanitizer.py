@@ -8,7 +8,7 @@ from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
 from mlafuzz.harness.drive.sanitizer import MARKER, SanitizerExecutor, parse_report
 from mlafuzz.reports.findings import Kind
 
-PLANTED = Path(__file__).parents[1] / "support" / "planted"
+PLANTED = Path(__file__).parents[2] / "support" / "planted"
 
 REPORT = f"""{MARKER}0
 {MARKER}0 done

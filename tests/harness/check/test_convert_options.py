@@ -19,7 +19,7 @@ from mlafuzz.harness.drive.workers import InProcess
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.reports.findings import Kind
 
-PLANTED = Path(__file__).parents[1] / "support" / "planted"
+PLANTED = Path(__file__).parents[2] / "support" / "planted"
 OLD = f"{PLANTED / 'old_convert.py'}:convert"
 SHUFFLED = f"{PLANTED / 'old_convert.py'}:shuffled_compact"
 CTX = Context(op="convert", impl="planted", case_id="c0")

@@ -12,7 +12,7 @@ import pytest
 
 from mlafuzz.harness.cli.main import main
 
-PLANTED = Path(__file__).parents[1] / "support" / "planted"
+PLANTED = Path(__file__).parents[2] / "support" / "planted"
 
 
 def _findings(out: Path) -> list[dict]:

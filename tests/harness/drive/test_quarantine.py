@@ -18,7 +18,7 @@ from mlafuzz.harness.drive.fuzz import FuzzConfig, FuzzSummary, Recorder
 from mlafuzz.harness.drive.tasks import TaskResult
 from mlafuzz.reports.findings import Finding, Kind
 
-PLANTED = Path(__file__).parents[1] / "support" / "planted"
+PLANTED = Path(__file__).parents[2] / "support" / "planted"
 SEGV = f"{PLANTED / 'segv_on_wrong_dtype_gather.py'}:gather"
 CASES = 60
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mlafuzz.harness.cli.main import main
 
-PLANTED = Path(__file__).parents[1] / "support" / "planted"
+PLANTED = Path(__file__).parents[2] / "support" / "planted"
 HANG = PLANTED / "hang_gather.py"
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
 from mlafuzz.generators.spec import spec_to_json
 
-HANG = Path(__file__).parents[1] / "support" / "planted" / "hang_gather.py"
+HANG = Path(__file__).parents[2] / "support" / "planted" / "hang_gather.py"
 START_DEADLINE = 180.0  # spawning a worker and importing torch, on a busy 2-core machine
 GONE_DEADLINE = 5.0  # what the issue asks: no mlafuzz process left 5 s after the parent is gone
 

@@ -149,7 +149,7 @@ def _fuzz_has_ledger_option() -> bool:
 def test_fuzz_exits_0_when_every_finding_is_expected_and_names_stale_entries(tmp_path, capsys):
     from mlafuzz.harness.cli.main import main
 
-    planted = f"{Path(__file__).parents[1] / 'support' / 'planted' / 'gather_from_zero.py'}:gather"
+    planted = f"{Path(__file__).parents[2] / 'support' / 'planted' / 'gather_from_zero.py'}:gather"
     body = "".join(
         f'[[expected]]\nkind = "{k}"\nop = "gather"\nimpl = "{planted}"\ncause = "*"\nissue = "https://x/{i}"\n'
         for i, k in enumerate(("VALUE_MISMATCH", "NAN_MISMATCH", "OOB_WRITE"))

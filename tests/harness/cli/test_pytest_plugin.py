@@ -12,8 +12,8 @@ from mlafuzz.harness.pytest_plugin import Worker, gpu_for, impl_label, worker_of
 
 pytest_plugins = ["pytester"]
 
-PLANTED = f"{Path(__file__).parents[1] / 'support' / 'planted' / 'gather_from_zero.py'}:gather"
-TWO_BUGS = f"{Path(__file__).parents[1] / 'support' / 'planted' / 'gather_two_bugs.py'}:gather"  # two buckets
+PLANTED = f"{Path(__file__).parents[2] / 'support' / 'planted' / 'gather_from_zero.py'}:gather"
+TWO_BUGS = f"{Path(__file__).parents[2] / 'support' / 'planted' / 'gather_two_bugs.py'}:gather"  # two buckets
 # Seed 7 puts a seq_starts case (which the planted gather gets wrong) among the first 4 cases of
 # shard 0/1 and the first 8 of each of 2 shards.
 SEED = "7"

@@ -23,7 +23,7 @@ from mlafuzz.harness.cli.main import main
 from mlafuzz.reports.findings import Kind
 from mlafuzz.tests.support.helpers import materialize, resolve, run_case
 
-PLANTED = Path(__file__).parents[1] / "support" / "planted"
+PLANTED = Path(__file__).parents[2] / "support" / "planted"
 HIGH_31 = (1 << 31) // (16 * 656) + 1  # block size 16: every record past 2**31 bytes
 
 GATHER = GatherSpec(
