@@ -161,8 +161,9 @@ def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) 
     num_req, width, pool, shared = len(plan.rows), plan.width, plan.pool, plan.shared
     fused = fused_room(device)
     if fused is not None:
-        if plan.live:  # the torch path's bounds on the words it reads: the same errors
-            draws.child("cold").span(num_req)
+        cold = draws.child("cold") if plan.live else None
+        if cold is not None:  # the torch path's bounds on the words it reads: the same errors
+            cold.span(num_req)
             window_width(width)
         return fused.block_table(
             ids=None
@@ -170,7 +171,7 @@ def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) 
             else torch.sort(draws.child("ids").words(pool, device=device), stable=True).indices,
             rows=rows,
             table=word_pool(device),
-            cold_offset=draws.child("cold").offset if plan.live else None,
+            cold_offset=cold.offset if cold is not None else None,
             width=width,
             pool=pool,
             base=plan.base_block,
@@ -270,11 +271,12 @@ def topk_indices(
     past_end = width * bs
     fused = fused_room(device)
     if fused is not None:  # the same rows in one launch (generators/fused)
-        draws.child("row").span(n * 4)  # the torch path's bounds on the words it reads: the same errors
+        row_words = draws.child("row")
+        row_words.span(n * 4)  # the torch path's bounds on the words it reads: the same errors
         window_width(k)
         return fused.topk_indices(
             table=word_pool(device),
-            row_offset=draws.child("row").offset,
+            row_offset=row_words.offset,
             per_row=per_row,
             ranks=_ranks(k, _dev(device)),
             negatives=_negatives(bs, k, _dev(device)),
@@ -394,10 +396,11 @@ def writer_inputs(
     dev = _dev(device)
     fused = fused_room(device)
     if fused is not None:  # the same rows in one launch (generators/fused)
-        draws.child("token").span(num_tokens * 5)  # the torch path's bound on the words it reads
+        token_words = draws.child("token")
+        token_words.span(num_tokens * 5)  # the torch path's bound on the words it reads
         return fused.writer_rows(
             table=word_pool(device),
-            token_offset=draws.child("token").offset,
+            token_offset=token_words.offset,
             chunks=chunks,
             num_tokens=num_tokens,
             tiles=WRITER_TILES,

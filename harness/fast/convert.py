@@ -12,9 +12,10 @@ path's comparator takes the oracle's valid count n of the row, then compares
 the first n values as a multiset and wants -1 in every later column. Here the
 same row passes when its tail is exactly -1, valid_counts is exact, and two
 sums over its first n values of a bijective 32-bit mix (two keys) equal the
-sums over the oracle's valid values: equal multisets always pass, and unequal
-ones pass only when both 32-bit-word sums collide (about 2**-64 for a changed
-row), which is the one way this filter can miss what the comparator would see.
+sums over the oracle's valid values. Equal multisets always pass; one changed
+value always moves both sums (the mix is a bijection, the sums do not wrap);
+several changed values pass only if they cancel in both sums by chance (about
+2**-64), the one way this filter can miss what the comparator would see.
 """
 
 from __future__ import annotations
