@@ -20,9 +20,8 @@ import triton.language as tl
 
 __all__ = ["INTERPRETED", "TOPK_MODES", "block_table", "topk_indices", "fill_records", "writer_rows"]
 
-# The order of the top-k modes (generators.spec.TopkMode values), the kernel's MODE constexpr.
+# The top-k modes (generators.spec.TopkMode values); a mode's index is the kernel's MODE constexpr.
 TOPK_MODES = ("valid", "padded", "negative", "past_table", "past_seq_len", "mixed")
-_VALID, _PADDED, _NEGATIVE, _PAST_TABLE, _PAST_SEQ_LEN, _MIXED = range(6)
 _TILE = 1024  # columns per program of a row-wise kernel
 _RECORDS_PER_PROGRAM = 16
 _TOKENS_PER_PROGRAM = 32
@@ -154,7 +153,7 @@ def _topk_kernel(
     pr = per_row_ptr + r.to(tl.int64) * per_row_s0  # its request's eight ints
     w = tl.load(table_ptr + (rw0 & word_mask) + c, mask=cm, other=0)
     pos = w % tl.load(pr)
-    if MODE == 0:  # valid
+    if MODE == 0:  # valid (the modes by their index in TOPK_MODES)
         out = pos + tl.load(pr + 1)
     else:
         n_valid = tl.minimum(tl.maximum(tl.load(words + 1) % tl.load(pr + 2) - tl.load(pr + 3), 0), tl.load(pr + 4))
