@@ -35,7 +35,7 @@ from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.check.compare import Policy
 from mlafuzz.harness.drive.resume import Resume
 from mlafuzz.harness.drive.shrink import ShrinkResult, evaluate_sync, shrink
-from mlafuzz.harness.drive.tasks import Task, TaskResult
+from mlafuzz.harness.drive.tasks import HARNESS_ERROR, Task, TaskResult
 from mlafuzz.harness.drive.workers import Executor
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import OpTable
@@ -374,9 +374,7 @@ def shrink_and_bundle(
     ``on_shrink(event, facts)`` hears "start" (bucket, number, of, budget), "step" (attempts,
     accepted, size: after each attempt) and "done" (attempts, accepted, seconds, size, complete)."""
     table = config.table
-    todo = [
-        (key, task, finding) for key, (task, finding) in summary.buckets.items() if finding.cause != "harness_error"
-    ]
+    todo = [(key, task, finding) for key, (task, finding) in summary.buckets.items() if finding.cause != HARNESS_ERROR]
     for number, (key, task, finding) in enumerate(todo, 1):
         if on_shrink is not None:
             on_shrink("start", {"bucket": key, "number": number, "of": len(todo), "budget": config.shrink_budget})

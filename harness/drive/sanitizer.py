@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mlafuzz.generators.draw import Knobs
 from mlafuzz.harness.check.session import Session
-from mlafuzz.harness.drive.tasks import Task, TaskResult, execute
+from mlafuzz.harness.drive.tasks import HARNESS_ERROR, Task, TaskResult, execute
 from mlafuzz.harness.drive.workers import strip_quarantined
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.reports.findings import Finding, Kind
@@ -202,7 +202,7 @@ class SanitizerExecutor:
                                 case_id=t.case_id(OPS),
                                 seed=t.seed,
                                 spec=t.spec,
-                                cause="harness_error",
+                                cause=HARNESS_ERROR,
                                 message=f"sanitizer child {why} before running any case: "
                                 f"{text.strip().splitlines()[-1] if text.strip() else ''}",
                             ),

@@ -101,6 +101,12 @@ class TaskResult:
         )
 
 
+# Causes of the findings ``execute`` makes of an exception that escaped a case (workers and the
+# fuzz loop read them back: a broken CUDA context explains both, and harness errors are not shrunk).
+HARNESS_ERROR = "harness_error"  # no implementation call in flight: the harness's own bug
+AFTER_CALL = "cuda_error_after_call"  # a CUDA error of the implementation's call, met in a harness op
+
+
 def execute(
     task: Task,
     session: Session,
@@ -197,7 +203,7 @@ def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool, r
             case_id=case_id,
             seed=task.seed,
             spec=spec,
-            cause="cuda_error_after_call",
+            cause=AFTER_CALL,
             revision=revision,
             message=f"a CUDA error surfaced after the implementation's call, in the harness's next "
             f"CUDA operation: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}",
@@ -208,7 +214,7 @@ def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool, r
         op=task.op,
         impl=task.impl_ref,
         case_id=case_id,
-        cause="harness_error",
+        cause=HARNESS_ERROR,
         seed=task.seed,
         spec=spec,
         revision=revision,

@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
 from mlafuzz.harness.check.session import Session
-from mlafuzz.harness.drive.tasks import Task, TaskResult, execute
+from mlafuzz.harness.drive.tasks import AFTER_CALL, HARNESS_ERROR, Task, TaskResult, execute
 from mlafuzz.harness.memory.share import GpuShare
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.reports.findings import Finding, Kind
@@ -235,7 +235,7 @@ def charge_broken_context(task: Task, result: TaskResult, error: str, table: OpT
     """The case after which the CUDA context broke caused it: a CRASH for it (its other findings
     kept; dropped, what the broken context explains: harness errors, and the fault itself surfacing
     in the harness's next CUDA op, which alone would read as a LAUNCH_ERROR)."""
-    kept = tuple(f for f in result.findings if f.cause not in ("harness_error", "cuda_error_after_call"))
+    kept = tuple(f for f in result.findings if f.cause not in (HARNESS_ERROR, AFTER_CALL))
     described = task.with_spec(table)
     crash = Finding(
         kind=Kind.CRASH,

@@ -96,20 +96,26 @@ def _session_with_mutant(**changes) -> Session:
     return Session(table=OPS, registry=Registry.of((*entries, fake)))
 
 
-@pytest.mark.parametrize("awaits, failed, result", [(None, True, "SURVIVED"), ("huge caches", False, "awaiting")])
-def test_a_survivor_fails_the_run_unless_the_catalog_marks_it_as_awaiting_inputs(awaits, failed, result, tmp_path):
-    session = _session_with_mutant(awaits=awaits)
-    (row,), clean = run_mutants(
+def _gather_catalog(session: Session, out, *, cases: int, **kwargs):
+    """run_mutants over the gather catalog of ``session``, on the CPU in this process."""
+    return run_mutants(
         session=session,
         ops=["gather"],
         device="cpu",
         budget=None,
-        cases=3,
-        out=tmp_path,
+        cases=cases,
+        out=out,
         seed=0,
         shrink_budget=0.0,
         executor=InProcess(session=session),
+        **kwargs,
     )
+
+
+@pytest.mark.parametrize("awaits, failed, result", [(None, True, "SURVIVED"), ("huge caches", False, "awaiting")])
+def test_a_survivor_fails_the_run_unless_the_catalog_marks_it_as_awaiting_inputs(awaits, failed, result, tmp_path):
+    session = _session_with_mutant(awaits=awaits)
+    (row,), clean = _gather_catalog(session, tmp_path, cases=3)
     assert not row.killed and row.failed is failed and clean == []
     lines = console.mutants_table([row])
     assert lines[1].split()[2] == result
@@ -123,18 +129,7 @@ def test_each_mutant_is_reported_as_soon_as_it_is_done_before_the_correct_implem
     def on_result(row):
         heard.append((row.name, (tmp_path / "correct-gather").exists()))
 
-    results, _ = run_mutants(
-        session=session,
-        ops=["gather"],
-        device="cpu",
-        budget=None,
-        cases=2,
-        out=tmp_path,
-        seed=0,
-        shrink_budget=0.0,
-        executor=InProcess(session=session),
-        on_result=on_result,
-    )
+    results, _ = _gather_catalog(session, tmp_path, cases=2, on_result=on_result)
     assert heard == [("gather_unkillable", False)] and [r.name for r in results] == ["gather_unkillable"]
     assert (tmp_path / "correct-gather").exists()
 
@@ -151,17 +146,7 @@ def test_what_a_mutant_builds_on_first_use_is_built_before_its_clock_starts(tmp_
         return real_load(entry, device, **kwargs)
 
     session.load = load
-    run_mutants(
-        session=session,
-        ops=["gather"],
-        device="cpu",
-        budget=None,
-        cases=2,
-        out=tmp_path,
-        seed=0,
-        shrink_budget=0.0,
-        executor=InProcess(session=session),
-    )
+    _gather_catalog(session, tmp_path, cases=2)
     assert events[0] == "build cpu" and events.count("build cpu") == 1 and "load" in events
 
 
@@ -175,17 +160,7 @@ def test_a_killed_mutant_still_marked_as_awaiting_is_called_stale(tmp_path):
             )
         ),
     )
-    (row,), _ = run_mutants(
-        session=session,
-        ops=["gather"],
-        device="cpu",
-        budget=None,
-        cases=10,
-        out=tmp_path,
-        seed=0,
-        shrink_budget=0.0,
-        executor=InProcess(session=session),
-    )
+    (row,), _ = _gather_catalog(session, tmp_path, cases=10)
     assert row.killed and not row.failed
     assert any(line.startswith("  stale mark: gather_no_seq_starts") for line in console.mutants_table([row]))
 
