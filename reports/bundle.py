@@ -29,7 +29,9 @@ from mlafuzz.reports.findings import Finding
 # 2: cases made on the device from counter-based streams; a cache at the top of a larger one is
 # stored as its blocks past the zero ones (case.json "zero_blocks"). A version-1 bundle holds bytes of
 # the old CPU generator, which this one cannot make again.
-BUNDLE_SCHEMA = 2
+# 3: shuffled block tables and the writer's slots come from keyed permutations (rng/shuffle.py), not
+# sorts of random words: a version-2 bundle's tables and slots are not what this mlafuzz makes.
+BUNDLE_SCHEMA = 3
 
 
 class BundleError(ValueError):

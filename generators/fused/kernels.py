@@ -18,21 +18,70 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETED", "TOPK_MODES", "block_table", "topk_indices", "fill_records", "writer_rows"]
+__all__ = [
+    "INTERPRETED",
+    "TOPK_MODES",
+    "block_table",
+    "distinct_slots",
+    "topk_indices",
+    "request_rows",
+    "fill_records",
+    "writer_rows",
+]
 
 # The top-k modes (generators.spec.TopkMode values); a mode's index is the kernel's MODE constexpr.
 TOPK_MODES = ("valid", "padded", "negative", "past_table", "past_seq_len", "mixed")
 _TILE = 1024  # columns per program of a row-wise kernel
 _RECORDS_PER_PROGRAM = 16
 _TOKENS_PER_PROGRAM = 32
+_SLOTS_PER_PROGRAM = 1024
 
-_TABLE_SCALARS = ["rows_s0", "cold_offset", "width", "pool", "base", "shared", "word_mask"]
+_PERM_SCALARS = ["p_n", "p_h", "p_k0", "p_k1", "p_k2", "p_k3", "p_k4", "p_k5"]
 
 
-@triton.jit(do_not_specialize=_TABLE_SCALARS, do_not_specialize_on_alignment=["rows_ptr", "ids_ptr"])
+@triton.jit
+def _perm_f(v, k):
+    y = v ^ k
+    y = y ^ (y >> 16)
+    y = (y * 0x7FEB352D) & 0xFFFFFFFF
+    y = y ^ (y >> 15)
+    y = (y * 0x046CA68B) & 0xFFFFFFFF
+    return y ^ (y >> 16)
+
+
+@triton.jit
+def _perm_network(x, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5):
+    mask = (tl.full(x.shape, 1, tl.int64) << p_h) - 1
+    left = x >> p_h
+    right = x & mask
+    left = left ^ (_perm_f(right, p_k0) & mask)
+    right = right ^ (_perm_f(left, p_k1) & mask)
+    left = left ^ (_perm_f(right, p_k2) & mask)
+    right = right ^ (_perm_f(left, p_k3) & mask)
+    left = left ^ (_perm_f(right, p_k4) & mask)
+    right = right ^ (_perm_f(left, p_k5) & mask)
+    return (left << p_h) | right
+
+
+@triton.jit
+def _permute(i, p_n, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5):
+    """rng.shuffle.permute at the values i (each in [0, p_n)): the Feistel network (the halves'
+    swaps unrolled: six rounds leave them where the torch loop does), then cycle walking until every
+    value is back in range."""
+    y = _perm_network(i.to(tl.int64), p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5)
+    todo = y >= p_n
+    while tl.max(todo.to(tl.int32), axis=0) > 0:
+        y = tl.where(todo, _perm_network(y, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5), y)
+        todo = y >= p_n
+    return y
+
+
+_TABLE_SCALARS = ["rows_s0", "cold_offset", "width", "pool", "base", "shared", "word_mask", *_PERM_SCALARS]
+
+
+@triton.jit(do_not_specialize=_TABLE_SCALARS, do_not_specialize_on_alignment=["rows_ptr"])
 def _table_kernel(
     out_ptr,
-    ids_ptr,
     rows_ptr,
     table_ptr,
     rows_s0,
@@ -42,7 +91,15 @@ def _table_kernel(
     base,
     shared,
     word_mask,
-    HAS_IDS: tl.constexpr,
+    p_n,
+    p_h,
+    p_k0,
+    p_k1,
+    p_k2,
+    p_k3,
+    p_k4,
+    p_k5,
+    SHUFFLED: tl.constexpr,
     LIVE: tl.constexpr,
     TILE: tl.constexpr,
 ):
@@ -61,16 +118,20 @@ def _table_kernel(
         index = tl.where(keep, index, cold)
     index = tl.where(col < need, index, pool)
     inside = index < pool
-    if HAS_IDS:
-        ids = tl.load(ids_ptr + tl.where(inside & cm, index, 0), mask=inside & cm, other=0).to(tl.int32)
+    if SHUFFLED:
+        ids = _permute(tl.where(inside & cm, index, 0), p_n, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5)
     else:
-        ids = index
-    tl.store(out_ptr + r.to(tl.int64) * width + col, tl.where(inside, ids + base, 0), mask=cm)
+        ids = index.to(tl.int64)
+    tl.store(out_ptr + r.to(tl.int64) * width + col, tl.where(inside, ids + base, 0).to(tl.int32), mask=cm)
+
+
+def _perm_args(perm: tuple[int, ...] | None) -> tuple[int, ...]:
+    return perm if perm is not None else (1, 1) + (0,) * 6
 
 
 def block_table(
     *,
-    ids: torch.Tensor | None,
+    perm: tuple[int, ...] | None,
     rows: torch.Tensor,
     table: torch.Tensor,
     cold_offset: int | None,
@@ -80,10 +141,10 @@ def block_table(
     shared: int,
     word_mask: int,
 ) -> torch.Tensor:
-    """int32 [R, width]: rng.fill.block_table's table. ``ids``: the sorted pool order (None: the
-    contiguous layout, pool index i is block base + i); ``rows``: the plan's rows on the device
-    ([R, >= 4] int32); ``cold_offset``: the offset of the cold columns' words (None: every column
-    live)."""
+    """int32 [R, width]: rng.fill.block_table's table. ``perm``: the pool's permutation
+    (``PermKey.scalars()``; None: the contiguous layout, pool index i is block base + i);
+    ``rows``: the plan's rows on the device ([R, >= 4] int32); ``cold_offset``: the offset of the
+    cold columns' words (None: every column live)."""
     num_req = rows.shape[0]
     out = torch.empty((num_req, width), dtype=torch.int32, device=rows.device)
     if num_req == 0 or width == 0:
@@ -91,7 +152,6 @@ def block_table(
     live = cold_offset is not None
     _table_kernel[(num_req, triton.cdiv(width, _TILE))](
         out,
-        ids if ids is not None else rows,
         rows,
         table,
         rows.stride(0),
@@ -101,9 +161,59 @@ def block_table(
         base,
         shared,
         word_mask,
-        HAS_IDS=ids is not None,
+        *_perm_args(perm),
+        SHUFFLED=perm is not None,
         LIVE=live,
         TILE=_TILE,
+    )
+    return out
+
+
+@triton.jit(do_not_specialize=["n", "offset", "pad_offset", "quarter", *_PERM_SCALARS])
+def _slots_kernel(
+    out_ptr,
+    table_ptr,
+    n,
+    offset,
+    pad_offset,
+    quarter,
+    p_n,
+    p_h,
+    p_k0,
+    p_k1,
+    p_k2,
+    p_k3,
+    p_k4,
+    p_k5,
+    PADDING: tl.constexpr,
+    RB: tl.constexpr,
+):
+    i = tl.program_id(0) * RB + tl.arange(0, RB)
+    m = i < n
+    slot = _permute(tl.where(m, i, 0), p_n, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5) + offset
+    if PADDING:
+        slot = tl.where(tl.load(table_ptr + pad_offset + i, mask=m, other=quarter) < quarter, -1, slot)
+    tl.store(out_ptr + i, slot, mask=m)
+
+
+def distinct_slots(
+    *, perm: tuple[int, ...], n: int, offset: int, table: torch.Tensor, pad_offset: int | None, quarter: int
+) -> torch.Tensor:
+    """int64 [n]: rng.fill.distinct_slots's slots, offset + the permutation ``perm`` at 0..n-1;
+    with ``pad_offset``, -1 where the word at pad_offset + i of ``table`` is below ``quarter``."""
+    out = torch.empty(n, dtype=torch.int64, device=table.device)
+    if n == 0:
+        return out
+    _slots_kernel[(triton.cdiv(n, _SLOTS_PER_PROGRAM),)](
+        out,
+        table,
+        n,
+        offset,
+        pad_offset if pad_offset is not None else 0,
+        quarter,
+        *perm,
+        PADDING=pad_offset is not None,
+        RB=_SLOTS_PER_PROGRAM,
     )
     return out
 
@@ -119,12 +229,24 @@ _TOPK_SCALARS = [
     "word_mask",
     "quarter",
     "third",
+    "num_req",
+    "top",
+    "before",
+    "rows",
 ]
 
 
 @triton.jit(
     do_not_specialize=_TOPK_SCALARS,
-    do_not_specialize_on_alignment=["per_row_ptr", "negatives_ptr", "ranks_ptr"],
+    do_not_specialize_on_alignment=[
+        "per_row_ptr",
+        "negatives_ptr",
+        "ranks_ptr",
+        "starts_ptr",
+        "owners_ptr",
+        "local_ptr",
+        "local_out_ptr",
+    ],
 )
 def _topk_kernel(
     out_ptr,
@@ -132,6 +254,10 @@ def _topk_kernel(
     ranks_ptr,
     per_row_ptr,
     negatives_ptr,
+    starts_ptr,
+    owners_ptr,
+    local_ptr,
+    local_out_ptr,
     row_offset,
     per_row_s0,
     k,
@@ -142,7 +268,13 @@ def _topk_kernel(
     word_mask,
     quarter,
     third,
+    num_req,
+    top,
+    before,
+    rows,
     MODE: tl.constexpr,
+    SEARCH: tl.constexpr,
+    HAS_LOCAL: tl.constexpr,
     TILE: tl.constexpr,
 ):
     r = tl.program_id(0)
@@ -150,7 +282,24 @@ def _topk_kernel(
     cm = c < k
     words = table_ptr + row_offset + r * 4  # the row's four words
     rw0 = tl.load(words)
-    pr = per_row_ptr + r.to(tl.int64) * per_row_s0  # its request's eight ints
+    if SEARCH:  # the row's request (rng.topk.request_rows): the last whose start is <= the row
+        j = r - before
+        owner = r * 0  # an int32 scalar, as the loop keeps it
+        step = top  # the largest power of two <= num_req, halved down to 1
+        while step > 0:
+            cand = owner + step
+            start = tl.load(starts_ptr + tl.minimum(cand, num_req - 1))
+            owner = tl.where((cand < num_req) & (start <= j), cand, owner)
+            step = step // 2
+        if (j < 0) | (j >= rows):  # a slack row of the step
+            owner = tl.where(j < 0, r, r - rows) % num_req
+        if tl.program_id(1) == 0:
+            tl.store(owners_ptr + r, owner)
+            if HAS_LOCAL:
+                tl.store(local_out_ptr + r, tl.load(local_ptr + owner))
+        pr = per_row_ptr + owner.to(tl.int64) * per_row_s0  # its request's eight ints
+    else:
+        pr = per_row_ptr + r.to(tl.int64) * per_row_s0  # its request's eight ints
     w = tl.load(table_ptr + (rw0 & word_mask) + c, mask=cm, other=0)
     pos = w % tl.load(pr)
     if MODE == 0:  # valid (the modes by their index in TOPK_MODES)
@@ -194,19 +343,117 @@ def topk_indices(
     word_mask: int,
     quarter: int,
 ) -> torch.Tensor:
-    """int32 [N, k]: rng.fill.topk_indices's rows, row r from its request's eight ints (row r of
+    """int32 [N, k]: rng.topk.topk_indices's rows, row r from its request's eight ints (row r of
     ``per_row``, int32 [N, 8]) and its four words at ``row_offset + 4r`` of ``table``."""
     n = per_row.shape[0]
     out = torch.empty((n, k), dtype=torch.int32, device=per_row.device)
-    if n == 0 or k == 0:
-        return out
+    if n and k:
+        _launch_topk(
+            out,
+            None,
+            None,
+            table,
+            row_offset,
+            per_row,
+            ranks,
+            negatives,
+            None,
+            None,
+            k,
+            block_size,
+            past_end,
+            mode,
+            word_mask,
+            quarter,
+            rows=n,
+            before=0,
+        )
+    return out
+
+
+def request_rows(
+    *,
+    table: torch.Tensor,
+    row_offset: int,
+    per_request: torch.Tensor,
+    starts: torch.Tensor,
+    local: torch.Tensor | None,
+    rows: int,
+    before: int,
+    after: int,
+    ranks: torch.Tensor,
+    negatives: torch.Tensor,
+    k: int,
+    block_size: int,
+    past_end: int,
+    mode: str,
+    word_mask: int,
+    quarter: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """rng.topk.request_rows's (owners, indices, local rows): each program finds its row's request
+    by a binary search over ``starts`` (int32 [R]) and reads that request's eight ints (row of
+    ``per_request``, int32 [R, 8]); the first column program writes the owner (and local[owner])."""
+    n, dev = before + rows + after, per_request.device
+    out = torch.empty((n, k), dtype=torch.int32, device=dev)
+    owners = torch.empty(n, dtype=torch.int32, device=dev)
+    local_out = torch.empty(n, dtype=torch.int32, device=dev) if local is not None else None
+    if n and k:
+        _launch_topk(
+            out,
+            owners,
+            starts,
+            table,
+            row_offset,
+            per_request,
+            ranks,
+            negatives,
+            local,
+            local_out,
+            k,
+            block_size,
+            past_end,
+            mode,
+            word_mask,
+            quarter,
+            rows=rows,
+            before=before,
+        )
+    return owners, out, local_out
+
+
+def _launch_topk(
+    out: torch.Tensor,
+    owners: torch.Tensor | None,
+    starts: torch.Tensor | None,
+    table: torch.Tensor,
+    row_offset: int,
+    per_row: torch.Tensor,
+    ranks: torch.Tensor,
+    negatives: torch.Tensor,
+    local: torch.Tensor | None,
+    local_out: torch.Tensor | None,
+    k: int,
+    block_size: int,
+    past_end: int,
+    mode: str,
+    word_mask: int,
+    quarter: int,
+    *,
+    rows: int,
+    before: int,
+) -> None:
     span = ranks.shape[0]
-    _topk_kernel[(n, triton.cdiv(k, _TILE))](
+    num_req = starts.shape[0] if starts is not None else 1
+    _topk_kernel[(out.shape[0], triton.cdiv(k, _TILE))](
         out,
         table,
         ranks,
         per_row,
         negatives,
+        starts if starts is not None else per_row,  # unused pointers without SEARCH / HAS_LOCAL
+        owners if owners is not None else out,
+        local if local is not None else per_row,
+        local_out if local_out is not None else out,
         row_offset,
         per_row.stride(0),
         k,
@@ -217,10 +464,15 @@ def topk_indices(
         word_mask,
         quarter,
         quarter // 3,
+        num_req,
+        1 << (num_req.bit_length() - 1),
+        before,
+        rows,
         MODE=TOPK_MODES.index(mode),
+        SEARCH=starts is not None,
+        HAS_LOCAL=local is not None,
         TILE=_TILE,
     )
-    return out
 
 
 @triton.jit(do_not_specialize=["n", "block_offset", "bs", "word_mask", "scale_mask"])

@@ -28,8 +28,9 @@ from mlafuzz.generators.reduce import (
     view_steps,
     with_request,
 )
-from mlafuzz.generators.rng.fill import block_table, plan_table, topk_indices, topk_rows, upload
+from mlafuzz.generators.rng.fill import block_table, plan_table, upload
 from mlafuzz.generators.rng.pool import Draws
+from mlafuzz.generators.rng.topk import request_rows, topk_rows
 from mlafuzz.generators.spec import (
     Paging,
     TopkMode,
@@ -140,7 +141,6 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
     (the whole step's req_id_per_token and top-k rows; the other rows belong to requests too)."""
     draws = Draws(seed, "convert")
     reqs, bs, k = spec.requests, spec.paging.block_size, spec.topk
-    num_req = len(reqs)
     rows = sum(r.num_tokens for r in reqs)
     plan = plan_table(
         need=[-(-r.seq_len // bs) for r in reqs],
@@ -149,16 +149,18 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         extra_cols=spec.paging.extra_table_cols,
         base_block=spec.paging.base_block,
     )
-    local, prefill_starts, at = [], [], 0
+    local, prefill_starts, row_starts, at, row = [], [], [], 0, 0
     for r in reqs:
         local.append(len(prefill_starts) if r.prefill else -1)
         if r.prefill:
             prefill_starts.append(at)
             at += r.seq_len
-    table_rows, topk_host, tokens, local_dev, starts = upload(
+        row_starts.append(row)
+        row += r.num_tokens
+    table_rows, topk_host, starts_dev, local_dev, starts = upload(
         plan.rows,
         topk_rows(seq_lens=[r.seq_len for r in reqs], width=plan.width, block_size=bs, topk=k),
-        [r.num_tokens for r in reqs],
+        row_starts,
         local,
         prefill_starts,
         device=device,
@@ -168,13 +170,14 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         table, spec.table_view, draws=draws.child("table-view"), num_blocks=spec.paging.base_block + plan.pool
     )
     before, after, _ = slack(spec.rows_view, pick=draws.host_int(1 << 30), width=k)
-    owners = torch.repeat_interleave(torch.arange(num_req, dtype=torch.int32, device=device), tokens, output_size=rows)
-    if before or after:
-        others = torch.arange(before + after, dtype=torch.int32, device=device) % num_req
-        owners = torch.cat([others[:before], owners, others[before:]])
-    indices = topk_indices(
+    owners, indices, local_rows = request_rows(
         draws.child("topk"),
-        per_row=torch.index_select(topk_host, 0, owners),
+        per_request=topk_host,
+        starts=starts_dev,
+        rows=rows,
+        before=before,
+        after=after,
+        local=local_dev if spec.prefill_workspace else None,
         width=plan.width,
         block_size=bs,
         topk=k,
@@ -189,8 +192,8 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         "prefill_workspace_request_ids": None,
         "prefill_workspace_starts": None,
     }
-    if spec.prefill_workspace:
-        tensors["prefill_workspace_request_ids"] = torch.index_select(local_dev, 0, owners[mine])
+    if local_rows is not None:  # its own tensor, as before the step's slack rows existed
+        tensors["prefill_workspace_request_ids"] = local_rows[mine].clone() if before or after else local_rows
         tensors["prefill_workspace_starts"] = starts
     params = {
         "BLOCK_SIZE": bs,

@@ -20,7 +20,7 @@ Readings chosen where SPEC is silent (the oracle and the pipeline share them):
 - ``topk_indices`` rows are request-local positions ``< seq_len`` of the
   token's request (``-1`` padded when ``topk_padded``); a request with
   seq_len 0 gets an all ``-1`` row. Positions may repeat within a row
-  (generators/rng/fill.py ``topk_indices``).
+  (generators/rng/topk.py ``topk_indices``).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ import torch
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import SMALL, Drawer, Knobs, draw_paging
 from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
-from mlafuzz.generators.rng.fill import block_table, plan_table, topk_indices, topk_rows, upload
+from mlafuzz.generators.rng.fill import block_table, plan_table, upload
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.rng.records import paged_cache
+from mlafuzz.generators.rng.topk import topk_indices, topk_rows
 from mlafuzz.generators.spec import (
     Layout,
     Paging,

@@ -60,9 +60,9 @@ def materialize(spec: WriterSpec, *, seed: int, device: str) -> Case:
     cache = paged_cache(
         draws.child("cache"), ValueMode.ALL_CODES, pool_blocks=pool, block_size=bs, base_block=base, device=device
     )
-    slots = distinct_slots(draws.child("slots"), n=t, num_slots=pool * bs, padding=spec.padding, device=device)
-    if base:
-        slots = torch.where(slots >= 0, slots + base * bs, -1)
+    slots = distinct_slots(
+        draws.child("slots"), n=t, num_slots=pool * bs, padding=spec.padding, offset=base * bs, device=device
+    )
     rows = writer_inputs(
         draws.child("inputs"),
         num_tokens=t,

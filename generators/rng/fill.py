@@ -1,5 +1,5 @@
-"""Vectorized, device-exact builders of a case's tensors: block tables, top-k rows, writer inputs,
-distinct slot mappings. Each is a pure function of its arguments and a ``Draws`` stream (pool.py).
+"""Vectorized, device-exact builders of a case's tensors: block tables, writer inputs, distinct slot
+mappings (top-k rows: topk.py). Each is a pure function of its arguments and a ``Draws`` stream (pool.py).
 
 They run on the case's own device with no per-row or per-request Python loop:
 the per-request numbers come from the spec as host lists (one host-to-device
@@ -14,7 +14,9 @@ allow, one pass per op over an [N, K] tensor, per-row values broadcast.
 
 from __future__ import annotations
 
+import array
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -39,18 +41,16 @@ from mlafuzz.generators.rng.bits import (
 from mlafuzz.generators.rng.fusing import fused_room
 from mlafuzz.generators.rng.hashing import Stream, scale_below
 from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, window_width, windows, word_pool
-from mlafuzz.generators.spec import Layout, TopkMode, WriterValues
+from mlafuzz.generators.rng.shuffle import permute
+from mlafuzz.generators.spec import Layout, WriterValues
 
 __all__ = [
     "upload",
     "TablePlan",
     "plan_table",
     "block_table",
-    "topk_rows",
-    "topk_indices",
     "writer_inputs",
     "distinct_slots",
-    "RANK_ROWS",
 ]
 
 INT32_MAX = catalog.INT32_MAX
@@ -69,20 +69,32 @@ def _dev(device: Device) -> str:
 def upload(*parts: Sequence[int] | Sequence[Sequence[int]], device: Device) -> list[Tensor]:
     """Host ints (per request, from the spec) in one int32 copy to the device: each part a flat list
     or a list of equal-length rows, returned as a contiguous view of the one tensor (1-D, or
-    [rows, width]). A copy from pageable host memory is a host sync: one per case, not one per
-    builder."""
+    [rows, width]). To a GPU the copy goes through pinned memory, asynchronously: a copy from
+    pageable memory would wait for everything queued before it (the last case's kernels), once
+    per case. Values outside int32 are a ValueError."""
     flat: list[int] = []
     shapes = []
     for part in parts:
         rows = list(part)
         if rows and isinstance(rows[0], (tuple, list)):
             shapes.append((len(rows), len(rows[0])))
-            for row in rows:
-                flat.extend(row)
+            flat.extend(itertools.chain.from_iterable(rows))
         else:
             shapes.append((len(rows),))
             flat.extend(rows)
-    whole = torch.tensor(flat, dtype=torch.int32, device=device)
+    try:
+        packed = array.array("i", flat)  # C int: 32 bits on every platform torch supports
+    except OverflowError:
+        bad = next(v for v in flat if not INT32_MIN <= v <= INT32_MAX)
+        raise ValueError(f"upload: {bad} does not fit int32") from None
+    host = torch.frombuffer(packed, dtype=torch.int32) if flat else torch.empty(0, dtype=torch.int32)
+    target = torch.device(device)
+    if target.type == "cuda":
+        # The caching host allocator keeps the pinned block until the copy has run (it records an
+        # event on it), so the next case cannot overwrite bytes still in flight.
+        whole = host.pin_memory().to(target, non_blocking=True)
+    else:
+        whole = host.clone().to(target)  # its own storage, not the array's
     out, at = [], 0
     for shape in shapes:
         n = shape[0] * (shape[1] if len(shape) == 2 else 1)
@@ -157,8 +169,11 @@ def plan_table(
 
 def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) -> Tensor:
     """The table of ``plan``, int32 [R, M]; ``rows``: plan.rows on the device (int32 [R, >= 4]).
-    On a GPU the fused room (generators/fused) makes the same table in one launch after the sort."""
+    Pool index i is block base_block + i (contiguous) or base_block + the stream's keyed
+    permutation of i (shuffle.py; shuffled and shared_prefix). On a GPU the fused room
+    (generators/fused) makes the same table in one launch."""
     num_req, width, pool, shared = len(plan.rows), plan.width, plan.pool, plan.shared
+    perm = None if plan.layout is Layout.CONTIGUOUS else draws.child("ids").perm(pool)
     fused = fused_room(device)
     if fused is not None:
         cold = draws.child("cold") if plan.live else None
@@ -166,9 +181,7 @@ def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) 
             cold.span(num_req)
             window_width(width)
         return fused.block_table(
-            ids=None
-            if plan.layout is Layout.CONTIGUOUS
-            else torch.sort(draws.child("ids").words(pool, device=device), stable=True).indices,
+            perm=perm.scalars() if perm is not None else None,
             rows=rows,
             table=word_pool(device),
             cold_offset=cold.offset if cold is not None else None,
@@ -178,11 +191,10 @@ def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) 
             shared=shared,
             word_mask=_MASK,
         )
-    if plan.layout is Layout.CONTIGUOUS:
-        ids = torch.arange(plan.base_block, plan.base_block + pool, dtype=torch.int32, device=device)
-    else:
-        ids = torch.sort(draws.child("ids").words(pool, device=device), stable=True).indices.to(torch.int32)
-        ids = ids + plan.base_block if plan.base_block else ids
+    ids = torch.arange(pool, dtype=torch.int64, device=device)
+    if perm is not None:
+        ids = permute(ids, perm)
+    ids = (ids + plan.base_block).to(torch.int32)
     ids = torch.cat([ids, const((0,), _dev(device), torch.int32)])  # index pool: a column past the request's
     col = torch.arange(width, dtype=torch.int32, device=device)
     index = col + rows[:, 1:2]  # an owned column's pool index
@@ -195,125 +207,6 @@ def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) 
         index = torch.where(keep | (col < shared) if shared else keep, index, cold)
     index = torch.where(col < rows[:, 0:1], index, pool)
     return torch.index_select(ids, 0, index.reshape(-1)).view(num_req, width)
-
-
-# --- top-k indices -----------------------------------------------------------
-
-RANK_ROWS = 256  # column permutations per K (fewer for a wide K: the table stays <= 2**20 entries)
-
-
-@functools.lru_cache(maxsize=16)
-def _ranks(k: int, device: str) -> Tensor:
-    """int32 [Q * 2K]: Q random permutations of the K columns, each stored twice over, so any
-    rotation of one is a window of K entries."""
-    q = max(1, min(RANK_ROWS, POOL_WORDS // k))
-    perms = Stream(0, f"mlafuzz/ranks/{k}").permutation(k, batch=(q,), device="cpu").to(torch.int32)
-    return perms.repeat(1, 2).reshape(-1).to(device)
-
-
-def _rank_rows(words: Tensor, k: int, device: Device) -> Tensor:
-    """int32 [N, K]: row r a rotation of one of the column permutations (a random bijection of the
-    columns: the first n_valid ranks mark a random n_valid-subset, scattered over the row)."""
-    table = _ranks(k, _dev(device))
-    span = table.shape[0]
-    if span & (span - 1) == 0 and k & (k - 1) == 0:  # K and the table powers of two: a mask picks both
-        starts = words & ((span - 1) & ~k)  # bit log2(K) clear: row q, rotation < K
-    else:
-        starts = (words % (span // (2 * k))) * (2 * k) + (words >> 8) % k
-    return torch.index_select(table.unfold(0, k, 1), 0, starts)
-
-
-def _negatives(bs: int, k: int, device: str) -> Tensor:
-    """The negative mode's five per-row values (a row picks one by its word): int32 on device."""
-    return const((-2, -bs, -k, INT32_MIN, -(2**20)), device, torch.int32)
-
-
-def topk_rows(*, seq_lens: Sequence[int], width: int, block_size: int, topk: int) -> list[tuple[int, ...]]:
-    """Per request, the 8 host ints ``topk_indices`` reads per row (the device gathers them by each
-    row's request: one op)."""
-    past_end = width * block_size
-    if past_end + 2 * block_size > INT32_MAX:
-        raise ValueError(f"width={width} * block_size={block_size}: table positions must fit int32")
-    rows = []
-    for s in seq_lens:
-        cap = min(topk, s)
-        m = (cap + 1) // 6
-        span = past_end - s
-        rows.append(
-            (max(s, 1), -1 if s == 0 else 0, cap + 1 + 2 * m, m, cap, s, max(span, 1), _QUARTER if span > 0 else 0)
-        )
-    return rows
-
-
-def topk_indices(
-    draws: Draws, *, per_row: Tensor, width: int, block_size: int, topk: int, mode: TopkMode | str, device: Device
-) -> Tensor:
-    """Request-local top-k rows, int32 [N, K]; ``per_row`` (int32 [N, 8] on the device) holds, for
-    each row, its request's ``topk_rows``.
-
-    Column c of row r reads the word w of its window (pool.py); its position is
-    w % seq_len. valid: those positions (all -1 when seq_len == 0). padded:
-    n_valid of them, the rest -1, with n_valid = clamp(w' % (cap + 1 + 2m) - m,
-    0, cap) for cap = min(K, seq_len) and m = (cap + 1) // 6: uniform in
-    between, and about 1/8 of rows all -1 and 1/8 full, so the edges are not
-    left to chance; the valid columns scattered (a random permutation of the
-    columns ranks them). The other modes start from the padded row and
-    replace each column with probability 1/4 (w < 2**29) by its row's value
-    of their class: negative (one of -2, -bs, -K, INT32_MIN, -2**20 per row),
-    past_table (M*bs .. M*bs + 2*bs per row, or INT32_MAX for 1/5 of rows),
-    past_seq_len (seq_len .. M*bs - 1 per row; the column kept when M*bs <=
-    seq_len); mixed draws the class per column (1/12 each). Positions are NOT
-    distinct within a row (the indexer's are): two columns may hold the same
-    position. About a dozen device ops whatever the size.
-    """
-    mode = TopkMode(mode)
-    n, k, bs = per_row.shape[0], topk, block_size
-    past_end = width * bs
-    fused = fused_room(device)
-    if fused is not None:  # the same rows in one launch (generators/fused)
-        row_words = draws.child("row")
-        row_words.span(n * 4)  # the torch path's bounds on the words it reads: the same errors
-        window_width(k)
-        return fused.topk_indices(
-            table=word_pool(device),
-            row_offset=row_words.offset,
-            per_row=per_row,
-            ranks=_ranks(k, _dev(device)),
-            negatives=_negatives(bs, k, _dev(device)),
-            k=k,
-            block_size=bs,
-            past_end=past_end,
-            mode=mode.value,
-            word_mask=_MASK,
-            quarter=_QUARTER,
-        )
-    rw = draws.child("row").grid(n, 4, device=device)
-    w = windows(rw[:, 0] & _MASK, k, device=device)
-    pos = w % per_row[:, 0:1]
-    if mode is TopkMode.VALID:
-        return pos + per_row[:, 1:2]  # seq_len 0: 0 - 1
-    n_valid = torch.minimum(torch.clamp(rw[:, 1] % per_row[:, 2] - per_row[:, 3], min=0), per_row[:, 4])
-    pos.masked_fill_(_rank_rows(rw[:, 2], k, device) >= n_valid.unsqueeze(1), -1)
-    if mode is TopkMode.PADDED:
-        return pos
-    r3 = rw[:, 3:4]
-    if mode in (TopkMode.NEGATIVE, TopkMode.MIXED):
-        negative = torch.index_select(_negatives(bs, k, _dev(device)), 0, (r3 % 5).reshape(-1)).unsqueeze(1)
-    if mode in (TopkMode.PAST_TABLE, TopkMode.MIXED):
-        past_table = torch.where((r3 >> 3) % 5 == 0, INT32_MAX, past_end + (r3 >> 6) % (2 * bs + 1))
-    if mode in (TopkMode.PAST_SEQ_LEN, TopkMode.MIXED):
-        past_seq = per_row[:, 5:6] + (r3 >> 16) % per_row[:, 6:7]
-    if mode is TopkMode.NEGATIVE:
-        return torch.where(w < _QUARTER, negative, pos)
-    if mode is TopkMode.PAST_TABLE:
-        return torch.where(w < _QUARTER, past_table, pos)
-    room = per_row[:, 7:8]  # 2**29, or 0: no room past seq_len, the column is kept
-    if mode is TopkMode.PAST_SEQ_LEN:
-        return torch.where(w < room, past_seq, pos)
-    third = _QUARTER // 3
-    out = torch.where(w < torch.clamp(room, min=2 * third), past_seq, pos)
-    out = torch.where(w < 2 * third, past_table, out)
-    return torch.where(w < third, negative, out)
 
 
 # --- writer inputs -----------------------------------------------------------
@@ -422,23 +315,37 @@ _CHUNK_ADD = (0, 1) * 4 + (2 * WRITER_TILES,)
 # --- slot mappings -----------------------------------------------------------
 
 
-def distinct_slots(draws: Draws, *, n: int, num_slots: int, padding: bool = False, device: Device) -> Tensor:
-    """n distinct slots in [0, num_slots), int64 [n], in random order; with padding, each is -1 w.p. 1/4.
+def distinct_slots(
+    draws: Draws, *, n: int, num_slots: int, padding: bool = False, offset: int = 0, device: Device
+) -> Tensor:
+    """n distinct slots in [offset, offset + num_slots), int64 [n], in random order; with padding,
+    each is -1 w.p. 1/4.
 
-    A sorted random sample, never a permutation of num_slots: draw v_i
-    uniform in [0, num_slots - n], sort, add i (stars and bars: a
-    non-decreasing sequence plus 0, 1, ... is strictly increasing, and stays
-    below num_slots), then shuffle by the order of n more words. Every
-    n-subset can come out; subsets are close to, not exactly, uniform. Costs
-    O(n log n) whatever num_slots.
+    Slot i is offset + the stream's keyed permutation of [0, num_slots) at i
+    (shuffle.py): distinct because a permutation is a bijection, every
+    n-subset and order possible, and O(n) with no sort whatever num_slots. On
+    a GPU the fused room makes them in one launch.
     """
-    if not 0 <= n <= min(num_slots, POOL_WORDS) or num_slots - n >= INT32_MAX:
+    if not 0 <= n <= min(num_slots, POOL_WORDS) or num_slots > INT32_MAX or offset < 0:
         raise ValueError(
-            f"n={n}, num_slots={num_slots}: need 0 <= n <= num_slots, n <= {POOL_WORDS}, num_slots - n < 2**31 - 1"
+            f"n={n}, num_slots={num_slots}, offset={offset}: need 0 <= n <= num_slots, n <= {POOL_WORDS},"
+            " num_slots < 2**31, offset >= 0"
         )
-    draws_w = draws.child("draw").words(n, device=device) % (num_slots - n + 1)
-    ranked = torch.sort(draws_w).values.to(torch.int64) + torch.arange(n, dtype=torch.int64, device=device)
-    slots = ranked[torch.sort(draws.child("order").words(n, device=device), stable=True).indices]
-    if padding:
-        slots = torch.where(draws.child("pad").words(n, device=device) < _QUARTER, -1, slots)
+    perm = draws.child("order").perm(max(num_slots, 1))
+    pad = draws.child("pad") if padding else None
+    if pad is not None:
+        pad.span(n)
+    fused = fused_room(device)
+    if fused is not None:
+        return fused.distinct_slots(
+            perm=perm.scalars(),
+            n=n,
+            offset=offset,
+            table=word_pool(device),
+            pad_offset=pad.offset if pad is not None else None,
+            quarter=_QUARTER,
+        )
+    slots = permute(torch.arange(n, dtype=torch.int64, device=device), perm) + offset
+    if pad is not None:
+        slots = torch.where(pad.words(n, device=device) < _QUARTER, -1, slots)
     return slots

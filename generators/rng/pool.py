@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from mlafuzz.generators.rng.hashing import Stream
+from mlafuzz.generators.rng.shuffle import PermKey, perm_key
 
 __all__ = ["POOL_WORDS", "Draws", "word_pool", "windows", "window_width"]
 
@@ -118,6 +119,10 @@ class Draws:
     def grid(self, rows: int, cols: int, *, device: Device) -> Tensor:
         """int32 [rows, cols]: ``words(rows * cols)`` viewed as rows."""
         return self.words(rows * cols, device=device).view(rows, cols)
+
+    def perm(self, n: int) -> PermKey:
+        """This stream's keyed permutation of [0, n) (shuffle.py): a random order with no sort."""
+        return perm_key(self.seed, self.name, n)
 
     def host_int(self, bound: int, *, salt: int = 0) -> int:
         """A host int in [0, bound) from this stream's key (no device work): for choices that decide

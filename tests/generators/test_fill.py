@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mlafuzz.generators import catalog
-from mlafuzz.generators.rng import fill
+from mlafuzz.generators.rng import fill, topk
 from mlafuzz.generators.rng.bits import BF16, FP16, half_bits, to_half
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.spec import TopkMode, WriterValues
@@ -100,8 +100,8 @@ def _topk(mode: TopkMode, seq: torch.Tensor, width: int = 8, bs: int = 16, k: in
     """Rows of requests of these lengths, one row per entry of ``seq`` (requests by distinct length)."""
     lengths = sorted(set(seq.tolist()))
     owners = torch.tensor([lengths.index(s) for s in seq.tolist()], dtype=torch.int32)
-    (host,) = fill.upload(fill.topk_rows(seq_lens=lengths, width=width, block_size=bs, topk=k), device=CPU)
-    return fill.topk_indices(
+    (host,) = fill.upload(topk.topk_rows(seq_lens=lengths, width=width, block_size=bs, topk=k), device=CPU)
+    return topk.topk_indices(
         D, per_row=torch.index_select(host, 0, owners), width=width, block_size=bs, topk=k, mode=mode, device=CPU
     )
 

@@ -21,12 +21,12 @@ from hypothesis import strategies as st  # noqa: E402
 
 from mlafuzz.generators.draw import LARGE  # noqa: E402
 from mlafuzz.generators.fused import SWITCH, kernels, room  # noqa: E402
-from mlafuzz.generators.rng import fill  # noqa: E402
+from mlafuzz.generators.rng import fill, topk  # noqa: E402
 from mlafuzz.generators.rng.pool import Draws  # noqa: E402
 from mlafuzz.tests.support.gen_cases import MEDIUM, differences, every_layout_spec  # noqa: E402
 from mlafuzz.tests.support.helpers import draw_spec, materialize, specs  # noqa: E402
 
-FUSED = ("block_table", "topk_indices", "fill_records", "writer_rows")
+FUSED = ("block_table", "topk_indices", "request_rows", "distinct_slots", "fill_records", "writer_rows")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -80,7 +80,7 @@ def test_small_drawn_cases_are_the_same_bytes_fused_or_not(op, data, seed):
 
 def test_a_stream_too_long_for_the_word_table_is_the_same_error_fused_or_not(monkeypatch):
     per_row = torch.ones(((1 << 18) + 1, 8), dtype=torch.int32)  # 4 words a row: one row too many
-    call = lambda: fill.topk_indices(
+    call = lambda: topk.topk_indices(
         Draws(1, "t"), per_row=per_row, width=4, block_size=16, topk=32, mode="padded", device="cpu"
     )
     errors = []
@@ -128,3 +128,107 @@ def test_without_the_room_every_case_is_still_made_by_the_torch_builders():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == "OK", res.stderr
+
+
+@pytest.mark.parametrize("num_slots", [1, 2, 3, 5, 64, 65, 1000, 8193])
+def test_fused_slots_walk_the_same_keyed_permutation_as_the_torch_builder(monkeypatch, launches, num_slots):
+    # n == num_slots: every value of the permutation, walks of up to ~20 steps (num_slots just past
+    # a power of two) included; with padding and an offset past 2**31 (int64 slots).
+    for padding, offset in ((False, 0), (True, 3 << 31)):
+        made = []
+        for switch in ("0", "1"):
+            monkeypatch.setenv(SWITCH, switch)
+            made.append(
+                fill.distinct_slots(
+                    Draws(num_slots, "s"), n=num_slots, num_slots=num_slots, padding=padding, offset=offset, device=DEV
+                )
+            )
+        assert torch.equal(made[0], made[1]), (num_slots, padding)
+    assert launches["distinct_slots"] == 2
+
+
+@pytest.mark.parametrize(
+    "tokens,before,after",
+    [([3], 0, 0), ([0, 4, 0, 0, 2, 1], 0, 0), ([5, 0, 3], 7, 2), ([0, 0, 1], 0, 5), ([2] * 33, 3, 0)],
+)
+def test_fused_request_rows_find_each_rows_request_as_the_torch_builder(monkeypatch, launches, tokens, before, after):
+    seqs = [(7 * i) % 50 for i in range(len(tokens))]
+    starts = [sum(tokens[:i]) for i in range(len(tokens))]
+    per_request, starts_dev, local = fill.upload(
+        topk.topk_rows(seq_lens=seqs, width=4, block_size=16, topk=32), starts, list(range(len(tokens))), device=DEV
+    )
+    made = []
+    for switch in ("0", "1"):
+        monkeypatch.setenv(SWITCH, switch)
+        made.append(
+            topk.request_rows(
+                Draws(len(tokens), "r"),
+                per_request=per_request,
+                starts=starts_dev,
+                rows=sum(tokens),
+                before=before,
+                after=after,
+                local=local,
+                width=4,
+                block_size=16,
+                topk=32,
+                mode="mixed",
+                device=DEV,
+            )
+        )
+    (owners, rows, local_rows), fused = made
+    assert owners.tolist()[before : before + sum(tokens)] == [r for r, n in enumerate(tokens) for _ in range(n)]
+    assert all(torch.equal(a, b) for a, b in zip(made[0], fused))
+    assert torch.equal(local_rows, owners)  # local = arange: each row's own request
+    assert launches["request_rows"] == 1
+
+
+_COMPILE_SCRIPT = """
+import os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+try:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError as exc:
+    print("SKIP", exc)
+    sys.exit(0)
+from mlafuzz.generators.fused import kernels as K
+I64 = {"offset"}  # int64 scalars
+def sig(fn, consts):
+    out = {}
+    for p in fn.params:
+        n = p.name
+        if n in consts: out[n] = "constexpr"
+        elif n.endswith("_ptr"): out[n] = "*i64" if (fn is K._slots_kernel and n == "out_ptr") else "*i32"
+        elif n in I64: out[n] = "i64"
+        else: out[n] = "i32"
+    return out
+jobs = []
+for sh in (True, False):
+    for live in (True, False):
+        jobs.append((K._table_kernel, dict(SHUFFLED=sh, LIVE=live, TILE=1024)))
+for pad in (True, False):
+    jobs.append((K._slots_kernel, dict(PADDING=pad, RB=1024)))
+for mode in range(6):
+    for search in (True, False):
+        jobs.append((K._topk_kernel, dict(MODE=mode, SEARCH=search, HAS_LOCAL=search, TILE=1024)))
+jobs.append((K._records_kernel, dict(ACTIVATIONS=True, RB=16)))
+jobs.append((K._writer_kernel, dict(RB=32)))
+for fn, consts in jobs:
+    triton.compile(ASTSource(fn=fn, signature=sig(fn, consts), constexprs=consts), target=GPUTarget("cuda", 90, 32))
+print("OK", len(jobs))
+"""
+
+
+def test_every_fused_kernel_variant_compiles_for_sm90_offline():
+    # The interpreter runs the kernels' Python, not their GPU build: a construct the compiler
+    # rejects (the walk's data-dependent loop, the binary search) must fail here, on the CPU.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    if res.stdout.startswith("SKIP"):
+        pytest.skip(f"Triton's offline compiler is unavailable: {res.stdout.strip()}")
+    assert res.returncode == 0 and res.stdout.strip().startswith("OK"), res.stdout + res.stderr

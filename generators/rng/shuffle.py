@@ -1,0 +1,122 @@
+"""Keyed permutations computed element by element: a random order with no sort.
+
+A block table's shuffled pool and the writer's distinct slots were stable
+argsorts of random words. On a GPU a sort is the most expensive op a case made
+(cub's radix passes, a dozen launches and ~200 us of host time, more than the
+kernel under test), and it needs the whole array at once. Here value i of a
+permutation of [0, n) is a pure function of (key, n, i), so a fused kernel
+computes any entry where it needs it.
+
+The construction is the textbook one for a keyed permutation of an arbitrary
+range (format-preserving encryption): a balanced Feistel network on 2h bits,
+2h the smallest even width >= bit_length(n - 1), with ROUNDS rounds
+
+    (L, R) -> (R, L ^ (F(R ^ k_r) & (2**h - 1)))
+
+where F is the stream mixer's rounds (hashing.py: lowbias32); a Feistel
+network is a bijection whatever F is. Then "cycle walking": apply it again
+while the value is >= n; the cycle through i comes back to [0, n), and the
+first value of it in range is a bijection of [0, n). As 2**(2h) < 4n, a walk
+takes at most four steps on average. Six rounds, not four: with the few bits
+of a small range (a pool of 5..8 blocks), four left the identity order
+~40 times likelier than chance, six about 7 times (tests/generators/test_shuffle.py).
+
+The round keys k_r (31-bit, so a fused kernel's scalars stay int32) come from one
+blake2b of the stream's name (``perm_key``). Exact on every device: int64
+values, products below 2**63, no float, no reduction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["ROUNDS", "PermKey", "perm_key", "permute", "permute_reference"]
+
+ROUNDS = 6
+MAX_N = (1 << 31) - 1  # a fused kernel's int32 scalar
+_M32 = 0xFFFF_FFFF
+_C1 = 0x7FEB352D
+_C2 = 0x046CA68B  # hashing.py's constants: products of 32-bit values stay below 2**63
+
+
+@dataclass(frozen=True)
+class PermKey:
+    """A permutation of [0, n): its domain, half width and round keys."""
+
+    n: int
+    half: int  # h: the network permutes 2h-bit values
+    keys: tuple[int, ...]
+
+    def scalars(self) -> tuple[int, ...]:
+        """What a fused kernel takes: n, h, then the ROUNDS round keys."""
+        return (self.n, self.half, *self.keys)
+
+
+def perm_key(seed: int, name: str, n: int) -> PermKey:
+    """The permutation of [0, n) named by (seed, name) (1 <= n < 2**31)."""
+    if not 1 <= n <= MAX_N:
+        raise ValueError(f"n={n}: a keyed permutation covers 1..2**31 - 1 values")
+    bits = max(1, (n - 1).bit_length())
+    digest = hashlib.blake2b(f"mlafuzz-perm-v1|{int(seed)}|{name}".encode(), digest_size=4 * ROUNDS).digest()
+    keys = tuple(int.from_bytes(digest[4 * j : 4 * j + 4], "little") & 0x7FFF_FFFF for j in range(ROUNDS))
+    return PermKey(n=n, half=(bits + 1) // 2, keys=keys)
+
+
+def _f(v: Tensor, k: int) -> Tensor:
+    y = v ^ k
+    y = y ^ (y >> 16)
+    y = (y * _C1) & _M32
+    y = y ^ (y >> 15)
+    y = (y * _C2) & _M32
+    return y ^ (y >> 16)
+
+
+def _network(x: Tensor, key: PermKey) -> Tensor:
+    h = key.half
+    mask = (1 << h) - 1
+    left, right = x >> h, x & mask
+    for k in key.keys:
+        left, right = right, left ^ (_f(right, k) & mask)
+    return (left << h) | right
+
+
+def permute(index: Tensor, key: PermKey) -> Tensor:
+    """int64: the permutation's values at ``index`` (integers in [0, n), any shape and device).
+
+    The definition the fused kernels are held to; each walking step is a host sync (it asks
+    whether any value is still out of range), which is fine for the slow path."""
+    y = _network(index.to(torch.int64), key)
+    while True:
+        out = y >= key.n
+        if not bool(out.any()):
+            return y
+        y = torch.where(out, _network(y, key), y)
+
+
+def permute_reference(i: int, key: PermKey) -> int:
+    """The same function on one Python int: what the tests hold ``permute`` to."""
+    h = key.half
+    mask = (1 << h) - 1
+
+    def f(v: int, k: int) -> int:
+        y = v ^ k
+        y ^= y >> 16
+        y = (y * _C1) & _M32
+        y ^= y >> 15
+        y = (y * _C2) & _M32
+        return y ^ (y >> 16)
+
+    def network(x: int) -> int:
+        left, right = x >> h, x & mask
+        for k in key.keys:
+            left, right = right, left ^ (f(right, k) & mask)
+        return (left << h) | right
+
+    y = network(i)
+    while y >= key.n:
+        y = network(y)
+    return y
