@@ -15,8 +15,10 @@ allow, one pass per op over an [N, K] tensor, per-row values broadcast.
 from __future__ import annotations
 
 import array
+import ctypes
 import functools
 import itertools
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -69,9 +71,9 @@ def _dev(device: Device) -> str:
 def upload(*parts: Sequence[int] | Sequence[Sequence[int]], device: Device) -> list[Tensor]:
     """Host ints (per request, from the spec) in one int32 copy to the device: each part a flat list
     or a list of equal-length rows, returned as a contiguous view of the one tensor (1-D, or
-    [rows, width]). To a GPU the copy goes through pinned memory, asynchronously: a copy from
-    pageable memory would wait for everything queued before it (the last case's kernels), once
-    per case. Values outside int32 are a ValueError."""
+    [rows, width]). To a GPU the copy goes through pinned memory, asynchronously (``_Staging``):
+    a copy from pageable memory would wait for everything queued before it (the last case's
+    kernels), once per case. Values outside int32 are a ValueError."""
     flat: list[int] = []
     shapes = []
     for part in parts:
@@ -87,20 +89,57 @@ def upload(*parts: Sequence[int] | Sequence[Sequence[int]], device: Device) -> l
     except OverflowError:
         bad = next(v for v in flat if not INT32_MIN <= v <= INT32_MAX)
         raise ValueError(f"upload: {bad} does not fit int32") from None
-    host = torch.frombuffer(packed, dtype=torch.int32) if flat else torch.empty(0, dtype=torch.int32)
     target = torch.device(device)
     if target.type == "cuda":
-        # The caching host allocator keeps the pinned block until the copy has run (it records an
-        # event on it), so the next case cannot overwrite bytes still in flight.
-        whole = host.pin_memory().to(target, non_blocking=True)
-    else:
-        whole = host.clone().to(target)  # its own storage, not the array's
+        whole = _STAGING.copy(packed, target)
+    else:  # its own storage, not the array's
+        whole = torch.frombuffer(packed, dtype=torch.int32).clone() if flat else torch.empty(0, dtype=torch.int32)
+        whole = whole.to(target)
     out, at = [], 0
     for shape in shapes:
         n = shape[0] * (shape[1] if len(shape) == 2 else 1)
         out.append(whole[at : at + n].view(shape))
         at += n
     return out
+
+
+class _Staging:
+    """Pinned host buffers that ``upload`` copies through, reused in turn.
+
+    A pinned buffer is what makes the host-to-device copy asynchronous; allocating one per case
+    (``pin_memory()``) cost more host time than the copy. Each of SLOTS buffers is reused only
+    after the event recorded behind its last copy has passed (long since, SLOTS cases later), so
+    bytes still in flight are never overwritten."""
+
+    SLOTS = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: dict[tuple[torch.device, int], tuple[Tensor, torch.cuda.Event]] = {}
+        self._turn = 0
+
+    def copy(self, packed: array.array, target: torch.device) -> Tensor:
+        n = len(packed)
+        out = torch.empty(n, dtype=torch.int32, device=target)
+        if n == 0:
+            return out
+        with self._lock:
+            self._turn = (self._turn + 1) % self.SLOTS
+            key = (target, self._turn)
+            buf, done = self._slots.get(key, (None, None))
+            if done is not None:
+                done.synchronize()  # the copy that last read this buffer has run
+            if buf is None or buf.numel() < n:
+                buf = torch.empty(max(n, 4096), dtype=torch.int32, pin_memory=True)
+                done = torch.cuda.Event()
+            ctypes.memmove(buf.data_ptr(), packed.buffer_info()[0], 4 * n)
+            out.copy_(buf[:n], non_blocking=True)
+            done.record(torch.cuda.current_stream(target))
+            self._slots[key] = (buf, done)
+        return out
+
+
+_STAGING = _Staging()
 
 
 # --- paging ------------------------------------------------------------------
@@ -136,7 +175,7 @@ def plan_table(
     gives every request the same first max(1, min(need) // 2) ids (R > 1,
     min > 0); the pool is then those, each request's own blocks, and
     spare_blocks ids no request owns; contiguous numbers them in that order,
-    shuffled and shared_prefix by a random permutation of the pool.
+    shuffled and shared_prefix by a keyed random permutation of the pool (shuffle.py).
 
     ``live``: per request, the inclusive column range [lo, hi] a call reads (lo > hi: none). Only
     live columns own pool blocks; a request's other columns hold random ids of the pool (blocks

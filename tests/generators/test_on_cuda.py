@@ -72,3 +72,18 @@ def test_a_cache_past_2_32_bytes_is_the_same_bytes_on_cpu_and_cuda(spec):
     case = materialize(spec, 5, "cuda")
     cache = next(case.tensors[n] for n in case.zero_blocks)
     assert cache.numel() > 1 << 32 and cache.is_cuda
+
+
+@pytest.mark.gpu
+def test_uploads_in_flight_are_never_overwritten_by_the_next_cases():
+    # upload reuses a few pinned buffers: many copies queued behind a long kernel, no sync between
+    # them, must each land what it was given (a reused buffer waits for its last copy).
+    from mlafuzz.generators.rng.fill import upload
+
+    busy = torch.empty(1 << 26, device="cuda")
+    parts = []
+    for i in range(12):
+        busy.mul_(1.0001)  # keep the stream busy, so the copies queue up
+        parts.append(([i] * (50 + 1000 * i), upload([i] * (50 + 1000 * i), [(i, -i)] * 3, device="cuda")))
+    for want, (flat, rows) in parts:
+        assert flat.tolist() == want and rows.tolist() == [[want[0], -want[0]]] * 3
