@@ -32,48 +32,57 @@ __all__ = [
 # The top-k modes (generators.spec.TopkMode values); a mode's index is the kernel's MODE constexpr.
 TOPK_MODES = ("valid", "padded", "negative", "past_table", "past_seq_len", "mixed")
 _TILE = 1024  # columns per program of a row-wise kernel
+# The block table's columns per program, and slots per program: a permutation's walk steps until
+# the slowest value of a program is in range, so a program holds few values (one or two a thread).
+_TABLE_TILE = 128
 _RECORDS_PER_PROGRAM = 16
 _TOKENS_PER_PROGRAM = 32
-_SLOTS_PER_PROGRAM = 1024
+_SLOTS_PER_PROGRAM = 256
 
-_PERM_SCALARS = ["p_n", "p_h", "p_k0", "p_k1", "p_k2", "p_k3", "p_k4", "p_k5"]
+_PERM_SCALARS = ["p_n", "p_c", "p_lo", "p_hi", "p_k0", "p_k1", "p_k2", "p_k3", "p_k4", "p_k5", "p_k6", "p_k7"]
 
 
 @triton.jit
 def _perm_f(v, k):
-    y = v ^ k
+    """rng.shuffle's F on uint32 words: its int64 products masked to 32 bits are these wrapping
+    multiplies."""
+    y = v ^ k.to(tl.uint32)
     y = y ^ (y >> 16)
-    y = (y * 0x7FEB352D) & 0xFFFFFFFF
+    y = y * tl.full((), 0x7FEB352D, tl.uint32)
     y = y ^ (y >> 15)
-    y = (y * 0x046CA68B) & 0xFFFFFFFF
+    y = y * tl.full((), 0x046CA68B, tl.uint32)
     return y ^ (y >> 16)
 
 
 @triton.jit
-def _perm_network(x, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5):
-    mask = (tl.full(x.shape, 1, tl.int64) << p_h) - 1
-    left = x >> p_h
-    right = x & mask
-    left = left ^ (_perm_f(right, p_k0) & mask)
-    right = right ^ (_perm_f(left, p_k1) & mask)
-    left = left ^ (_perm_f(right, p_k2) & mask)
-    right = right ^ (_perm_f(left, p_k3) & mask)
-    left = left ^ (_perm_f(right, p_k4) & mask)
-    right = right ^ (_perm_f(left, p_k5) & mask)
-    return (left << p_h) | right
+def _perm_network(x, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7):
+    c = p_c.to(tl.uint32)
+    lo_mask = p_lo.to(tl.uint32)
+    hi_mask = p_hi.to(tl.uint32)
+    hi = x >> c
+    lo = x & lo_mask
+    hi = hi ^ (_perm_f(lo, p_k0) & hi_mask)
+    lo = lo ^ (_perm_f(hi, p_k1) & lo_mask)
+    hi = hi ^ (_perm_f(lo, p_k2) & hi_mask)
+    lo = lo ^ (_perm_f(hi, p_k3) & lo_mask)
+    hi = hi ^ (_perm_f(lo, p_k4) & hi_mask)
+    lo = lo ^ (_perm_f(hi, p_k5) & lo_mask)
+    hi = hi ^ (_perm_f(lo, p_k6) & hi_mask)
+    lo = lo ^ (_perm_f(hi, p_k7) & lo_mask)
+    return (hi << c) | lo
 
 
 @triton.jit
-def _permute(i, p_n, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5):
-    """rng.shuffle.permute at the values i (each in [0, p_n)): the Feistel network (the halves'
-    swaps unrolled: six rounds leave them where the torch loop does), then cycle walking until every
-    value is back in range."""
-    y = _perm_network(i.to(tl.int64), p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5)
-    todo = y >= p_n
+def _permute(i, p_n, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7):
+    """rng.shuffle.permute at the values i (each in [0, p_n)), as int64: the network's eight
+    rounds on uint32 words, then cycle walking until every value is back in range."""
+    y = _perm_network(i.to(tl.uint32), p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7)
+    n = p_n.to(tl.uint32)
+    todo = y >= n
     while tl.max(todo.to(tl.int32), axis=0) > 0:
-        y = tl.where(todo, _perm_network(y, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5), y)
-        todo = y >= p_n
-    return y
+        y = tl.where(todo, _perm_network(y, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7), y)
+        todo = y >= n
+    return y.to(tl.int64)
 
 
 _TABLE_SCALARS = ["rows_s0", "cold_offset", "width", "pool", "base", "shared", "word_mask", *_PERM_SCALARS]
@@ -92,13 +101,17 @@ def _table_kernel(
     shared,
     word_mask,
     p_n,
-    p_h,
+    p_c,
+    p_lo,
+    p_hi,
     p_k0,
     p_k1,
     p_k2,
     p_k3,
     p_k4,
     p_k5,
+    p_k6,
+    p_k7,
     SHUFFLED: tl.constexpr,
     LIVE: tl.constexpr,
     TILE: tl.constexpr,
@@ -119,14 +132,16 @@ def _table_kernel(
     index = tl.where(col < need, index, pool)
     inside = index < pool
     if SHUFFLED:
-        ids = _permute(tl.where(inside & cm, index, 0), p_n, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5)
+        ids = _permute(
+            tl.where(inside & cm, index, 0), p_n, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7
+        )
     else:
         ids = index.to(tl.int64)
     tl.store(out_ptr + r.to(tl.int64) * width + col, tl.where(inside, ids + base, 0).to(tl.int32), mask=cm)
 
 
 def _perm_args(perm: tuple[int, ...] | None) -> tuple[int, ...]:
-    return perm if perm is not None else (1, 1) + (0,) * 6
+    return perm if perm is not None else (1, 0, 0, 1) + (0,) * 8
 
 
 def block_table(
@@ -150,7 +165,7 @@ def block_table(
     if num_req == 0 or width == 0:
         return out
     live = cold_offset is not None
-    _table_kernel[(num_req, triton.cdiv(width, _TILE))](
+    _table_kernel[(num_req, triton.cdiv(width, _TABLE_TILE))](
         out,
         rows,
         table,
@@ -164,7 +179,7 @@ def block_table(
         *_perm_args(perm),
         SHUFFLED=perm is not None,
         LIVE=live,
-        TILE=_TILE,
+        TILE=_TABLE_TILE,
     )
     return out
 
@@ -178,19 +193,23 @@ def _slots_kernel(
     pad_offset,
     quarter,
     p_n,
-    p_h,
+    p_c,
+    p_lo,
+    p_hi,
     p_k0,
     p_k1,
     p_k2,
     p_k3,
     p_k4,
     p_k5,
+    p_k6,
+    p_k7,
     PADDING: tl.constexpr,
     RB: tl.constexpr,
 ):
     i = tl.program_id(0) * RB + tl.arange(0, RB)
     m = i < n
-    slot = _permute(tl.where(m, i, 0), p_n, p_h, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5) + offset
+    slot = _permute(tl.where(m, i, 0), p_n, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7) + offset
     if PADDING:
         slot = tl.where(tl.load(table_ptr + pad_offset + i, mask=m, other=quarter) < quarter, -1, slot)
     tl.store(out_ptr + i, slot, mask=m)

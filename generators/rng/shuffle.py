@@ -8,22 +8,25 @@ permutation of [0, n) is a pure function of (key, n, i), so a fused kernel
 computes any entry where it needs it.
 
 The construction is the textbook one for a keyed permutation of an arbitrary
-range (format-preserving encryption): a balanced Feistel network on 2h bits,
-2h the smallest even width >= bit_length(n - 1), with ROUNDS rounds
+range (format-preserving encryption): a Feistel network on b = bit_length(n - 1)
+bits (at least 1), the value split into its high a = b - b // 2 bits H and low
+c = b // 2 bits L, and ROUNDS rounds that alternate
 
-    (L, R) -> (R, L ^ (F(R ^ k_r) & (2**h - 1)))
+    H ^= F(L ^ k_r) mod 2**a;    L ^= F(H ^ k_r) mod 2**c
 
-where F is the stream mixer's rounds (hashing.py: lowbias32); a Feistel
-network is a bijection whatever F is. Then "cycle walking": apply it again
-while the value is >= n; the cycle through i comes back to [0, n), and the
-first value of it in range is a bijection of [0, n). As 2**(2h) < 4n, a walk
-takes at most four steps on average. Six rounds, not four: with the few bits
-of a small range (a pool of 5..8 blocks), four left the identity order
-~40 times likelier than chance, six about 7 times (tests/generators/test_shuffle.py).
+where F is the stream mixer's rounds (hashing.py: lowbias32 on 32-bit words);
+each round is a bijection whatever F is. Then "cycle walking": apply the
+network again while the value is >= n; the cycle through i comes back to
+[0, n), and the first value of it in range is a bijection of [0, n). As
+2**b < 2n, a walk takes under two steps on average, rarely more than twenty.
+Eight rounds, not four: with the few bits of a small range (a pool of 5..8
+blocks), four left the identity order far likelier than chance
+(tests/generators/test_shuffle.py holds the small cases near uniform).
 
 The round keys k_r (31-bit, so a fused kernel's scalars stay int32) come from one
-blake2b of the stream's name (``perm_key``). Exact on every device: int64
-values, products below 2**63, no float, no reduction.
+blake2b of the stream's name (``perm_key``). Exact on every device: here int64
+values with products below 2**63 masked to 32 bits, in a fused kernel the same
+words as uint32 (whose multiply wraps mod 2**32); no float, no reduction.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from torch import Tensor
 
 __all__ = ["ROUNDS", "PermKey", "perm_key", "permute", "permute_reference"]
 
-ROUNDS = 6
+ROUNDS = 8
 MAX_N = (1 << 31) - 1  # a fused kernel's int32 scalar
 _M32 = 0xFFFF_FFFF
 _C1 = 0x7FEB352D
@@ -45,15 +48,17 @@ _C2 = 0x046CA68B  # hashing.py's constants: products of 32-bit values stay below
 
 @dataclass(frozen=True)
 class PermKey:
-    """A permutation of [0, n): its domain, half width and round keys."""
+    """A permutation of [0, n): its domain, the low half's width c (the high half: bits - c) and
+    round keys."""
 
     n: int
-    half: int  # h: the network permutes 2h-bit values
+    bits: int
+    low: int
     keys: tuple[int, ...]
 
     def scalars(self) -> tuple[int, ...]:
-        """What a fused kernel takes: n, h, then the ROUNDS round keys."""
-        return (self.n, self.half, *self.keys)
+        """What a fused kernel takes: n, c, the low and high halves' masks, then the round keys."""
+        return (self.n, self.low, (1 << self.low) - 1, (1 << (self.bits - self.low)) - 1, *self.keys)
 
 
 def perm_key(seed: int, name: str, n: int) -> PermKey:
@@ -63,7 +68,7 @@ def perm_key(seed: int, name: str, n: int) -> PermKey:
     bits = max(1, (n - 1).bit_length())
     digest = hashlib.blake2b(f"mlafuzz-perm-v1|{int(seed)}|{name}".encode(), digest_size=4 * ROUNDS).digest()
     keys = tuple(int.from_bytes(digest[4 * j : 4 * j + 4], "little") & 0x7FFF_FFFF for j in range(ROUNDS))
-    return PermKey(n=n, half=(bits + 1) // 2, keys=keys)
+    return PermKey(n=n, bits=bits, low=bits // 2, keys=keys)
 
 
 def _f(v: Tensor, k: int) -> Tensor:
@@ -76,12 +81,15 @@ def _f(v: Tensor, k: int) -> Tensor:
 
 
 def _network(x: Tensor, key: PermKey) -> Tensor:
-    h = key.half
-    mask = (1 << h) - 1
-    left, right = x >> h, x & mask
-    for k in key.keys:
-        left, right = right, left ^ (_f(right, k) & mask)
-    return (left << h) | right
+    c = key.low
+    lo_mask, hi_mask = (1 << c) - 1, (1 << (key.bits - c)) - 1
+    hi, lo = x >> c, x & lo_mask
+    for r, k in enumerate(key.keys):
+        if r % 2 == 0:
+            hi = hi ^ (_f(lo, k) & hi_mask)
+        else:
+            lo = lo ^ (_f(hi, k) & lo_mask)
+    return (hi << c) | lo
 
 
 def permute(index: Tensor, key: PermKey) -> Tensor:
@@ -99,8 +107,8 @@ def permute(index: Tensor, key: PermKey) -> Tensor:
 
 def permute_reference(i: int, key: PermKey) -> int:
     """The same function on one Python int: what the tests hold ``permute`` to."""
-    h = key.half
-    mask = (1 << h) - 1
+    c = key.low
+    lo_mask, hi_mask = (1 << c) - 1, (1 << (key.bits - c)) - 1
 
     def f(v: int, k: int) -> int:
         y = v ^ k
@@ -111,10 +119,13 @@ def permute_reference(i: int, key: PermKey) -> int:
         return y ^ (y >> 16)
 
     def network(x: int) -> int:
-        left, right = x >> h, x & mask
-        for k in key.keys:
-            left, right = right, left ^ (f(right, k) & mask)
-        return (left << h) | right
+        hi, lo = x >> c, x & lo_mask
+        for r, k in enumerate(key.keys):
+            if r % 2 == 0:
+                hi ^= f(lo, k) & hi_mask
+            else:
+                lo ^= f(hi, k) & lo_mask
+        return (hi << c) | lo
 
     y = network(i)
     while y >= key.n:
