@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Iterator
 
+import numpy as np
 import torch
 
 from mlafuzz.generators.case import Case
@@ -141,28 +142,23 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
     (the whole step's req_id_per_token and top-k rows; the other rows belong to requests too)."""
     draws = Draws(seed, "convert")
     reqs, bs, k = spec.requests, spec.paging.block_size, spec.topk
-    rows = sum(r.num_tokens for r in reqs)
+    # The requests' numbers as columns (numpy: vector ops, not a Python loop per request).
+    seq, tokens, prefill = np.array([(r.seq_len, r.num_tokens, r.prefill) for r in reqs], dtype=np.int64).T
+    rows = int(tokens.sum())
     plan = plan_table(
-        need=[-(-r.seq_len // bs) for r in reqs],
+        need=(seq + bs - 1) // bs,
         layout=spec.paging.layout,
         spare_blocks=spec.paging.spare_blocks,
         extra_cols=spec.paging.extra_table_cols,
         base_block=spec.paging.base_block,
     )
-    local, prefill_starts, row_starts, at, row = [], [], [], 0, 0
-    for r in reqs:
-        local.append(len(prefill_starts) if r.prefill else -1)
-        if r.prefill:
-            prefill_starts.append(at)
-            at += r.seq_len
-        row_starts.append(row)
-        row += r.num_tokens
+    in_workspace = seq * prefill  # a prefill request's tokens fill the workspace in request order
     table_rows, topk_host, starts_dev, local_dev, starts = upload(
         plan.rows,
-        topk_rows(seq_lens=[r.seq_len for r in reqs], width=plan.width, block_size=bs, topk=k),
-        row_starts,
-        local,
-        prefill_starts,
+        topk_rows(seq_lens=seq, width=plan.width, block_size=bs, topk=k),
+        np.cumsum(tokens) - tokens,  # each request's first row
+        np.where(prefill == 1, np.cumsum(prefill) - 1, -1),  # its index among the prefill requests
+        (np.cumsum(in_workspace) - in_workspace)[prefill == 1],  # their workspace starts
         device=device,
     )
     table = block_table(draws.child("table"), plan, rows=table_rows, device=device)

@@ -14,14 +14,13 @@ allow, one pass per op over an [N, K] tensor, per-row values broadcast.
 
 from __future__ import annotations
 
-import array
 import ctypes
 import functools
-import itertools
 import threading
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -68,39 +67,25 @@ def _dev(device: Device) -> str:
 # --- host ints to the device ---------------------------------------------------
 
 
-def upload(*parts: Sequence[int] | Sequence[Sequence[int]], device: Device) -> list[Tensor]:
-    """Host ints (per request, from the spec) in one int32 copy to the device: each part a flat list
-    or a list of equal-length rows, returned as a contiguous view of the one tensor (1-D, or
-    [rows, width]). To a GPU the copy goes through pinned memory, asynchronously (``_Staging``):
-    a copy from pageable memory would wait for everything queued before it (the last case's
-    kernels), once per case. Values outside int32 are a ValueError."""
-    flat: list[int] = []
-    shapes = []
-    for part in parts:
-        rows = list(part)
-        if rows and isinstance(rows[0], (tuple, list)):
-            shapes.append((len(rows), len(rows[0])))
-            flat.extend(itertools.chain.from_iterable(rows))
-        else:
-            shapes.append((len(rows),))
-            flat.extend(rows)
+def upload(*parts: Sequence[int] | Sequence[Sequence[int]] | np.ndarray, device: Device) -> list[Tensor]:
+    """Host ints (per request, from the spec) in one int32 copy to the device: each part a flat
+    sequence or array, or rows of equal length (a 2-D array), returned as a contiguous view of
+    the one tensor (1-D, or [rows, width]). To a GPU the copy goes through pinned memory,
+    asynchronously (``_Staging``): a copy from pageable memory would wait for everything queued
+    before it (the last case's kernels), once per case. Values outside int32 are a ValueError."""
     try:
-        packed = array.array("i", flat)  # C int: 32 bits on every platform torch supports
+        arrays = [np.asarray(part, dtype=np.int64) for part in parts]
     except OverflowError:
-        bad = next(v for v in flat if not INT32_MIN <= v <= INT32_MAX)
-        raise ValueError(f"upload: {bad} does not fit int32") from None
+        raise ValueError("upload: a value does not fit int64, let alone int32") from None
+    flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, dtype=np.int64)
+    if flat.size and (flat.min() < INT32_MIN or flat.max() > INT32_MAX):
+        bad = flat[(flat < INT32_MIN) | (flat > INT32_MAX)][0]
+        raise ValueError(f"upload: {bad} does not fit int32")
+    packed = flat.astype(np.int32)
     target = torch.device(device)
-    if target.type == "cuda":
-        whole = _STAGING.copy(packed, target)
-    else:  # its own storage, not the array's
-        whole = torch.frombuffer(packed, dtype=torch.int32).clone() if flat else torch.empty(0, dtype=torch.int32)
-        whole = whole.to(target)
-    out, at = [], 0
-    for shape in shapes:
-        n = shape[0] * (shape[1] if len(shape) == 2 else 1)
-        out.append(whole[at : at + n].view(shape))
-        at += n
-    return out
+    whole = _STAGING.copy(packed, target) if target.type == "cuda" else torch.from_numpy(packed).to(target)
+    pieces = torch.split(whole, [a.size for a in arrays])
+    return [p if a.ndim == 1 else p.view(a.shape) for p, a in zip(pieces, arrays)]
 
 
 class _Staging:
@@ -118,7 +103,7 @@ class _Staging:
         self._slots: dict[tuple[torch.device, int], tuple[Tensor, torch.cuda.Event]] = {}
         self._turn = 0
 
-    def copy(self, packed: array.array, target: torch.device) -> Tensor:
+    def copy(self, packed: np.ndarray, target: torch.device) -> Tensor:
         n = len(packed)
         out = torch.empty(n, dtype=torch.int32, device=target)
         if n == 0:
@@ -132,7 +117,7 @@ class _Staging:
             if buf is None or buf.numel() < n:
                 buf = torch.empty(max(n, 4096), dtype=torch.int32, pin_memory=True)
                 done = torch.cuda.Event()
-            ctypes.memmove(buf.data_ptr(), packed.buffer_info()[0], 4 * n)
+            ctypes.memmove(buf.data_ptr(), packed.ctypes.data, 4 * n)
             out.copy_(buf[:n], non_blocking=True)
             done.record(torch.cuda.current_stream(target))
             self._slots[key] = (buf, done)
@@ -148,9 +133,10 @@ _STAGING = _Staging()
 @dataclass(frozen=True)
 class TablePlan:
     """A block table's host side (``plan_table``): per request a row of ints for the device, and the
-    table's shape. Materializers send the rows of several builders to the device in one copy."""
+    table's shape (numpy on the host: a realistic batch's hundreds of requests in a few vector ops,
+    not a Python loop each). Materializers send the rows of several builders to the device in one copy."""
 
-    rows: list[tuple[int, int, int, int]]  # per request: columns, an owned column's pool shift, live lo, hi
+    rows: np.ndarray  # int64 [R, 4], per request: columns, an owned column's pool shift, live lo, hi
     pool: int  # blocks of the pool: ids base_block .. base_block + pool - 1
     width: int
     shared: int
@@ -183,22 +169,26 @@ def plan_table(
     whatever the contexts. Default: every column is live.
     """
     layout = Layout(layout)
-    num_req = len(need)
-    lo_need = min(need, default=0)
+    need_a = np.asarray(need, dtype=np.int64).reshape(-1)
+    num_req = need_a.size
+    lo_need = int(need_a.min()) if num_req else 0
     shared = max(1, lo_need // 2) if layout is Layout.SHARED_PREFIX and num_req > 1 and lo_need > 0 else 0
-    ranges = [(0, n - 1) for n in need] if live is None else [(lo, min(hi, n - 1)) for (lo, hi), n in zip(live, need)]
-    rows, at = [], shared
-    for n, (lo, hi) in zip(need, ranges):
-        start = max(lo, shared)
-        rows.append((n, at - start, start, hi))  # an owned column c is pool block c + (at - start)
-        at += max(0, hi - start + 1)
-    pool = max(at + spare_blocks, 1)
+    if live is None:
+        lo, hi = np.zeros_like(need_a), need_a - 1
+    else:
+        ranges = np.asarray(live, dtype=np.int64).reshape(-1, 2)
+        lo, hi = ranges[:, 0], np.minimum(ranges[:, 1], need_a - 1)
+    start = np.maximum(lo, shared)
+    owned = np.maximum(hi - start + 1, 0)  # the pool blocks a request owns: its live columns past the prefix
+    at = shared + np.cumsum(owned) - owned  # where they start in the pool
+    rows = np.stack([need_a, at - start, start, hi], axis=1)  # an owned column c is pool block c + (at - start)
+    pool = max(shared + int(owned.sum()) + spare_blocks, 1)
     if base_block < 0 or base_block + pool > INT32_MAX + 1:
         raise ValueError(f"base_block={base_block} + pool={pool}: block ids must fit int32")
     return TablePlan(
         rows=rows,
         pool=pool,
-        width=max(max(need, default=0) + extra_cols, 1),
+        width=max((int(need_a.max()) if num_req else 0) + extra_cols, 1),
         shared=shared,
         layout=layout,
         base_block=base_block,

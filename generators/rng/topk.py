@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -58,21 +59,29 @@ def _negatives(bs: int, k: int, device: str) -> Tensor:
     return const((-2, -bs, -k, INT32_MIN, -(2**20)), device, torch.int32)
 
 
-def topk_rows(*, seq_lens: Sequence[int], width: int, block_size: int, topk: int) -> list[tuple[int, ...]]:
-    """Per request, the 8 host ints ``topk_indices`` reads per row (the device gathers them by each
-    row's request: one op)."""
+def topk_rows(*, seq_lens: Sequence[int] | np.ndarray, width: int, block_size: int, topk: int) -> np.ndarray:
+    """Per request, the 8 host ints ``topk_indices`` reads per row, int64 [R, 8] (numpy: a few vector
+    ops for any batch; the device gathers them by each row's request)."""
     past_end = width * block_size
     if past_end + 2 * block_size > INT32_MAX:
         raise ValueError(f"width={width} * block_size={block_size}: table positions must fit int32")
-    rows = []
-    for s in seq_lens:
-        cap = min(topk, s)
-        m = (cap + 1) // 6
-        span = past_end - s
-        rows.append(
-            (max(s, 1), -1 if s == 0 else 0, cap + 1 + 2 * m, m, cap, s, max(span, 1), _QUARTER if span > 0 else 0)
-        )
-    return rows
+    s = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
+    cap = np.minimum(s, topk)
+    m = (cap + 1) // 6
+    span = past_end - s
+    return np.stack(
+        [
+            np.maximum(s, 1),
+            np.where(s == 0, -1, 0),
+            cap + 1 + 2 * m,
+            m,
+            cap,
+            s,
+            np.maximum(span, 1),
+            np.where(span > 0, _QUARTER, 0),
+        ],
+        axis=1,
+    )
 
 
 def topk_indices(

@@ -229,3 +229,43 @@ def test_distinct_slots_padding_and_limits() -> None:
         fill.distinct_slots(D, n=6, num_slots=5, device=CPU)
     with pytest.raises(ValueError):
         fill.distinct_slots(D, n=1, num_slots=(1 << 31) + 1, device=CPU)
+
+
+# --- the host plans, vectorized ------------------------------------------------
+
+
+def _plan_rows_by_loop(need, layout, live):
+    """plan_table's rows and pool as a loop over requests states them (the vectorized one's reference)."""
+    shared = max(1, min(need) // 2) if layout == "shared_prefix" and len(need) > 1 and min(need) > 0 else 0
+    ranges = [(0, n - 1) for n in need] if live is None else [(lo, min(hi, n - 1)) for (lo, hi), n in zip(live, need)]
+    rows, at = [], shared
+    for n, (lo, hi) in zip(need, ranges):
+        start = max(lo, shared)
+        rows.append([n, at - start, start, hi])
+        at += max(0, hi - start + 1)
+    return rows, at
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_vectorized_plans_match_a_loop_over_requests(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    need = [rng.choice([0, 1, 2, rng.randint(0, 300)]) for _ in range(rng.randint(1, 40))]
+    live = None
+    if seed % 2:
+        live = [(1, 0) if rng.random() < 0.2 else sorted((rng.randint(0, n + 2), rng.randint(0, n + 2))) for n in need]
+    layout = ("contiguous", "shuffled", "shared_prefix")[seed % 3]
+    plan = fill.plan_table(need=need, layout=layout, spare_blocks=seed % 4, live=live)
+    rows, at = _plan_rows_by_loop(need, layout, live)
+    assert plan.rows.tolist() == rows and plan.pool == max(at + seed % 4, 1)
+    seqs = [rng.choice([0, 1, rng.randint(0, 5000)]) for _ in range(len(need))]
+    width, bs, k = max(need) + 1, rng.choice([1, 16, 64]), rng.choice([16, 2048])
+    by_loop = []
+    for s in seqs:
+        cap, span = min(k, s), width * bs - s
+        m = (cap + 1) // 6
+        by_loop.append(
+            [max(s, 1), -1 if s == 0 else 0, cap + 1 + 2 * m, m, cap, s, max(span, 1), (1 << 29) if span > 0 else 0]
+        )
+    assert topk.topk_rows(seq_lens=seqs, width=width, block_size=bs, topk=k).tolist() == by_loop
