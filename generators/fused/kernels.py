@@ -3,7 +3,9 @@
 Each kernel computes, element by element, exactly what its torch builder in generators/rng
 computes with a dozen ops: the same words of the same word table, the same integer arithmetic
 (``%``, ``&``, ``>>`` and compares on non-negative int32 values, where every device and C's
-truncating division agree with torch's floor division), the same table lookups. No float is
+truncating division agree with torch's floor division; a keyed permutation's mixing on uint32
+words, whose wrapping multiply is the torch builder's int64 product masked to 32 bits), the
+same table lookups. No float is
 computed: floats are copied as the bit patterns of their pools. So the bytes are the torch
 builders', which tests/generators/test_fused.py checks under the CPU interpreter and on the GPU.
 
