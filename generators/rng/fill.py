@@ -91,10 +91,12 @@ def upload(*parts: Sequence[int] | Sequence[Sequence[int]] | np.ndarray, device:
 class _Staging:
     """Pinned host buffers that ``upload`` copies through, reused in turn.
 
-    A pinned buffer is what makes the host-to-device copy asynchronous; allocating one per case
-    (``pin_memory()``) cost more host time than the copy. Each of SLOTS buffers is reused only
-    after the event recorded behind its last copy has passed (long since, SLOTS cases later), so
-    bytes still in flight are never overwritten."""
+    A pinned source is what makes the host-to-device copy asynchronous. These few buffers are
+    made once; a pinned copy per case (``pin_memory()``, served by torch's caching host
+    allocator) measured the same on the H200 (about 50 us for 1,000 ints with the packing), so
+    this is no speed-up over it, only no allocation per case. Each of SLOTS buffers is reused
+    only after the event recorded behind its last copy has passed (long since, SLOTS cases
+    later), so bytes still in flight are never overwritten (tests/generators/test_on_cuda.py)."""
 
     SLOTS = 4
 
