@@ -95,14 +95,17 @@ def _network(x: Tensor, key: PermKey) -> Tensor:
 def permute(index: Tensor, key: PermKey) -> Tensor:
     """int64: the permutation's values at ``index`` (integers in [0, n), any shape and device).
 
-    The definition the fused kernels are held to; each walking step is a host sync (it asks
-    whether any value is still out of range), which is fine for the slow path."""
-    y = _network(index.to(torch.int64), key)
-    while True:
-        out = y >= key.n
-        if not bool(out.any()):
-            return y
-        y = torch.where(out, _network(y, key), y)
+    The definition the fused kernels are held to. Each walking step takes the network again on
+    the values still out of range only (half of them, then a quarter...), so a walk of 40 steps
+    costs about two passes over the tensor, not 40; each step is a host sync (it asks which are
+    left), which is fine for the slow path."""
+    y = _network(index.to(torch.int64).reshape(-1), key)
+    left = torch.nonzero(y >= key.n).reshape(-1)
+    while left.numel():
+        walked = _network(y[left], key)
+        y[left] = walked
+        left = left[walked >= key.n]
+    return y.reshape(index.shape)
 
 
 def permute_reference(i: int, key: PermKey) -> int:

@@ -30,6 +30,8 @@ def test_any_subset_of_indices_gets_the_values_of_the_whole() -> None:
     whole = permute(torch.arange(9000), key)
     picks = torch.tensor([8999, 0, 4500, 17, 17])
     assert torch.equal(permute(picks, key), whole[picks])
+    grid = torch.tensor([[5, 9], [8000, 1]])  # any shape, each value where the whole put it
+    assert torch.equal(permute(grid, key), whole[grid])
 
 
 def test_streams_and_seeds_give_different_orders() -> None:
