@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -71,7 +73,7 @@ def perm_key(seed: int, name: str, n: int) -> PermKey:
     return PermKey(n=n, bits=bits, low=bits // 2, keys=keys)
 
 
-def _f(v: Tensor, k: int) -> Tensor:
+def _f(v: Any, k: int) -> Any:  # a torch tensor or a numpy array: operators only
     y = v ^ k
     y = y ^ (y >> 16)
     y = (y * _C1) & _M32
@@ -80,7 +82,7 @@ def _f(v: Tensor, k: int) -> Tensor:
     return y ^ (y >> 16)
 
 
-def _network(x: Tensor, key: PermKey) -> Tensor:
+def _network(x: Any, key: PermKey) -> Any:
     c = key.low
     lo_mask, hi_mask = (1 << c) - 1, (1 << (key.bits - c)) - 1
     hi, lo = x >> c, x & lo_mask
@@ -97,15 +99,35 @@ def permute(index: Tensor, key: PermKey) -> Tensor:
 
     The definition the fused kernels are held to. Each walking step takes the network again on
     the values still out of range only (half of them, then a quarter...), so a walk of 40 steps
-    costs about two passes over the tensor, not 40; each step is a host sync (it asks which are
-    left), which is fine for the slow path."""
-    y = _network(index.to(torch.int64).reshape(-1), key)
-    left = torch.nonzero(y >= key.n).reshape(-1)
-    while left.numel():
-        walked = _network(y[left], key)
+    costs about two passes over the tensor, not 40; each step asks which are left (a host sync
+    on a GPU, fine for the slow path). On the CPU the same operators run on numpy arrays: a
+    hundred small ops a pass cost ~1 us each there against torch's ~1.5-2, which a CPU fuzz
+    run's small cases feel."""
+    flat = index.to(torch.int64).reshape(-1)
+    if flat.device.type == "cpu":
+        arange = lambda n: np.arange(n, dtype=np.int64)  # noqa: E731
+        return torch.from_numpy(_walk(flat.numpy(), key, np.flatnonzero, arange)).reshape(index.shape)
+    arange = lambda n: torch.arange(n, dtype=torch.int64, device=flat.device)  # noqa: E731
+    return _walk(flat, key, lambda t: torch.nonzero(t).reshape(-1), arange).reshape(index.shape)
+
+
+def _walk(x: Any, key: PermKey, nonzero: Callable[[Any], Any], arange: Callable[[int], Any]) -> Any:
+    """The network, then cycle walking, on a 1-D int64 torch tensor or numpy array. When the
+    domain is not much larger than x, the network runs once over all of it and a walking step is
+    a lookup in that table (the same values: table[i] is the network at i); otherwise each step
+    runs the network on the values still out of range."""
+    if (1 << key.bits) <= 4 * len(x) + 4096:
+        table = _network(arange(1 << key.bits), key)
+        step = lambda v: table[v]  # noqa: E731
+    else:
+        step = lambda v: _network(v, key)  # noqa: E731
+    y = step(x)
+    left = nonzero(y >= key.n)
+    while len(left):
+        walked = step(y[left])
         y[left] = walked
         left = left[walked >= key.n]
-    return y.reshape(index.shape)
+    return y
 
 
 def permute_reference(i: int, key: PermKey) -> int:
