@@ -188,7 +188,7 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         "prefill_workspace_request_ids": None,
         "prefill_workspace_starts": None,
     }
-    if local_rows is not None:  # its own tensor, as before the step's slack rows existed
+    if local_rows is not None:  # a tensor of its own: only req_id and the top-k rows are rows of the whole step
         tensors["prefill_workspace_request_ids"] = local_rows[mine].clone() if before or after else local_rows
         tensors["prefill_workspace_starts"] = starts
     params = {

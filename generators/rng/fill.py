@@ -2,8 +2,9 @@
 mappings (top-k rows: topk.py). Each is a pure function of its arguments and a ``Draws`` stream (pool.py).
 
 They run on the case's own device with no per-row or per-request Python loop:
-the per-request numbers come from the spec as host lists (one host-to-device
-copy), every random choice is integer arithmetic on 31-bit words, and every
+the per-request numbers come from the spec as numpy columns (one asynchronous
+host-to-device copy), every random choice is integer arithmetic on 31-bit words
+(random orders: keyed permutations, shuffle.py, never a sort), and every
 float is assembled from bit fields (bits.py) in pools made once per process
 on the CPU. So CPU and CUDA give the same bytes.
 
