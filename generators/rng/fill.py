@@ -42,7 +42,16 @@ from mlafuzz.generators.rng.bits import (
 )
 from mlafuzz.generators.rng.fusing import fused_room
 from mlafuzz.generators.rng.hashing import Stream, scale_below
-from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, window_width, windows, word_pool
+from mlafuzz.generators.rng.pool import (
+    POOL_WORDS,
+    QUARTER,
+    WORD_MASK,
+    Draws,
+    device_name,
+    window_width,
+    windows,
+    word_pool,
+)
 from mlafuzz.generators.rng.shuffle import permute
 from mlafuzz.generators.spec import Layout, WriterValues
 
@@ -54,15 +63,6 @@ __all__ = [
     "writer_inputs",
     "distinct_slots",
 ]
-
-INT32_MAX = catalog.INT32_MAX
-INT32_MIN = catalog.INT32_MIN
-_QUARTER = 1 << 29  # a 31-bit word is below this with probability 1/4
-_MASK = POOL_WORDS - 1
-
-
-def _dev(device: Device) -> str:
-    return str(torch.device(device))
 
 
 # --- host ints to the device ---------------------------------------------------
@@ -79,8 +79,8 @@ def upload(*parts: Sequence[int] | Sequence[Sequence[int]] | np.ndarray, device:
     except OverflowError:
         raise ValueError("upload: a value does not fit int64, let alone int32") from None
     flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, dtype=np.int64)
-    if flat.size and (flat.min() < INT32_MIN or flat.max() > INT32_MAX):
-        bad = flat[(flat < INT32_MIN) | (flat > INT32_MAX)][0]
+    if flat.size and (flat.min() < catalog.INT32_MIN or flat.max() > catalog.INT32_MAX):
+        bad = flat[(flat < catalog.INT32_MIN) | (flat > catalog.INT32_MAX)][0]
         raise ValueError(f"upload: {bad} does not fit int32")
     packed = flat.astype(np.int32)
     target = torch.device(device)
@@ -186,7 +186,7 @@ def plan_table(
     at = shared + np.cumsum(owned) - owned  # where they start in the pool
     rows = np.stack([need_a, at - start, start, hi], axis=1)  # an owned column c is pool block c + (at - start)
     pool = max(shared + int(owned.sum()) + spare_blocks, 1)
-    if base_block < 0 or base_block + pool > INT32_MAX + 1:
+    if base_block < 0 or base_block + pool > catalog.INT32_MAX + 1:
         raise ValueError(f"base_block={base_block} + pool={pool}: block ids must fit int32")
     return TablePlan(
         rows=rows,
@@ -221,19 +221,19 @@ def block_table(draws: Draws, plan: TablePlan, *, rows: Tensor, device: Device) 
             pool=pool,
             base=plan.base_block,
             shared=shared,
-            word_mask=_MASK,
+            word_mask=WORD_MASK,
         )
     ids = torch.arange(pool, dtype=torch.int64, device=device)
     if perm is not None:
         ids = permute(ids, perm)
     ids = (ids + plan.base_block).to(torch.int32)
-    ids = torch.cat([ids, const((0,), _dev(device), torch.int32)])  # index pool: a column past the request's
+    ids = torch.cat([ids, const((0,), device_name(device), torch.int32)])  # index pool: a column past the request's
     col = torch.arange(width, dtype=torch.int32, device=device)
     index = col + rows[:, 1:2]  # an owned column's pool index
     if shared:
         index = torch.where(col < shared, col, index)
     if plan.live:  # the columns a call does not read: random blocks of the pool
-        offsets = draws.child("cold").words(num_req, device=device) & _MASK
+        offsets = draws.child("cold").words(num_req, device=device) & WORD_MASK
         cold = windows(offsets, width, device=device) % pool
         keep = (col >= rows[:, 2:3]) & (col <= rows[:, 3:4])
         index = torch.where(keep | (col < shared) if shared else keep, index, cold)
@@ -317,8 +317,8 @@ def writer_inputs(
     bf16, [-20, 12] for fp16 whose range is smaller); extreme; nan. fp16 gets
     fp16 analogues of the bf16 special values.
     """
-    chunks = _writer_chunks(WriterValues(values), dtype, _dev(device))
-    dev = _dev(device)
+    chunks = _writer_chunks(WriterValues(values), dtype, device_name(device))
+    dev = device_name(device)
     fused = fused_room(device)
     if fused is not None:  # the same rows in one launch (generators/fused)
         token_words = draws.child("token")
@@ -358,7 +358,7 @@ def distinct_slots(
     n-subset and order possible, and O(n) with no sort whatever num_slots. On
     a GPU the fused room makes them in one launch.
     """
-    if not 0 <= n <= min(num_slots, POOL_WORDS) or num_slots > INT32_MAX or offset < 0:
+    if not 0 <= n <= min(num_slots, POOL_WORDS) or num_slots > catalog.INT32_MAX or offset < 0:
         raise ValueError(
             f"n={n}, num_slots={num_slots}, offset={offset}: need 0 <= n <= num_slots, n <= {POOL_WORDS},"
             " num_slots < 2**31, offset >= 0"
@@ -375,9 +375,9 @@ def distinct_slots(
             offset=offset,
             table=word_pool(device),
             pad_offset=pad.offset if pad is not None else None,
-            quarter=_QUARTER,
+            quarter=QUARTER,
         )
     slots = permute(torch.arange(n, dtype=torch.int64, device=device), perm) + offset
     if pad is not None:
-        slots = torch.where(pad.words(n, device=device) < _QUARTER, -1, slots)
+        slots = torch.where(pad.words(n, device=device) < QUARTER, -1, slots)
     return slots

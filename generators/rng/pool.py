@@ -47,16 +47,19 @@ from torch import Tensor
 from mlafuzz.generators.rng.hashing import Stream
 from mlafuzz.generators.rng.shuffle import PermKey, perm_key
 
-__all__ = ["POOL_WORDS", "Draws", "word_pool", "windows", "window_width"]
+__all__ = ["POOL_WORDS", "WORD_MASK", "QUARTER", "Draws", "device_name", "word_pool", "windows", "window_width"]
 
 POOL_WORDS = 1 << 20
-_MASK = POOL_WORDS - 1
+WORD_MASK = POOL_WORDS - 1  # a word & this: an offset into the table
+QUARTER = 1 << 29  # a 31-bit word is below this with probability 1/4
 _WORD_BITS = 0x7FFF_FFFF
 
 Device = torch.device | str
 
 
-def _dev(device: Device) -> str:
+def device_name(device: Device) -> str:
+    """The device as the builders' per-device caches key it ("cuda" and "cuda:0" stay apart as
+    torch spells them)."""
     return str(torch.device(device))
 
 
@@ -70,7 +73,7 @@ def _table(device: str) -> Tensor:
 def word_pool(device: Device) -> Tensor:
     """The doubled table, int32 [2 * POOL_WORDS], on ``device`` (built once per process and device;
     never written: every use reads it)."""
-    return _table(_dev(device))
+    return _table(device_name(device))
 
 
 def windows(offsets: Tensor, width: int, *, device: Device) -> Tensor:
@@ -99,7 +102,7 @@ class Draws:
 
     def __post_init__(self) -> None:
         s = Stream(self.seed, self.name)
-        object.__setattr__(self, "offset", s.k0 & _MASK)
+        object.__setattr__(self, "offset", s.k0 & WORD_MASK)
         object.__setattr__(self, "key", s.k1)
 
     def child(self, name: str) -> Draws:

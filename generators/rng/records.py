@@ -55,7 +55,14 @@ from mlafuzz.generators import catalog
 from mlafuzz.generators.rng.bits import BF16, Device, const, f32_pattern, normal_bits, pick, to_half
 from mlafuzz.generators.rng.fusing import fused_room
 from mlafuzz.generators.rng.hashing import Stream, as_int32
-from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, window_width, windows, word_pool
+from mlafuzz.generators.rng.pool import (
+    POOL_WORDS,
+    Draws,
+    device_name,
+    window_width,
+    windows,
+    word_pool,
+)
 from mlafuzz.generators.spec import ValueMode
 from mlafuzz.oracles.codec import encode_rows
 
@@ -81,10 +88,6 @@ _FLT_MIN_BITS = 0x0080_0000
 _EXTREME_SCALE_BITS = tuple(f32_pattern(v) for v in catalog.EXTREME_SCALES)
 _SUBNORMAL_SCALE_BITS = tuple(f32_pattern(v) for v in catalog.SUBNORMAL_SCALES)
 _NONFINITE_SCALE_BITS = tuple(f32_pattern(v) for v in catalog.NONFINITE_SCALES)
-
-
-def _dev(device: Device) -> str:
-    return str(torch.device(device))
 
 
 def _rope_bytes(bits: Tensor) -> Tensor:
@@ -218,12 +221,12 @@ def _pool(mode: ValueMode, device: str) -> tuple[Tensor, Tensor, Tensor]:
 def record_pool(mode: ValueMode | str, *, device: Device) -> Tensor:
     """The mode's P distinct records, uint8 [POOL_RECORDS, 656] (scales not yet per record); the same
     bytes on every device. Shared by every case of the process: read it, never write it."""
-    return _pool(ValueMode(mode), _dev(device))[0]
+    return _pool(ValueMode(mode), device_name(device))[0]
 
 
 def scale_rows(mode: ValueMode | str, *, device: Device) -> Tensor:
     """The mode's scale rows, int32 f32 patterns [rows, 4] (read it, never write it)."""
-    return _pool(ValueMode(mode), _dev(device))[2]
+    return _pool(ValueMode(mode), device_name(device))[2]
 
 
 def record_words(block_words: Tensor, *, block_size: int, device: Device) -> Tensor:
@@ -239,7 +242,7 @@ def fill_records(out: Tensor, mode: ValueMode | str, *, words: Tensor) -> None:
     21..30 and 0..9), the four scales from the scale row the second picks (for activations, one
     of the 64 rows of the codes' pool row: its writer scales, shifted)."""
     mode = ValueMode(mode)
-    pool, ropes, scales = _pool(mode, _dev(out.device))
+    pool, ropes, scales = _pool(mode, device_name(out.device))
     sel = words[:, 0] >> 21
     torch.index_select(pool, 0, sel, out=out)
     out[:, _ROPE] = torch.index_select(ropes, 0, words[:, 0] & (POOL_RECORDS - 1))
@@ -286,7 +289,7 @@ def paged_cache(
     fused = fused_room(device)
     if pool_blocks and fused is not None:  # the same records in one launch (generators/fused)
         mode = ValueMode(mode)
-        pool, _, scales = _pool(mode, _dev(device))
+        pool, _, scales = _pool(mode, device_name(device))
         draws.span(pool_blocks)  # the torch path's bounds on the words it reads, the same errors
         window_width(block_size * WORDS)
         fused.fill_records(

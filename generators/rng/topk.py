@@ -15,19 +15,19 @@ from mlafuzz.generators import catalog
 from mlafuzz.generators.rng.bits import Device, const
 from mlafuzz.generators.rng.fusing import fused_room
 from mlafuzz.generators.rng.hashing import Stream
-from mlafuzz.generators.rng.pool import POOL_WORDS, Draws, window_width, windows, word_pool
+from mlafuzz.generators.rng.pool import (
+    POOL_WORDS,
+    QUARTER,
+    WORD_MASK,
+    Draws,
+    device_name,
+    window_width,
+    windows,
+    word_pool,
+)
 from mlafuzz.generators.spec import TopkMode
 
 __all__ = ["RANK_ROWS", "topk_rows", "topk_indices", "request_rows"]
-
-INT32_MAX = catalog.INT32_MAX
-INT32_MIN = catalog.INT32_MIN
-_QUARTER = 1 << 29  # a 31-bit word is below this with probability 1/4
-_MASK = POOL_WORDS - 1
-
-
-def _dev(device: Device) -> str:
-    return str(torch.device(device))
 
 
 RANK_ROWS = 256  # column permutations per K (fewer for a wide K: the table stays <= 2**20 entries)
@@ -45,7 +45,7 @@ def _ranks(k: int, device: str) -> Tensor:
 def _rank_rows(words: Tensor, k: int, device: Device) -> Tensor:
     """int32 [N, K]: row r a rotation of one of the column permutations (a random bijection of the
     columns: the first n_valid ranks mark a random n_valid-subset, scattered over the row)."""
-    table = _ranks(k, _dev(device))
+    table = _ranks(k, device_name(device))
     span = table.shape[0]
     if span & (span - 1) == 0 and k & (k - 1) == 0:  # K and the table powers of two: a mask picks both
         starts = words & ((span - 1) & ~k)  # bit log2(K) clear: row q, rotation < K
@@ -56,14 +56,14 @@ def _rank_rows(words: Tensor, k: int, device: Device) -> Tensor:
 
 def _negatives(bs: int, k: int, device: str) -> Tensor:
     """The negative mode's five per-row values (a row picks one by its word): int32 on device."""
-    return const((-2, -bs, -k, INT32_MIN, -(2**20)), device, torch.int32)
+    return const((-2, -bs, -k, catalog.INT32_MIN, -(2**20)), device, torch.int32)
 
 
 def topk_rows(*, seq_lens: Sequence[int] | np.ndarray, width: int, block_size: int, topk: int) -> np.ndarray:
     """Per request, the 8 host ints ``topk_indices`` reads per row, int64 [R, 8] (numpy: a few vector
     ops for any batch; the device gathers them by each row's request)."""
     past_end = width * block_size
-    if past_end + 2 * block_size > INT32_MAX:
+    if past_end + 2 * block_size > catalog.INT32_MAX:
         raise ValueError(f"width={width} * block_size={block_size}: table positions must fit int32")
     s = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
     cap = np.minimum(s, topk)
@@ -78,7 +78,7 @@ def topk_rows(*, seq_lens: Sequence[int] | np.ndarray, width: int, block_size: i
             cap,
             s,
             np.maximum(span, 1),
-            np.where(span > 0, _QUARTER, 0),
+            np.where(span > 0, QUARTER, 0),
         ],
         axis=1,
     )
@@ -98,8 +98,8 @@ def topk_indices(
     left to chance; the valid columns scattered (a random permutation of the
     columns ranks them). The other modes start from the padded row and
     replace each column with probability 1/4 (w < 2**29) by its row's value
-    of their class: negative (one of -2, -bs, -K, INT32_MIN, -2**20 per row),
-    past_table (M*bs .. M*bs + 2*bs per row, or INT32_MAX for 1/5 of rows),
+    of their class: negative (one of -2, -bs, -K, catalog.INT32_MIN, -2**20 per row),
+    past_table (M*bs .. M*bs + 2*bs per row, or catalog.INT32_MAX for 1/5 of rows),
     past_seq_len (seq_len .. M*bs - 1 per row; the column kept when M*bs <=
     seq_len); mixed draws the class per column (1/12 each). Positions are NOT
     distinct within a row (the indexer's are): two columns may hold the same
@@ -117,17 +117,17 @@ def topk_indices(
             table=word_pool(device),
             row_offset=row_words.offset,
             per_row=per_row,
-            ranks=_ranks(k, _dev(device)),
-            negatives=_negatives(bs, k, _dev(device)),
+            ranks=_ranks(k, device_name(device)),
+            negatives=_negatives(bs, k, device_name(device)),
             k=k,
             block_size=bs,
             past_end=past_end,
             mode=mode.value,
-            word_mask=_MASK,
-            quarter=_QUARTER,
+            word_mask=WORD_MASK,
+            quarter=QUARTER,
         )
     rw = draws.child("row").grid(n, 4, device=device)
-    w = windows(rw[:, 0] & _MASK, k, device=device)
+    w = windows(rw[:, 0] & WORD_MASK, k, device=device)
     pos = w % per_row[:, 0:1]
     if mode is TopkMode.VALID:
         return pos + per_row[:, 1:2]  # seq_len 0: 0 - 1
@@ -137,19 +137,19 @@ def topk_indices(
         return pos
     r3 = rw[:, 3:4]
     if mode in (TopkMode.NEGATIVE, TopkMode.MIXED):
-        negative = torch.index_select(_negatives(bs, k, _dev(device)), 0, (r3 % 5).reshape(-1)).unsqueeze(1)
+        negative = torch.index_select(_negatives(bs, k, device_name(device)), 0, (r3 % 5).reshape(-1)).unsqueeze(1)
     if mode in (TopkMode.PAST_TABLE, TopkMode.MIXED):
-        past_table = torch.where((r3 >> 3) % 5 == 0, INT32_MAX, past_end + (r3 >> 6) % (2 * bs + 1))
+        past_table = torch.where((r3 >> 3) % 5 == 0, catalog.INT32_MAX, past_end + (r3 >> 6) % (2 * bs + 1))
     if mode in (TopkMode.PAST_SEQ_LEN, TopkMode.MIXED):
         past_seq = per_row[:, 5:6] + (r3 >> 16) % per_row[:, 6:7]
     if mode is TopkMode.NEGATIVE:
-        return torch.where(w < _QUARTER, negative, pos)
+        return torch.where(w < QUARTER, negative, pos)
     if mode is TopkMode.PAST_TABLE:
-        return torch.where(w < _QUARTER, past_table, pos)
+        return torch.where(w < QUARTER, past_table, pos)
     room = per_row[:, 7:8]  # 2**29, or 0: no room past seq_len, the column is kept
     if mode is TopkMode.PAST_SEQ_LEN:
         return torch.where(w < room, past_seq, pos)
-    third = _QUARTER // 3
+    third = QUARTER // 3
     out = torch.where(w < torch.clamp(room, min=2 * third), past_seq, pos)
     out = torch.where(w < 2 * third, past_table, out)
     return torch.where(w < third, negative, out)
@@ -199,14 +199,14 @@ def request_rows(
             rows=rows,
             before=before,
             after=after,
-            ranks=_ranks(topk, _dev(device)),
-            negatives=_negatives(block_size, topk, _dev(device)),
+            ranks=_ranks(topk, device_name(device)),
+            negatives=_negatives(block_size, topk, device_name(device)),
             k=topk,
             block_size=block_size,
             past_end=width * block_size,
             mode=mode.value,
-            word_mask=_MASK,
-            quarter=_QUARTER,
+            word_mask=WORD_MASK,
+            quarter=QUARTER,
         )
     batch = torch.arange(rows, dtype=torch.int32, device=device)
     owners = torch.searchsorted(starts, batch, right=True, out_int32=True) - 1
