@@ -21,6 +21,7 @@ from mlafuzz.tests.support.helpers import (  # noqa: E402
     materialize,
     specs,  # noqa: E402
 )
+from mlafuzz.tests.support.offline import compile_offline
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -130,15 +131,6 @@ def test_a_stride_is_judged_and_a_compacted_row_is_a_multiset_with_a_minus_one_t
 
 
 _PTX_SCRIPT = """
-import os, sys
-os.environ.pop("TRITON_INTERPRET", None)
-try:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-except ImportError as exc:
-    print("SKIP", exc)
-    sys.exit(0)
 from mlafuzz.harness.fast.convert import _KEYS, _check_convert
 sig = {p.name: "*i32" if p.name.endswith("_ptr") else "constexpr" if p.is_constexpr else "i32"
        for p in _check_convert.params}
@@ -156,11 +148,5 @@ print("OK")
 @pytest.mark.slow
 def test_the_gpu_build_of_the_fused_check_compiles_offline_for_sm90():
     # Prefill rows and counts are runtime flags: one build serves every case of a K.
-    import subprocess
-    import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    if res.stdout.startswith("SKIP"):
-        pytest.skip(f"Triton's offline compiler is unavailable: {res.stdout.strip()}")
-    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
+    compile_offline(_PTX_SCRIPT)

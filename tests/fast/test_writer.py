@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import torch
@@ -28,6 +26,7 @@ from mlafuzz.harness.fast.writer import (  # noqa: E402
 from mlafuzz.oracles import codec  # noqa: E402
 from mlafuzz.oracles.writer_scale import NEWEST, REVISIONS  # noqa: E402
 from mlafuzz.tests.support.helpers import matches, materialize  # noqa: E402
+from mlafuzz.tests.support.offline import compile_offline
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -333,15 +332,6 @@ def test_the_runner_skips_the_oracle_on_yes_and_a_mutant_is_still_found(mutant):
 
 
 _PTX_SCRIPT = textwrap.dedent("""
-    import os, sys
-    os.environ.pop("TRITON_INTERPRET", None)
-    try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as exc:
-        print("SKIP", exc)
-        sys.exit(0)
     from mlafuzz.harness.fast.writer import _check_records
     for is_bf16, use_cvt, revision in ((True, True, 0), (True, False, 1), (False, True, 1), (False, False, 0)):
         sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv_ptr": "*bf16" if is_bf16 else "*fp16",
@@ -366,8 +356,4 @@ _PTX_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_the_gpu_build_compiles_offline_with_ieee_division_and_the_asked_e4m3_encode():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    if res.stdout.startswith("SKIP"):
-        pytest.skip(f"Triton's offline compiler is unavailable: {res.stdout.strip()}")
-    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
+    compile_offline(_PTX_SCRIPT)

@@ -24,6 +24,7 @@ from mlafuzz.kernels.triton_convert import convert as convert_triton  # noqa: E4
 from mlafuzz.oracles.convert import convert as oracle_convert  # noqa: E402
 from mlafuzz.oracles.convert import rows_as_sets_equal  # noqa: E402
 from mlafuzz.tests.kernels.test_triton_convert import DEVICE, build_inputs, convert_cases  # noqa: E402
+from mlafuzz.tests.support.offline import compile_offline  # noqa: E402
 
 IMPLS = {"triton": convert_triton, "torch": convert_torch}
 
@@ -132,15 +133,6 @@ def test_our_converts_declare_both_options_in_their_signatures():
 
 
 _PTX_SCRIPT = """
-import os, sys
-os.environ.pop("TRITON_INTERPRET", None)
-try:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-except ImportError as exc:
-    print("SKIP", exc)
-    sys.exit(0)
 from mlafuzz.kernels.triton_convert import _convert_kernel
 FLAGS = ("K", "TILE", "BS_POW2", "TI_COL_I64", "COMPACT")
 names = [p.name for p in _convert_kernel.params]
@@ -158,11 +150,5 @@ print("OK")
 
 @pytest.mark.slow
 def test_the_gpu_build_of_both_options_compiles_offline_for_sm90():
-    import subprocess
-    import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    if res.stdout.startswith("SKIP"):
-        pytest.skip(f"Triton's offline compiler is unavailable: {res.stdout.strip()}")
-    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stdout + res.stderr
+    compile_offline(_PTX_SCRIPT)
