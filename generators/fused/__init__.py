@@ -3,8 +3,9 @@
 The torch builders of generators/rng are the definition of every byte a case holds; this room
 makes the same bytes faster on a GPU, where the torch version is a dozen launches and several
 passes over each big tensor (and, for a keyed permutation, a host sync per walking step). It
-holds the kernels of the block table, the top-k rows with each row's request, the cache
-records and the writer's inputs and slots (``kernels.py``), each taking the word table, pools
+holds the kernels of the block table, the top-k rows, a convert batch's table and rows with each
+row's request (one launch), the cache records and the writer's inputs and slots (``kernels.py``),
+each taking the word table, pools
 and permutation keys as arguments: it imports nothing of mlafuzz, so deleting the room, or switching
 it off, loses only speed.
 

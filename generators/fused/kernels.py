@@ -11,10 +11,15 @@ builders', which tests/generators/test_fused.py checks under the CPU interpreter
 
 The callers (generators/rng) pass every table and constant, so this module needs nothing of
 mlafuzz and the room can be deleted. The per-case numbers (offsets, sizes) are runtime scalars
-that are not specialized on: a run compiles each kernel once per mode flag, not per case.
+that are not specialized on: a run compiles each kernel once per mode flag, not per case. A
+realistic case is host-bound, so the kernels are launched through ``_Launch`` (the compiled
+kernel's own launcher, half the host time of ``kernel[grid]``), and a convert batch's block
+table and top-k rows are one launch (``convert_batch``), not two.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
@@ -26,7 +31,8 @@ __all__ = [
     "block_table",
     "distinct_slots",
     "topk_indices",
-    "request_rows",
+    "BATCH_COLUMNS",
+    "convert_batch",
     "fill_records",
     "writer_rows",
 ]
@@ -40,6 +46,68 @@ _TABLE_TILE = 128
 _RECORDS_PER_PROGRAM = 16
 _TOKENS_PER_PROGRAM = 32
 _SLOTS_PER_PROGRAM = 256
+
+_I32 = 1 << 31
+
+
+class _Launch:
+    """A kernel of this room, launched cheaply on the host: ``_Launch(kernel)(grid, tensors, ints,
+    **constexprs)``, the kernel's parameters being its tensors, then its ints, then its constexprs
+    (in that order).
+
+    Triton's own launch, ``kernel[grid](...)``, binds and specializes every argument each time:
+    about 25 us for this room's 40-argument kernels on an H200's host, as much as the rest of a
+    case's generation. The first launch of a variant goes through it (it compiles the kernel or
+    finds it); later ones call the compiled kernel it returned, which takes the same arguments,
+    in about half the time.
+
+    The variant is everything Triton specializes these kernels on: the device, the constexprs,
+    each tensor's dtype and, where the kernel lets Triton assume alignment, whether its address
+    is a multiple of 16, and each int's width. Every int parameter of this room's kernels is in
+    do_not_specialize (checked at the first launch), so Triton keys an int by i32 or i64 only; a
+    launch with an int outside int32 is Triton's own every time. Under the interpreter every
+    launch is Triton's. ``_compiled`` only remembers what Triton's own cache would answer, as
+    functools.cache does: deleting it loses speed, never changes a launch.
+    """
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+        self._compiled: dict[tuple, Any] = {}
+        self._aligned: tuple[int, ...] | None = None  # tensors Triton may specialize on alignment
+
+    def _check(self, tensors: int, ints: int, constexprs: list[str]) -> tuple[int, ...]:
+        params = self._fn.params
+        runtime = [p for p in params if not p.is_constexpr]
+        if len(runtime) != tensors + ints or [p.name for p in params if p.is_constexpr] != constexprs:
+            raise TypeError(f"{self._fn.__name__}: launched with arguments in another order than its parameters")
+        loose = [p.name for p in runtime[tensors:] if not p.do_not_specialize]
+        if loose:
+            raise TypeError(f"{self._fn.__name__}: int parameters {loose} must be in do_not_specialize")
+        return tuple(i for i, p in enumerate(runtime[:tensors]) if not p.do_not_specialize_on_alignment)
+
+    def __call__(self, grid: tuple[int, ...], tensors: tuple, ints: tuple, **constexprs: Any) -> None:
+        fn = self._fn
+        if INTERPRETED or not all(-_I32 <= v < _I32 for v in ints):
+            fn[grid](*tensors, *ints, **constexprs)
+            return
+        if self._aligned is None:
+            self._aligned = self._check(len(tensors), len(ints), list(constexprs))
+        key = (
+            torch.cuda.current_device(),
+            *constexprs.values(),
+            *(t.dtype for t in tensors),
+            *(tensors[i].data_ptr() % 16 == 0 for i in self._aligned),
+        )
+        compiled = self._compiled.get(key)
+        if compiled is not None:
+            compiled[(*grid, 1, 1)[:3]](*tensors, *ints, *constexprs.values())
+            return
+        compiled = fn[grid](*tensors, *ints, **constexprs)
+        if hasattr(compiled, "result"):  # compiled asynchronously: keep the outcome
+            compiled = compiled.result()
+        if hasattr(compiled, "packed_metadata"):  # a CompiledKernel: its own launcher takes the arguments
+            self._compiled[key] = compiled
+
 
 _PERM_SCALARS = ["p_n", "p_c", "p_lo", "p_hi", "p_k0", "p_k1", "p_k2", "p_k3", "p_k4", "p_k5", "p_k6", "p_k7"]
 
@@ -90,6 +158,57 @@ def _permute(i, p_n, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, 
 _TABLE_SCALARS = ["rows_s0", "cold_offset", "width", "pool", "base", "shared", "word_mask", *_PERM_SCALARS]
 
 
+@triton.jit
+def _table_tile(
+    out_ptr,
+    row,
+    table_ptr,
+    r,
+    col,
+    cold_offset,
+    width,
+    pool,
+    base,
+    shared,
+    word_mask,
+    p_n,
+    p_c,
+    p_lo,
+    p_hi,
+    p_k0,
+    p_k1,
+    p_k2,
+    p_k3,
+    p_k4,
+    p_k5,
+    p_k6,
+    p_k7,
+    SHUFFLED: tl.constexpr,
+    LIVE: tl.constexpr,
+):
+    """Columns ``col`` of table row r; ``row`` points at the request's plan ints (need, shift, live
+    lo, hi)."""
+    cm = col < width
+    need = tl.load(row)
+    shift = tl.load(row + 1)
+    index = col + shift  # an owned column's pool index
+    index = tl.where(col < shared, col, index)
+    if LIVE:  # the columns a call does not read: random blocks of the pool
+        off = tl.load(table_ptr + cold_offset + r) & word_mask
+        cold = tl.load(table_ptr + off + col, mask=cm, other=0) % pool
+        keep = ((col >= tl.load(row + 2)) & (col <= tl.load(row + 3))) | (col < shared)
+        index = tl.where(keep, index, cold)
+    index = tl.where(col < need, index, pool)
+    inside = index < pool
+    if SHUFFLED:
+        ids = _permute(
+            tl.where(inside & cm, index, 0), p_n, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7
+        )
+    else:
+        ids = index.to(tl.int64)
+    tl.store(out_ptr + r.to(tl.int64) * width + col, tl.where(inside, ids + base, 0).to(tl.int32), mask=cm)
+
+
 @triton.jit(do_not_specialize=_TABLE_SCALARS, do_not_specialize_on_alignment=["rows_ptr"])
 def _table_kernel(
     out_ptr,
@@ -119,27 +238,33 @@ def _table_kernel(
     TILE: tl.constexpr,
 ):
     r = tl.program_id(0)
-    col = tl.program_id(1) * TILE + tl.arange(0, TILE)
-    cm = col < width
-    row = rows_ptr + r.to(tl.int64) * rows_s0
-    need = tl.load(row)
-    shift = tl.load(row + 1)
-    index = col + shift  # an owned column's pool index
-    index = tl.where(col < shared, col, index)
-    if LIVE:  # the columns a call does not read: random blocks of the pool
-        off = tl.load(table_ptr + cold_offset + r) & word_mask
-        cold = tl.load(table_ptr + off + col, mask=cm, other=0) % pool
-        keep = ((col >= tl.load(row + 2)) & (col <= tl.load(row + 3))) | (col < shared)
-        index = tl.where(keep, index, cold)
-    index = tl.where(col < need, index, pool)
-    inside = index < pool
-    if SHUFFLED:
-        ids = _permute(
-            tl.where(inside & cm, index, 0), p_n, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7
-        )
-    else:
-        ids = index.to(tl.int64)
-    tl.store(out_ptr + r.to(tl.int64) * width + col, tl.where(inside, ids + base, 0).to(tl.int32), mask=cm)
+    _table_tile(
+        out_ptr,
+        rows_ptr + r.to(tl.int64) * rows_s0,
+        table_ptr,
+        r,
+        tl.program_id(1) * TILE + tl.arange(0, TILE),
+        cold_offset,
+        width,
+        pool,
+        base,
+        shared,
+        word_mask,
+        p_n,
+        p_c,
+        p_lo,
+        p_hi,
+        p_k0,
+        p_k1,
+        p_k2,
+        p_k3,
+        p_k4,
+        p_k5,
+        p_k6,
+        p_k7,
+        SHUFFLED,
+        LIVE,
+    )
 
 
 def _perm_args(perm: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -167,18 +292,10 @@ def block_table(
     if num_req == 0 or width == 0:
         return out
     live = cold_offset is not None
-    _table_kernel[(num_req, triton.cdiv(width, _TABLE_TILE))](
-        out,
-        rows,
-        table,
-        rows.stride(0),
-        cold_offset if live else 0,
-        width,
-        pool,
-        base,
-        shared,
-        word_mask,
-        *_perm_args(perm),
+    _TABLE(
+        (num_req, triton.cdiv(width, _TABLE_TILE)),
+        (out, rows, table),
+        (rows.stride(0), cold_offset if live else 0, width, pool, base, shared, word_mask, *_perm_args(perm)),
         SHUFFLED=perm is not None,
         LIVE=live,
         TILE=_TABLE_TILE,
@@ -225,62 +342,29 @@ def distinct_slots(
     out = torch.empty(n, dtype=torch.int64, device=table.device)
     if n == 0:
         return out
-    _slots_kernel[(triton.cdiv(n, _SLOTS_PER_PROGRAM),)](
-        out,
-        table,
-        n,
-        offset,
-        pad_offset if pad_offset is not None else 0,
-        quarter,
-        *perm,
+    _SLOTS(
+        (triton.cdiv(n, _SLOTS_PER_PROGRAM),),
+        (out, table),
+        (n, offset, pad_offset if pad_offset is not None else 0, quarter, *perm),
         PADDING=pad_offset is not None,
         RB=_SLOTS_PER_PROGRAM,
     )
     return out
 
 
-_TOPK_SCALARS = [
-    "row_offset",
-    "per_row_s0",
-    "k",
-    "span",
-    "ranks_pow2",
-    "bs",
-    "past_end",
-    "word_mask",
-    "quarter",
-    "third",
-    "num_req",
-    "top",
-    "before",
-    "rows",
-]
+_TOPK_SCALARS = ["row_offset", "k", "span", "ranks_pow2", "bs", "past_end", "word_mask", "quarter", "third"]
 
 
-@triton.jit(
-    do_not_specialize=_TOPK_SCALARS,
-    do_not_specialize_on_alignment=[
-        "per_row_ptr",
-        "negatives_ptr",
-        "ranks_ptr",
-        "starts_ptr",
-        "owners_ptr",
-        "local_ptr",
-        "local_out_ptr",
-    ],
-)
-def _topk_kernel(
+@triton.jit
+def _topk_tile(
     out_ptr,
     table_ptr,
     ranks_ptr,
-    per_row_ptr,
     negatives_ptr,
-    starts_ptr,
-    owners_ptr,
-    local_ptr,
-    local_out_ptr,
+    r,
+    c,
+    pr,
     row_offset,
-    per_row_s0,
     k,
     span,
     ranks_pow2,
@@ -289,44 +373,43 @@ def _topk_kernel(
     word_mask,
     quarter,
     third,
-    num_req,
-    top,
-    before,
-    rows,
     MODE: tl.constexpr,
-    SEARCH: tl.constexpr,
-    HAS_LOCAL: tl.constexpr,
-    TILE: tl.constexpr,
+    DERIVE: tl.constexpr,
 ):
-    r = tl.program_id(0)
-    c = tl.program_id(1) * TILE + tl.arange(0, TILE)
+    """Columns ``c`` of top-k row r, from its four words at row_offset + 4r of the table and its
+    request's ints at ``pr``: rng.topk.topk_rows's eight, or with DERIVE the request's seq_len alone,
+    the eight computed from it here as topk_rows computes them."""
     cm = c < k
     words = table_ptr + row_offset + r * 4  # the row's four words
     rw0 = tl.load(words)
-    if SEARCH:  # the row's request (rng.topk.request_rows): the last whose start is <= the row
-        j = r - before
-        owner = r * 0  # an int32 scalar, as the loop keeps it
-        step = top  # the largest power of two <= num_req, halved down to 1
-        while step > 0:
-            cand = owner + step
-            start = tl.load(starts_ptr + tl.minimum(cand, num_req - 1))
-            owner = tl.where((cand < num_req) & (start <= j), cand, owner)
-            step = step // 2
-        if (j < 0) | (j >= rows):  # a slack row of the step
-            owner = tl.where(j < 0, r, r - rows) % num_req
-        if tl.program_id(1) == 0:
-            tl.store(owners_ptr + r, owner)
-            if HAS_LOCAL:
-                tl.store(local_out_ptr + r, tl.load(local_ptr + owner))
-        pr = per_row_ptr + owner.to(tl.int64) * per_row_s0  # its request's eight ints
+    if DERIVE:
+        s = tl.load(pr)
+        cap = tl.minimum(s, k)
+        m = (cap + 1) // 6
+        span_s = past_end - s
+        i0 = tl.maximum(s, 1)
+        i1 = tl.where(s == 0, -1, 0)
+        i2 = cap + 1 + 2 * m
+        i3 = m
+        i4 = cap
+        i5 = s
+        i6 = tl.maximum(span_s, 1)
+        i7 = tl.where(span_s > 0, quarter, 0)
     else:
-        pr = per_row_ptr + r.to(tl.int64) * per_row_s0  # its request's eight ints
+        i0 = tl.load(pr)
+        i1 = tl.load(pr + 1)
+        i2 = tl.load(pr + 2)
+        i3 = tl.load(pr + 3)
+        i4 = tl.load(pr + 4)
+        i5 = tl.load(pr + 5)
+        i6 = tl.load(pr + 6)
+        i7 = tl.load(pr + 7)
     w = tl.load(table_ptr + (rw0 & word_mask) + c, mask=cm, other=0)
-    pos = w % tl.load(pr)
+    pos = w % i0
     if MODE == 0:  # valid (the modes by their index in TOPK_MODES)
-        out = pos + tl.load(pr + 1)
+        out = pos + i1
     else:
-        n_valid = tl.minimum(tl.maximum(tl.load(words + 1) % tl.load(pr + 2) - tl.load(pr + 3), 0), tl.load(pr + 4))
+        n_valid = tl.minimum(tl.maximum(tl.load(words + 1) % i2 - i3, 0), i4)
         rw2 = tl.load(words + 2)
         start = tl.where(ranks_pow2 != 0, rw2 & ((span - 1) & ~k), (rw2 % (span // (2 * k))) * (2 * k) + (rw2 >> 8) % k)
         rank = tl.load(ranks_ptr + start + c, mask=cm, other=0)
@@ -335,8 +418,8 @@ def _topk_kernel(
             r3 = tl.load(words + 3)
             negative = tl.load(negatives_ptr + r3 % 5)
             past_table = tl.where((r3 >> 3) % 5 == 0, 2147483647, past_end + (r3 >> 6) % (2 * bs + 1))
-            room = tl.load(pr + 7)  # 2**29, or 0: no room past seq_len
-            past_seq = tl.load(pr + 5) + (r3 >> 16) % tl.load(pr + 6)
+            room = i7  # 2**29, or 0: no room past seq_len
+            past_seq = i5 + (r3 >> 16) % i6
             if MODE == 2:
                 out = tl.where(w < quarter, negative, out)
             elif MODE == 3:
@@ -348,6 +431,57 @@ def _topk_kernel(
                 out = tl.where(w < 2 * third, past_table, out)
                 out = tl.where(w < third, negative, out)
     tl.store(out_ptr + r.to(tl.int64) * k + c, out, mask=cm)
+
+
+@triton.jit(
+    do_not_specialize=["per_row_s0", *_TOPK_SCALARS],
+    do_not_specialize_on_alignment=["per_row_ptr", "negatives_ptr", "ranks_ptr"],
+)
+def _topk_kernel(
+    out_ptr,
+    table_ptr,
+    ranks_ptr,
+    per_row_ptr,
+    negatives_ptr,
+    per_row_s0,
+    row_offset,
+    k,
+    span,
+    ranks_pow2,
+    bs,
+    past_end,
+    word_mask,
+    quarter,
+    third,
+    MODE: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    r = tl.program_id(0)
+    _topk_tile(
+        out_ptr,
+        table_ptr,
+        ranks_ptr,
+        negatives_ptr,
+        r,
+        tl.program_id(1) * TILE + tl.arange(0, TILE),
+        per_row_ptr + r.to(tl.int64) * per_row_s0,  # its request's eight ints
+        row_offset,
+        k,
+        span,
+        ranks_pow2,
+        bs,
+        past_end,
+        word_mask,
+        quarter,
+        third,
+        MODE,
+        False,
+    )
+
+
+def _ranks_args(ranks: torch.Tensor, k: int) -> tuple[int, int]:
+    span = ranks.shape[0]
+    return span, int(span & (span - 1) == 0 and k & (k - 1) == 0)
 
 
 def topk_indices(
@@ -369,39 +503,182 @@ def topk_indices(
     n = per_row.shape[0]
     out = torch.empty((n, k), dtype=torch.int32, device=per_row.device)
     if n and k:
-        _launch_topk(
-            out,
-            None,
-            None,
-            table,
-            row_offset,
-            per_row,
-            ranks,
-            negatives,
-            None,
-            None,
-            k,
-            block_size,
-            past_end,
-            mode,
-            word_mask,
-            quarter,
-            rows=n,
-            before=0,
+        _TOPK(
+            (n, triton.cdiv(k, _TILE)),
+            (out, table, ranks, per_row, negatives),
+            (per_row.stride(0), row_offset, k, *_ranks_args(ranks, k), block_size, past_end, word_mask, quarter)
+            + (quarter // 3,),
+            MODE=TOPK_MODES.index(mode),
+            TILE=_TILE,
         )
     return out
 
 
-def request_rows(
+# A convert batch's request row (``convert_batch``): the table plan's four ints, then seq_len, the
+# request's first row, its prefill index (-1: none) and where its tokens start in the workspace.
+BATCH_COLUMNS = 8
+_SEQ, _START, _LOCAL, _WORKSPACE = (tl.constexpr(c) for c in (4, 5, 6, 7))  # globals a kernel may read
+
+
+@triton.jit(
+    do_not_specialize=[
+        "req_s0",
+        "width",
+        "pool",
+        "base",
+        "shared",
+        *_PERM_SCALARS,
+        *_TOPK_SCALARS,
+        "num_req",
+        "top",
+        "before",
+        "rows",
+        "table_programs",
+        "table_tiles",
+        "k_tiles",
+    ],
+    do_not_specialize_on_alignment=["req_ptr", "negatives_ptr", "ranks_ptr"],
+)
+def _batch_kernel(
+    table_out_ptr,
+    out_ptr,
+    owners_ptr,
+    local_out_ptr,
+    workspace_out_ptr,
+    table_ptr,
+    ranks_ptr,
+    negatives_ptr,
+    req_ptr,
+    req_s0,
+    width,
+    pool,
+    base,
+    shared,
+    p_n,
+    p_c,
+    p_lo,
+    p_hi,
+    p_k0,
+    p_k1,
+    p_k2,
+    p_k3,
+    p_k4,
+    p_k5,
+    p_k6,
+    p_k7,
+    row_offset,
+    k,
+    span,
+    ranks_pow2,
+    bs,
+    past_end,
+    word_mask,
+    quarter,
+    third,
+    num_req,
+    top,
+    before,
+    rows,
+    table_programs,
+    table_tiles,
+    k_tiles,
+    SHUFFLED: tl.constexpr,
+    MODE: tl.constexpr,
+    HAS_LOCAL: tl.constexpr,
+    TABLE_TILE: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < table_programs:  # a tile of the block table
+        r = pid // table_tiles
+        row = req_ptr + r.to(tl.int64) * req_s0
+        if HAS_LOCAL:  # a prefill request's first table program writes its workspace start
+            local = tl.load(row + _LOCAL)
+            if (pid % table_tiles == 0) & (local >= 0):
+                tl.store(workspace_out_ptr + local, tl.load(row + _WORKSPACE))
+        _table_tile(
+            table_out_ptr,
+            row,
+            table_ptr,
+            r,
+            (pid % table_tiles) * TABLE_TILE + tl.arange(0, TABLE_TILE),
+            0,
+            width,
+            pool,
+            base,
+            shared,
+            word_mask,
+            p_n,
+            p_c,
+            p_lo,
+            p_hi,
+            p_k0,
+            p_k1,
+            p_k2,
+            p_k3,
+            p_k4,
+            p_k5,
+            p_k6,
+            p_k7,
+            SHUFFLED,
+            False,
+        )
+    else:  # a tile of a top-k row: first its request (rng.topk.request_rows), the last whose start <= j
+        q = pid - table_programs
+        r = q // k_tiles
+        tile = q % k_tiles
+        j = r - before
+        owner = r * 0  # an int32 scalar, as the loop keeps it
+        step = top  # the largest power of two <= num_req, halved down to 1
+        while step > 0:
+            cand = owner + step
+            start = tl.load(req_ptr + tl.minimum(cand, num_req - 1) * req_s0 + _START)
+            owner = tl.where((cand < num_req) & (start <= j), cand, owner)
+            step = step // 2
+        if (j < 0) | (j >= rows):  # a slack row of the step
+            owner = tl.where(j < 0, r, r - rows) % num_req
+        pr = req_ptr + owner.to(tl.int64) * req_s0
+        if tile == 0:
+            tl.store(owners_ptr + r, owner)
+            if HAS_LOCAL:
+                tl.store(local_out_ptr + r, tl.load(pr + _LOCAL))
+        _topk_tile(
+            out_ptr,
+            table_ptr,
+            ranks_ptr,
+            negatives_ptr,
+            r,
+            tile * TILE + tl.arange(0, TILE),
+            pr + _SEQ,
+            row_offset,
+            k,
+            span,
+            ranks_pow2,
+            bs,
+            past_end,
+            word_mask,
+            quarter,
+            third,
+            MODE,
+            True,
+        )
+
+
+def convert_batch(
     *,
+    requests: torch.Tensor,
+    perm: tuple[int, ...] | None,
+    width: int,
+    pool: int,
+    base: int,
+    shared: int,
     table: torch.Tensor,
     row_offset: int,
-    per_request: torch.Tensor,
-    starts: torch.Tensor,
-    local: torch.Tensor | None,
     rows: int,
     before: int,
     after: int,
+    has_local: bool,
+    prefill: int,
     ranks: torch.Tensor,
     negatives: torch.Tensor,
     k: int,
@@ -410,90 +687,40 @@ def request_rows(
     mode: str,
     word_mask: int,
     quarter: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """rng.topk.request_rows's (owners, indices, local rows): each program finds its row's request
-    by a binary search over ``starts`` (int32 [R]) and reads that request's eight ints (row of
-    ``per_request``, int32 [R, 8]); the first column program writes the owner (and local[owner])."""
-    n, dev = before + rows + after, per_request.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A convert batch in one launch: (block table, owners, top-k rows, local rows, workspace
+    starts), what rng.fill.block_table (every column live) and rng.topk.request_rows make.
+    ``requests``: int32 [R, BATCH_COLUMNS] on the device, a request's plan row, seq_len, first row,
+    prefill index and workspace start (its topk_rows ints are computed from seq_len in the
+    kernel). Programs [0, R * tiles) make the table, the rest the rows; a row's program finds its
+    request by a binary search over the requests' first rows. With ``has_local``, ``prefill`` is
+    the number of prefill requests (the workspace starts' length)."""
+    num_req, dev = requests.shape[0], requests.device
+    n = before + rows + after
+    table_out = torch.empty((num_req, width), dtype=torch.int32, device=dev)
     out = torch.empty((n, k), dtype=torch.int32, device=dev)
     owners = torch.empty(n, dtype=torch.int32, device=dev)
-    local_out = torch.empty(n, dtype=torch.int32, device=dev) if local is not None else None
-    if n and k:
-        _launch_topk(
-            out,
-            owners,
-            starts,
-            table,
-            row_offset,
-            per_request,
-            ranks,
-            negatives,
-            local,
-            local_out,
-            k,
-            block_size,
-            past_end,
-            mode,
-            word_mask,
-            quarter,
-            rows=rows,
-            before=before,
+    local_out = torch.empty(n, dtype=torch.int32, device=dev) if has_local else None
+    workspace = torch.empty(prefill, dtype=torch.int32, device=dev) if has_local else None
+    table_tiles = triton.cdiv(width, _TABLE_TILE)
+    table_programs = num_req * table_tiles if width else 0
+    k_tiles = triton.cdiv(k, _TILE)
+    programs = table_programs + (n * k_tiles if k else 0)
+    if num_req and programs:
+        _BATCH(
+            (programs,),
+            (table_out, out, owners, local_out if local_out is not None else out)
+            + (workspace if workspace is not None else out, table, ranks, negatives, requests),
+            (requests.stride(0), width, pool, base, shared, *_perm_args(perm), row_offset, k)
+            + (*_ranks_args(ranks, k), block_size, past_end, word_mask, quarter, quarter // 3)
+            + (num_req, 1 << (num_req.bit_length() - 1), before, rows, table_programs, table_tiles, k_tiles),
+            SHUFFLED=perm is not None,
+            MODE=TOPK_MODES.index(mode),
+            HAS_LOCAL=has_local,
+            TABLE_TILE=_TABLE_TILE,
+            TILE=_TILE,
         )
-    return owners, out, local_out
-
-
-def _launch_topk(
-    out: torch.Tensor,
-    owners: torch.Tensor | None,
-    starts: torch.Tensor | None,
-    table: torch.Tensor,
-    row_offset: int,
-    per_row: torch.Tensor,
-    ranks: torch.Tensor,
-    negatives: torch.Tensor,
-    local: torch.Tensor | None,
-    local_out: torch.Tensor | None,
-    k: int,
-    block_size: int,
-    past_end: int,
-    mode: str,
-    word_mask: int,
-    quarter: int,
-    *,
-    rows: int,
-    before: int,
-) -> None:
-    span = ranks.shape[0]
-    num_req = starts.shape[0] if starts is not None else 1
-    _topk_kernel[(out.shape[0], triton.cdiv(k, _TILE))](
-        out,
-        table,
-        ranks,
-        per_row,
-        negatives,
-        starts if starts is not None else per_row,  # unused pointers without SEARCH / HAS_LOCAL
-        owners if owners is not None else out,
-        local if local is not None else per_row,
-        local_out if local_out is not None else out,
-        row_offset,
-        per_row.stride(0),
-        k,
-        span,
-        int(span & (span - 1) == 0 and k & (k - 1) == 0),
-        block_size,
-        past_end,
-        word_mask,
-        quarter,
-        quarter // 3,
-        num_req,
-        1 << (num_req.bit_length() - 1),
-        before,
-        rows,
-        MODE=TOPK_MODES.index(mode),
-        SEARCH=starts is not None,
-        HAS_LOCAL=local is not None,
-        TILE=_TILE,
-    )
+    return table_out, owners, out, local_out, workspace
 
 
 @triton.jit(do_not_specialize=["n", "block_offset", "bs", "word_mask", "scale_mask"])
@@ -548,16 +775,10 @@ def fill_records(
     n = out.shape[0]
     if n == 0:
         return
-    _records_kernel[(triton.cdiv(n, _RECORDS_PER_PROGRAM),)](
-        out.view(torch.int32),
-        table,
-        pool.view(torch.int32),
-        scales,
-        n,
-        block_offset,
-        block_size,
-        word_mask,
-        scale_mask,
+    _RECORDS(
+        (triton.cdiv(n, _RECORDS_PER_PROGRAM),),
+        (out.view(torch.int32), table, pool.view(torch.int32), scales),
+        (n, block_offset, block_size, word_mask, scale_mask),
         ACTIVATIONS=activations,
         RB=_RECORDS_PER_PROGRAM,
     )
@@ -586,15 +807,10 @@ def writer_rows(
     out = torch.empty((num_tokens, 576), dtype=chunks.dtype, device=chunks.device)
     if num_tokens == 0:
         return out
-    _writer_kernel[(triton.cdiv(num_tokens, _TOKENS_PER_PROGRAM), 9)](
-        out.view(torch.int32),
-        table,
-        chunks.view(torch.int32),
-        num_tokens,
-        token_offset,
-        tiles - 1,
-        ropes - 1,
-        2 * tiles,
+    _WRITER(
+        (triton.cdiv(num_tokens, _TOKENS_PER_PROGRAM), 9),
+        (out.view(torch.int32), table, chunks.view(torch.int32)),
+        (num_tokens, token_offset, tiles - 1, ropes - 1, 2 * tiles),
         RB=_TOKENS_PER_PROGRAM,
     )
     return out
@@ -602,3 +818,7 @@ def writer_rows(
 
 # TRITON_INTERPRET=1 at decoration time gives interpreted kernels (CPU tensors only).
 INTERPRETED = type(_topk_kernel).__name__ == "InterpretedFunction"
+
+_TABLE, _SLOTS, _TOPK, _BATCH, _RECORDS, _WRITER = (
+    _Launch(fn) for fn in (_table_kernel, _slots_kernel, _topk_kernel, _batch_kernel, _records_kernel, _writer_kernel)
+)

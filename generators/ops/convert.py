@@ -29,9 +29,9 @@ from mlafuzz.generators.reduce import (
     view_steps,
     with_request,
 )
-from mlafuzz.generators.rng.fill import block_table, plan_table, upload
+from mlafuzz.generators.rng.batch import convert_batch
+from mlafuzz.generators.rng.fill import plan_table
 from mlafuzz.generators.rng.pool import Draws
-from mlafuzz.generators.rng.topk import request_rows, topk_rows
 from mlafuzz.generators.spec import (
     Paging,
     TopkMode,
@@ -144,7 +144,6 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
     reqs, bs, k = spec.requests, spec.paging.block_size, spec.topk
     # The requests' numbers as columns (numpy: vector ops, not a Python loop per request).
     seq, tokens, prefill = np.array([(r.seq_len, r.num_tokens, r.prefill) for r in reqs], dtype=np.int64).T
-    rows = int(tokens.sum())
     plan = plan_table(
         need=(seq + bs - 1) // bs,
         layout=spec.paging.layout,
@@ -152,45 +151,39 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         extra_cols=spec.paging.extra_table_cols,
         base_block=spec.paging.base_block,
     )
-    in_workspace = seq * prefill  # a prefill request's tokens fill the workspace in request order
-    table_rows, topk_host, starts_dev, local_dev, starts = upload(
-        plan.rows,
-        topk_rows(seq_lens=seq, width=plan.width, block_size=bs, topk=k),
-        np.cumsum(tokens) - tokens,  # each request's first row
-        np.where(prefill == 1, np.cumsum(prefill) - 1, -1),  # its index among the prefill requests
-        (np.cumsum(in_workspace) - in_workspace)[prefill == 1],  # their workspace starts
-        device=device,
-    )
-    table = block_table(draws.child("table"), plan, rows=table_rows, device=device)
-    table = table_view(
-        table, spec.table_view, draws=draws.child("table-view"), num_blocks=spec.paging.base_block + plan.pool
-    )
-    before, after, _ = slack(spec.rows_view, pick=draws.host_int(1 << 30), width=k)
-    owners, indices, local_rows = request_rows(
-        draws.child("topk"),
-        per_request=topk_host,
-        starts=starts_dev,
-        rows=rows,
+    # The step's other rows around the batch's (the pick only decides sizes: no device work).
+    pick = draws.host_int(1 << 30) if spec.rows_view is not View.PLAIN else 0
+    before, after, _ = slack(spec.rows_view, pick=pick, width=k)
+    batch = convert_batch(
+        draws,
+        plan,
+        seq=seq,
+        tokens=tokens,
+        prefill=prefill if spec.prefill_workspace else None,
         before=before,
         after=after,
-        local=local_dev if spec.prefill_workspace else None,
-        width=plan.width,
         block_size=bs,
         topk=k,
         mode=spec.topk_mode,
         device=device,
     )
-    mine = slice(before, before + rows)
+    table = batch.table
+    if spec.table_view is not View.PLAIN:
+        table = table_view(
+            table, spec.table_view, draws=draws.child("table-view"), num_blocks=spec.paging.base_block + plan.pool
+        )
+    owners, indices, local_rows = batch.owners, batch.indices, batch.local_rows
+    if before or after:  # the batch's rows of the step's
+        mine = slice(before, before + int(tokens.sum()))
+        owners, indices = owners[mine], indices[mine]
+        local_rows = local_rows[mine].clone() if local_rows is not None else None  # not a step tensor: its own
     tensors: dict[str, torch.Tensor | None] = {
-        "req_id": owners[mine],
+        "req_id": owners,
         "block_table": table,
-        "token_indices": indices[mine],
-        "prefill_workspace_request_ids": None,
-        "prefill_workspace_starts": None,
+        "token_indices": indices,
+        "prefill_workspace_request_ids": local_rows,
+        "prefill_workspace_starts": batch.workspace_starts if local_rows is not None else None,
     }
-    if local_rows is not None:  # a tensor of its own: only req_id and the top-k rows are rows of the whole step
-        tensors["prefill_workspace_request_ids"] = local_rows[mine].clone() if before or after else local_rows
-        tensors["prefill_workspace_starts"] = starts
     params = {
         "BLOCK_SIZE": bs,
         "NUM_TOPK_TOKENS": k,

@@ -27,14 +27,14 @@ from mlafuzz.generators.rng.pool import (
 )
 from mlafuzz.generators.spec import TopkMode
 
-__all__ = ["RANK_ROWS", "topk_rows", "topk_indices", "request_rows"]
+__all__ = ["RANK_ROWS", "rank_table", "negatives", "past_end_of", "topk_rows", "topk_indices", "request_rows"]
 
 
 RANK_ROWS = 256  # column permutations per K (fewer for a wide K: the table stays <= 2**20 entries)
 
 
 @functools.lru_cache(maxsize=16)
-def _ranks(k: int, device: str) -> Tensor:
+def rank_table(k: int, device: str) -> Tensor:
     """int32 [Q * 2K]: Q random permutations of the K columns, each stored twice over, so any
     rotation of one is a window of K entries."""
     q = max(1, min(RANK_ROWS, POOL_WORDS // k))
@@ -45,7 +45,7 @@ def _ranks(k: int, device: str) -> Tensor:
 def _rank_rows(words: Tensor, k: int, device: Device) -> Tensor:
     """int32 [N, K]: row r a rotation of one of the column permutations (a random bijection of the
     columns: the first n_valid ranks mark a random n_valid-subset, scattered over the row)."""
-    table = _ranks(k, device_name(device))
+    table = rank_table(k, device_name(device))
     span = table.shape[0]
     if span & (span - 1) == 0 and k & (k - 1) == 0:  # K and the table powers of two: a mask picks both
         starts = words & ((span - 1) & ~k)  # bit log2(K) clear: row q, rotation < K
@@ -54,17 +54,24 @@ def _rank_rows(words: Tensor, k: int, device: Device) -> Tensor:
     return torch.index_select(table.unfold(0, k, 1), 0, starts)
 
 
-def _negatives(bs: int, k: int, device: str) -> Tensor:
+def negatives(bs: int, k: int, device: str) -> Tensor:
     """The negative mode's five per-row values (a row picks one by its word): int32 on device."""
     return const((-2, -bs, -k, catalog.INT32_MIN, -(2**20)), device, torch.int32)
+
+
+def past_end_of(*, width: int, block_size: int) -> int:
+    """The first position past a table of ``width`` columns, checked: the rows' positions past it
+    (up to 2 * block_size more) must fit int32."""
+    past_end = width * block_size
+    if past_end + 2 * block_size > catalog.INT32_MAX:
+        raise ValueError(f"width={width} * block_size={block_size}: table positions must fit int32")
+    return past_end
 
 
 def topk_rows(*, seq_lens: Sequence[int] | np.ndarray, width: int, block_size: int, topk: int) -> np.ndarray:
     """Per request, the 8 host ints ``topk_indices`` reads per row, int64 [R, 8] (numpy: a few vector
     ops for any batch; the device gathers them by each row's request)."""
-    past_end = width * block_size
-    if past_end + 2 * block_size > catalog.INT32_MAX:
-        raise ValueError(f"width={width} * block_size={block_size}: table positions must fit int32")
+    past_end = past_end_of(width=width, block_size=block_size)
     s = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
     cap = np.minimum(s, topk)
     m = (cap + 1) // 6
@@ -117,8 +124,8 @@ def topk_indices(
             table=word_pool(device),
             row_offset=row_words.offset,
             per_row=per_row,
-            ranks=_ranks(k, device_name(device)),
-            negatives=_negatives(bs, k, device_name(device)),
+            ranks=rank_table(k, device_name(device)),
+            negatives=negatives(bs, k, device_name(device)),
             k=k,
             block_size=bs,
             past_end=past_end,
@@ -137,7 +144,7 @@ def topk_indices(
         return pos
     r3 = rw[:, 3:4]
     if mode in (TopkMode.NEGATIVE, TopkMode.MIXED):
-        negative = torch.index_select(_negatives(bs, k, device_name(device)), 0, (r3 % 5).reshape(-1)).unsqueeze(1)
+        negative = torch.index_select(negatives(bs, k, device_name(device)), 0, (r3 % 5).reshape(-1)).unsqueeze(1)
     if mode in (TopkMode.PAST_TABLE, TopkMode.MIXED):
         past_table = torch.where((r3 >> 3) % 5 == 0, catalog.INT32_MAX, past_end + (r3 >> 6) % (2 * bs + 1))
     if mode in (TopkMode.PAST_SEQ_LEN, TopkMode.MIXED):
@@ -178,36 +185,13 @@ def request_rows(
     request whose start is <= j (an empty request owns no row); a slack row i (the whole step's
     other rows, SPEC 5.4) to request i % R before the batch and (i - rows) % R after it.
     owners is int32 [before + rows + after]; indices ``topk_indices`` of those rows; with
-    ``local`` (int32 [R]), local[owner] per row, else None. On a GPU one launch of the fused
-    room makes all three (it finds a row's request by a binary search over ``starts``).
+    ``local`` (int32 [R]), local[owner] per row, else None. A convert batch's rows are made with
+    its table (batch.py), on a GPU in one launch of the fused room.
     """
     mode = TopkMode(mode)
-    num_req, n = starts.shape[0], before + rows + after
+    num_req = starts.shape[0]
     if num_req < 1:
         raise ValueError("request_rows: a batch needs at least one request")
-    fused = fused_room(device)
-    if fused is not None:  # the same three in one launch (generators/fused)
-        row_words = draws.child("row")
-        row_words.span(n * 4)  # topk_indices's bounds on the words it reads: the same errors
-        window_width(topk)
-        return fused.request_rows(
-            table=word_pool(device),
-            row_offset=row_words.offset,
-            per_request=per_request,
-            starts=starts,
-            local=local,
-            rows=rows,
-            before=before,
-            after=after,
-            ranks=_ranks(topk, device_name(device)),
-            negatives=_negatives(block_size, topk, device_name(device)),
-            k=topk,
-            block_size=block_size,
-            past_end=width * block_size,
-            mode=mode.value,
-            word_mask=WORD_MASK,
-            quarter=QUARTER,
-        )
     batch = torch.arange(rows, dtype=torch.int32, device=device)
     owners = torch.searchsorted(starts, batch, right=True, out_int32=True) - 1
     if before or after:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,13 +22,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 from mlafuzz.generators.draw import LARGE  # noqa: E402
 from mlafuzz.generators.fused import SWITCH, kernels, room  # noqa: E402
-from mlafuzz.generators.rng import fill, topk  # noqa: E402
+from mlafuzz.generators.rng import batch, fill, topk  # noqa: E402
 from mlafuzz.generators.rng.pool import Draws  # noqa: E402
 from mlafuzz.tests.support.gen_cases import MEDIUM, differences, every_layout_spec  # noqa: E402
 from mlafuzz.tests.support.helpers import draw_spec, materialize, specs  # noqa: E402
 from mlafuzz.tests.support.offline import compile_offline  # noqa: E402
 
-FUSED = ("block_table", "topk_indices", "request_rows", "distinct_slots", "fill_records", "writer_rows")
+FUSED = ("block_table", "topk_indices", "convert_batch", "distinct_slots", "fill_records", "writer_rows")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -149,39 +150,82 @@ def test_fused_slots_walk_the_same_keyed_permutation_as_the_torch_builder(monkey
 
 
 @pytest.mark.parametrize(
-    "tokens,before,after",
-    [([3], 0, 0), ([0, 4, 0, 0, 2, 1], 0, 0), ([5, 0, 3], 7, 2), ([0, 0, 1], 0, 5), ([2] * 33, 3, 0)],
+    "tokens,before,after,layout",
+    [
+        ([3], 0, 0, "contiguous"),
+        ([0, 4, 0, 0, 2, 1], 0, 0, "shuffled"),
+        ([5, 0, 3], 7, 2, "shared_prefix"),
+        ([0, 0, 1], 0, 5, "shuffled"),
+        ([2] * 33, 3, 0, "contiguous"),
+    ],
 )
-def test_fused_request_rows_find_each_rows_request_as_the_torch_builder(monkeypatch, launches, tokens, before, after):
-    seqs = [(7 * i) % 50 for i in range(len(tokens))]
-    starts = [sum(tokens[:i]) for i in range(len(tokens))]
-    per_request, starts_dev, local = fill.upload(
-        topk.topk_rows(seq_lens=seqs, width=4, block_size=16, topk=32), starts, list(range(len(tokens))), device=DEV
-    )
+@pytest.mark.parametrize("workspace", [False, True], ids=["decode", "prefill"])
+def test_a_fused_convert_batch_finds_each_rows_request_as_the_torch_builders(
+    monkeypatch, launches, tokens, before, after, layout, workspace
+):
+    seq = np.array([(7 * i) % 50 for i in range(len(tokens))], dtype=np.int64)
+    prefill = np.array([i % 2 for i in range(len(tokens))], dtype=np.int64) if workspace else None
+    plan = fill.plan_table(need=(seq + 15) // 16, layout=layout, spare_blocks=3, extra_cols=1, base_block=9)
     made = []
     for switch in ("0", "1"):
         monkeypatch.setenv(SWITCH, switch)
         made.append(
-            topk.request_rows(
+            batch.convert_batch(
                 Draws(len(tokens), "r"),
-                per_request=per_request,
-                starts=starts_dev,
-                rows=sum(tokens),
+                plan,
+                seq=seq,
+                tokens=np.array(tokens, dtype=np.int64),
+                prefill=prefill,
                 before=before,
                 after=after,
-                local=local,
-                width=4,
                 block_size=16,
                 topk=32,
                 mode="mixed",
                 device=DEV,
             )
         )
-    (owners, rows, local_rows), fused = made
-    assert owners.tolist()[before : before + sum(tokens)] == [r for r, n in enumerate(tokens) for _ in range(n)]
-    assert all(torch.equal(a, b) for a, b in zip(made[0], fused))
-    assert torch.equal(local_rows, owners)  # local = arange: each row's own request
-    assert launches["request_rows"] == 1
+    slow, fused = made
+    owners = fused.owners.tolist()
+    assert owners[before : before + sum(tokens)] == [r for r, n in enumerate(tokens) for _ in range(n)]
+    for name in ("table", "owners", "indices", "local_rows", "workspace_starts"):
+        a, b = getattr(slow, name), getattr(fused, name)
+        assert (
+            (a is None and b is None)
+            if not workspace and name in ("local_rows", "workspace_starts")
+            else (torch.equal(a, b))
+        ), name
+    if workspace:  # the prefill requests (odd ones) are 0, 1, 2, ... in order; the others -1
+        assert fused.local_rows.tolist() == [r // 2 if r % 2 else -1 for r in owners]
+    assert launches["convert_batch"] == 1
+
+
+@pytest.mark.gpu
+def test_a_cached_launch_is_keyed_by_what_triton_specializes_and_makes_triton_launchs_bytes():
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["n", "add"])
+    def add_kernel(dst_ptr, src_ptr, n, add, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n, other=0) + add, mask=i < n)
+
+    launch = kernels._Launch(add_kernel)
+    src = torch.arange(70, dtype=torch.int32, device="cuda")
+    for offset in (0, 1, 0, 1, 4):  # 16-byte aligned, 4-byte aligned, ...: one variant each
+        dst = torch.zeros(70, dtype=torch.int32, device="cuda")
+        launch((1,), (dst[offset:], src[offset:]), (64, 7), BLOCK=64)
+        assert dst[offset : offset + 64].tolist() == [v + 7 for v in range(offset, offset + 64)], offset
+    assert len(launch._compiled) == 2
+    dst = torch.zeros(70, dtype=torch.int32, device="cuda")
+    launch((1,), (dst, src), (64, 2**33 + 3), BLOCK=64)  # an int64 value: Triton's own launch
+    assert dst[:64].tolist() == [v + 3 for v in range(64)] and len(launch._compiled) == 2
+
+    @triton.jit
+    def loose_kernel(dst_ptr, n, BLOCK: tl.constexpr):
+        tl.store(dst_ptr + tl.arange(0, BLOCK), n)
+
+    with pytest.raises(TypeError, match="do_not_specialize"):  # a cached i32 variant could be wrong
+        kernels._Launch(loose_kernel)((1,), (dst,), (5,), BLOCK=64)
 
 
 _COMPILE_SCRIPT = """
@@ -203,11 +247,15 @@ for sh in (True, False):
 for pad in (True, False):
     jobs.append((K._slots_kernel, dict(PADDING=pad, RB=1024)))
 for mode in range(6):
-    for search in (True, False):
-        jobs.append((K._topk_kernel, dict(MODE=mode, SEARCH=search, HAS_LOCAL=search, TILE=1024)))
+    jobs.append((K._topk_kernel, dict(MODE=mode, TILE=1024)))
+    for sh in (True, False):
+        jobs.append((K._batch_kernel, dict(SHUFFLED=sh, MODE=mode, HAS_LOCAL=sh, TABLE_TILE=128, TILE=1024)))
 jobs.append((K._records_kernel, dict(ACTIVATIONS=True, RB=16)))
 jobs.append((K._writer_kernel, dict(RB=32)))
 for fn, consts in jobs:
+    # _Launch's cache keys an int only by its width: every int parameter must be unspecialized.
+    loose = [p.name for p in fn.params if not p.is_constexpr and not p.name.endswith("_ptr") and not p.do_not_specialize]
+    assert not loose, (fn.__name__, loose)
     triton.compile(ASTSource(fn=fn, signature=sig(fn, consts), constexprs=consts), target=GPUTarget("cuda", 90, 32))
 print(len(jobs), "variants")
 print("OK")
