@@ -15,7 +15,6 @@ allow, one pass per op over an [N, K] tensor, per-row values broadcast.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
 from dataclasses import dataclass
@@ -78,13 +77,20 @@ def upload(*parts: Sequence[int] | Sequence[Sequence[int]] | np.ndarray, device:
         arrays = [np.asarray(part, dtype=np.int64) for part in parts]
     except OverflowError:
         raise ValueError("upload: a value does not fit int64, let alone int32") from None
-    flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, dtype=np.int64)
+    if len(arrays) == 1:
+        flat = arrays[0].reshape(-1)
+    else:
+        flat = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, dtype=np.int64)
     if flat.size and (flat.min() < catalog.INT32_MIN or flat.max() > catalog.INT32_MAX):
         bad = flat[(flat < catalog.INT32_MIN) | (flat > catalog.INT32_MAX)][0]
         raise ValueError(f"upload: {bad} does not fit int32")
-    packed = flat.astype(np.int32)
     target = torch.device(device)
-    whole = _STAGING.copy(packed, target) if target.type == "cuda" else torch.from_numpy(packed).to(target)
+    if target.type == "cuda":
+        whole = _STAGING.copy(flat, target)
+    else:
+        whole = torch.from_numpy(flat.astype(np.int32)).to(target)
+    if len(arrays) == 1:  # no split: one op less per case
+        return [whole if arrays[0].ndim == 1 else whole.view(arrays[0].shape)]
     pieces = torch.split(whole, [a.size for a in arrays])
     return [p if a.ndim == 1 else p.view(a.shape) for p, a in zip(pieces, arrays)]
 
@@ -103,27 +109,31 @@ class _Staging:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._slots: dict[tuple[torch.device, int], tuple[Tensor, torch.cuda.Event]] = {}
+        # Per (device, slot): the pinned buffer, a numpy view of it (the host writes through
+        # that: no ctypes call), and the event behind its last copy.
+        self._slots: dict[tuple[torch.device, int], tuple[Tensor, np.ndarray, torch.cuda.Event]] = {}
         self._turn = 0
 
-    def copy(self, packed: np.ndarray, target: torch.device) -> Tensor:
-        n = len(packed)
+    def copy(self, flat: np.ndarray, target: torch.device) -> Tensor:
+        """``flat`` (ints, each checked to fit int32) as int32 on ``target``."""
+        n = len(flat)
         out = torch.empty(n, dtype=torch.int32, device=target)
         if n == 0:
             return out
         with self._lock:
             self._turn = (self._turn + 1) % self.SLOTS
             key = (target, self._turn)
-            buf, done = self._slots.get(key, (None, None))
-            if done is not None:
-                done.synchronize()  # the copy that last read this buffer has run
-            if buf is None or buf.numel() < n:
+            slot = self._slots.get(key)
+            if slot is not None:
+                slot[2].synchronize()  # the copy that last read this buffer has run
+            if slot is None or len(slot[1]) < n:
                 buf = torch.empty(max(n, 4096), dtype=torch.int32, pin_memory=True)
-                done = torch.cuda.Event()
-            ctypes.memmove(buf.data_ptr(), packed.ctypes.data, 4 * n)
+                slot = (buf, buf.numpy(), torch.cuda.Event())
+                self._slots[key] = slot
+            buf, host, done = slot
+            host[:n] = flat
             out.copy_(buf[:n], non_blocking=True)
             done.record(torch.cuda.current_stream(target))
-            self._slots[key] = (buf, done)
         return out
 
 

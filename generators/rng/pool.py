@@ -39,7 +39,7 @@ non-negative int32 values, which no device can round or wrap.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -97,13 +97,20 @@ class Draws:
 
     seed: int
     name: str
-    offset: int = field(init=False, repr=False, compare=False)
-    key: int = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        s = Stream(self.seed, self.name)
-        object.__setattr__(self, "offset", s.k0 & WORD_MASK)
-        object.__setattr__(self, "key", s.k1)
+    # Hashed on first use: a case names more streams than it reads (a parent only names its
+    # children), and a hash costs a few microseconds of a realistic case's host time.
+    @functools.cached_property
+    def offset(self) -> int:
+        return self._stream.k0 & WORD_MASK
+
+    @functools.cached_property
+    def key(self) -> int:
+        return self._stream.k1
+
+    @functools.cached_property
+    def _stream(self) -> Stream:
+        return Stream(self.seed, self.name)
 
     def child(self, name: str) -> Draws:
         return Draws(self.seed, f"{self.name}/{name}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,6 +74,15 @@ def test_upload_sends_every_part_in_one_tensor() -> None:
     assert a.tolist() == [[1, 2], [3, 4], [5, 6]] and b.tolist() == [7, 8] and c.numel() == 0
     assert a.dtype == torch.int32 and a.is_contiguous() and b.is_contiguous()
     assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_upload_of_one_part_keeps_its_shape() -> None:
+    (rows,) = fill.upload(np.array([[1, -2, 3], [4, 5, 2**31 - 1]]), device=CPU)
+    (flat,) = fill.upload([9, 8], device=CPU)
+    assert rows.tolist() == [[1, -2, 3], [4, 5, 2**31 - 1]] and rows.dtype == torch.int32 and rows.is_contiguous()
+    assert flat.tolist() == [9, 8]
+    with pytest.raises(ValueError, match="does not fit int32"):
+        fill.upload(np.array([[0, 2**31]]), device=CPU)
 
 
 def test_only_live_columns_own_blocks_and_the_others_hold_pool_ids() -> None:
