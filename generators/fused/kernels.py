@@ -723,12 +723,13 @@ def convert_batch(
     return table_out, owners, out, local_out, workspace
 
 
-@triton.jit(do_not_specialize=["n", "block_offset", "bs", "word_mask", "scale_mask"])
+@triton.jit(do_not_specialize=["first", "n", "block_offset", "bs", "word_mask", "scale_mask"])
 def _records_kernel(
     out_ptr,
     table_ptr,
     pool_ptr,
     scales_ptr,
+    first,
     n,
     block_offset,
     bs,
@@ -737,6 +738,8 @@ def _records_kernel(
     ACTIVATIONS: tl.constexpr,
     RB: tl.constexpr,
 ):
+    out32 = out_ptr.to(tl.pointer_type(tl.int32))  # the bytes as int32 words: no view op on the host
+    pool32 = pool_ptr.to(tl.pointer_type(tl.int32))
     s = tl.program_id(0) * RB + tl.arange(0, RB)  # records
     sm = s < n
     at = tl.load(table_ptr + block_offset + s // bs, mask=sm, other=0) & word_mask  # its block's window
@@ -752,14 +755,17 @@ def _records_kernel(
     inside = sm[:, None] & (c < 164)
     is_scale = (c >= 128) & (c < 132)
     src = tl.where(c < 128, sel[:, None], (w0 & 1023)[:, None])  # the rope's pool row
-    value = tl.load(pool_ptr + src * 164 + c, mask=inside & ~is_scale, other=0)
+    value = tl.load(pool32 + src * 164 + c, mask=inside & ~is_scale, other=0)
     scale = tl.load(scales_ptr + row[:, None] * 4 + (c - 128), mask=inside & is_scale, other=0)
-    tl.store(out_ptr + s[:, None].to(tl.int64) * 164 + c, tl.where(is_scale, scale, value), mask=inside)
+    at = (first + s[:, None].to(tl.int64)) * 164 + c
+    tl.store(out32 + at, tl.where(is_scale, scale, value), mask=inside)
 
 
 def fill_records(
-    out: torch.Tensor,
+    cache: torch.Tensor,
     *,
+    first: int,
+    n: int,
     table: torch.Tensor,
     block_offset: int,
     block_size: int,
@@ -769,16 +775,16 @@ def fill_records(
     word_mask: int,
     scale_mask: int,
 ) -> None:
-    """rng.records.fill_records for a cache's ``paged_cache`` tail: ``out`` uint8 [n, 656]
-    (contiguous, 4-byte aligned), record s of block s // block_size, the blocks' words at
-    ``block_offset`` of ``table``; ``pool`` uint8 [P, 656], ``scales`` int32 [rows, 4]."""
-    n = out.shape[0]
+    """rng.records.fill_records for a ``paged_cache``'s tail: records [first, first + n) of
+    ``cache`` (uint8, contiguous, 4-byte aligned, 656 bytes a record), its record first + s from
+    block s // block_size, the blocks' words at ``block_offset`` of ``table``; ``pool`` uint8
+    [P, 656], ``scales`` int32 [rows, 4]."""
     if n == 0:
         return
     _RECORDS(
         (triton.cdiv(n, _RECORDS_PER_PROGRAM),),
-        (out.view(torch.int32), table, pool.view(torch.int32), scales),
-        (n, block_offset, block_size, word_mask, scale_mask),
+        (cache, table, pool, scales),
+        (first, n, block_offset, block_size, word_mask, scale_mask),
         ACTIVATIONS=activations,
         RB=_RECORDS_PER_PROGRAM,
     )
@@ -788,6 +794,8 @@ def fill_records(
 def _writer_kernel(
     out_ptr, table_ptr, chunks_ptr, num_tokens, token_offset, tile_mask, rope_mask, rope_row, RB: tl.constexpr
 ):
+    out32 = out_ptr.to(tl.pointer_type(tl.int32))  # halves as int32 pairs: no view op on the host
+    chunks32 = chunks_ptr.to(tl.pointer_type(tl.int32))
     t = tl.program_id(0) * RB + tl.arange(0, RB)
     part = tl.program_id(1)  # chunks 0..7: the kv_c tiles' halves; 8: the rope
     tm = t < num_tokens
@@ -795,8 +803,8 @@ def _writer_kernel(
     word = tl.load(table_ptr + token_offset + t * 5 + tl.where(is_tile, part >> 1, 4), mask=tm, other=0)
     chunk = tl.where(is_tile, (word & tile_mask) * 2 + (part & 1), (word & rope_mask) + rope_row)
     c = tl.arange(0, 32)[None, :]  # 32 int32 words: the chunk's 64 halves
-    value = tl.load(chunks_ptr + chunk[:, None] * 32 + c, mask=tm[:, None], other=0)
-    tl.store(out_ptr + t[:, None].to(tl.int64) * 288 + part * 32 + c, value, mask=tm[:, None])
+    value = tl.load(chunks32 + chunk[:, None] * 32 + c, mask=tm[:, None], other=0)
+    tl.store(out32 + t[:, None].to(tl.int64) * 288 + part * 32 + c, value, mask=tm[:, None])
 
 
 def writer_rows(
@@ -809,7 +817,7 @@ def writer_rows(
         return out
     _WRITER(
         (triton.cdiv(num_tokens, _TOKENS_PER_PROGRAM), 9),
-        (out.view(torch.int32), table, chunks.view(torch.int32)),
+        (out, table, chunks),
         (num_tokens, token_offset, tiles - 1, ropes - 1, 2 * tiles),
         RB=_TOKENS_PER_PROGRAM,
     )

@@ -285,7 +285,6 @@ def paged_cache(
         if base_block
         else torch.empty(shape, dtype=torch.uint8, device=device)
     )  # every byte of a cache without a zero head is written
-    tail = cache[base_block:].view(pool_blocks * block_size, RECORD_BYTES)
     fused = fused_room(device)
     if pool_blocks and fused is not None:  # the same records in one launch (generators/fused)
         mode = ValueMode(mode)
@@ -293,7 +292,9 @@ def paged_cache(
         draws.span(pool_blocks)  # the torch path's bounds on the words it reads, the same errors
         window_width(block_size * WORDS)
         fused.fill_records(
-            tail,
+            cache,
+            first=base_block * block_size,
+            n=pool_blocks * block_size,
             table=word_pool(device),
             block_offset=draws.offset,
             block_size=block_size,
@@ -305,5 +306,5 @@ def paged_cache(
         )
     elif pool_blocks:
         words = record_words(draws.words(pool_blocks, device=device), block_size=block_size, device=device)
-        fill_records(tail, mode, words=words)
+        fill_records(cache[base_block:].view(pool_blocks * block_size, RECORD_BYTES), mode, words=words)
     return cache

@@ -231,12 +231,19 @@ def test_a_cached_launch_is_keyed_by_what_triton_specializes_and_makes_triton_la
 _COMPILE_SCRIPT = """
 from mlafuzz.generators.fused import kernels as K
 I64 = {"offset"}  # int64 scalars
+PTR = {  # the pointers that are not int32 (the kernels cast bytes and halves to int32 words themselves)
+    (K._slots_kernel, "out_ptr"): "*i64",
+    (K._records_kernel, "out_ptr"): "*u8",
+    (K._records_kernel, "pool_ptr"): "*u8",
+    (K._writer_kernel, "out_ptr"): "*bf16",
+    (K._writer_kernel, "chunks_ptr"): "*bf16",
+}
 def sig(fn, consts):
     out = {}
     for p in fn.params:
         n = p.name
         if n in consts: out[n] = "constexpr"
-        elif n.endswith("_ptr"): out[n] = "*i64" if (fn is K._slots_kernel and n == "out_ptr") else "*i32"
+        elif n.endswith("_ptr"): out[n] = PTR.get((fn, n), "*i32")
         elif n in I64: out[n] = "i64"
         else: out[n] = "i32"
     return out
