@@ -39,13 +39,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mlafuzz.generators.rng.hashing import C1, C2
+
 __all__ = ["ROUNDS", "PermKey", "perm_key", "permute", "permute_reference"]
 
 ROUNDS = 8
 MAX_N = (1 << 31) - 1  # a fused kernel's int32 scalar
-_M32 = 0xFFFF_FFFF
-_C1 = 0x7FEB352D
-_C2 = 0x046CA68B  # hashing.py's constants: products of 32-bit values stay below 2**63
+_M32 = 0xFFFF_FFFF  # hashing.py's C1 and C2 keep products of 32-bit values below 2**63
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,12 @@ def perm_key(seed: int, name: str, n: int) -> PermKey:
     return PermKey(n=n, bits=bits, low=bits // 2, keys=keys)
 
 
-def _f(v: Any, k: int) -> Any:  # a torch tensor or a numpy array: operators only
+def _f(v: Any, k: int) -> Any:  # a torch tensor, a numpy array or a Python int: operators only
     y = v ^ k
     y = y ^ (y >> 16)
-    y = (y * _C1) & _M32
+    y = (y * C1) & _M32
     y = y ^ (y >> 15)
-    y = (y * _C2) & _M32
+    y = (y * C2) & _M32
     return y ^ (y >> 16)
 
 
@@ -131,28 +131,9 @@ def _walk(x: Any, key: PermKey, nonzero: Callable[[Any], Any], arange: Callable[
 
 
 def permute_reference(i: int, key: PermKey) -> int:
-    """The same function on one Python int: what the tests hold ``permute`` to."""
-    c = key.low
-    lo_mask, hi_mask = (1 << c) - 1, (1 << (key.bits - c)) - 1
-
-    def f(v: int, k: int) -> int:
-        y = v ^ k
-        y ^= y >> 16
-        y = (y * _C1) & _M32
-        y ^= y >> 15
-        y = (y * _C2) & _M32
-        return y ^ (y >> 16)
-
-    def network(x: int) -> int:
-        hi, lo = x >> c, x & lo_mask
-        for r, k in enumerate(key.keys):
-            if r % 2 == 0:
-                hi ^= f(lo, k) & hi_mask
-            else:
-                lo ^= f(hi, k) & lo_mask
-        return (hi << c) | lo
-
-    y = network(i)
+    """The same function on one Python int, walking one step at a time (arbitrary precision: an
+    int64 overflow in the vector walks would show): what the tests hold ``permute`` to."""
+    y = _network(i, key)
     while y >= key.n:
-        y = network(y)
+        y = _network(y, key)
     return y
