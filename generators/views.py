@@ -27,15 +27,17 @@ ROWS_AFTER = (0, 1, 5)
 EXTRA_COLS = (1, 3, 16, -1)
 
 
-def slack(view: View, *, pick: int, width: int) -> tuple[int, int, int]:
-    """(rows before, rows after, extra columns) of a view of ``view``'s kind; ``pick`` is any
-    non-negative host int (a stream's), ``width`` the tensor's column count."""
+def slack(view: View, *, draws: Draws, width: int) -> tuple[int, int, int]:
+    """(rows before, rows after, extra columns) of a view of ``view``'s kind, picked by a host int
+    of ``draws`` (asked only for a view that has slack: a plain one costs no hash); ``width`` is the
+    tensor's column count."""
+    if view is View.PLAIN:
+        return 0, 0, 0
+    pick = draws.host_int(1 << 30)
     if view is View.ROWS:
         return ROWS_BEFORE[pick % 3], ROWS_AFTER[(pick // 3) % 3], 0
-    if view is View.COLUMNS:
-        extra = EXTRA_COLS[pick % len(EXTRA_COLS)]
-        return 0, 0, extra if extra > 0 else max(1, width)
-    return 0, 0, 0
+    extra = EXTRA_COLS[pick % len(EXTRA_COLS)]  # View.COLUMNS
+    return 0, 0, extra if extra > 0 else max(1, width)
 
 
 def placed(t: Tensor, *, junk: Tensor, before: int, cols: int) -> Tensor:
@@ -54,7 +56,7 @@ def table_view(table: Tensor, view: View, *, draws: Draws, num_blocks: int) -> T
     [0, num_blocks) (a kernel reading past its view reads valid, wrong blocks)."""
     if view is View.PLAIN:
         return table
-    before, after, cols = slack(view, pick=draws.host_int(1 << 30), width=table.shape[1])
+    before, after, cols = slack(view, draws=draws, width=table.shape[1])
     rows, width = before + table.shape[0] + after, table.shape[1] + cols
     junk = windows(draws.words(rows, device=table.device) & (POOL_WORDS - 1), width, device=table.device)
     return placed(table, junk=junk % max(num_blocks, 1), before=before, cols=cols)

@@ -151,9 +151,7 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         extra_cols=spec.paging.extra_table_cols,
         base_block=spec.paging.base_block,
     )
-    # The step's other rows around the batch's (the pick only decides sizes: no device work).
-    pick = draws.host_int(1 << 30) if spec.rows_view is not View.PLAIN else 0
-    before, after, _ = slack(spec.rows_view, pick=pick, width=k)
+    before, after, _ = slack(spec.rows_view, draws=draws, width=k)  # the step's other rows around the batch's
     batch = convert_batch(
         draws,
         plan,
@@ -167,11 +165,9 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         mode=spec.topk_mode,
         device=device,
     )
-    table = batch.table
-    if spec.table_view is not View.PLAIN:
-        table = table_view(
-            table, spec.table_view, draws=draws.child("table-view"), num_blocks=spec.paging.base_block + plan.pool
-        )
+    table = table_view(
+        batch.table, spec.table_view, draws=draws.child("table-view"), num_blocks=spec.paging.base_block + plan.pool
+    )
     owners, indices, local_rows = batch.owners, batch.indices, batch.local_rows
     if before or after:  # the batch's rows of the step's
         mine = slice(before, before + int(tokens.sum()))
