@@ -76,8 +76,9 @@ def test_a_cache_past_2_32_bytes_is_the_same_bytes_on_cpu_and_cuda(spec):
 
 @pytest.mark.gpu
 def test_uploads_in_flight_are_never_overwritten_by_the_next_cases():
-    # upload reuses a few pinned buffers: many copies queued behind a long kernel, no sync between
-    # them, must each land what it was given (a reused buffer waits for its last copy).
+    # upload copies from pinned memory, asynchronously: many copies queued behind a long kernel,
+    # no sync between them, must each land what it was given (a pinned block is reused only after
+    # the copy that read it).
     from mlafuzz.generators.rng.fill import upload
 
     busy = torch.empty(1 << 26, device="cuda")
