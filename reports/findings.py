@@ -87,3 +87,33 @@ class Finding:
             for m in data.get("mismatches", ())
         )
         return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """Whose findings these are: one case of one implementation of one op (and, where known, the
+    seed, spec and revision it was made from). ``finding`` is the one constructor every detector,
+    path and driver builds a finding through, so the case's identity is written in one place."""
+
+    op: str
+    impl: str
+    case_id: str
+    seed: int | None = None
+    spec: dict[str, Any] | None = None
+    revision: str | None = None
+
+    def finding(self, tensor: str | None, tag: str, *, kind: Kind = Kind.VALUE_MISMATCH, **rest: Any) -> Finding:
+        """A finding of this case about ``tensor`` (None: about the call, not one tensor), bucketed by
+        the cause ``tensor:tag`` (just ``tag`` without a tensor)."""
+        known = {
+            k: v for k, v in (("seed", self.seed), ("spec", self.spec), ("revision", self.revision)) if v is not None
+        }
+        return Finding(
+            kind=kind,
+            op=self.op,
+            impl=self.impl,
+            case_id=self.case_id,
+            tensor=tensor,
+            cause=f"{tensor}:{tag}" if tensor is not None else tag,
+            **{**known, **rest},
+        )

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
 from mlafuzz.harness.memory.bits import same_bits
 from mlafuzz.oracles.convert import rows_as_sets_equal
-from mlafuzz.reports.findings import Finding, Kind, Mismatch
+from mlafuzz.reports.findings import Context, Finding, Kind, Mismatch
 
 MAX_SHOWN = 5
 
@@ -46,19 +46,6 @@ class Policy:
     def __post_init__(self) -> None:
         if isinstance(self.ulp, bool) or not isinstance(self.ulp, int) or self.ulp < 0:
             raise ValueError(f"Policy: ulp={self.ulp!r} must be an int >= 0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Context:
-    op: str
-    impl: str
-    case_id: str
-
-    def finding(self, name: str, tag: str, *, kind: Kind = Kind.VALUE_MISMATCH, **rest: Any) -> Finding:
-        """A finding of output ``name`` of this case, bucketed by the cause ``name:tag``."""
-        return Finding(
-            kind=kind, op=self.op, impl=self.impl, case_id=self.case_id, tensor=name, cause=f"{name}:{tag}", **rest
-        )
 
 
 def _fmt_index(flat: int, shape: tuple[int, ...], origin: int = 0) -> tuple[int, ...]:

@@ -40,21 +40,17 @@ def check_contract(
     if not promised and not klass.memory_safe:
         return []  # running it could corrupt this process; nothing was promised anyway
     call = call_copied(op=op, fn=fn, case=invalid, fill=PATTERNS[0], sub=sub, redzone=redzone)
-    base = dict(
-        op=ctx.op,
-        impl=ctx.impl,
-        case_id=ctx.case_id,
-        cause=f"contract:{klass.name}",
-        extra={"invalid_class": klass.name},
-    )
+    cause, extra = f"contract:{klass.name}", {"invalid_class": klass.name}
     pending = launch_error_findings(call, ctx)
     if not promised:
         if call.error is None:
             return [
-                Finding(
+                ctx.finding(
+                    None,
+                    cause,
                     kind=Kind.ACCEPTED_INVALID_INPUT,
                     severity=Severity.INFO,
-                    **base,
+                    extra=extra,
                     message=f"ran an input outside its contract ({klass.name}: {klass.description})",
                 )
             ] + pending
@@ -62,9 +58,11 @@ def check_contract(
     if call.error is None:
         return (
             [
-                Finding(
+                ctx.finding(
+                    None,
+                    cause,
                     kind=Kind.ACCEPTED_INVALID_INPUT,
-                    **base,
+                    extra=extra,
                     message=f"accepted {klass.name} ({klass.description}) instead of raising",
                 )
             ]
@@ -79,9 +77,11 @@ def check_contract(
     touched += [f.tensor or "" for f in input_mutations(invalid, call.inputs, ctx, inplace=op.inplace)]
     if touched:
         return [
-            Finding(
+            ctx.finding(
+                None,
+                cause,
                 kind=Kind.ACCEPTED_INVALID_INPUT,
-                **base,
+                extra=extra,
                 message=f"raised on {klass.name} ({first_line(call.error)}) but only after writing "
                 f"{', '.join(touched)}",
             )

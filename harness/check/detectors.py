@@ -8,9 +8,8 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.harness.check.calls import Call
-from mlafuzz.harness.check.compare import Context
 from mlafuzz.harness.memory.bits import as_bits, nonzero_bytes, same_bits
-from mlafuzz.reports.findings import Finding, Kind
+from mlafuzz.reports.findings import Context, Finding, Kind
 
 
 def redzone_findings(call: Call, ctx: Context) -> list[Finding]:
@@ -23,13 +22,10 @@ def redzone_findings(call: Call, ctx: Context) -> list[Finding]:
     for v in call.redzone:
         name = names.get(v.ptr, f"an allocation of {v.size} bytes")
         out.append(
-            Finding(
+            ctx.finding(
+                names.get(v.ptr),
+                f"oob_{v.side}" if v.ptr in names else f"alloc:oob_{v.side}",
                 kind=Kind.OOB_WRITE,
-                op=ctx.op,
-                impl=ctx.impl,
-                case_id=ctx.case_id,
-                tensor=names.get(v.ptr),
-                cause=f"{names.get(v.ptr, 'alloc')}:oob_{v.side}",
                 count=v.count,
                 message=f"{name}: {v.count} bytes written {v.side} it (nearest {v.offset} bytes "
                 f"{'before its start' if v.side == 'before' else 'past its end'}; "
@@ -44,12 +40,10 @@ def launch_error_findings(call: Call, ctx: Context) -> list[Finding]:
     if call.launch_error is None:
         return []
     return [
-        Finding(
+        ctx.finding(
+            None,
+            "pending_cuda_error",
             kind=Kind.LAUNCH_ERROR,
-            op=ctx.op,
-            impl=ctx.impl,
-            case_id=ctx.case_id,
-            cause="pending_cuda_error",
             message=f"the call left a CUDA error pending ({call.launch_error}): a launch it did not check;"
             " the next CUDA call anywhere in the process would have raised it",
         )
@@ -81,13 +75,10 @@ def input_mutations(case: Case, inputs: Mapping[str, Any], ctx: Context, *, inpl
         changed = _changed(before, after, case.zero_blocks.get(name, 0))
         if changed:
             out.append(
-                Finding(
+                ctx.finding(
+                    name,
+                    "mutated",
                     kind=Kind.INPUT_MUTATION,
-                    op=ctx.op,
-                    impl=ctx.impl,
-                    case_id=ctx.case_id,
-                    tensor=name,
-                    cause=f"{name}:mutated",
                     count=changed,
                     total=as_bits(before).numel(),
                     message=f"input {name} changed during the call ({changed} elements)",
@@ -125,13 +116,10 @@ def rerun_differs(first: Call, second: Call, ctx: Context, *, unordered: Collect
         if not same_bits(a, b):
             n = int((as_bits(a) != as_bits(b)).sum())
             out.append(
-                Finding(
+                ctx.finding(
+                    name,
+                    "rerun",
                     kind=Kind.NONDETERMINISM,
-                    op=ctx.op,
-                    impl=ctx.impl,
-                    case_id=ctx.case_id,
-                    tensor=name,
-                    cause=f"{name}:rerun",
                     count=n,
                     total=as_bits(a).numel(),
                     message=f"{name}: a second run of the same case differs in {n} elements",

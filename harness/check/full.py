@@ -18,17 +18,13 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from mlafuzz.generators.case import Case
-from mlafuzz.harness.check.calls import Call, call_copied, first_line
-from mlafuzz.harness.check.compare import Context, Policy, compare
-from mlafuzz.harness.check.detectors import (
-    input_mutations,
-    launch_error_findings,
-    redzone_findings,
-    rerun_differs,
-)
-from mlafuzz.harness.check.narrow import narrow, narrowed_names
+from mlafuzz.harness.check.calls import Call, call_copied
+from mlafuzz.harness.check.compare import Context, Policy
+from mlafuzz.harness.check.detectors import input_mutations
+from mlafuzz.harness.check.narrow import narrow
+from mlafuzz.harness.check.pipeline import DETECTORS, Detector, Evidence, run_detectors
 from mlafuzz.harness.check.stages import stage
-from mlafuzz.harness.memory.guards import PATTERNS, never_written, oob_findings, write_map_findings
+from mlafuzz.harness.memory.guards import PATTERNS, never_written
 from mlafuzz.harness.memory.redzone import RedZone
 from mlafuzz.harness.ops.op import Op
 from mlafuzz.reports.findings import Finding, Kind
@@ -37,6 +33,55 @@ from mlafuzz.reports.findings import Finding, Kind
 def review(op: Op, case: Case, call: Call, findings: list[Finding], ctx: Context) -> list[Finding]:
     """The op's own re-filing of the first call's findings (e.g. metadata -> METADATA_MISMATCH)."""
     return list(op.review(case, call, findings, ctx)) if op.review else findings
+
+
+def gather(
+    *,
+    op: Op,
+    case: Case,
+    fn: Callable,
+    ctx: Context,
+    policy: Policy,
+    rerun: bool,
+    sub: Callable[[str], Callable],
+    oracle: Callable[[Case], Mapping[str, Any]] | None = None,
+    redzone: RedZone | None = None,
+) -> Evidence:
+    """The calls of the full path and what they left: the first run, and for guarded outputs (or a
+    sampled re-run) a second over the other fill, with the two runs' write map."""
+    with stage("run"):
+        first = call_copied(op=op, fn=fn, case=case, fill=PATTERNS[0], sub=sub, redzone=redzone)
+    ev = Evidence(op=op, case=case, ctx=ctx, policy=policy, first=first, oracle=oracle)
+    if first.error is not None:
+        ev.mutated = input_mutations(case, first.inputs, ctx, inplace=op.inplace)
+        return ev
+    if first.launch_error is not None:  # the context may not take another call as it should: say what was seen
+        return ev
+    with stage("inputs"):
+        ev.mutated = input_mutations(case, first.inputs, ctx, inplace=op.inplace)
+        ev.first, ev.head = narrow(op, case, first, ctx)
+    if ev.first.guards or rerun:
+        # Unchanged inputs are passed again rather than copied again: at realistic sizes a copy
+        # of the cache costs about as much as the kernel under test.
+        with stage("rerun"):
+            second = call_copied(
+                op=op,
+                fn=fn,
+                case=case,
+                fill=PATTERNS[1],
+                sub=sub,
+                reuse=None if ev.mutated else ev.first.inputs,
+                redzone=redzone,
+            )
+            ev.second, _ = narrow(op, case, second, ctx)  # the first run's writes there are reported
+    if ev.second is not None and ev.second.error is None:
+        with stage("guards"):
+            ev.unwritten = {
+                name: m
+                for name, g in ev.second.guards.items()
+                if (m := never_written(ev.first.guards[name], g)) is not None
+            }
+    return ev
 
 
 def full_path(
@@ -50,93 +95,13 @@ def full_path(
     sub: Callable[[str], Callable],
     oracle: Callable[[Case], Mapping[str, Any]] | None = None,
     redzone: RedZone | None = None,
+    detectors: tuple[Detector, ...] = DETECTORS,
 ) -> list[Finding]:
-    """Every finding of ``case`` on ``fn`` (see the module docstring); ``oracle`` overrides the
-    op's vectorized one (the loop oracle, for minimized cases)."""
-    with stage("run"):
-        first = call_copied(op=op, fn=fn, case=case, fill=PATTERNS[0], sub=sub, redzone=redzone)
-    findings: list[Finding] = redzone_findings(first, ctx) + launch_error_findings(first, ctx)
-    if first.error is not None:
-        findings.append(
-            Finding(
-                kind=Kind.EXCEPTION,
-                op=ctx.op,
-                impl=ctx.impl,
-                case_id=ctx.case_id,
-                cause=type(first.error).__name__,
-                message=f"raised on a valid input: {first_line(first.error)}",
-            )
-        )
-        return review(op, case, first, findings, ctx) + input_mutations(case, first.inputs, ctx, inplace=op.inplace)
-    if first.launch_error is not None:  # the context may not take another call as it should: say what was seen
-        return findings
-    with stage("inputs"):
-        mutated = input_mutations(case, first.inputs, ctx, inplace=op.inplace)
-        first, head = narrow(op, case, first, ctx)
-    second = None
-    if first.guards or rerun:
-        # Unchanged inputs are passed again rather than copied again: at realistic sizes a copy
-        # of the cache costs about as much as the kernel under test.
-        with stage("rerun"):
-            second = call_copied(
-                op=op,
-                fn=fn,
-                case=case,
-                fill=PATTERNS[1],
-                sub=sub,
-                reuse=None if mutated else first.inputs,
-                redzone=redzone,
-            )
-            second, _ = narrow(op, case, second, ctx)  # the first run's writes there are reported
-    unwritten = {}
-    if second is not None and second.error is None:
-        with stage("guards"):
-            unwritten = {
-                name: m for name, g in second.guards.items() if (m := never_written(first.guards[name], g)) is not None
-            }
-    with stage("oracle"):
-        expected = (oracle or op.oracle)(case)
-        sets = op.row_sets(case, expected) if op.row_sets else {}  # outputs compared as row multisets
-        findings += compare(
-            expected=expected,
-            actual=first.outputs,
-            policy=policy,
-            ctx=ctx,
-            row_sets=sets,
-            skip=unwritten,
-            origin=narrowed_names(op, case),
-        )
-        findings += head
-    findings = review(op, case, first, findings, ctx)
-    with stage("guards"):
-        for name, g in first.guards.items():
-            findings += oob_findings(name=name, g=g, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id)
-    findings += mutated
-    if second is not None:
-        findings += launch_error_findings(second, ctx) if not first.launch_error else []
-        if second.error is not None:
-            findings.append(
-                Finding(
-                    kind=Kind.NONDETERMINISM,
-                    op=ctx.op,
-                    impl=ctx.impl,
-                    case_id=ctx.case_id,
-                    cause="rerun_raised",
-                    message=f"a second run of the same case raised: {first_line(second.error)}",
-                )
-            )
-        else:
-            with stage("guards"):
-                for name, g in second.guards.items():
-                    findings += [
-                        f
-                        for f in oob_findings(name=name, g=g, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id)
-                        if not any(f.dedup_key == h.dedup_key for h in findings)
-                    ]
-                    findings += write_map_findings(
-                        name=name, run_a=first.guards[name], run_b=g, op=ctx.op, impl=ctx.impl, case_id=ctx.case_id
-                    )
-                findings += rerun_differs(first, second, ctx, unordered=frozenset(sets))
+    """Every finding of ``case`` on ``fn`` (see the module docstring): the calls (``gather``), then
+    each of ``detectors`` in order (check/pipeline.py); ``oracle`` overrides the op's vectorized one
+    (the loop oracle, for minimized cases)."""
+    ev = gather(op=op, case=case, fn=fn, ctx=ctx, policy=policy, rerun=rerun, sub=sub, oracle=oracle, redzone=redzone)
+    findings = run_detectors(ev, detectors, review=lambda found: review(op, case, ev.first, found, ctx))
     return fold_misplaced(findings)
 
 

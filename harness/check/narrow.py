@@ -23,7 +23,7 @@ from mlafuzz.harness.check.calls import Call
 from mlafuzz.harness.check.compare import Context
 from mlafuzz.harness.memory.bits import nonzero_bytes
 from mlafuzz.harness.ops.op import Op
-from mlafuzz.reports.findings import Finding, Kind, Mismatch
+from mlafuzz.reports.findings import Finding, Mismatch
 
 
 def narrowed_names(op: Op, case: Case) -> dict[str, int]:
@@ -39,13 +39,9 @@ def _head_finding(name: str, head: torch.Tensor, written: int, ctx: Context) -> 
         where.append(first % dim)
         first //= dim
     where.reverse()
-    return Finding(
-        kind=Kind.VALUE_MISMATCH,
-        op=ctx.op,
-        impl=ctx.impl,
-        case_id=ctx.case_id,
-        tensor=name,
-        cause=f"{name}:zero_blocks",
+    return ctx.finding(
+        name,
+        "zero_blocks",
         count=written,
         total=flat.numel(),
         mismatches=(Mismatch(index=tuple(where), expected="0", actual=str(int(head[tuple(where)]))),),

@@ -13,6 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from mlafuzz.harness.check.pipeline import DETECTORS, Detector
 from mlafuzz.harness.memory.redzone import RedZone
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import OpTable
@@ -56,8 +57,16 @@ class SubImpls:
 
 
 class Session:
-    def __init__(self, *, table: OpTable, registry: Registry | None = None, redzone: RedZone | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        table: OpTable,
+        registry: Registry | None = None,
+        redzone: RedZone | None = None,
+        detectors: tuple[Detector, ...] = DETECTORS,
+    ) -> None:
         self.table = table
+        self.detectors = detectors  # the full path's steps, in order (check/pipeline.py)
         self.registry = registry if registry is not None else default_registry()
         self.redzone = redzone
         self.fast: Any = None  # the GPU fast path's resources (harness/fast), when this process uses it

@@ -97,22 +97,31 @@ def check_call(
             redzone=session.redzone,
             wait=wait,
         )
-        if isinstance(result, room.Clear):
+        # Clear: every step the fast path covers passed. A step it does not cover (check/pipeline.py)
+        # must still run: the case goes down the full path, which runs every step.
+        if isinstance(result, room.Clear) and not room.uncovered(op, session.detectors):
             return []
         if isinstance(result, room.Found):
             return list(result.findings)
-        seen = result.seen
+        seen = getattr(result, "seen", "")  # a Clear has seen nothing
     findings = full_path(
-        op=op, case=case, fn=fn, ctx=ctx, policy=policy, rerun=rerun, sub=sub, oracle=oracle, redzone=session.redzone
+        op=op,
+        case=case,
+        fn=fn,
+        ctx=ctx,
+        policy=policy,
+        rerun=rerun,
+        sub=sub,
+        oracle=oracle,
+        redzone=session.redzone,
+        detectors=session.detectors,
     )
     if seen and not any(f.severity is Severity.ERROR for f in findings):
         findings.append(
-            Finding(
+            ctx.finding(
+                None,
+                "not_reproduced",
                 kind=Kind.NONDETERMINISM,
-                op=op.name,
-                impl=entry.name,
-                case_id=case.case_id,
-                cause="not_reproduced",
                 message=f"the implementation {seen} in one check of this case; the full "
                 "check's runs right after did not reproduce it: the result changes "
                 "from run to run",

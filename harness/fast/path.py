@@ -19,8 +19,10 @@ room loses only speed: the runner then sends every case down the full path.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -29,7 +31,6 @@ from mlafuzz.harness.check.calls import Call, call_shared, first_line
 from mlafuzz.harness.check.compare import Context
 from mlafuzz.harness.check.detectors import rerun_pairs
 from mlafuzz.harness.check.stages import stage
-from mlafuzz.harness.fast import convert, gather, writer
 from mlafuzz.harness.fast.fingerprint import Snapshot, add_words, filled_fingerprint
 from mlafuzz.harness.fast.state import CaseState, Resources
 from mlafuzz.harness.memory.bits import differ_flag, word_view
@@ -38,21 +39,47 @@ from mlafuzz.harness.memory.redzone import RedZone
 from mlafuzz.harness.ops.op import Op, Outputs
 from mlafuzz.reports.findings import Finding, Kind
 
+# The detector pipeline's steps (harness/check/pipeline.py) that this path reproduces for every op
+# it judges: the call's exception, pending CUDA error and red zones (``_trouble``), its outputs
+# against the oracle's, zero blocks included (the op's fused check), its guard zones and write map
+# (the prefill, the zones' fingerprints), its inputs (fingerprints), and a re-run's own.
+COVERED = frozenset(
+    {
+        "redzone",
+        "launch_error",
+        "exception",
+        "compare",
+        "zero_blocks",
+        "guard_zones",
+        "input_mutation",
+        "rerun_launch_error",
+        "rerun_raised",
+        "write_map",
+        "rerun_outputs",
+    }
+)
+
 
 @dataclass(frozen=True)
 class FastOp:
-    """An op's fused check, and the prefill of its guarded outputs (None: it has none)."""
+    """An op's fused check, the prefill of its guarded outputs (None: it has none), and the
+    pipeline steps the path covers for it (a check module's ``COVERS``, default ``COVERED``)."""
 
     check: Callable[[Case, Outputs, Outputs | None, torch.Tensor, CaseState], bool]
     prefill: Callable[[Case, Mapping[str, Guarded], CaseState], bool] | None = None
+    covers: frozenset[str] = COVERED
 
 
-# The ops this room accelerates, by name; any other op takes the full path.
-FAST_OPS: dict[str, FastOp] = {
-    "convert": FastOp(check=convert.check),
-    "gather": FastOp(check=gather.check, prefill=gather.prefill),
-    "writer": FastOp(check=writer.check),
-}
+@functools.cache
+def _fast_module(name: str) -> FastOp:
+    """The op row's ``fast`` names a module of this room: its ``check``, ``prefill`` and ``COVERS``."""
+    mod = importlib.import_module(f"{__package__}.{name}")
+    return FastOp(check=mod.check, prefill=getattr(mod, "prefill", None), covers=getattr(mod, "COVERS", COVERED))
+
+
+def fast_op(op: Op) -> FastOp | None:
+    """The fused check of ``op``, as its row declares it (``Op.fast``); None: it has none."""
+    return _fast_module(op.fast) if op.fast is not None else None
 
 
 @dataclass(frozen=True)
@@ -80,7 +107,15 @@ FastResult = Clear | Undecided | Found
 
 def handles(op: Op) -> bool:
     """Whether this path judges ``op``'s cases."""
-    return op.name in FAST_OPS
+    return op.fast is not None
+
+
+def uncovered(op: Op, detectors: Iterable[Any]) -> tuple[str, ...]:
+    """The names of ``detectors`` (pipeline steps) this path does not reproduce for ``op``: after a
+    ``Clear`` its case must still go down the full path, which runs them (drive/run.py)."""
+    fast = fast_op(op)
+    covers = fast.covers if fast is not None else frozenset()
+    return tuple(d.name for d in detectors if d.name not in covers)
 
 
 def _quietly(res: Resources, op: str, fn: Callable[[], object], default: object) -> object:
@@ -167,6 +202,105 @@ def _restore(op: Op, case: Case, snap: Snapshot) -> bool:
     return not snap.changed()
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Calls:
+    """The path's calls of one case: the first, and the sampled re-run (None: none was made), each
+    with whether its guarded outputs were prefilled."""
+
+    first: Call
+    second: Call | None
+    troubles: list[str]  # what the calls did that the fused check cannot judge ("": no prefill)
+
+
+def _run(
+    *,
+    op: Op,
+    fast: FastOp,
+    fn: Callable,
+    state: CaseState,
+    rerun: bool,
+    sub: Callable,
+    wait: bool,
+    redzone: RedZone | None,
+) -> _Calls:
+    with stage("run"):
+        first, pre1 = _call(op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[0], sub=sub, wait=wait, redzone=redzone)
+    second, pre2 = None, True
+    if rerun and first.error is None and not first.redzone and first.launch_error is None:
+        with stage("rerun"):
+            second, pre2 = _call(
+                op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[1], sub=sub, wait=wait, redzone=redzone
+            )
+    troubles = [
+        t for t in (_trouble(first, pre1, ""), _trouble(second, pre2, "ran, and a second run ")) if t is not None
+    ]
+    return _Calls(first=first, second=second, troubles=troubles)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Board:
+    """The board's layout (see ``fast_path``), and the re-run flags read with it."""
+
+    board: torch.Tensor
+    at: int  # the fused check's two slots
+    guards: list[tuple[str, Guarded]]  # (what a changed zone says, the guarded output), from zones_at on
+    extra: list[tuple[str, torch.Tensor]]  # (what a raised flag says, the flag), read after the board
+    judged: bool  # whether the fused check ran on the outputs
+
+    @property
+    def zones_at(self) -> int:
+        return self.at + 2
+
+
+def _fill_board(*, op: Op, fast: FastOp, calls: _Calls, snap: Snapshot, state: CaseState) -> _Board:
+    """Launch every check of the calls into one board, with no sync."""
+    res, case, first, second = state.res, state.case, calls.first, calls.second
+    guards = [
+        (f"wrote into {name}'s guard zones", g)
+        for c in (first, second)
+        if c is not None
+        for name, g in c.guards.items()
+    ]
+    at = len(snap.names)
+    board = snap.board(2 + len(guards))
+    with stage("inputs"):  # after the calls: the inputs are the case's own tensors, shared
+        # Launched before the fused check: the GPU runs it while the host prepares that one.
+        add_words(
+            board,
+            snap.items() + [(word_view(z), at + 2 + j) for j, (_, g) in enumerate(guards) for z in g.zones()],
+            launchers=res.launchers,
+        )
+    with stage("oracle"):
+        both = second.outputs if second is not None and op.guarded else None
+        judged = not calls.troubles and bool(
+            _quietly(res, op.name, lambda: fast.check(case, first.outputs, both, board[at : at + 2], state), False)
+        )
+    extra = (
+        [(f"gave {name} a second run did not", differ_flag(a, b)) for name, a, b in rerun_pairs(first, second)]
+        if second is not None and second.error is None
+        else []
+    )  # outputs the impl allocated
+    return _Board(board=board, at=at, guards=guards, extra=extra, judged=judged)
+
+
+def _flagged(b: _Board, values: list[int], snap: Snapshot, res: Resources) -> tuple[list[str], list[str]]:
+    """(the inputs whose fingerprint moved, everything the board says went wrong, in words)."""
+    changed = [name for name, v in zip(snap.names, values) if v]
+    # A guarded output's zones against their fill's fingerprint (a host int, cached per layout:
+    # asked for after the sync, so a new layout's own sync cannot meet a call's pending error).
+    flagged = (
+        [f"changed its input {name}" for name in changed]
+        + [what for j, (what, g) in enumerate(b.guards) if values[b.zones_at + j] != _untouched(res, g)]
+        + [what for (what, _), v in zip(b.extra, values[b.zones_at + len(b.guards) :]) if v]
+    )
+    verdict = max(values[b.at : b.at + 2]) if b.judged else 2  # 2: a case it does not handle, a sign of nothing
+    if verdict == 1:
+        flagged.insert(0, "gave outputs the fused check found different from the oracle's")
+    if verdict != 0 and not flagged:
+        flagged.append("")  # nothing seen to go wrong, but not judged either
+    return changed, flagged
+
+
 def fast_path(
     *,
     op: Op,
@@ -186,78 +320,32 @@ def fast_path(
     calls added: 0 while unchanged), the fused check's two, then one per guarded output of each
     call (its zones' fingerprint, against their fill's). Host time is what this path spends most
     on, so: no sync between the calls and the checks, and one launch for all the fingerprints."""
-    fast = FAST_OPS[op.name]
+    fast = fast_op(op)
+    assert fast is not None, f"op {op.name!r} has no fast check (handles() says so first)"
     state = CaseState(case=case, res=res)
     snap = Snapshot(
         {k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace},
         device=case.device,
         launchers=res.launchers,
     )
-    with stage("run"):
-        first, pre1 = _call(op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[0], sub=sub, wait=wait, redzone=redzone)
-    second, pre2 = None, True
-    if rerun and first.error is None and not first.redzone and first.launch_error is None:
-        with stage("rerun"):
-            second, pre2 = _call(
-                op=op, fast=fast, fn=fn, state=state, fill=PATTERNS[1], sub=sub, wait=wait, redzone=redzone
-            )
-    troubles = [
-        t for t in (_trouble(first, pre1, ""), _trouble(second, pre2, "ran, and a second run ")) if t is not None
-    ]
-    guards = [
-        (f"wrote into {name}'s guard zones", g)
-        for c in (first, second)
-        if c is not None
-        for name, g in c.guards.items()
-    ]
-    at = len(snap.names)
-    zones_at = at + 2
-    board = snap.board(2 + len(guards))
-    with stage("inputs"):  # after the calls: the inputs are the case's own tensors, shared
-        # Launched before the fused check: the GPU runs it while the host prepares that one.
-        add_words(
-            board,
-            snap.items() + [(word_view(z), zones_at + j) for j, (_, g) in enumerate(guards) for z in g.zones()],
-            launchers=res.launchers,
-        )
-    with stage("oracle"):
-        both = second.outputs if second is not None and op.guarded else None
-        judged = not troubles and bool(
-            _quietly(res, op.name, lambda: fast.check(case, first.outputs, both, board[at:zones_at], state), False)
-        )
-    extra = (
-        [(f"gave {name} a second run did not", differ_flag(a, b)) for name, a, b in rerun_pairs(first, second)]
-        if second is not None and second.error is None
-        else []
-    )  # outputs the impl allocated
+    calls = _run(op=op, fast=fast, fn=fn, state=state, rerun=rerun, sub=sub, wait=wait, redzone=redzone)
+    b = _fill_board(op=op, fast=fast, calls=calls, snap=snap, state=state)
     try:  # the one sync
-        values = (torch.cat([board, *(f.reshape(1).to(torch.int64) for _, f in extra)]) if extra else board).tolist()
+        flags = [f.reshape(1).to(torch.int64) for _, f in b.extra]
+        values = (torch.cat([b.board, *flags]) if flags else b.board).tolist()
     except RuntimeError:  # an asynchronous error of a call (no sync after it): the full path syncs each
         return Undecided(seen="")
-    changed = [name for name, v in zip(snap.names, values) if v]
-    # A guarded output's zones against their fill's fingerprint (a host int, cached per layout:
-    # asked for after the sync, so a new layout's own sync cannot meet a call's pending error).
-    flagged = (
-        [f"changed its input {name}" for name in changed]
-        + [what for j, (what, g) in enumerate(guards) if values[zones_at + j] != _untouched(res, g)]
-        + [what for (what, _), v in zip(extra, values[zones_at + len(guards) :]) if v]
-    )
-    verdict = max(values[at : at + 2]) if judged else 2  # 2: a case it does not handle, a sign of nothing
-    if verdict == 1:
-        flagged.insert(0, "gave outputs the fused check found different from the oracle's")
-    seen = [t for t in troubles if t] + flagged
-    if not seen and verdict == 0:
+    changed, flagged = _flagged(b, values, snap, res)
+    seen = [t for t in calls.troubles + flagged if t]
+    if not calls.troubles and not flagged:
         return Clear()
     if changed and not _restore(op, case, snap):
         return Found(
             tuple(
-                Finding(
+                ctx.finding(
+                    name,
+                    "mutated",
                     kind=Kind.INPUT_MUTATION,
-                    op=ctx.op,
-                    impl=ctx.impl,
-                    case_id=ctx.case_id,
-                    tensor=name,
-                    cause=f"{name}:mutated",
                     message=f"input {name} changed during the call (its fingerprint moved; the "
                     "case could not be rebuilt from its spec and seed to say where)",
                 )

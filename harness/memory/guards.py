@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from mlafuzz.harness.memory.bits import same_bits
-from mlafuzz.reports.findings import Finding, Kind, Mismatch
+from mlafuzz.reports.findings import Context, Finding, Kind, Mismatch
 
 GUARD_BYTES = 4096  # a multiple of 16, so the output after the zone keeps 16-byte vector alignment
 PATTERNS = (0xA5, 0x5A)  # bf16 0xA5A5 / 0x5A5A: normal finite numbers, unlike any sentinel NaN
@@ -112,7 +112,7 @@ def _bytes(n: int) -> str:
     return f"{n} byte" if n == 1 else f"{n} bytes"
 
 
-def oob_findings(*, name: str, g: Guarded, op: str, impl: str, case_id: str) -> list[Finding]:
+def oob_findings(*, name: str, g: Guarded, ctx: Context) -> list[Finding]:
     zone_before, zone_after = g.zones()  # stay on their device: only counts and a few indices cross to the host
     before = zone_before != g.fill
     after = zone_after != g.fill
@@ -129,13 +129,10 @@ def oob_findings(*, name: str, g: Guarded, op: str, impl: str, case_id: str) -> 
         where.append(f"{_bytes(n_after)} after it (the first at byte +{first} from its end)")
     side = "before" if n_before and not n_after else "after" if n_after and not n_before else "both"
     return [
-        Finding(
+        ctx.finding(
+            name,
+            f"oob_{side}",
             kind=Kind.OOB_WRITE,
-            op=op,
-            impl=impl,
-            case_id=case_id,
-            tensor=name,
-            cause=f"{name}:oob_{side}",
             count=n_before + n_after,
             total=zone_before.numel() + zone_after.numel(),
             message=f"{name}: wrote outside the output: {' and '.join(where)}",
@@ -154,7 +151,7 @@ def never_written(run_a: Guarded, run_b: Guarded) -> torch.Tensor | None:
     return per_element if bool(per_element.any()) else None
 
 
-def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, impl: str, case_id: str) -> list[Finding]:
+def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, ctx: Context) -> list[Finding]:
     """MISSING_WRITE and NONDETERMINISM from the two runs' output regions."""
     a, b = run_a.region(), run_b.region()
     if same_bits(a, b):  # one pass: fills differ, so equal runs wrote every byte, identically
@@ -165,13 +162,10 @@ def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, im
         elems = int(unwritten.sum())
         first = _byte_to_element(int(unwritten.nonzero()[0]) * run_a.view.element_size(), run_a.view)
         out.append(
-            Finding(
+            ctx.finding(
+                name,
+                "missing",
                 kind=Kind.MISSING_WRITE,
-                op=op,
-                impl=impl,
-                case_id=case_id,
-                tensor=name,
-                cause=f"{name}:missing",
                 count=elems,
                 total=run_a.view.numel(),
                 mismatches=(Mismatch(index=tuple(first), expected="written", actual="untouched"),),
@@ -185,13 +179,10 @@ def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, op: str, im
     if nd:
         first = _byte_to_element(int(differ.nonzero()[0]), run_a.view)
         out.append(
-            Finding(
+            ctx.finding(
+                name,
+                "rerun",
                 kind=Kind.NONDETERMINISM,
-                op=op,
-                impl=impl,
-                case_id=case_id,
-                tensor=name,
-                cause=f"{name}:rerun",
                 count=nd,
                 total=a.numel(),
                 message=f"{name}: a second run of the same case differs in {nd} bytes, first at {first}",

@@ -107,4 +107,5 @@ CONVERT = Op(
             "return_valid_counts",
         ),
     ),
+    fast="convert",
 )

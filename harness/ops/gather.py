@@ -73,4 +73,5 @@ GATHER = Op(
     guarded=guarded,
     needs=gen.needs,
     call=CallShape(positional=("src_cache", "dst", "block_table", "workspace_starts", "batch_size", "seq_starts")),
+    fast="gather",
 )

@@ -97,6 +97,9 @@ class Op:
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None
     call: CallShape | None = None  # the call invoke makes; None: not checked at load time
+    # The GPU fast path's fused check of this op: the name of its module in harness/fast (looked up
+    # there, so this room never imports that optional one); None: every case takes the full path.
+    fast: str | None = None
 
     def invalid_class(self, name: str) -> InvalidClass:
         for k in self.invalid:

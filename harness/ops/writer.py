@@ -142,4 +142,5 @@ WRITER = Op(
     inplace=frozenset({"kv_cache"}),
     review=review,
     call=CallShape(positional=("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale")),
+    fast="writer",
 )
