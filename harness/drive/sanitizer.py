@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from mlafuzz.generators.draw import Knobs
@@ -26,7 +26,7 @@ from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.tasks import HARNESS_ERROR, Task, TaskResult, execute
 from mlafuzz.harness.drive.workers import strip_quarantined
 from mlafuzz.harness.ops.table import OPS
-from mlafuzz.reports.findings import Finding, Kind
+from mlafuzz.reports.findings import Kind
 
 MARKER = "@@mlafuzz-task "
 _ERROR = re.compile(
@@ -146,17 +146,12 @@ class SanitizerExecutor:
             if result is None and task.index not in started:
                 retry.append(task)  # never reached: the child died earlier
                 continue
-            described = task.with_spec(OPS)
-            case_id = task.case_id(OPS)
+            ctx = task.resolve(OPS).context()  # the spec drawn once for all of this case's findings
             extra = tuple(
-                Finding(
+                ctx.finding(
+                    None,
+                    f"sanitizer:{e.split(' of size')[0].split(' at ')[0][:60]}",
                     kind=_kind(e),
-                    op=task.op,
-                    impl=task.impl_ref,
-                    case_id=case_id,
-                    seed=task.seed,
-                    spec=described.spec,
-                    cause=f"sanitizer:{e.split(' of size')[0].split(' at ')[0][:60]}",
                     message=f"compute-sanitizer memcheck: {e}",
                 )
                 for e in errors.get(task.index, [])[:3]
@@ -164,14 +159,10 @@ class SanitizerExecutor:
             if result is None:
                 result = TaskResult(
                     findings=(
-                        Finding(
+                        ctx.finding(
+                            None,
+                            "crash",
                             kind=Kind.CRASH,
-                            op=task.op,
-                            impl=task.impl_ref,
-                            case_id=case_id,
-                            seed=task.seed,
-                            spec=described.spec,
-                            cause="crash",
                             message=f"sanitizer child {why} while running this case",
                         ),
                     ),
@@ -195,14 +186,10 @@ class SanitizerExecutor:
                     t,
                     TaskResult(
                         findings=(
-                            Finding(
+                            replace(t.resolve(OPS).context(), spec=t.spec).finding(
+                                None,
+                                HARNESS_ERROR,
                                 kind=Kind.CRASH,
-                                op=t.op,
-                                impl=t.impl_ref,
-                                case_id=t.case_id(OPS),
-                                seed=t.seed,
-                                spec=t.spec,
-                                cause=HARNESS_ERROR,
                                 message=f"sanitizer child {why} before running any case: "
                                 f"{text.strip().splitlines()[-1] if text.strip() else ''}",
                             ),

@@ -28,6 +28,7 @@ import dataclasses
 import time
 import traceback
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, ContextManager
 
 from mlafuzz.generators.case import case_id_for
@@ -59,18 +60,55 @@ class Task:
     slow_oracle: bool = False
     revision: str | None = None  # the run's contract revision (None: the newest); an entry's pin wins
 
+    def resolve(self, table: OpTable) -> Resolved:
+        """The task's spec, decoded or drawn from its seed once, with what is derived from it."""
+        spec = (
+            table.decode(self.spec)
+            if self.spec is not None
+            else table.draw_spec(self.op, seed=self.seed, knobs=self.knobs)
+        )
+        return Resolved(task=self, spec=spec)
+
     def spec_obj(self, table: OpTable) -> Any:
         """The task's spec (decoded, or drawn from its seed)."""
-        if self.spec is not None:
-            return table.decode(self.spec)
-        return table.draw_spec(self.op, seed=self.seed, knobs=self.knobs)
+        return self.resolve(table).spec
 
     def with_spec(self, table: OpTable) -> Task:
         """This task with its spec written out (for bundles, shrinking, findings of a lost worker)."""
-        return self if self.spec is not None else dataclasses.replace(self, spec=spec_to_dict(self.spec_obj(table)))
+        return self.resolve(table).described
 
     def case_id(self, table: OpTable) -> str:
-        return case_id_for(op=self.op, seed=self.seed, spec_json=spec_to_json(self.spec_obj(table)))
+        return self.resolve(table).case_id
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A task with its spec resolved (decoded, or drawn from its seed) once, carried where it is
+    needed, and what is derived from it made on first use. It stays in the process that resolved
+    it: the task alone crosses to workers (small on the wire: they draw from the seed)."""
+
+    task: Task
+    spec: Any
+
+    @cached_property
+    def spec_dict(self) -> dict[str, Any]:
+        return self.task.spec if self.task.spec is not None else spec_to_dict(self.spec)
+
+    @cached_property
+    def described(self) -> Task:
+        """The task with its spec written out."""
+        return self.task if self.task.spec is not None else dataclasses.replace(self.task, spec=self.spec_dict)
+
+    @cached_property
+    def case_id(self) -> str:
+        return case_id_for(op=self.task.op, seed=self.task.seed, spec_json=spec_to_json(self.spec))
+
+    def context(self, *, revision: str | None = None) -> Context:
+        """Whose findings a harness-level event of this case makes (a lost worker, a crash)."""
+        t = self.task
+        return Context(
+            op=t.op, impl=t.impl_ref, case_id=self.case_id, seed=t.seed, spec=self.spec_dict, revision=revision
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +159,7 @@ def execute(
     start = time.perf_counter()
     called = False  # whether an implementation's call has been made (a CUDA error after it is its own)
     revision = task.revision
+    resolved: Resolved | None = None
     try:
         table = session.table
         op = table.get(task.op)
@@ -130,7 +169,8 @@ def execute(
             return TaskResult(
                 skipped=f"impl does not follow contract revision {revision}", seconds=time.perf_counter() - start
             )
-        spec = task.spec_obj(table)
+        resolved = task.resolve(table)
+        spec = resolved.spec
         if task.spec is None and op.fit is not None:
             spec = op.fit(spec, entry.capabilities)
         with hold(spec) if hold is not None else contextlib.nullcontext():
@@ -180,44 +220,43 @@ def execute(
                 seconds=time.perf_counter() - start,
             )
         return TaskResult(
-            findings=(_unexpected(task, session, exc, called=called, revision=revision),),
+            findings=(_unexpected(task, resolved, session, exc, called=called, revision=revision),),
             seconds=time.perf_counter() - start,
         )
 
 
-def _unexpected(task: Task, session: Session, exc: Exception, *, called: bool, revision: str | None) -> Finding:
+def _unexpected(
+    task: Task, resolved: Resolved | None, session: Session, exc: Exception, *, called: bool, revision: str | None
+) -> Finding:
     """The finding for an exception that escaped a case. A CUDA error after an implementation's
     call is that call's (a pending launch error or a fault it caused surfacing in a harness op);
-    anything else with no call in flight is the harness's own bug: loud, and the run goes on."""
+    anything else with no call in flight is the harness's own bug: loud, and the run goes on.
+    ``resolved``: the task's spec as ``execute`` resolved it (None: it escaped before)."""
     tb = traceback.format_exc(limit=6).strip().splitlines()
     try:
-        spec = task.with_spec(session.table).spec
-        case_id = task.case_id(session.table)
+        ctx = (resolved or task.resolve(session.table)).context(revision=revision)
     except Exception:
-        spec, case_id = task.spec, f"{task.op}-{task.seed}"
-    if called and looks_like_cuda_error(exc):
-        return Finding(
-            kind=Kind.LAUNCH_ERROR,
+        ctx = Context(
             op=task.op,
             impl=task.impl_ref,
-            case_id=case_id,
+            case_id=f"{task.op}-{task.seed}",
             seed=task.seed,
-            spec=spec,
-            cause=AFTER_CALL,
+            spec=task.spec,
             revision=revision,
+        )
+    if called and looks_like_cuda_error(exc):
+        return ctx.finding(
+            None,
+            AFTER_CALL,
+            kind=Kind.LAUNCH_ERROR,
             message=f"a CUDA error surfaced after the implementation's call, in the harness's next "
             f"CUDA operation: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}",
             extra={"traceback": tb},
         )
-    return Finding(
+    return ctx.finding(
+        None,
+        HARNESS_ERROR,
         kind=Kind.CRASH,
-        op=task.op,
-        impl=task.impl_ref,
-        case_id=case_id,
-        cause=HARNESS_ERROR,
-        seed=task.seed,
-        spec=spec,
-        revision=revision,
         message=f"harness error (not the implementation's fault): {type(exc).__name__}: {exc}",
         extra={"traceback": tb},
     )

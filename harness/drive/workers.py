@@ -34,7 +34,7 @@ from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.tasks import AFTER_CALL, HARNESS_ERROR, Task, TaskResult, execute
 from mlafuzz.harness.memory.share import GpuShare
 from mlafuzz.harness.ops.op import OpTable
-from mlafuzz.reports.findings import Finding, Kind
+from mlafuzz.reports.findings import Kind
 
 DEFAULT_TABLE = "mlafuzz.harness.ops.table:OPS"
 QUEUE_DEPTH = 3  # tasks a worker holds: it starts the next case as soon as one is done
@@ -236,16 +236,15 @@ def charge_broken_context(task: Task, result: TaskResult, error: str, table: OpT
     kept; dropped, what the broken context explains: harness errors, and the fault itself surfacing
     in the harness's next CUDA op, which alone would read as a LAUNCH_ERROR)."""
     kept = tuple(f for f in result.findings if f.cause not in (HARNESS_ERROR, AFTER_CALL))
-    described = task.with_spec(table)
-    crash = Finding(
-        kind=Kind.CRASH,
-        op=task.op,
-        impl=task.impl_ref,
-        case_id=task.case_id(table),
-        seed=task.seed,
-        spec=described.spec,
-        cause="cuda_context",
-        message=f"the CUDA context broke during this case ({error}); worker replaced",
+    crash = (
+        task.resolve(table)
+        .context()
+        .finding(
+            None,
+            "cuda_context",
+            kind=Kind.CRASH,
+            message=f"the CUDA context broke during this case ({error}); worker replaced",
+        )
     )
     return TaskResult(
         findings=kept + (crash,),
@@ -384,20 +383,16 @@ class WorkerPool:
     def _lost(
         self, worker: _Worker, task: Task, part: int, kind: Kind, message: str, since: float
     ) -> tuple[Task, TaskResult]:
-        described = task.with_spec(self._table)
+        resolved = task.resolve(self._table)  # once: the finding's spec and case id come from it
         if part == CONTRACT and task.contract:
             cause = f"contract:{task.contract}:{kind.value.lower()}"
             message = f"{message} (in its error input {task.contract})"
         else:
             cause = kind.value.lower()
-        finding = Finding(
+        finding = resolved.context().finding(
+            None,
+            cause,
             kind=kind,
-            op=task.op,
-            impl=task.impl_ref,
-            case_id=task.case_id(self._table),
-            seed=task.seed,
-            spec=described.spec,
-            cause=cause,
             message=message,
             extra={
                 "device": worker.device,
