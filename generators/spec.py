@@ -83,13 +83,6 @@ class InputDtype(str, enum.Enum):
     FP16 = "float16"
 
 
-class WriterValues(str, enum.Enum):
-    NORMAL = "normal"  # N(0, 1) activations
-    WIDE = "wide"  # per-tile magnitudes from 2^-30 to 2^30
-    EXTREME = "extreme"  # zeros, subnormals, +-max, ties at tile amax, saturating ratios
-    NAN = "nan"  # NaN and inf elements mixed in
-
-
 def fail(owner: str, name: str, value: Any, why: str) -> None:
     raise SpecError(f"{owner}: {name}={value!r} {why}")
 

@@ -48,10 +48,19 @@ class Registry:
             out = [e for e in out if e.is_mutant == mutants]
         return sorted(out, key=lambda e: (e.op, e.is_mutant, e.name))
 
-    def resolve(self, op: str, ref: str, *, contract: Iterable[str], rejects: Iterable[str] | None = None) -> ImplEntry:
+    def resolve(
+        self,
+        op: str,
+        ref: str,
+        *,
+        contract: Iterable[str],
+        rejects: Iterable[str] | None = None,
+        vllm: tuple[tuple[str, str], ...] = (),
+    ) -> ImplEntry:
         """The entry ``--impl op=ref`` names; ``contract``: what SPEC holds an external
-        implementation to (the op table's), unless ``rejects`` (a user's --contract) says less.
-        Every failure is an ImplError with one line."""
+        implementation to (the op table's), unless ``rejects`` (a user's --contract) says less;
+        ``vllm``: where an installed vllm keeps the op (the op table's row). Every failure is an
+        ImplError with one line."""
         entry = self.get(op, ref)
         if entry is not None:
             return entry
@@ -59,7 +68,7 @@ class Registry:
         if ref == "vllm":
             from mlafuzz.kernels.vllm import vllm_entry
 
-            return vllm_entry(op, rejects=promised)
+            return vllm_entry(op, rejects=promised, candidates=vllm)
         if ":" in ref:
             from mlafuzz.kernels.external import external_entry
 

@@ -15,18 +15,8 @@ from typing import Callable
 from mlafuzz.kernels.entry import ImplEntry, ImplError
 from mlafuzz.kernels.external import adapt_signature
 
-# (module, attribute) candidates, newest layout first.
-CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
-    "convert": (
-        ("vllm.v1.attention.backends.mla.flashmla_sparse", "triton_convert_req_index_to_global_index"),
-        ("vllm.v1.attention.backends.mla.sparse_utils", "triton_convert_req_index_to_global_index"),
-    ),
-    "gather": (("vllm._custom_ops", "cp_gather_and_upconvert_fp8_kv_cache"),),
-    "writer": (("vllm._custom_ops", "concat_and_cache_mla"),),
-}
 
-
-def _find(op: str) -> Callable:
+def _find(op: str, candidates: tuple[tuple[str, str], ...]) -> Callable:
     try:
         importlib.import_module("vllm")
     except ImportError:
@@ -35,7 +25,7 @@ def _find(op: str) -> Callable:
             " (pip install vllm, or point --impl at module:attr)"
         ) from None
     tried = []
-    for module, attr in CANDIDATES.get(op, ()):
+    for module, attr in candidates:
         tried.append(f"{module}.{attr}")
         try:
             fn = getattr(importlib.import_module(module), attr, None)
@@ -46,10 +36,12 @@ def _find(op: str) -> Callable:
     raise ImplError(f"--impl {op}=vllm: this vllm has no {op} implementation (looked for {', '.join(tried) or 'none'})")
 
 
-def vllm_entry(op: str, *, rejects: frozenset[str]) -> ImplEntry:
-    if op not in CANDIDATES:
+def vllm_entry(op: str, *, rejects: frozenset[str], candidates: tuple[tuple[str, str], ...]) -> ImplEntry:
+    """``candidates``: where vLLM keeps the op, as (module, attribute), newest layout first (the op
+    table's row says; none: vLLM has no implementation of it)."""
+    if not candidates:
         raise ImplError(f"--impl {op}=vllm: vllm has no implementation of op {op!r}")
-    fn = _find(op)
+    fn = _find(op, candidates)
     fn, caps = adapt_signature(op, fn)
     return ImplEntry(
         op=op,

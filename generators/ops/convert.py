@@ -19,6 +19,7 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, draw_view, sized, tile_total
+from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.invalid import InvalidClass, with_
 from mlafuzz.generators.reduce import (
     attempt,
@@ -358,4 +359,15 @@ INVALID: tuple[InvalidClass, ...] = (
         make=_req_out_of_range,
         description="a req_id >= the block table's rows (not checked by vLLM)",
     ),
+)
+
+
+GENERATOR = Generator(
+    spec_type=ConvertSpec,
+    draw=draw,
+    materialize=materialize,
+    features=features,
+    size=size,
+    reduce=reduce,
+    invalid=INVALID,
 )

@@ -12,6 +12,7 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, draw_view, sized, tile_total
+from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.invalid import InvalidClass, with_
 from mlafuzz.generators.reduce import (
     attempt,
@@ -323,4 +324,15 @@ INVALID: tuple[InvalidClass, ...] = (
     InvalidClass(
         name="negative_seq_start", memory_safe=False, make=_negative_seq_start, description="a negative seq_start"
     ),
+)
+
+
+GENERATOR = Generator(
+    spec_type=GatherSpec,
+    draw=draw,
+    materialize=materialize,
+    features=features,
+    size=size,
+    reduce=reduce,
+    invalid=INVALID,
 )

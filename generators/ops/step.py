@@ -34,6 +34,7 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import SMALL, Drawer, Knobs, draw_paging
+from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.reduce import attempt, drop_each, halvings, paging_steps, with_request
 from mlafuzz.generators.rng.fill import block_table, plan_table, upload
 from mlafuzz.generators.rng.pool import Draws
@@ -387,3 +388,14 @@ def reduce(s: StepSpec) -> Iterator[StepSpec]:
         yield dataclasses.replace(s, values=ValueMode.ACTIVATIONS)
     if not s.topk_padded:
         yield dataclasses.replace(s, topk_padded=True)
+
+
+GENERATOR = Generator(
+    spec_type=StepSpec,
+    draw=draw,
+    materialize=materialize,
+    features=features,
+    size=size,
+    reduce=reduce,
+    invalid=(),
+)

@@ -5,6 +5,7 @@ records. Spec, drawer, materializer, features, shrink steps and error-input clas
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import ClassVar, Iterator
 
@@ -12,9 +13,10 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, one_in, sized
+from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.invalid import InvalidClass, with_
 from mlafuzz.generators.reduce import halvings, paging_steps, view_features, view_steps
-from mlafuzz.generators.rng.fill import distinct_slots, writer_inputs
+from mlafuzz.generators.rng.fill import WRITER_MODES, distinct_slots, writer_inputs
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.rng.records import paged_cache
 from mlafuzz.generators.spec import (
@@ -22,11 +24,23 @@ from mlafuzz.generators.spec import (
     Paging,
     ValueMode,
     View,
-    WriterValues,
     check_int,
     coerce_enum,
     fail,
 )
+
+
+class WriterValues(str, enum.Enum):
+    """How the writer's input values are drawn (their pools: generators/rng/fill.py ``writer_inputs``)."""
+
+    NORMAL = "normal"  # N(0, 1) activations
+    WIDE = "wide"  # per-tile magnitudes from 2^-30 to 2^30
+    EXTREME = "extreme"  # zeros, subnormals, +-max, ties at tile amax, saturating ratios
+    NAN = "nan"  # NaN and inf elements mixed in
+
+
+if tuple(v.value for v in WriterValues) != WRITER_MODES:  # the pools know exactly these modes
+    raise ImportError(f"WriterValues {[v.value for v in WriterValues]} != generators/rng/fill.py's {WRITER_MODES}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,4 +206,15 @@ INVALID: tuple[InvalidClass, ...] = (
         make=_slot_past_cache,
         description="a slot >= num_blocks * block_size",
     ),
+)
+
+
+GENERATOR = Generator(
+    spec_type=WriterSpec,
+    draw=draw,
+    materialize=materialize,
+    features=features,
+    size=size,
+    reduce=reduce,
+    invalid=INVALID,
 )

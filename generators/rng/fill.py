@@ -51,7 +51,7 @@ from mlafuzz.generators.rng.pool import (
     word_pool,
 )
 from mlafuzz.generators.rng.shuffle import permute
-from mlafuzz.generators.spec import Layout, WriterValues
+from mlafuzz.generators.spec import Layout
 
 __all__ = [
     "upload",
@@ -236,43 +236,48 @@ def _special(w: Tensor, table: tuple[int, ...]) -> Tensor:
     return const(table, "cpu")[pick((w >> 10) & 63, 6, len(table))]
 
 
-def _writer_tiles(stream: Stream, values: WriterValues, fmt: HalfFormat) -> Tensor:
+# The writer's value modes (generators/ops/writer.py's WriterValues, by value; it checks the two
+# agree): normal, then wide per-tile spreads, extreme values, NaN and inf mixed in.
+WRITER_MODES: tuple[str, ...] = ("normal", "wide", "extreme", "nan")
+
+
+def _writer_tiles(stream: Stream, values: str, fmt: HalfFormat) -> Tensor:
     w = stream.child("tiles").words((WRITER_TILES, 128), device="cpu")
     tile = stream.child("tile").words((WRITER_TILES, 1), device="cpu")
     sign, exp, mant = normal_fields(w, fmt)
-    if values is WriterValues.WIDE:  # per-tile magnitude 2**lo .. 2**hi
+    if values == "wide":  # per-tile magnitude 2**lo .. 2**hi
         lo, hi = _WIDE_SHIFT[fmt]
         exp = exp + scale_below(tile, hi - lo + 1) + lo
     bits = half_bits(sign, exp, mant, fmt)
     hit = (w >> 24) & 0x7F
-    if values is WriterValues.EXTREME:  # 1/3 of elements special, 1/6 of tiles all zero
+    if values == "extreme":  # 1/3 of elements special, 1/6 of tiles all zero
         bits = torch.where(pick(hit, 7, 3) == 0, _special(w, _extremes(fmt)), bits)
         bits = bits.masked_fill(scale_below(tile, 6) == 0, 0)
-    elif values is WriterValues.NAN:  # 3/128 ~ 1/40 of elements NaN / +inf / -inf
+    elif values == "nan":  # 3/128 ~ 1/40 of elements NaN / +inf / -inf
         bits = torch.where(hit < 3, _special(w, _NONFINITE[fmt]), bits)
     return bits
 
 
-def _writer_ropes(stream: Stream, values: WriterValues, fmt: HalfFormat) -> Tensor:
+def _writer_ropes(stream: Stream, values: str, fmt: HalfFormat) -> Tensor:
     w = stream.child("ropes").words((WRITER_ROPES, 64), device="cpu")
     bits = normal_bits(w, fmt)
-    if values in (WriterValues.EXTREME, WriterValues.NAN):  # 1/8 NaN-with-payload / inf / subnormal patterns
+    if values in ("extreme", "nan"):  # 1/8 NaN-with-payload / inf / subnormal patterns
         bits = torch.where(((w >> 24) & 0x7F) < 16, _special(w, _ROPE_SPECIALS[fmt]), bits)
     return bits
 
 
 @functools.lru_cache(maxsize=32)
-def _writer_chunks(values: WriterValues, dtype: torch.dtype, device: str) -> Tensor:
+def _writer_chunks(values: str, dtype: torch.dtype, device: str) -> Tensor:
     """The mode's 64-element chunks, [2 * WRITER_TILES + WRITER_ROPES, 64] of dtype: the kv_c tiles
     as halves, then the k_pe rows; made on the CPU once per process, copied to the device."""
     fmt = FORMATS[dtype]
-    pool = Stream(0, f"mlafuzz/writer/{values.value}/{fmt.name}")  # modes and dtypes share no values
+    pool = Stream(0, f"mlafuzz/writer/{values}/{fmt.name}")  # modes and dtypes share no values
     tiles = _writer_tiles(pool, values, fmt).reshape(2 * WRITER_TILES, 64)
     return to_half(torch.cat([tiles, _writer_ropes(pool, values, fmt)]), dtype).to(device)
 
 
 def writer_inputs(
-    draws: Draws, *, num_tokens: int, values: WriterValues | str, dtype: torch.dtype = torch.bfloat16, device: Device
+    draws: Draws, *, num_tokens: int, values: str, dtype: torch.dtype = torch.bfloat16, device: Device
 ) -> Tensor:
     """The writer's projection output, [T, 576] of bf16 or fp16: kv_c = [:, :512], k_pe = [:, 512:].
 
@@ -286,7 +291,10 @@ def writer_inputs(
     bf16, [-20, 12] for fp16 whose range is smaller); extreme; nan. fp16 gets
     fp16 analogues of the bf16 special values.
     """
-    chunks = _writer_chunks(WriterValues(values), dtype, device_name(device))
+    mode = str(getattr(values, "value", values))  # the writer spec's WriterValues, or its value
+    if mode not in WRITER_MODES:
+        raise ValueError(f"writer_inputs: values={values!r} is not one of {', '.join(WRITER_MODES)}")
+    chunks = _writer_chunks(mode, dtype, device_name(device))
     dev = device_name(device)
     fused = fused_room(device)
     if fused is not None:  # the same rows in one launch (generators/fused)

@@ -1,6 +1,6 @@
 """`mlafuzz bench --harness`: what checking a realistic case costs, end to end and by stage.
 
-For each op, cases at the realistic shape (``realistic_spec``) are generated on
+For each op, cases at the realistic shape (its row's ``bench.realistic``) are generated on
 the GPU and checked the way a fuzz run checks them, in this process. Printed
 per op, medians over the cases: cases/s end to end (each case made and checked
 once, timed as a whole), the time to generate a case and the kernel alone (both
@@ -22,32 +22,7 @@ import torch
 
 REPEATS = 5  # timings of the kernel and of check_call per case, their median kept
 WARM = 5  # untimed checks of each case before its timed ones
-OURS = {"gather": "cuda", "convert": "triton", "writer": "cuda"}
 STAGES = ("run", "rerun", "inputs", "oracle", "guards")
-
-
-def realistic_spec(op: str) -> Any:
-    """DeepSeek V3.2 shapes (K 2048, bs 64, BLOCK_N 128), the tensors laid out as vLLM passes them
-    (a plain block table, kv_c and k_pe split from one [T, 576] tensor)."""
-    from mlafuzz.generators.ops.convert import ConvertRequest, ConvertSpec
-    from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
-    from mlafuzz.generators.ops.writer import WriterSpec
-    from mlafuzz.generators.spec import Paging, TopkMode, ValueMode
-
-    paging = Paging(block_size=64, layout="shuffled")
-    return {
-        "gather": lambda: GatherSpec(
-            requests=(GatherRequest(context_len=4096, length=4096),) * 64, paging=paging, values=ValueMode.ALL_CODES
-        ),
-        "convert": lambda: ConvertSpec(
-            requests=(ConvertRequest(seq_len=8192, num_tokens=64),) * 64,
-            paging=paging,
-            topk=2048,
-            block_n=128,
-            topk_mode=TopkMode.PADDED,
-        ),
-        "writer": lambda: WriterSpec(num_tokens=65536, paging=paging, inputs_view="columns"),  # vLLM's split
-    }[op]()
 
 
 def _timed(fn: Callable[[], object]) -> tuple[object, float]:
@@ -101,6 +76,13 @@ def _shares(med: dict[str, float]) -> str:
     )
 
 
+def ours(op: Any) -> str:
+    """The implementation bench times as ours: the op row's (a one-line error for a row without)."""
+    if op.ours is None or op.bench is None:
+        raise ValueError(f"mlafuzz bench: op {op.name!r} has no bench workload in its op table row")
+    return op.ours
+
+
 def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: bool = False) -> list[str]:
     from mlafuzz.harness.check.compare import Policy
     from mlafuzz.harness.check.session import Session
@@ -121,11 +103,11 @@ def bench_harness(ops: list[str], *, cases: int = 4, seed: int = 0, profile: boo
     profiles: list[str] = []
     for op_name in ops:
         op = OPS.get(op_name)
-        entry = session.entry(op_name, OURS[op_name])
+        entry = session.entry(op_name, ours(op))
         fn = session.load(entry, "cuda")
         rows: dict[str, list[float]] = {k: [] for k in cols}
         walls = []
-        spec = realistic_spec(op_name)
+        spec = op.bench.realistic()
         for i in range(cases + 1):  # case 0 warms up (JIT, extension load)
             s = case_seed(seed, op_name, i)
             make = lambda: op.materialize(spec, seed=s, device="cuda")  # noqa: E731

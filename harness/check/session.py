@@ -78,7 +78,8 @@ class Session:
         """The registry entry ``--impl op=ref`` names, resolved once per process."""
         key = (op, ref, frozenset(rejects) if rejects is not None else None)
         if key not in self._entries:
-            self._entries[key] = self.registry.resolve(op, ref, contract=self.table.get(op).contract, rejects=rejects)
+            row = self.table.get(op)
+            self._entries[key] = self.registry.resolve(op, ref, contract=row.contract, rejects=rejects, vllm=row.vllm)
         return self._entries[key]
 
     def load(self, entry: ImplEntry, device: str, *, revision: str | None = None) -> Callable:

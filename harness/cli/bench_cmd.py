@@ -21,8 +21,8 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     b.add_argument(
         "--op",
         action="append",
-        choices=tuple(n for n in names if n != "step"),
-        help="only this op (repeatable; default: convert, gather, writer)",
+        choices=names,
+        help="only this op (repeatable; default: every op whose op table row has a bench workload)",
     )
     mode = b.add_mutually_exclusive_group()
     mode.add_argument("--harness", action="store_true", help="time the harness stages instead of the kernels")
@@ -60,13 +60,19 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    from mlafuzz.harness.ops.table import OPS
+
+    benched = tuple(o.name for o in OPS.ops if o.bench is not None)
+    lacking = [name for name in args.op or () if name not in benched]
+    if lacking:
+        raise UsageError(f"mlafuzz: bench has no workload for op {lacking[0]} (ops with one: {', '.join(benched)})")
+    ops = list(dict.fromkeys(args.op or benched))
     if not torch.cuda.is_available():
         raise UsageError("mlafuzz: bench measures GPU kernels: no CUDA device is available here")
     from mlafuzz.harness.bench.fuzz import bench_fuzz
     from mlafuzz.harness.bench.harness import bench_harness
     from mlafuzz.harness.bench.kernels import bench_kernels
 
-    ops = list(dict.fromkeys(args.op or ["convert", "gather", "writer"]))
     if args.fuzz:
         lines = bench_fuzz(ops, seconds=args.seconds, workers=args.workers)
     elif args.harness:

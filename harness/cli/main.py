@@ -25,7 +25,6 @@ VERSION = "0.1.0"
 def cmd_list(args: argparse.Namespace) -> int:
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
     from mlafuzz.kernels.registry import default_registry
-    from mlafuzz.kernels.vllm import CANDIDATES as VLLM_CANDIDATES
 
     table = table_from_ref(DEFAULT_TABLE)
     registry = default_registry()
@@ -38,7 +37,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             missing = e.missing()
             need = f" (needs {', '.join(missing)}: not installed)" if missing else ""
             print(f"  {e.name:<28} devices={','.join(sorted(e.devices)):<9} {e.description}{tag}{need}")
-        if op in VLLM_CANDIDATES:
+        if table.get(op).vllm:
             print(f"  {'vllm':<28} devices=cuda      vLLM's own, from an installed vllm")
     print("external: --impl OP=package.module:attr or --impl OP=path/to/file.py:attr")
     return EXIT_OK

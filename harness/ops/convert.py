@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import convert as gen
-from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+from mlafuzz.generators.spec import Paging, TopkMode
+from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
@@ -77,15 +78,40 @@ def row_sets(case: Case, expected: Mapping[str, Any]) -> Mapping[str, Any]:
     return {"out": counts}
 
 
+def _workload(impls: dict[str, Callable], *, tokens: int = 4096, k: int = 2048, bs: int = 64) -> Workload:
+    """bench: 4096 tokens' top-2048 indices through 64 requests' block tables."""
+    import torch
+
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    requests, seq = 64, 8192
+    table = torch.randint(0, 1 << 16, (requests, seq // bs), dtype=torch.int32, device=dev, generator=g)
+    req = torch.randint(0, requests, (tokens,), dtype=torch.int32, device=dev, generator=g)
+    idx = torch.randint(-1, seq, (tokens, k), dtype=torch.int32, device=dev, generator=g)
+    nbytes = idx.numel() * 4 * 2 + tokens * 4 * 2  # indices in, slots out, req in, counts out
+    run = {
+        name: (
+            lambda fn=fn: fn(req, table, idx, BLOCK_SIZE=bs, NUM_TOPK_TOKENS=k, BLOCK_N=128, return_valid_counts=True)
+        )
+        for name, fn in impls.items()
+    }
+    return Workload(name=f"convert {tokens} tokens x K {k}", nbytes=nbytes, run=run)
+
+
+def _realistic() -> gen.ConvertSpec:
+    """DeepSeek V3.2's shape: K 2048, BLOCK_N 128, 64 requests of 64 tokens over 8192, block size 64."""
+    return gen.ConvertSpec(
+        requests=(gen.ConvertRequest(seq_len=8192, num_tokens=64),) * 64,
+        paging=Paging(block_size=64, layout="shuffled"),
+        topk=2048,
+        block_n=128,
+        topk_mode=TopkMode.PADDED,
+    )
+
+
 CONVERT = Op(
     name="convert",
-    spec_type=gen.ConvertSpec,
-    draw=gen.draw,
-    materialize=gen.materialize,
-    features=gen.features,
-    size=gen.size,
-    reduce=gen.reduce,
-    invalid=gen.INVALID,
+    generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),
     invoke=invoke,
@@ -108,4 +134,10 @@ CONVERT = Op(
         ),
     ),
     fast="convert",
+    ours="triton",
+    vllm=(
+        ("vllm.v1.attention.backends.mla.flashmla_sparse", "triton_convert_req_index_to_global_index"),
+        ("vllm.v1.attention.backends.mla.sparse_utils", "triton_convert_req_index_to_global_index"),
+    ),
+    bench=Bench(workload=_workload, realistic=_realistic),
 )

@@ -9,8 +9,9 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import gather as gen
+from mlafuzz.generators.spec import Paging, ValueMode
 from mlafuzz.harness.memory.guards import Guarded, guarded_empty
-from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
 
 
 def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarded]:
@@ -56,15 +57,52 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
     return run
 
 
+def _workload(impls: dict[str, Callable], *, requests: int = 64, context: int = 4096, bs: int = 64) -> Workload:
+    """bench: the gather of 64 requests of 4096 tokens each from a shuffled paged cache."""
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    blocks_per_req = context // bs
+    num_blocks = requests * blocks_per_req
+    cache = torch.randint(0, 256, (num_blocks, bs, 656), dtype=torch.uint8, device=dev, generator=g)
+    # Finite scales, so the timed math is the common path.
+    cache[..., 512:528] = torch.full((4,), 0.01, device=dev).view(torch.uint8)
+    table = torch.randperm(num_blocks, device=dev, generator=g).to(torch.int32).reshape(requests, blocks_per_req)
+    ws = torch.arange(requests, device=dev, dtype=torch.int32) * context
+    starts = torch.zeros(requests, dtype=torch.int32, device=dev)
+    total = requests * context
+    dst = torch.empty((total, 576), dtype=torch.bfloat16, device=dev)
+    nbytes = total * 656 + total * 576 * 2 + table.numel() * 4
+    run = {name: (lambda fn=fn: fn(cache, dst, table, ws, requests, starts)) for name, fn in impls.items()}
+    return Workload(name=f"gather {requests} req x {context} ctx, bs {bs}", nbytes=nbytes, run=run)
+
+
+def _variants() -> dict[str, Callable]:
+    """bench --variants: every tuning variant of our CUDA gather (rows per warp x streaming hints)."""
+    import functools
+
+    from mlafuzz.kernels import cuda_ext
+
+    return {
+        f"rows{rows}{'+cs' if hints else ''}": functools.partial(
+            cuda_ext.gather_impl, rows_per_warp=rows, stream_hints=hints
+        )
+        for rows in cuda_ext.GATHER_ROWS_CHOICES
+        for hints in (False, True)
+    }
+
+
+def _realistic() -> gen.GatherSpec:
+    """DeepSeek V3.2's shape: 64 requests of 4096 tokens, block size 64, a shuffled block table."""
+    return gen.GatherSpec(
+        requests=(gen.GatherRequest(context_len=4096, length=4096),) * 64,
+        paging=Paging(block_size=64, layout="shuffled"),
+        values=ValueMode.ALL_CODES,
+    )
+
+
 GATHER = Op(
     name="gather",
-    spec_type=gen.GatherSpec,
-    draw=gen.draw,
-    materialize=gen.materialize,
-    features=gen.features,
-    size=gen.size,
-    reduce=gen.reduce,
-    invalid=gen.INVALID,
+    generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),
     invoke=invoke,
@@ -74,4 +112,7 @@ GATHER = Op(
     needs=gen.needs,
     call=CallShape(positional=("src_cache", "dst", "block_table", "workspace_starts", "batch_size", "seq_starts")),
     fast="gather",
+    ours="cuda",
+    vllm=(("vllm._custom_ops", "cp_gather_and_upconvert_fp8_kv_cache"),),
+    bench=Bench(workload=_workload, realistic=_realistic, variants=_variants),
 )

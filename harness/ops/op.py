@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Knobs, SpecDrawer, draw_with_seed
+from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.invalid import InvalidClass
 from mlafuzz.generators.spec import SpecError, spec_from_dict
 
@@ -62,15 +63,34 @@ class CallShape:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One raw kernel timing of ``mlafuzz bench``: what is timed, and the bytes it must move."""
+
+    name: str
+    nbytes: int  # bytes that must be read + written
+    run: dict[str, Callable[[], object]]  # impl name -> zero-arg call
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bench:
+    """What ``mlafuzz bench`` measures of an op: ``workload`` (the implementations to time, by
+    name -> the raw kernel call on fixed tensors, made on the GPU) and ``realistic`` (a spec at a
+    realistic shape, for ``--harness``, made and checked as a fuzz run would)."""
+
+    workload: Callable[[dict[str, Callable]], Workload]
+    realistic: Callable[[], Any]
+    # With ``bench --variants``: more implementations to time (name -> callable), e.g. every tuning
+    # variant of our CUDA gather, to pick its defaults on the GPU at hand.
+    variants: Callable[[], dict[str, Callable]] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Op:
     name: str
-    spec_type: type
-    draw: SpecDrawer
-    materialize: Callable[..., Case]  # (spec, *, seed, device) -> Case
-    features: Callable[[Any], set[str]]  # case features for coverage, from the spec alone
-    size: Callable[[Any], dict[str, int]]  # a few numbers saying how big a case is, for reports
-    reduce: Callable[[Any], Iterator[Any]]  # simpler specs, simplest first (shrinking)
-    invalid: tuple[InvalidClass, ...]  # error-input classes
+    # Its spec class, drawer, materializer, features, size, shrink steps and error-input classes,
+    # as one record (generators/ops/<op>.py's GENERATOR); the row's ``draw``, ``materialize`` ...
+    # read it.
+    generator: Generator
     # The oracles return the outputs a correct call gives; for an in-place input with zero blocks
     # (Case.zero_blocks), only its blocks past them (the full path compares those: check/narrow.py).
     oracle: Callable[[Case], Outputs]  # vectorized, for the hot path
@@ -100,6 +120,41 @@ class Op:
     # The GPU fast path's fused check of this op: the name of its module in harness/fast (looked up
     # there, so this room never imports that optional one); None: every case takes the full path.
     fast: str | None = None
+    # Our own implementation of the op (a registry name): what bench times as "ours".
+    ours: str | None = None
+    # vLLM's own implementation, as (module, attribute) candidates, newest layout first: what
+    # ``--impl OP=vllm`` loads from an installed vllm (kernels/vllm.py); () : vLLM has none.
+    vllm: tuple[tuple[str, str], ...] = ()
+    # What ``mlafuzz bench`` measures of the op (None: bench leaves it out).
+    bench: Bench | None = None
+
+    @property
+    def spec_type(self) -> type:
+        return self.generator.spec_type
+
+    @property
+    def draw(self) -> SpecDrawer:
+        return self.generator.draw
+
+    @property
+    def materialize(self) -> Callable[..., Case]:
+        return self.generator.materialize
+
+    @property
+    def features(self) -> Callable[[Any], set[str]]:
+        return self.generator.features
+
+    @property
+    def size(self) -> Callable[[Any], dict[str, int]]:
+        return self.generator.size
+
+    @property
+    def reduce(self) -> Callable[[Any], Iterator[Any]]:
+        return self.generator.reduce
+
+    @property
+    def invalid(self) -> tuple[InvalidClass, ...]:
+        return self.generator.invalid
 
     def invalid_class(self, name: str) -> InvalidClass:
         for k in self.invalid:

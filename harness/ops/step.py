@@ -421,13 +421,7 @@ def _folding(f: Finding, folded: list[Finding]) -> Finding:
 
 STEP = Op(
     name="step",
-    spec_type=gen.StepSpec,
-    draw=gen.draw,
-    materialize=gen.materialize,
-    features=gen.features,
-    size=gen.size,
-    reduce=gen.reduce,
-    invalid=(),
+    generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),
     invoke=invoke,

@@ -16,8 +16,9 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import writer as gen
+from mlafuzz.generators.spec import Paging
 from mlafuzz.harness.ops.names import NEWEST_REVISION
-from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
 
 # The cause of a writer VALUE_MISMATCH that fp32 log2f could explain (see ``review``).
 LOG2F_BAND_CAUSE = "kv_cache:log2f_band"
@@ -125,15 +126,28 @@ def review(case: Case, call: Any, findings: list, ctx: Any) -> list:
     return relabel_band(findings, case=case, band=band, differs=differs)
 
 
+def _workload(impls: dict[str, Callable], *, tokens: int = 65536, bs: int = 64) -> Workload:
+    """bench: 65536 tokens written to a cache of as many slots, in a random order."""
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    kv_c = torch.randn((tokens, 512), device=dev, generator=g).to(torch.bfloat16)
+    k_pe = torch.randn((tokens, 64), device=dev, generator=g).to(torch.bfloat16)
+    cache = torch.zeros((tokens // bs, bs, 656), dtype=torch.uint8, device=dev)
+    slots = torch.randperm(tokens, device=dev, generator=g)
+    scale = torch.ones(1, device=dev)
+    nbytes = kv_c.numel() * 2 + k_pe.numel() * 2 + slots.numel() * 8 + tokens * 656
+    run = {name: (lambda fn=fn: fn(kv_c, k_pe, cache, slots, "fp8_ds_mla", scale)) for name, fn in impls.items()}
+    return Workload(name=f"writer {tokens} tokens", nbytes=nbytes, run=run)
+
+
+def _realistic() -> gen.WriterSpec:
+    """65536 tokens, block size 64, kv_c and k_pe split from one [T, 576] tensor as vLLM passes them."""
+    return gen.WriterSpec(num_tokens=65536, paging=Paging(block_size=64, layout="shuffled"), inputs_view="columns")
+
+
 WRITER = Op(
     name="writer",
-    spec_type=gen.WriterSpec,
-    draw=gen.draw,
-    materialize=gen.materialize,
-    features=gen.features,
-    size=gen.size,
-    reduce=gen.reduce,
-    invalid=gen.INVALID,
+    generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),
     invoke=invoke,
@@ -143,4 +157,7 @@ WRITER = Op(
     review=review,
     call=CallShape(positional=("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale")),
     fast="writer",
+    ours="cuda",
+    vllm=(("vllm._custom_ops", "concat_and_cache_mla"),),
+    bench=Bench(workload=_workload, realistic=_realistic),
 )

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from mlafuzz.generators import catalog
+from mlafuzz.generators.ops.writer import WriterValues
 from mlafuzz.generators.rng import fill, topk
 from mlafuzz.generators.rng.bits import BF16, FP16, half_bits, to_half
 from mlafuzz.generators.rng.pool import Draws
-from mlafuzz.generators.spec import TopkMode, WriterValues
+from mlafuzz.generators.spec import TopkMode
 
 CPU = "cpu"
 D = Draws(2026, "test-fill")

@@ -11,8 +11,8 @@ from mlafuzz.generators.draw import Knobs
 from mlafuzz.generators.ops.convert import ConvertRequest, ConvertSpec
 from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
 from mlafuzz.generators.ops.step import StepRequest, StepSpec
-from mlafuzz.generators.ops.writer import WriterSpec
-from mlafuzz.generators.spec import InputDtype, Paging, TopkMode, ValueMode, View, WriterValues
+from mlafuzz.generators.ops.writer import WriterSpec, WriterValues
+from mlafuzz.generators.spec import InputDtype, Paging, TopkMode, ValueMode, View
 
 # LARGE's code paths (log sizes, tiling boundaries, high caches, views) at sizes the CPU runs fast.
 MEDIUM = Knobs(

@@ -18,6 +18,7 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Drawer, Knobs
+from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.reduce import halvings
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.spec import check_int
@@ -87,16 +88,20 @@ ENTRIES = (
 )
 
 
-# --- harness/ops/toy.py -----------------------------------------------------------
-TOY = Op(
-    name="toy",
+GENERATOR = Generator(
     spec_type=ToySpec,
     draw=draw,
     materialize=materialize,
     features=lambda s: {f"n:{s.n % 2}"},
     size=lambda s: {"n": s.n},
     reduce=reduce,
-    invalid=(),
+)
+
+
+# --- harness/ops/toy.py -----------------------------------------------------------
+TOY = Op(
+    name="toy",
+    generator=GENERATOR,
     oracle=oracle,
     oracle_slow=oracle,
     invoke=lambda fn, case, t, sub: {"y": fn(t["x"])},
