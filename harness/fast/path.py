@@ -71,9 +71,13 @@ class FastOp:
 
 
 @functools.cache
-def _fast_module(name: str) -> FastOp:
-    """The op row's ``fast`` names a module of this room: its ``check``, ``prefill`` and ``COVERS``."""
-    mod = importlib.import_module(f"{__package__}.{name}")
+def _fast_module(name: str) -> FastOp | None:
+    """The op row's ``fast`` names a module of this room: its ``check``, ``prefill`` and ``COVERS``
+    (None where it cannot be imported: that op's cases then take the full path, as without the room)."""
+    try:
+        mod = importlib.import_module(f"{__package__}.{name}")
+    except ImportError:
+        return None
     return FastOp(check=mod.check, prefill=getattr(mod, "prefill", None), covers=getattr(mod, "COVERS", COVERED))
 
 
@@ -107,7 +111,7 @@ FastResult = Clear | Undecided | Found
 
 def handles(op: Op) -> bool:
     """Whether this path judges ``op``'s cases."""
-    return op.fast is not None
+    return fast_op(op) is not None
 
 
 def uncovered(op: Op, detectors: Iterable[Any]) -> tuple[str, ...]:

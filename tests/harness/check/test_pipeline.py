@@ -19,6 +19,14 @@ SPEC = ConvertSpec(
     topk=8,
     block_n=8,
 )
+# A case the GPU fast path clears for our convert (tests/harness/check/test_views.py holds it to that).
+GPU_SPEC = ConvertSpec(
+    requests=(ConvertRequest(seq_len=500, num_tokens=4), ConvertRequest(seq_len=90, num_tokens=3)),
+    paging=Paging(block_size=16, layout="shuffled"),
+    topk=64,
+    block_n=32,
+    topk_mode="valid",
+)
 
 
 def _toy(seen: list[str]) -> Detector:
@@ -82,7 +90,7 @@ def test_a_detector_the_fast_path_does_not_cover_still_runs_after_its_clear(monk
     monkeypatch.setattr(run, "full_path", lambda **kw: fulls.append(kw["case"].case_id) or full_path(**kw))
     assert full.full_path is full_path
 
-    case = materialize(SPEC, 5, "cuda")
+    case = materialize(GPU_SPEC, 3, "cuda")
     plain = Session(table=OPS)
     entry = plain.entry("convert", plain.default_ref("convert", "cuda"))
     assert run_case(session=plain, case=case, entry=entry, rerun=True).findings == ()
