@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlafuzz.reports.findings import Finding, Severity
-from mlafuzz.reports.jsonl import FINDINGS_FILE, read_findings
+from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlError, read_findings
 
 BucketKey = tuple[str, str, str, str]  # Finding.dedup_key: kind, op, impl, cause
 
@@ -375,6 +375,8 @@ def load_run(run_dir: Path | str) -> RunView:
     notes: list[str] = []
     try:
         findings = tuple(read_findings(findings_path)) if findings_path.is_file() else ()
+    except JsonlError as exc:
+        raise ReportError(f"run_dir={run_dir}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportError(
             f"run_dir={run_dir}: {FINDINGS_FILE} holds a record that is not a finding: "
