@@ -26,4 +26,4 @@ def test_every_test_module_collects_without_triton():
     assert done.returncode == 0, f"collection without triton failed:\n{tail}\n{done.stderr[-2000:]}"
     assert " error" not in done.stdout.splitlines()[-1], tail
     # the Triton modules are there, as skips, not silently dropped: the torch cases of a mixed module stay
-    assert "test_convert_refusals.py::" in done.stdout
+    assert "test_convert_refusals.py::" in done.stdout and "test_convert_stride_compact.py::" in done.stdout
