@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from mlafuzz.reports.findings import Finding, Kind, Severity
-from mlafuzz.reports.model import Judgement, Waiver
+from mlafuzz.reports.model import WILDCARD, Judgement, Waiver
 
 try:
     import tomllib
@@ -40,7 +40,6 @@ except ImportError:  # Python 3.10: JSON ledgers only
     tomllib = None  # type: ignore[assignment]
 
 _PARSE_ERRORS: tuple[type[Exception], ...] = (json.JSONDecodeError,) + ((tomllib.TOMLDecodeError,) if tomllib else ())
-WILDCARD = "*"
 _REQUIRED = ("kind", "op", "impl", "cause")
 _REFS = ("issue", "link")
 _KNOWN = frozenset(_REQUIRED + _REFS + ("note",))
@@ -51,46 +50,17 @@ class LedgerError(ValueError):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LedgerEntry:
-    kind: str
-    op: str
-    impl: str
-    cause: str
-    issue: str  # the issue or link that justifies the waiver
-    note: str = ""
-    index: int = 0  # position in the file, for messages
-
-    def matches(self, finding: Finding) -> bool:
-        kind, op, impl, cause = finding.dedup_key
-        return (self.kind, self.op, self.impl) == (kind, op, impl) and self.cause in (WILDCARD, cause)
-
-    def label(self) -> str:
-        return f"expected[{self.index}] {self.kind} {self.op}={self.impl} cause={self.cause}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "kind": self.kind,
-            "op": self.op,
-            "impl": self.impl,
-            "cause": self.cause,
-            "issue": self.issue,
-            "note": self.note,
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
 class Ledger:
     path: Path
-    entries: tuple[LedgerEntry, ...]
+    entries: tuple[Waiver, ...]
 
-    def match(self, finding: Finding) -> LedgerEntry | None:
+    def match(self, finding: Finding) -> Waiver | None:
         """The entry that waives ``finding``: an exact cause wins over a ``*`` one."""
         hits = [e for e in self.entries if e.matches(finding)]
         hits.sort(key=lambda e: e.cause == WILDCARD)
         return hits[0] if hits else None
 
-    def stale(self, findings: Iterable[Finding], *, ran: Iterable[tuple[str, str]] | None = None) -> list[LedgerEntry]:
+    def stale(self, findings: Iterable[Finding], *, ran: Iterable[tuple[str, str]] | None = None) -> list[Waiver]:
         """Entries that matched none of ``findings``.
 
         ``ran``, the (op, impl) pairs that were actually fuzzed, limits the
@@ -100,18 +70,6 @@ class Ledger:
         matched = {id(e) for f in findings for e in self.entries if e.matches(f)}
         pairs = None if ran is None else set(ran)
         return [e for e in self.entries if id(e) not in matched and (pairs is None or (e.op, e.impl) in pairs)]
-
-    def waiver(self, entry: LedgerEntry) -> Waiver:
-        return Waiver(
-            index=entry.index,
-            kind=entry.kind,
-            op=entry.op,
-            impl=entry.impl,
-            cause=entry.cause,
-            issue=entry.issue,
-            note=entry.note,
-            ledger=str(self.path),
-        )
 
 
 def judge(
@@ -132,9 +90,9 @@ def judge(
             continue
         entry = next((e for e in map(ledger.match, members) if e is not None), None) if ledger else None
         if entry is not None:
-            waivers[key] = ledger.waiver(entry)
+            waivers[key] = entry
         statuses[key] = "expected" if entry is not None else "failure"
-    stale = tuple(ledger.waiver(e) for e in ledger.stale(found, ran=ran)) if ledger else ()
+    stale = tuple(ledger.stale(found, ran=ran)) if ledger else ()
     matched = tuple(sorted({e.index for f in found for e in ledger.entries if e.matches(f)})) if ledger else ()
     return Judgement(
         statuses=statuses, waivers=waivers, stale=stale, matched=matched, ledger=str(ledger.path) if ledger else None
@@ -155,7 +113,7 @@ def _parse(path: Path, text: str) -> Any:
         raise LedgerError(f"ledger={path}: not valid {'JSON' if as_json else 'TOML'}: {detail}") from None
 
 
-def _entry(path: Path, index: int, raw: Any) -> LedgerEntry:
+def _entry(path: Path, index: int, raw: Any) -> Waiver:
     where = f"ledger={path}: expected[{index}]"
     if not isinstance(raw, dict):
         raise LedgerError(f"{where} must be a table/object, got {type(raw).__name__}")
@@ -182,7 +140,7 @@ def _entry(path: Path, index: int, raw: Any) -> LedgerEntry:
     for key in ("kind", "op", "impl"):
         if raw[key] == WILDCARD:
             raise LedgerError(f"{where}: {key}='*' is not allowed (only cause may be '*')")
-    return LedgerEntry(
+    return Waiver(
         kind=raw["kind"],
         op=raw["op"],
         impl=raw["impl"],
@@ -190,6 +148,7 @@ def _entry(path: Path, index: int, raw: Any) -> LedgerEntry:
         issue=refs[0],
         note=raw.get("note", ""),
         index=index,
+        ledger=str(path),
     )
 
 

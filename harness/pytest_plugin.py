@@ -370,11 +370,7 @@ class FuzzSession:
             return
         from mlafuzz.reports.console import stale_lines
 
-        stale = [
-            self.ledger.waiver(e)
-            for e in self.ledger.entries
-            if e.index not in self._matched and (e.op, e.impl) in self._ran
-        ]
+        stale = [e for e in self.ledger.entries if e.index not in self._matched and (e.op, e.impl) in self._ran]
         if stale:
             terminalreporter.section("mlafuzz: stale ledger entries")
             for line in stale_lines(stale):

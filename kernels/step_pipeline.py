@@ -382,22 +382,22 @@ _MUTANTS: dict[str, tuple[str, str, str]] = {
     "step_full_req_id": (
         "step_full_req_id",
         "METADATA_MISMATCH",
-        "full req_id_per_token passed to convert with decode-only indices (SPEC 5.4)",
+        "full req_id_per_token passed to convert with decode-only indices (docs/contract.md, step)",
     ),
     "step_no_seq_starts": (
         "step_no_seq_starts",
         "METADATA_MISMATCH",
-        "context chunks gathered without seq_starts (SPEC 4 / 5.2)",
+        "context chunks gathered without seq_starts (docs/contract.md, gather and step)",
     ),
     "step_second_split": (
         "step_second_split",
         "METADATA_MISMATCH",
-        "fp8 metadata counts from a second split with threshold 1 (SPEC 5.3)",
+        "fp8 metadata counts from a second split with threshold 1 (docs/contract.md, step)",
     ),
     "step_ws_not_restarted": (
         "step_ws_not_restarted",
         "METADATA_MISMATCH",
-        "workspace_starts not restarted per prefill chunk (SPEC 5.3)",
+        "workspace_starts not restarted per prefill chunk (docs/contract.md, step)",
     ),
 }
 
@@ -419,7 +419,7 @@ STEP_ENTRIES: tuple[ImplEntry, ...] = (
     _entry(
         "ours",
         "step",
-        "our step pipeline (split once, 5.3/5.2 metadata, decode-subset convert, chunked"
+        "our step pipeline (split once, fp8 and chunked-context metadata, decode-subset convert, chunked"
         " gather); its convert/gather sub-impls chosen by the step op",
     ),
     *(_entry(name, attr, text, kind) for name, (attr, kind, text) in _MUTANTS.items()),

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlafuzz.reports.atomic import atomic_write
-from mlafuzz.reports.jsonl import FINDINGS_FILE, read_jsonl
+from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlError, read_jsonl
 from mlafuzz.reports.model import (
     BUCKET_SEP,
     RUN_FILE,
@@ -70,6 +70,13 @@ def _load_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise ReportError(f"merge: {path}: not valid JSON: {' '.join(str(exc).split())}") from None
     return data if isinstance(data, dict) else {}
+
+
+def _load_records(path: Path) -> list[dict[str, Any]]:
+    try:
+        return list(read_jsonl(path)) if path.is_file() else []
+    except JsonlError as exc:
+        raise ReportError(f"merge: {exc}") from None
 
 
 def _check_dirs(dirs: list[Path], out: Path) -> None:
@@ -168,6 +175,7 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
     all_summaries = [_load_json(d / SUMMARY_FILE) for d in dirs]
     _check_one_run(dirs, all_runs)
     order, dropped = _without_duplicates(dirs, all_runs, all_summaries)
+    all_records = {i: _load_records(dirs[i] / FINDINGS_FILE) for i in order}  # read all before writing any
     out.mkdir(parents=True, exist_ok=True)
     per_bucket: dict[str, int] = {}
     lines: list[str] = []
@@ -187,7 +195,7 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
         origin: dict[str, Any] = {"index": index, "dir": str(d), "label": label}
         if run:
             origin["run"] = {k: run[k] for k in _RUN_KEYS if k in run}
-        records = list(read_jsonl(d / FINDINGS_FILE)) if (d / FINDINGS_FILE).is_file() else []
+        records = all_records[i]
         for rec in records:
             extra = dict(rec.get("extra") or {})
             extra.setdefault("shard", origin)  # a re-merged line keeps its first, most precise origin

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlafuzz.reports.findings import Finding, Severity
-from mlafuzz.reports.jsonl import FINDINGS_FILE, read_findings
+from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlError, read_findings
 
 BucketKey = tuple[str, str, str, str]  # Finding.dedup_key: kind, op, impl, cause
 
@@ -52,18 +52,28 @@ def bucket_counts(summary: Mapping[str, Any]) -> dict[BucketKey, int]:
     return out
 
 
+WILDCARD = "*"  # a ledger entry's cause that matches any cause
+
+
 @dataclass(frozen=True, kw_only=True)
 class Waiver:
-    """The ledger entry that waives a bucket (or matched nothing: stale), as reports show it."""
+    """One entry of an expected-failures ledger: the bucket it waives and the issue that says why.
 
-    index: int
+    The ledger (harness/ledger.py) loads its entries as these, ``judge`` hands the ones that
+    matched (and the stale ones, that matched nothing) to the reports: one record for both."""
+
+    index: int  # position in the ledger file, for messages
     kind: str
     op: str
     impl: str
-    cause: str
-    issue: str
+    cause: str  # WILDCARD matches any cause
+    issue: str  # the issue or link that justifies the waiver
     note: str = ""
-    ledger: str = ""
+    ledger: str = ""  # the ledger file it came from
+
+    def matches(self, finding: Finding) -> bool:
+        kind, op, impl, cause = finding.dedup_key
+        return (self.kind, self.op, self.impl) == (kind, op, impl) and self.cause in (WILDCARD, cause)
 
     def label(self) -> str:
         return f"expected[{self.index}] {self.kind} {self.op}={self.impl} cause={self.cause}"
@@ -365,6 +375,8 @@ def load_run(run_dir: Path | str) -> RunView:
     notes: list[str] = []
     try:
         findings = tuple(read_findings(findings_path)) if findings_path.is_file() else ()
+    except JsonlError as exc:
+        raise ReportError(f"run_dir={run_dir}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportError(
             f"run_dir={run_dir}: {FINDINGS_FILE} holds a record that is not a finding: "

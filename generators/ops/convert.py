@@ -351,7 +351,7 @@ INVALID: tuple[InvalidClass, ...] = (
         name="bad_block_stride",
         memory_safe=True,
         make=_bad_block_stride,
-        description="BLOCK_STRIDE_ROWS == 0 (SPEC 7's option, where the case passes one)",
+        description="BLOCK_STRIDE_ROWS == 0 (an optional capability, where the case passes one)",
     ),
     InvalidClass(
         name="req_out_of_range",

@@ -144,7 +144,7 @@ class StepSpec:
                     "require_uniform",
                     self.require_uniform,
                     f"gives decodes of unequal query_len: num_decode_tokens={ndt} is not a multiple of "
-                    f"decode_query_len={dql} (SPEC 5.3)",
+                    f"decode_query_len={dql} (docs/contract.md, step)",
                 )
         with_ctx = sum(1 for r in self.requests[nd:] if r.context_len > 0)
         if with_ctx and (self.workspace_rows // with_ctx) // self.paging.block_size == 0:
@@ -153,7 +153,7 @@ class StepSpec:
                 "workspace_rows",
                 self.workspace_rows,
                 f"is too small: {with_ctx} prefill requests with context need >= "
-                f"{with_ctx * self.paging.block_size} rows (one block each, SPEC 5.2)",
+                f"{with_ctx * self.paging.block_size} rows (one block each; docs/contract.md, step)",
             )
 
     # -- derived quantities (pure functions of the spec) --------------------

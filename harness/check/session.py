@@ -99,7 +99,7 @@ class Session:
             why = shape.mismatch(fn) if shape is not None else None
             if why is not None:
                 raise ImplError(
-                    f"--impl {entry.op}={entry.name}: cannot take SPEC's call {shape.text(entry.op)} ({why})"
+                    f"--impl {entry.op}={entry.name}: cannot take the call {shape.text(entry.op)} of docs/contract.md ({why})"
                 )
             self._loaded[key] = fn
         return self._loaded[key]

@@ -105,7 +105,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         "--revision",
         choices=REVISIONS,
         default=NEWEST_REVISION,
-        help=f"contract revision (SPEC section 7) to judge the implementations under (default the newest,"
+        help=f"contract revision (docs/contract.md, Revisions) to judge the implementations under (default the newest,"
         f" {NEWEST_REVISION}); a registry entry that pins one (a mutant of one revision's rule) keeps its own",
     )
     f.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N", help="run only shard K of N (0-based)")
@@ -152,7 +152,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         "--contract",
         action="append",
         metavar="OP=CLASS,...",
-        help="hold an external impl to this (weaker) contract instead of SPEC's must-reject list "
+        help="hold an external impl to this (weaker) contract instead of the must-reject list of docs/contract.md "
         "(CLASS: the op's error-input classes; OP= alone: it promises to reject nothing)",
     )
     f.add_argument(

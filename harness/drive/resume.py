@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from mlafuzz.reports.findings import Finding, Severity
-from mlafuzz.reports.jsonl import FINDINGS_FILE, read_findings
+from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlError, read_findings
 from mlafuzz.reports.model import RUN_FILE, SUMMARY_FILE
 
 # What case i of a run is made of: a resume that changes one of these would continue another run.
@@ -101,6 +101,8 @@ def load_resume(out_dir: Path, run: Mapping[str, Any]) -> Resume:
     findings_path = out_dir / FINDINGS_FILE
     try:
         findings = tuple(read_findings(findings_path)) if findings_path.is_file() else ()
+    except JsonlError as exc:
+        raise ResumeError(f"--resume: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise ResumeError(f"--resume: {findings_path} holds a record that is not a finding ({exc})") from None
     return Resume(summary=summary, findings=findings)

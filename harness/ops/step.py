@@ -157,7 +157,7 @@ class SubCallRecorder:
             raise StepCallError(
                 "convert:req_id_rows",
                 f"step called convert with req_id rows={n_req} != token_indices rows={n_idx}"
-                " (SPEC 5.4: req_id_per_token[:num_decode_tokens] goes with"
+                " (docs/contract.md, step: req_id_per_token[:num_decode_tokens] goes with"
                 " topk_indices[:num_decode_tokens])",
             )
         self.converts.append(ConvertCall(rows=n_idx, workspace=bool(HAS_PREFILL_WORKSPACE)))

@@ -93,7 +93,7 @@ def relabel_band(findings: list, *, case: Case, band: torch.Tensor, differs: tor
                 cause=LOG2F_BAND_CAUSE,
                 message=f"{f.message}; every differing record has a tile scale s within "
                 "a few ulps above a power of two, where fp32 log2f may round onto the integer"
-                " (SPEC 7: the oracle follows the exact ceil(log2(s)))",
+                " (docs/contract.md, Revisions: the oracle follows the exact ceil(log2(s)))",
             )
         out.append(f)
     return out

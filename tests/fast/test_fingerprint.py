@@ -9,6 +9,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")  # Triton kernels: without triton (an optional extra) this module skips
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -11,6 +11,8 @@ if not torch.cuda.is_available():
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+pytest.importorskip("triton")  # Triton kernels: without triton (an optional extra) this module skips
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from hypothesis import given, settings  # noqa: E402

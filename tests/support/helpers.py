@@ -4,6 +4,7 @@ test process, and thin wrappers that fill in the session."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any, Callable
 
 from hypothesis import strategies as st
@@ -21,6 +22,8 @@ from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.reports.findings import Finding
 
 INVALID_CLASSES = {op.name: op.invalid for op in OPS.ops}
+# triton is an optional extra: tests of Triton code skip without it (tests/test_collection.py holds them to that)
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 @functools.cache

@@ -46,6 +46,16 @@ def test_exact_cause_entry_wins_over_a_wildcard_one(tmp_path):
     assert ledger.match(_finding(cause="dst:nope")).issue == "https://a"
 
 
+def test_a_waived_bucket_reports_the_ledger_entry_itself_with_its_file(tmp_path):
+    # One record: what the ledger loads is what judge hands the reports, file name included.
+    path = _toml(tmp_path, ENTRY.format(cause="*", issue=ISSUE))
+    ledger = load_ledger(path)
+    (entry,) = ledger.entries
+    judgement = judge([_finding()], ledger=ledger)
+    assert judgement.waivers[_finding().dedup_key] is entry
+    assert entry.ledger == str(path) and entry.label() == "expected[0] VALUE_MISMATCH gather=vllm cause=*"
+
+
 def test_stale_lists_entries_that_matched_nothing_among_what_ran(tmp_path):
     path = tmp_path / "ledger.json"
     path.write_text(
@@ -63,7 +73,7 @@ def test_stale_lists_entries_that_matched_nothing_among_what_ran(tmp_path):
     stale = ledger.stale([_finding()])
     assert [e.index for e in stale] == [1, 2]
     assert [e.index for e in ledger.stale([_finding()], ran={("gather", "vllm")})] == [1]  # convert didn't run
-    (line,) = stale_lines([ledger.waiver(e) for e in stale[:1]])
+    (line,) = stale_lines(stale[:1])
     assert "expected[1] OOB_WRITE gather=vllm" in line and "https://x/1" in line
 
 

@@ -120,7 +120,7 @@ def test_old_gather_signature_skips_seq_starts_cases_instead_of_failing(tmp_path
         (["fuzz", "--impl", f"gather={PLANTED / 'not_callable.py'}:gather"], "not callable"),
         (["fuzz", "--impl", f"gather={PLANTED / 'not_callable.py'}:missing"], "no attribute 'missing'"),
         (["fuzz", "--impl", "gather=no_such_module_xyz:fn"], "cannot import module"),
-        (["fuzz", "--impl", f"gather={PLANTED / 'wrong_signature.py'}:gather"], "cannot take SPEC's call gather("),
+        (["fuzz", "--impl", f"gather={PLANTED / 'wrong_signature.py'}:gather"], "cannot take the call gather("),
         (["fuzz", "--op", "convert", "--impl", "gather=torch"], "is not fuzzed in this run"),
         (["fuzz", "--cases", "-3"], "must be >= 1"),
         (["fuzz", "--cases", "0"], "--cases: must be >= 1"),
