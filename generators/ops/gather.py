@@ -67,6 +67,7 @@ class HostTier:
     host_pct: int = 50  # share of the case's source slots served from the host, in percent
     remap: bool = True  # device rows remapped (device row 0 among them), not the slot itself
     extra_host_blocks: int = 0  # host rows no slot names (a block's worth each)
+    maps_2d: bool = False  # the maps shaped [1, n], as vLLM's HiSparse staging plan makes them
 
     def __post_init__(self) -> None:
         check_int("HostTier", "host_pct", self.host_pct, lo=0, hi=100)
@@ -149,6 +150,7 @@ def _draw_host(d: Drawer, spec: GatherSpec) -> GatherSpec:
     if d.boolean():
         return dataclasses.replace(spec, host=host)
     requests = tuple(dataclasses.replace(r, seq_start=0) for r in spec.requests)
+    host = dataclasses.replace(host, maps_2d=True)
     return dataclasses.replace(spec, host=host, requests=requests, pass_seq_starts=False, table_view=View.ROWS)
 
 
@@ -240,6 +242,8 @@ def host_tensors(spec: GatherSpec, draws: Draws, *, num_blocks: int, device: str
     host = records.view(-1, records.shape[-1])[:host_rows].cpu()
     if str(device).startswith("cuda"):
         host = host.pin_memory()
+    if tier.maps_2d:
+        hmap, dmap = hmap.view(1, -1), dmap.view(1, -1)
     return {"host_cache": host, "host_row_ids": hmap, "device_row_ids": dmap}
 
 
@@ -269,6 +273,8 @@ def features(spec: GatherSpec) -> set[str]:
             out.add("host:remap")
         if not spec.pass_seq_starts and spec.table_view is View.ROWS:
             out.add("host:chunk-call")
+        if spec.host.maps_2d:
+            out.add("host:maps-2d")
     return out | view_features(spec.paging, table=spec.table_view, dst=spec.dst_view)
 
 
@@ -301,6 +307,8 @@ def reduce(s: GatherSpec) -> Iterator[GatherSpec]:
         yield dataclasses.replace(s, host=None)
         if s.host.remap:
             yield dataclasses.replace(s, host=dataclasses.replace(s.host, remap=False))
+        if s.host.maps_2d:
+            yield dataclasses.replace(s, host=dataclasses.replace(s.host, maps_2d=False))
         if s.host.extra_host_blocks:
             yield dataclasses.replace(s, host=dataclasses.replace(s.host, extra_host_blocks=0))
 
@@ -410,10 +418,15 @@ def _host_wrong_device(case: Case) -> Case | None:
     return with_(case, tensors={"device_row_ids": case.tensors["device_row_ids"].cpu()})
 
 
+def _flat(case: Case, name: str) -> torch.Tensor:
+    """A map as a fresh 1-D copy (vLLM's maps may be [1, n])."""
+    return case.tensors[name].reshape(-1).clone()
+
+
 def _host_maps_unequal(case: Case) -> Case | None:
     if not _host(case) or case.tensors["device_row_ids"].numel() == 0:
         return None
-    return with_(case, tensors={"device_row_ids": case.tensors["device_row_ids"][:-1]})
+    return with_(case, tensors={"device_row_ids": _flat(case, "device_row_ids")[:-1]})
 
 
 def _read_slots(case: Case) -> torch.Tensor:
@@ -434,7 +447,7 @@ def _slot_past_row_map(case: Case) -> Case | None:
     if not _host(case) or case.params["total"] == 0:
         return None
     n = int(_read_slots(case).max())  # both maps end just before the largest slot read
-    return with_(case, tensors={k: case.tensors[k][:n] for k in ("host_row_ids", "device_row_ids")})
+    return with_(case, tensors={k: _flat(case, k)[:n] for k in ("host_row_ids", "device_row_ids")})
 
 
 def _on_host(case: Case) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -442,16 +455,16 @@ def _on_host(case: Case) -> tuple[torch.Tensor, torch.Tensor] | None:
     if not _host(case) or case.params["total"] == 0:
         return None
     slots = _read_slots(case)
-    return slots, case.tensors["device_row_ids"].long()[slots] < 0
+    return slots, case.tensors["device_row_ids"].reshape(-1).long()[slots] < 0
 
 
 def _host_row_past_cache(case: Case) -> Case | None:
     got = _on_host(case)
     if got is None or not bool(got[1].any()):
         return None
-    hmap = case.tensors["host_row_ids"].clone()
+    hmap = _flat(case, "host_row_ids")
     hmap[got[0][got[1]]] = case.tensors["host_cache"].shape[0]  # one past the last host row
-    return with_(case, tensors={"host_row_ids": hmap})
+    return with_(case, tensors={"host_row_ids": hmap.view(case.tensors["host_row_ids"].shape)})
 
 
 def _device_row_past_cache(case: Case) -> Case | None:
@@ -459,9 +472,9 @@ def _device_row_past_cache(case: Case) -> Case | None:
     if got is None or bool(got[1].all()):
         return None
     cache = case.tensors["src_cache"]
-    dmap = case.tensors["device_row_ids"].clone()
+    dmap = _flat(case, "device_row_ids")
     dmap[got[0][~got[1]]] = cache.shape[0] * cache.shape[1]
-    return with_(case, tensors={"device_row_ids": dmap})
+    return with_(case, tensors={"device_row_ids": dmap.view(case.tensors["device_row_ids"].shape)})
 
 
 HOST_INVALID: tuple[InvalidClass, ...] = (
