@@ -228,7 +228,7 @@ def gather_impl(
     check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
     if check_gather_host_args(src_cache, host_cache, host_row_ids, device_row_ids):
         assert host_cache is not None
-        if not host_cache.is_pinned():  # the kernel reads it in place from the device
+        if host_cache.numel() and not host_cache.is_pinned():  # the kernel reads it in place from the device
             raise ValueError("host_cache must be pinned CPU memory (tensor.pin_memory())")
         host_cache = host_cache.view(torch.uint8)
     if rows_per_warp not in GATHER_ROWS_CHOICES:

@@ -173,7 +173,8 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
     const at::Tensor& hc = *host_cache;
     const at::Tensor& hr = *host_row_ids;
     const at::Tensor& dr = *device_row_ids;
-    TORCH_CHECK(hc.device().is_cpu() && hc.is_pinned(), "gather: host_cache must be pinned CPU memory");
+    TORCH_CHECK(hc.device().is_cpu() && (hc.numel() == 0 || hc.is_pinned()),
+                "gather: host_cache must be pinned CPU memory");
     TORCH_CHECK(hc.scalar_type() == at::kByte && hc.dim() == 2 && hc.size(1) == kRecordBytes &&
                     hc.is_contiguous(),
                 "gather: host_cache must be a contiguous uint8 [rows, 656] tensor");
