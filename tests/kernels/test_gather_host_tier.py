@@ -92,3 +92,31 @@ def test_host_tier_cases_take_the_full_path_not_the_fused_check():
     assert fast_gather._host_tier(case)
     plain = dataclasses.replace(case, tensors={**case.tensors, **dict.fromkeys(gen.HOST_ARGS)})
     assert on_device(plain) and not fast_gather._host_tier(plain)
+
+
+def _writes_to_its_inputs(
+    src_cache,
+    dst,
+    block_table,
+    workspace_starts,
+    batch_size,
+    seq_starts=None,
+    host_cache=None,
+    host_row_ids=None,
+    device_row_ids=None,
+):
+    torch_impl.gather_torch(
+        src_cache, dst, block_table, workspace_starts, batch_size, seq_starts, host_cache, host_row_ids, device_row_ids
+    )
+    host_cache[0, 0] ^= 1  # the host tier's tensors are inputs: INPUT_MUTATION covers them
+    device_row_ids.view(-1)[-1] = 7
+
+
+def test_a_gather_that_writes_the_host_cache_or_a_map_draws_input_mutation():
+    from mlafuzz.tests.support.helpers import resolve, run_case
+
+    entry = resolve("gather", "torch")
+    case = gen.materialize(draw_with_seed(gen.draw, seed=HOST_SEED), seed=HOST_SEED, device="cpu")
+    result = run_case(case=case, entry=entry, fn=_writes_to_its_inputs)
+    mutated = {f.tensor for f in result.findings if f.kind.value == "INPUT_MUTATION"}
+    assert mutated == {"host_cache", "device_row_ids"}, result.findings
