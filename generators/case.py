@@ -83,9 +83,16 @@ _SMALL_BASE = 1 << 20  # a view's base up to this many bytes past the view is co
 def clone_like(t: torch.Tensor | None, *, zero_blocks: int = 0) -> torch.Tensor | None:
     """A copy of ``t`` in its own layout (``Case.cloned_tensors``): an implementation that reads
     outside a view's elements, as a kernel assuming contiguity does, reads the case's values in the
-    copy too, never uninitialized memory."""
+    copy too, never uninitialized memory. A pinned host tensor (the gather's host cache, SPEC 9.3)
+    gets a pinned copy: a kernel may read it from the device."""
     if t is None:
         return None
+    if t.device.type == "cpu" and t.is_pinned():
+        return _clone_unpinned(t, zero_blocks).pin_memory()  # pin_memory() of a pinned t is t itself
+    return _clone_unpinned(t, zero_blocks)
+
+
+def _clone_unpinned(t: torch.Tensor, zero_blocks: int) -> torch.Tensor:
     if zero_blocks:
         out = zeros(tuple(t.shape), dtype=t.dtype, device=t.device)
         out[zero_blocks:] = t[zero_blocks:]

@@ -7,7 +7,7 @@ kernels/mutants/catalog.py, the step pipeline in step_pipeline.py.
 
 from __future__ import annotations
 
-from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
+from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_HOST_ARG_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry, module_attr
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
 
@@ -16,8 +16,11 @@ CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front"})
 # Our writers follow either contract revision through their keyword-only ``revision=``.
 FOLLOWS = frozenset(WRITER_REVISIONS)
 
-# The CUDA kernels check on the host only what SPEC section 4 says vLLM checks.
-CUDA_GATHER_REJECTS = frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"})
+# The CUDA kernels check on the host only what SPEC section 4 says vLLM checks, and the host tier's
+# argument shapes, dtypes and devices (SPEC 9.3).
+CUDA_GATHER_REJECTS = frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"}) | GATHER_HOST_ARG_REJECTS
+# Our gathers take seq_starts and the host tier (SPEC 9.3); their signatures say so too.
+GATHER_OPTIONS = frozenset({"seq_starts", "host_tier"})
 CUDA_WRITER_REJECTS = frozenset({"wrong_dtype", "wrong_shape", "device_mismatch", "unsupported_kv_cache_dtype"})
 
 
@@ -76,6 +79,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         attr="gather_torch",
         devices=("cpu", "cuda"),
         rejects=GATHER_TORCH_REJECTS,
+        capabilities=GATHER_OPTIONS,
         description="vectorized torch implementation with host-side checks",
     ),
     _entry(
@@ -85,6 +89,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         attr="gather",
         devices=("cuda",),
         rejects=CUDA_GATHER_REJECTS,
+        capabilities=GATHER_OPTIONS,
         description="our CUDA kernel: one warp per output row, 16-byte lanes",
     ),
     _entry(

@@ -41,6 +41,9 @@ __all__ = [
     "check_convert_args",
     "check_gather_args",
     "check_gather_values",
+    "check_gather_host_args",
+    "check_gather_host_rows",
+    "GATHER_HOST_ARG_REJECTS",
     "check_block_ids",
     "check_writer_args",
 ]
@@ -79,8 +82,14 @@ GATHER_TORCH_REJECTS = frozenset(
         "block_index_past_table",
         "block_id_past_cache",
         "negative_seq_start",
+        # The host tier (SPEC 9.3): its arguments' shapes, dtypes, devices, and the rows it reads.
+        *("host_args_partial", "host_wrong_dtype", "host_wrong_device", "host_maps_unequal"),
+        *("slot_past_row_map", "host_row_past_cache", "device_row_past_cache"),
     }
 )
+
+# What our CUDA gather checks of the host tier on the host (no value reads).
+GATHER_HOST_ARG_REJECTS = frozenset({"host_args_partial", "host_wrong_dtype", "host_wrong_device", "host_maps_unequal"})
 
 # Invalid-input classes that writer_torch rejects before touching the cache.
 WRITER_TORCH_REJECTS = frozenset(
@@ -316,6 +325,69 @@ def check_gather_values(
                 f"request {i}: (seq_starts[{i}]={seq_starts[i]} + len={n} - 1) // block_size={block_size}"
                 f" = {last_blk} >= block_table.shape[1]={max_blocks}",
             )
+
+
+def check_gather_host_args(
+    src_cache: torch.Tensor, host_cache: object, host_row_ids: object, device_row_ids: object
+) -> bool:
+    """The host tier's arguments (SPEC 9.3): all three or none (returns whether they are given);
+    host_cache a CPU uint8 [rows, 656] contiguous tensor; the maps int32, contiguous, of equal
+    size, on src_cache's device. No value reads."""
+    names = ("host_cache", "host_row_ids", "device_row_ids")
+    given = [n for n, x in zip(names, (host_cache, host_row_ids, device_row_ids)) if x is not None]
+    if not given:
+        return False
+    if len(given) != 3:
+        raise InvalidInputError(
+            "host_args_partial", f"host_cache, host_row_ids and device_row_ids go together; given only {given}"
+        )
+    hc = _require_tensor("host_cache", host_cache)
+    hmap = _require_tensor("host_row_ids", host_row_ids)
+    dmap = _require_tensor("device_row_ids", device_row_ids)
+    for name, t, dtypes in (
+        ("host_cache", hc, (torch.uint8, torch.float8_e4m3fn)),
+        ("host_row_ids", hmap, (torch.int32,)),
+        ("device_row_ids", dmap, (torch.int32,)),
+    ):
+        if t.dtype not in dtypes:
+            raise InvalidDtypeError("host_wrong_dtype", f"{name}.dtype={t.dtype}, expected {dtypes[0]}")
+    if hc.device.type != "cpu":
+        raise InvalidInputError("host_wrong_device", f"host_cache.device={hc.device}: the host tier lives on the CPU")
+    for name, t in (("host_row_ids", hmap), ("device_row_ids", dmap)):
+        if t.device != src_cache.device:
+            raise InvalidInputError(
+                "host_wrong_device", f"{name}.device={t.device} != src_cache.device={src_cache.device}"
+            )
+    if hc.dim() != 2 or hc.shape[1] != RECORD_BYTES or not hc.is_contiguous():
+        raise InvalidInputError("wrong_shape", f"host_cache.shape={tuple(hc.shape)}: expected contiguous [rows, 656]")
+    if hmap.numel() != dmap.numel() or not hmap.is_contiguous() or not dmap.is_contiguous():
+        raise InvalidInputError(
+            "host_maps_unequal",
+            f"host_row_ids.numel()={hmap.numel()}, device_row_ids.numel()={dmap.numel()}: expected equal, contiguous",
+        )
+    return True
+
+
+def check_gather_host_rows(
+    slots: torch.Tensor, host_row_ids: torch.Tensor, device_row_ids: torch.Tensor, *, host_rows: int, device_rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slots read (int64) inside the maps, and each one's rows in range; returns (device row,
+    host row) per slot, int64. Reads the maps' values (a sync on CUDA)."""
+    if slots.numel() and int(slots.max()) >= host_row_ids.numel():
+        raise InvalidInputError(
+            "slot_past_row_map", f"slot {int(slots.max())} read >= the maps' size {host_row_ids.numel()}"
+        )
+    d = device_row_ids.reshape(-1)[slots].long()
+    h = host_row_ids.reshape(-1)[slots].long()
+    if d.numel() and int(d.max()) >= device_rows:
+        raise InvalidInputError(
+            "device_row_past_cache", f"device row {int(d.max())} >= num_blocks * block_size={device_rows}"
+        )
+    from_host = h[d < 0]
+    if from_host.numel() and (int(from_host.min()) < 0 or int(from_host.max()) >= host_rows):
+        bad = int(from_host.min()) if int(from_host.min()) < 0 else int(from_host.max())
+        raise InvalidInputError("host_row_past_cache", f"host row {bad} read, not in [0, host_cache rows={host_rows})")
+    return d, h
 
 
 def check_block_ids(used_block_ids: torch.Tensor, num_blocks: int) -> None:

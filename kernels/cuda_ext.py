@@ -2,8 +2,9 @@
 
 Public API, with the exact SPEC.md / vLLM signatures:
 
-- ``gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None)``:
-  SPEC section 4 (cp_gather_and_upconvert with seq_starts); writes ``dst`` in place.
+- ``gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None,
+  host_cache=None, host_row_ids=None, device_row_ids=None)``: SPEC section 4
+  (cp_gather_and_upconvert with seq_starts) and 9.3 (the host tier); writes ``dst`` in place.
 - ``writer(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None, *,
   revision=NEWEST)``: vLLM's ``concat_and_cache_mla`` for the fp8_ds_mla dtype (SPEC section 2);
   ``scale`` is ignored, as vLLM ignores it for this dtype; the keyword-only ``revision`` picks
@@ -39,7 +40,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from mlafuzz.kernels.checks import check_gather_args, check_writer_args
+from mlafuzz.kernels.checks import check_gather_args, check_gather_host_args, check_writer_args
 from mlafuzz.kernels.revisions import NEWEST, check_revision, scale_rule
 
 __all__ = [
@@ -211,6 +212,9 @@ def gather_impl(
     workspace_starts: torch.Tensor,
     batch_size: int,
     seq_starts: torch.Tensor | None = None,
+    host_cache: torch.Tensor | None = None,
+    host_row_ids: torch.Tensor | None = None,
+    device_row_ids: torch.Tensor | None = None,
     *,
     rows_per_warp: int = GATHER_ROWS_PER_WARP,
     force_scalar: bool = False,
@@ -222,6 +226,11 @@ def gather_impl(
     # inside this extension was seen to crash the process on the H200 image (torch 2.11) when
     # its message formats integers, so the C++ checks stay only as a backstop.
     check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+    if check_gather_host_args(src_cache, host_cache, host_row_ids, device_row_ids):
+        assert host_cache is not None
+        if host_cache.numel() and not host_cache.is_pinned():  # the kernel reads it in place from the device
+            raise ValueError("host_cache must be pinned CPU memory (tensor.pin_memory())")
+        host_cache = host_cache.view(torch.uint8)
     if rows_per_warp not in GATHER_ROWS_CHOICES:
         raise ValueError(f"rows_per_warp={rows_per_warp!r} must be one of {GATHER_ROWS_CHOICES}")
     _ops().gather(
@@ -234,6 +243,9 @@ def gather_impl(
         int(rows_per_warp),
         bool(force_scalar),
         bool(stream_hints),
+        host_cache,
+        host_row_ids,
+        device_row_ids,
     )
 
 
@@ -244,12 +256,19 @@ def gather(
     workspace_starts: torch.Tensor,
     batch_size: int,
     seq_starts: torch.Tensor | None = None,
+    host_cache: torch.Tensor | None = None,
+    host_row_ids: torch.Tensor | None = None,
+    device_row_ids: torch.Tensor | None = None,
 ) -> None:
     """SPEC section 4: dst[ws[b] + j] = dequant(record at position seq_starts[b] + j of request
-    b); the last request's rows run to dst.size(0). Writes dst in place. Host-side checks only
-    (dtypes, shapes, devices, table/ws/seq_starts lengths >= batch_size); see gather_op in the
-    .cu for the device-side preconditions it does not check."""
-    gather_impl(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+    b); the last request's rows run to dst.size(0). Writes dst in place. With the host tier
+    (SPEC 9.3), a position's slot picks a device row or a row of the pinned host cache. Host-side
+    checks only (dtypes, shapes, devices, table/ws/seq_starts lengths >= batch_size, the host
+    tier's three arguments); see gather_op in the .cu for the device-side preconditions it does
+    not check."""
+    gather_impl(
+        src_cache, dst, block_table, workspace_starts, batch_size, seq_starts, host_cache, host_row_ids, device_row_ids
+    )
 
 
 def writer_impl(

@@ -77,6 +77,7 @@ def external_entry(op: str, ref: str, *, rejects: Iterable[str]) -> ImplEntry:
 
 # Optional convert features (SPEC section 7) by the keyword that carries them, as vLLM spells it.
 CONVERT_OPTION_KEYWORDS = {"BLOCK_STRIDE_ROWS": "block_stride_rows", "COMPACT_TO_FRONT": "compact_to_front"}
+GATHER_HOST_KEYWORDS = ("host_cache", "host_row_ids", "device_row_ids")  # the ``host_tier`` capability
 
 
 def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
@@ -84,7 +85,8 @@ def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
 
     A gather with ``seq_lens`` and no ``seq_starts`` (the pre-#48642 signature)
     is wrapped to the new call and lacks the ``seq_starts`` capability: cases
-    that need it are skipped and reported, not failed. A convert has the
+    that need it are skipped and reported, not failed. A gather that names ``host_cache``,
+    ``host_row_ids`` and ``device_row_ids`` has the ``host_tier`` capability (SPEC 9.3). A convert has the
     ``block_stride_rows`` / ``compact_to_front`` capability when its signature
     names ``BLOCK_STRIDE_ROWS`` / ``COMPACT_TO_FRONT`` (a ``**kwargs`` proves
     nothing: it may drop them); the harness passes those keywords only to
@@ -101,7 +103,9 @@ def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
         return fn, frozenset({"seq_starts"})
     if "seq_starts" not in params and "seq_lens" in params:
         return adapt_old_gather(fn), frozenset()
-    return fn, frozenset({"seq_starts"})
+    # SPEC 9.3's host tier: a gather that names all three keywords (vLLM's after HiSparse).
+    host = frozenset({"host_tier"}) if all(k in params for k in GATHER_HOST_KEYWORDS) else frozenset()
+    return fn, frozenset({"seq_starts"}) | host
 
 
 def adapt_old_gather(fn: Callable) -> Callable:

@@ -23,6 +23,8 @@ from mlafuzz.kernels.checks import (
     check_block_ids,
     check_convert_args,
     check_gather_args,
+    check_gather_host_args,
+    check_gather_host_rows,
     check_gather_values,
     check_writer_args,
 )
@@ -222,8 +224,16 @@ def gather_torch(
     workspace_starts: torch.Tensor,
     batch_size: int,
     seq_starts: torch.Tensor | None = None,
+    host_cache: torch.Tensor | None = None,
+    host_row_ids: torch.Tensor | None = None,
+    device_row_ids: torch.Tensor | None = None,
 ) -> None:
     """Gather request b's tokens seq_starts[b]... into dst[ws[b]:ws[b+1]], dequantized.
+
+    With the host tier (SPEC 9.3: host_cache, host_row_ids, device_row_ids, all three or none), a
+    position's slot s picks its record: device row device_row_ids[s] when >= 0, else host row
+    host_row_ids[s]; the three are checked (``check_gather_host_args``, and the rows read,
+    ``check_gather_host_rows``) before dst is written.
 
     SPEC §4: the last request runs to dst.shape[0]; a [B+1] cumulative
     workspace_starts has its last entry ignored; empty requests and total == 0
@@ -242,6 +252,7 @@ def gather_torch(
     bounds.
     """
     check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+    tiered = check_gather_host_args(src_cache, host_cache, host_row_ids, device_row_ids)
     num_blocks, bs, _ = src_cache.shape
     total, max_blocks = dst.shape[0], block_table.shape[1]
     b = batch_size
@@ -263,8 +274,25 @@ def gather_torch(
     blk_idx = torch.div(pos, bs, rounding_mode="floor")
     block_ids = block_table[req, blk_idx].long()
     check_block_ids(block_ids, num_blocks)
-    records = src_cache.view(torch.uint8)[block_ids, pos - blk_idx * bs]
-    dst.copy_(dequant_records_torch(records))
+    entry = pos - blk_idx * bs
+    cache = src_cache.view(torch.uint8)
+    if not tiered:
+        dst.copy_(dequant_records_torch(cache[block_ids, entry]))
+        return
+    assert host_cache is not None and host_row_ids is not None and device_row_ids is not None
+    host = host_cache.view(torch.uint8)
+    d, h = check_gather_host_rows(
+        block_ids * bs + entry, host_row_ids, device_row_ids, host_rows=host.shape[0], device_rows=num_blocks * bs
+    )
+    on_device = d >= 0
+    dev_rec = cache[torch.where(on_device, d, 0) // bs, torch.where(on_device, d, 0) % bs]
+    host_idx = torch.where(on_device, -1, h)
+    host_rec = torch.zeros_like(dev_rec)
+    picked = host_idx >= 0
+    if bool(picked.any()):
+        # One host->device copy of the rows read (vLLM's kernel reads pinned memory in place).
+        host_rec[picked] = host[host_idx[picked].cpu()].to(dev_rec.device)
+    dst.copy_(dequant_records_torch(torch.where(on_device[:, None], dev_rec, host_rec)))
 
 
 # ---------------------------------------------------------------- writer (§2)

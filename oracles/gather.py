@@ -28,6 +28,45 @@ only where ws is consistent, so a decreasing ws is reported once as
 than 656, total < 0) are argument errors, raised as ValueError by both
 functions. workspace_starts may have batch_size + 1 entries: the last is
 ignored.
+
+The host tier (SPEC 9.3, vLLM's HiSparse), given as ``host_cache``,
+``host_row_ids`` and ``device_row_ids`` together or not at all. In our words,
+from SPEC 9.3 and vLLM's callers (the staging plan in vllm/v1/hisparse and
+the sparse-MLA index group that calls the gather on a side stream):
+
+- Position p of request b still names a source slot through the table,
+  s = block_table[b, p // bs] * bs + p % bs; with the host tier that slot is
+  an index into the two maps, no longer a place in the device cache.
+- device_row_ids[s] >= 0: the record is the device cache's row d =
+  device_row_ids[s], i.e. block d // bs, entry d % bs. Row 0 is a row like
+  any other (vLLM's planner never maps to its null block 0, but the gather
+  itself gives 0 no special meaning). Any negative value (not only -1) means
+  "not on the device".
+- Otherwise the record is host_cache[host_row_ids[s]] (host_cache is a
+  pinned CPU uint8 [rows, 656], row-major, no blocks). vLLM's planner fills
+  the host map with -1 for the padding rows of its staging blocks; such a
+  slot must never be read from the host: a host row outside [0, rows) on a
+  slot a row reads is a precondition violation, like a block id past the
+  cache, and nothing is defined for it.
+- The maps are int32 of equal size (vLLM passes them shaped [1, n]: only
+  their element count and order matter); a slot read must be < that size.
+- Dequantization is section 2's, whichever tier the record comes from.
+- What vLLM checks on the host for these arguments (dtype, device, pinning)
+  could not be read from its stored source at 2a814fefa0e5 (the index holds
+  older revisions of cache_kernels.cu only), so none of it is part of the
+  op's contract; our implementations declare what they refuse.
+
+Host-tier preconditions, in the same vocabulary (checked for the slots rows
+actually read, and only when the table classes above hold, since the slots
+are undefined otherwise):
+
+- "slot_past_row_map": a slot read is >= the maps' size.
+- "device_row_past_cache": device_row_ids[s] >= num_blocks * bs.
+- "host_row_past_cache": device_row_ids[s] < 0 and host_row_ids[s] outside
+  [0, rows) (the -1 of a padding row included).
+
+Shape errors (only some of the three given, maps of different sizes, a
+host_cache not [rows, 656]) are argument errors: ValueError.
 """
 
 from __future__ import annotations
@@ -43,7 +82,7 @@ from mlafuzz.oracles.codec import (
     dequant_records_loop,
 )
 
-__all__ = ["PRECONDITION_CLASSES", "gather_preconditions", "gather_loop", "gather", "row_records"]
+__all__ = ["PRECONDITION_CLASSES", "gather_preconditions", "gather_loop", "gather", "host_tier", "row_records"]
 
 PRECONDITION_CLASSES = (
     "ws0_nonzero",
@@ -52,7 +91,49 @@ PRECONDITION_CLASSES = (
     "block_index_past_table",
     "block_id_past_cache",
     "negative_seq_start",
+    "slot_past_row_map",
+    "device_row_past_cache",
+    "host_row_past_cache",
 )
+
+
+def host_tier(
+    host_cache: Tensor | None, host_row_ids: Tensor | None, device_row_ids: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """(host records uint8 [rows, 656], host map int64 [n], device map int64 [n]) on the CPU, or
+    None without a host tier; ValueError for arguments given in part or of the wrong shape."""
+    given = [x is not None for x in (host_cache, host_row_ids, device_row_ids)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError(
+            "host_cache, host_row_ids and device_row_ids are given together or not at all "
+            f"(given: {[n for n, g in zip(('host_cache', 'host_row_ids', 'device_row_ids'), given) if g]})"
+        )
+    assert host_cache is not None and host_row_ids is not None and device_row_ids is not None
+    host = as_record_bytes(host_cache).cpu()
+    if host.dim() != 2 or host.shape[1] != RECORD_BYTES:
+        raise ValueError(f"host_cache.shape={tuple(host.shape)}: expected [rows, 656]")
+    if host_row_ids.numel() != device_row_ids.numel():
+        raise ValueError(f"host_row_ids has {host_row_ids.numel()} entries != device_row_ids' {device_row_ids.numel()}")
+    return host, host_row_ids.reshape(-1).cpu().to(torch.int64), device_row_ids.reshape(-1).cpu().to(torch.int64)
+
+
+def _tier_violations(slots: Tensor, tier: tuple[Tensor, Tensor, Tensor], num_slots: int) -> list[str]:
+    """The host-tier classes of the slots read (int64 [n], CPU)."""
+    host, hmap, dmap = tier
+    found = []
+    inside = slots < hmap.numel()
+    if not bool(inside.all()):
+        found.append("slot_past_row_map")
+    s = slots[inside]
+    d, h = dmap[s], hmap[s]
+    if bool((d >= num_slots).any()):
+        found.append("device_row_past_cache")
+    from_host = d < 0
+    if bool((from_host & ((h < 0) | (h >= host.shape[0]))).any()):
+        found.append("host_row_past_cache")
+    return found
 
 
 def _host_args(
@@ -121,9 +202,13 @@ def gather_preconditions(
     batch_size: int,
     seq_starts: Tensor | None,
     total: int,
+    host_cache: Tensor | None = None,
+    host_row_ids: Tensor | None = None,
+    device_row_ids: Tensor | None = None,
 ) -> list[str]:
     """The violated precondition classes (module docstring), in vocabulary
     order; [] when the call is well defined."""
+    tier = host_tier(host_cache, host_row_ids, device_row_ids)
     ws, ss, table, bs, num_blocks = _host_args(
         src_cache=src_cache,
         block_table=block_table,
@@ -132,7 +217,19 @@ def gather_preconditions(
         seq_starts=seq_starts,
         total=total,
     )
-    return _violations(ws, ss, table, bs, num_blocks, total)
+    found = _violations(ws, ss, table, bs, num_blocks, total)
+    if tier is None or found or total == 0:
+        return found
+    block, entry = row_records(
+        block_size=bs,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+        device=torch.device("cpu"),
+    )
+    return _tier_violations(block * bs + entry, tier, num_blocks * bs)
 
 
 def _require_preconditions(
@@ -143,10 +240,13 @@ def _require_preconditions(
     batch_size: int,
     seq_starts: Tensor | None,
     total: int,
+    host_cache: Tensor | None = None,
+    host_row_ids: Tensor | None = None,
+    device_row_ids: Tensor | None = None,
 ) -> tuple[list[int], list[int], list[list[int]], int]:
     """Like gather_preconditions, but raises ValueError naming the violated
     classes; returns (ws[:B], seq_starts[:B], table rows, bs)."""
-    ws, ss, table, bs, num_blocks = _host_args(
+    ws, ss, table, bs, _ = _host_args(
         src_cache=src_cache,
         block_table=block_table,
         workspace_starts=workspace_starts,
@@ -154,7 +254,17 @@ def _require_preconditions(
         seq_starts=seq_starts,
         total=total,
     )
-    bad = _violations(ws, ss, table, bs, num_blocks, total)
+    bad = gather_preconditions(
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+        host_cache=host_cache,
+        host_row_ids=host_row_ids,
+        device_row_ids=device_row_ids,
+    )
     if bad:
         raise ValueError(
             f"gather preconditions violated: {bad} (batch_size={batch_size}, "
@@ -171,9 +281,13 @@ def gather_loop(
     batch_size: int,
     seq_starts: Tensor | None,
     total: int,
+    host_cache: Tensor | None = None,
+    host_row_ids: Tensor | None = None,
+    device_row_ids: Tensor | None = None,
 ) -> Tensor:
-    """SPEC section 4, request by request and row by row, dequantizing each
-    record with `dequant_records_loop`. Returns bf16 [total, 576] on the CPU."""
+    """SPEC section 4 (and 9.3 with the host tier), request by request and row by
+    row, dequantizing each record with `dequant_records_loop`. Returns bf16
+    [total, 576] on the CPU."""
     ws, ss, table, bs = _require_preconditions(
         src_cache=src_cache,
         block_table=block_table,
@@ -181,7 +295,11 @@ def gather_loop(
         batch_size=batch_size,
         seq_starts=seq_starts,
         total=total,
+        host_cache=host_cache,
+        host_row_ids=host_row_ids,
+        device_row_ids=device_row_ids,
     )
+    tier = host_tier(host_cache, host_row_ids, device_row_ids)
     cache = as_record_bytes(src_cache).cpu()
     rows: list[Tensor | None] = [None] * total
     for b in range(batch_size):
@@ -189,7 +307,13 @@ def gather_loop(
         for j in range(end - ws[b]):
             p = ss[b] + j
             block = table[b][p // bs]
-            record = cache[block, p % bs]
+            if tier is None:
+                record = cache[block, p % bs]
+            else:
+                host, hmap, dmap = tier
+                slot = block * bs + p % bs
+                d = int(dmap[slot])
+                record = cache[d // bs, d % bs] if d >= 0 else host[int(hmap[slot])]
             rows[ws[b] + j] = dequant_records_loop(record.unsqueeze(0))[0]
     if any(r is None for r in rows):  # cannot happen once preconditions hold
         raise AssertionError("gather_loop left a dst row unowned")
@@ -206,11 +330,15 @@ def gather(
     batch_size: int,
     seq_starts: Tensor | None,
     total: int,
+    host_cache: Tensor | None = None,
+    host_row_ids: Tensor | None = None,
+    device_row_ids: Tensor | None = None,
 ) -> Tensor:
-    """Vectorized SPEC section 4 on src_cache's device; bit-identical to
-    `gather_loop`. Each dst row finds its owner with a right-sided
+    """Vectorized SPEC section 4 (and 9.3) on src_cache's device; bit-identical
+    to `gather_loop`. Each dst row finds its owner with a right-sided
     searchsorted over ws[:B] (with empty requests, the last request whose
-    start is <= the row is the one that owns it)."""
+    start is <= the row is the one that owns it); with the host tier, each
+    row's slot then picks its tier with one `where`."""
     _require_preconditions(
         src_cache=src_cache,
         block_table=block_table,
@@ -218,6 +346,9 @@ def gather(
         batch_size=batch_size,
         seq_starts=seq_starts,
         total=total,
+        host_cache=host_cache,
+        host_row_ids=host_row_ids,
+        device_row_ids=device_row_ids,
     )
     cache = as_record_bytes(src_cache)
     dev = cache.device
@@ -232,7 +363,20 @@ def gather(
         total=total,
         device=dev,
     )
-    return dequant_records(cache[block, entry])
+    if host_cache is None or host_row_ids is None or device_row_ids is None:
+        return dequant_records(cache[block, entry])
+    bs = cache.shape[1]
+    slot = block * bs + entry
+    d = device_row_ids.reshape(-1).to(dev, torch.int64)[slot]
+    h = host_row_ids.reshape(-1).to(dev, torch.int64)[slot]
+    on_device = d >= 0
+    d = torch.where(on_device, d, 0)  # a host row's d is never used; 0 keeps the index legal
+    h = torch.where(on_device, 0, h)
+    host = as_record_bytes(host_cache).to(dev)
+    if host.shape[0] == 0:  # every slot on the device: a row to index, never selected
+        host = torch.zeros(1, RECORD_BYTES, dtype=torch.uint8, device=dev)
+    records = torch.where(on_device[:, None], cache[d // bs, d % bs], host[h])
+    return dequant_records(records)
 
 
 def row_records(

@@ -1,5 +1,6 @@
 """The ``gather`` op's row of the op table (SPEC.md section 4): the call, its guarded ``dst``, the
-oracles, defaults."""
+oracles, defaults. The host tier's tensors (SPEC 9.3) are inputs like the others: the detectors
+hold every tensor of the case unchanged (INPUT_MUTATION), the pinned host cache included."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarde
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
     dst = t["dst"]
-    fn(t["src_cache"], dst, t["block_table"], t["workspace_starts"], case.params["batch_size"], t["seq_starts"])
+    # The host tier's three (SPEC 9.3) go by keyword, as vLLM's call site passes them, and only to a
+    # case that has them (``needs``/``fit`` keep such cases from implementations without them).
+    host = {k: t.get(k) for k in gen.HOST_ARGS} if any(t.get(k) is not None for k in gen.HOST_ARGS) else {}
+    fn(t["src_cache"], dst, t["block_table"], t["workspace_starts"], case.params["batch_size"], t["seq_starts"], **host)
     return {"dst": dst}
 
 
@@ -51,6 +55,7 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
             batch_size=case.params["batch_size"],
             seq_starts=t["seq_starts"],
             total=case.params["total"],
+            **{k: t.get(k) for k in gen.HOST_ARGS},
         )
         return {"dst": dst}
 
@@ -110,6 +115,7 @@ GATHER = Op(
     contract=frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"}),  # SPEC 4: what vLLM checks on the host
     guarded=guarded,
     needs=gen.needs,
+    fit=gen.fit,
     call=CallShape(positional=("src_cache", "dst", "block_table", "workspace_starts", "batch_size", "seq_starts")),
     fast="gather",
     ours="cuda",

@@ -119,7 +119,9 @@ void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* n
 void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Tensor& block_table,
                const at::Tensor& workspace_starts, int64_t batch_size,
                const std::optional<at::Tensor>& seq_starts, int64_t rows_per_warp,
-               bool force_scalar, bool stream_hints) {
+               bool force_scalar, bool stream_hints, const std::optional<at::Tensor>& host_cache,
+               const std::optional<at::Tensor>& host_row_ids,
+               const std::optional<at::Tensor>& device_row_ids) {
   TORCH_CHECK(src_cache.is_cuda(), "gather: src_cache must be a CUDA tensor");
   TORCH_CHECK(src_cache.scalar_type() == at::kByte,
               "gather: src_cache must be uint8 (view an fp8 cache as uint8), got ",
@@ -160,6 +162,29 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
   }
   TORCH_CHECK(rows_per_warp == 1 || rows_per_warp == 2 || rows_per_warp == 4 || rows_per_warp == 8,
               "gather: rows_per_warp must be 1, 2, 4 or 8");
+  // The host tier (SPEC 9.3): all three or none; host_cache pinned CPU uint8 [rows, 656]
+  // contiguous; the maps int32, contiguous, equal in size, on src_cache's device. Not checked
+  // (device-side preconditions): slots read < the maps' size, device rows < num_blocks * bs, host
+  // rows in [0, rows) for the slots the host serves.
+  const int given = host_cache.has_value() + host_row_ids.has_value() + device_row_ids.has_value();
+  TORCH_CHECK(given == 0 || given == 3,
+              "gather: host_cache, host_row_ids and device_row_ids go together or not at all");
+  if (given == 3) {
+    const at::Tensor& hc = *host_cache;
+    const at::Tensor& hr = *host_row_ids;
+    const at::Tensor& dr = *device_row_ids;
+    TORCH_CHECK(hc.device().is_cpu() && (hc.numel() == 0 || hc.is_pinned()),
+                "gather: host_cache must be pinned CPU memory");
+    TORCH_CHECK(hc.scalar_type() == at::kByte && hc.dim() == 2 && hc.size(1) == kRecordBytes &&
+                    hc.is_contiguous(),
+                "gather: host_cache must be a contiguous uint8 [rows, 656] tensor");
+    TORCH_CHECK(hr.scalar_type() == at::kInt && dr.scalar_type() == at::kInt,
+                "gather: host_row_ids and device_row_ids must be int32");
+    TORCH_CHECK(hr.is_contiguous() && dr.is_contiguous() && hr.numel() == dr.numel(),
+                "gather: host_row_ids and device_row_ids must be contiguous and of equal size");
+    check_same_device(src_cache, hr, "gather: host_row_ids");
+    check_same_device(src_cache, dr, "gather: device_row_ids");
+  }
 
   const int64_t total = dst.size(0);
   if (total == 0 || batch_size == 0) return;  // nothing to write; no launch
@@ -178,6 +203,13 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
   p.ss_stride = ss_stride;
   p.cache_block_stride = src_cache.stride(0);
   p.cache_entry_stride = src_cache.stride(1);
+  if (given == 3) {
+    // Memory from cudaHostAlloc (torch's pinned allocator) has the same address on the device
+    // under unified addressing (every 64-bit platform torch supports).
+    p.host_cache = reinterpret_cast<const uint8_t*>(host_cache->data_ptr());
+    p.host_rows = host_row_ids->data_ptr<int32_t>();
+    p.device_rows = device_row_ids->data_ptr<int32_t>();
+  }
 
   const c10::cuda::CUDAGuard guard(src_cache.device());
   const int device = src_cache.get_device();
@@ -185,7 +217,7 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
   uint8_t* dst_bytes = reinterpret_cast<uint8_t*>(dst.data_ptr());
   const bool vec = !force_scalar && aligned16(p.cache) && p.cache_block_stride % 16 == 0 &&
                    p.cache_entry_stride % 16 == 0 && aligned16(dst_bytes) && dst.stride(1) == 1 &&
-                   dst.stride(0) % 8 == 0;
+                   dst.stride(0) % 8 == 0 && (p.host_cache == nullptr || aligned16(p.host_cache));
   if (vec) {
     const int64_t row_bytes = dst.stride(0) * 2;
     const int rpw = static_cast<int>(rows_per_warp);
@@ -285,7 +317,8 @@ TORCH_LIBRARY(mlafuzz_fp8_ds_mla, m) {
   m.def(
       "gather(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor workspace_starts, "
       "int batch_size, Tensor? seq_starts=None, int rows_per_warp=4, bool force_scalar=False, "
-      "bool stream_hints=False) -> ()");
+      "bool stream_hints=False, Tensor? host_cache=None, Tensor? host_row_ids=None, "
+      "Tensor? device_row_ids=None) -> ()");
   m.def(
       "writer(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
       "bool convert_fp16_rope=False, int scale_rule=0) -> ()");

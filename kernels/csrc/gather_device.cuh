@@ -81,7 +81,28 @@ struct GatherParams {
   int64_t bt_row_stride, bt_col_stride;          // elements
   int64_t ws_stride, ss_stride;                  // elements
   int64_t cache_block_stride, cache_entry_stride;  // bytes
+  // The host tier (SPEC 9.3, vLLM's HiSparse), all null without it: the source slot
+  // s = block_id * block_size + offset is then an index into the two maps; its record is the device
+  // cache's row device_rows[s] when that is >= 0 (any negative value means "on the host"), else
+  // host_cache row host_rows[s] (pinned host memory, read in place through unified addressing;
+  // rows are 656 contiguous bytes). Default-initialized so that every existing user of the struct
+  // (the mutants, the bandwidth lab) keeps the plain path.
+  const uint8_t* host_cache = nullptr;
+  const int32_t* host_rows = nullptr;
+  const int32_t* device_rows = nullptr;
 };
+
+// The record of source slot (block_id, off) under the host tier (see GatherParams). Warp-uniform.
+__device__ __forceinline__ const uint8_t* tier_record(const GatherParams& p, int64_t block_id,
+                                                      uint32_t off) {
+  const int64_t slot = block_id * p.block_size + off;
+  const int64_t d = __ldg(p.device_rows + slot);
+  if (d >= 0) {
+    const int64_t blk = d / p.block_size;
+    return p.cache + blk * p.cache_block_stride + (d - blk * p.block_size) * p.cache_entry_stride;
+  }
+  return p.host_cache + static_cast<int64_t>(__ldg(p.host_rows + slot)) * kRecordBytes;
+}
 
 // Number of b in [0, B) with ws[b] <= row (= owning request + 1 for a valid ws).
 // A warp-cooperative 32-ary search: each round every lane probes one evenly spaced entry and a
@@ -122,6 +143,7 @@ __device__ __forceinline__ const uint8_t* locate_record(const GatherParams& p, i
   const uint32_t off = pos - blk * ubs;
   const int64_t block_id =
       __ldg(p.block_table + b * p.bt_row_stride + static_cast<int64_t>(blk) * p.bt_col_stride);
+  if (p.device_rows != nullptr) return tier_record(p, block_id, off);
   return p.cache + block_id * p.cache_block_stride + static_cast<int64_t>(off) * p.cache_entry_stride;
 }
 
@@ -143,6 +165,7 @@ __device__ __forceinline__ void locate_run(const GatherParams& p, int64_t base, 
   int cached_b = -1;
   uint32_t cached_blk = 0;
   const uint8_t* block_base = nullptr;
+  int64_t block_id = 0;
   const uint32_t ubs = static_cast<uint32_t>(p.block_size);
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
@@ -165,13 +188,14 @@ __device__ __forceinline__ void locate_run(const GatherParams& p, int64_t base, 
     const uint32_t blk = pos / ubs;
     const uint32_t off = pos - blk * ubs;
     if (b != cached_b || blk != cached_blk) {
-      const int64_t block_id =
-          __ldg(p.block_table + b * p.bt_row_stride + static_cast<int64_t>(blk) * p.bt_col_stride);
+      block_id = __ldg(p.block_table + b * p.bt_row_stride + static_cast<int64_t>(blk) * p.bt_col_stride);
       block_base = p.cache + block_id * p.cache_block_stride;
       cached_b = b;
       cached_blk = blk;
     }
-    rec[r] = block_base + static_cast<int64_t>(off) * p.cache_entry_stride;
+    // With the host tier every row looks its slot up in the maps (one more dependent load).
+    rec[r] = p.device_rows != nullptr ? tier_record(p, block_id, off)
+                                      : block_base + static_cast<int64_t>(off) * p.cache_entry_stride;
   }
 }
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from mlafuzz.kernels.builtins import CONVERT_OPTIONS, CUDA_GATHER_REJECTS, CUDA_WRITER_REJECTS
+from mlafuzz.kernels.builtins import CONVERT_OPTIONS, CUDA_GATHER_REJECTS, CUDA_WRITER_REJECTS, GATHER_OPTIONS
 from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
@@ -42,6 +42,10 @@ class Mutant:
     cuda_bug: str | None = None  # its bug planted in our CUDA kernel (mutants.cu), used on the GPU
     awaits: str | None = None  # the drawn inputs its bug needs that the generators do not draw yet
     size: str = "small"  # the case sizes (fuzz --size) that draw the inputs its bug needs
+    # The family it belongs to, for `mutants`' per-group recall: "core" (the original catalog),
+    # "vllm-reports" (look-alikes of bugs reported against vLLM and its neighbours, SPEC 9.5, each
+    # citing its report), or the new surface it plants a bug in ("host-tier": SPEC 9.3).
+    group: str = "core"
 
 
 CATALOG: tuple[Mutant, ...] = (
@@ -290,6 +294,68 @@ CATALOG: tuple[Mutant, ...] = (
         description="kv_c / k_pe read as contiguous [T, 512] / [T, 64], row strides ignored (CUDA kernel; torch on cpu)",
     ),
 )
+
+
+# Look-alikes of the gather/writer-side bugs SPEC 9.5 lists, and bugs planted in the gather's host
+# tier (SPEC 9.3). vLLM #55184's table addressing is gather_contiguous_table above and its int32
+# offsets gather_int32_offset (cited, not duplicated).
+GATHER_REPORTS_AND_HOST_TIER: tuple[Mutant, ...] = (
+    Mutant(
+        op="gather",
+        name="gather_seq_start_past_row",
+        bug="seq_start_past_row",
+        kind="ACCEPTED_INVALID_INPUT",
+        group="vllm-reports",
+        description="vLLM #27909 / #45380: the table bound checked on the length alone, so a seq_start "
+        "pushing (seq_start + j) // bs past the row reads a later row's block ids",
+    ),
+    Mutant(
+        op="gather",
+        name="gather_scale_inverted",
+        bug="scale_inverted",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="FlashMLA #184: reader and writer disagree on the scale encoding: the stored scale "
+        "is taken for its inverse (code / scale), a writer-to-reader round trip does not hold",
+    ),
+    Mutant(
+        op="gather",
+        name="gather_host_choice_inverted",
+        bug="host_choice_inverted",
+        kind="VALUE_MISMATCH",
+        group="host-tier",
+        capabilities=GATHER_OPTIONS,
+        description="host tier: the device/host choice inverted (device_row_ids >= 0 read from the host)",
+    ),
+    Mutant(
+        op="gather",
+        name="gather_host_by_position",
+        bug="host_by_position",
+        kind="VALUE_MISMATCH",
+        group="host-tier",
+        capabilities=GATHER_OPTIONS,
+        description="host tier: host_row_ids indexed by the dst row instead of the source slot",
+    ),
+    Mutant(
+        op="gather",
+        name="gather_device_row0_absent",
+        bug="device_row0_absent",
+        kind="VALUE_MISMATCH",
+        group="host-tier",
+        capabilities=GATHER_OPTIONS,
+        description="host tier: device row 0 taken for 'absent' (> 0 instead of >= 0), read from the host",
+    ),
+    Mutant(
+        op="gather",
+        name="gather_host_tier_ignored",
+        bug="host_tier_ignored",
+        kind="VALUE_MISMATCH",
+        group="host-tier",
+        capabilities=GATHER_OPTIONS,
+        description="host tier: takes the three arguments and ignores them (every slot read from the device cache)",
+    ),
+)
+CATALOG = CATALOG + GATHER_REPORTS_AND_HOST_TIER
 
 
 REJECTS = {"convert": CONVERT_REJECTS, "gather": GATHER_TORCH_REJECTS, "writer": WRITER_TORCH_REJECTS}

@@ -14,7 +14,15 @@ from typing import Callable
 
 import torch
 
-from mlafuzz.kernels.checks import check_block_ids, check_convert_args, check_gather_args, check_gather_values
+from mlafuzz.kernels.checks import (
+    InvalidInputError,
+    check_block_ids,
+    check_convert_args,
+    check_gather_args,
+    check_gather_host_args,
+    check_gather_host_rows,
+    check_gather_values,
+)
 
 FLT_MIN = torch.finfo(torch.float32).tiny
 
@@ -130,7 +138,10 @@ def _dequant(bug: str, records: torch.Tensor) -> torch.Tensor:
     tile = torch.arange(512, device=records.device) // 128
     if bug == "wrong_scale_tile":
         tile = torch.tensor([0, 2, 1, 3], device=records.device)[tile]
-    prod = codes * scales[:, tile]
+    if bug == "scale_inverted":  # the stored scale held to be the writer's inverse (FlashMLA #184)
+        prod = codes / scales[:, tile]
+    else:
+        prod = codes * scales[:, tile]
     if bug == "flush_subnormal":
         prod = torch.where(
             prod.abs() < FLT_MIN, torch.copysign(torch.zeros_like(prod), prod), prod
@@ -153,15 +164,75 @@ class Calls:
         self.n = 0
 
 
+def _table_bound_without_start(ws: list[int], total: int, block_size: int, max_blocks: int) -> None:
+    """vLLM #27909 / #45380's look-alike: the table bound checked on a request's length alone, as if
+    every read started at position 0, so a seq_start that pushes the last read past the row is let
+    through (every other check stays)."""
+    for i, w in enumerate(ws):
+        n = (ws[i + 1] if i + 1 < len(ws) else total) - w
+        if n and (n - 1) // block_size >= max_blocks:
+            raise InvalidInputError(
+                "block_index_past_table", f"request {i}: {n} rows need more than {max_blocks} blocks"
+            )
+
+
+def _flat_table_ids(block_table: torch.Tensor, req: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
+    """Block ids read as a kernel without a column bound reads them: element req * row_stride + blk
+    of the table's storage, which for blk >= width is a later row's entry (wrapped at the storage's
+    end: memory past it holds whatever it holds)."""
+    flat = torch.empty(0, dtype=block_table.dtype, device=block_table.device).set_(block_table.untyped_storage())
+    at = block_table.storage_offset() + req * block_table.stride(0) + blk * block_table.stride(1)
+    return flat[at % flat.numel()].long()
+
+
+def _tier_records(
+    bug: str, cache: torch.Tensor, slots: torch.Tensor, j: torch.Tensor, host_cache, host_row_ids, device_row_ids
+) -> torch.Tensor:
+    """The host tier's records (SPEC 9.3) with the host-tier bugs planted: the choice inverted, the
+    host map indexed by dst row instead of slot, device row 0 taken for "absent", the tier ignored."""
+    bs = cache.shape[1]
+    host = host_cache.view(torch.uint8).to(cache.device)
+    d, h = check_gather_host_rows(
+        slots, host_row_ids, device_row_ids, host_rows=host.shape[0], device_rows=cache.shape[0] * bs
+    )
+    if bug == "host_by_position":  # the host map read at the dst row, not at the source slot
+        h = host_row_ids.reshape(-1).long()[j.clamp(max=host_row_ids.numel() - 1)]
+    on_device = d > 0 if bug == "device_row0_absent" else d >= 0
+    dev_row = torch.where(on_device, d, 0)
+    if bug == "host_choice_inverted":  # a device row for the host's slots (the slot itself), the host's for the rest
+        on_device, dev_row = ~on_device, slots
+    if bug == "host_tier_ignored":
+        on_device, dev_row = torch.ones_like(on_device), slots
+    h = torch.where(on_device, 0, h).clamp(0, max(host.shape[0] - 1, 0))
+    dev_rec = cache[dev_row // bs, dev_row % bs]
+    host_rec = host[h] if host.shape[0] else torch.zeros_like(dev_rec)
+    return torch.where(on_device[:, None], dev_rec, host_rec)
+
+
 def _gather(
-    bug: str, src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None, *, calls: Calls | None = None
+    bug: str,
+    src_cache,
+    dst,
+    block_table,
+    workspace_starts,
+    batch_size,
+    seq_starts=None,
+    host_cache=None,
+    host_row_ids=None,
+    device_row_ids=None,
+    *,
+    calls: Calls | None = None,
 ):
     check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
+    tiered = check_gather_host_args(src_cache, host_cache, host_row_ids, device_row_ids)
     num_blocks, bs, _ = src_cache.shape
     total, b = dst.shape[0], batch_size
     ws_l = workspace_starts[:b].tolist()
     ss_l = [0] * b if seq_starts is None or bug == "no_seq_starts" else seq_starts[:b].tolist()
-    if bug != "no_value_checks":
+    if bug == "seq_start_past_row":
+        check_gather_values(ws=ws_l, seq_starts=ss_l, total=total, block_size=bs, max_blocks=1 << 62)
+        _table_bound_without_start(ws_l, total, bs, block_table.shape[1])
+    elif bug != "no_value_checks":
         check_gather_values(ws=ws_l, seq_starts=ss_l, total=total, block_size=bs, max_blocks=block_table.shape[1])
     if total == 0:
         return
@@ -174,11 +245,19 @@ def _gather(
     req = req.clamp(0, b - 1)
     pos = torch.tensor(ss_l, dtype=torch.int64, device=dev)[req] + (j - ws[req])
     blk = torch.div(pos, bs, rounding_mode="floor")
-    ids = block_table.long()[req, blk.clamp(0, block_table.shape[1] - 1)]
+    if bug == "seq_start_past_row":
+        ids = _flat_table_ids(block_table, req, blk)
+    else:
+        ids = block_table.long()[req, blk.clamp(0, block_table.shape[1] - 1)]
     if bug != "no_value_checks":
         check_block_ids(ids, num_blocks)
     ids = ids.clamp(0, num_blocks - 1)
-    rows = _dequant(bug, src_cache.view(torch.uint8)[ids, pos - blk * bs])
+    cache = src_cache.view(torch.uint8)
+    if tiered:
+        records = _tier_records(bug, cache, ids * bs + pos - blk * bs, j, host_cache, host_row_ids, device_row_ids)
+    else:
+        records = cache[ids, pos - blk * bs]
+    rows = _dequant(bug, records)
     if bug == "skip_last_row":
         rows, dst_rows = rows[:-1], dst[:-1]
     elif bug == "dst_storage_start":  # rows written from the storage's first element, not dst's own
