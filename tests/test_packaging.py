@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("harness", "oracles", "generators", "kernels", "reports", "tests")
+FOLDERS = ("harness", "oracles", "contract", "generators", "kernels", "reports", "tests")
 
 
 def test_wheel_ships_every_source_file_the_gpu_paths_build_and_nothing_generic(tmp_path):

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from mlafuzz.kernels.checks import check_block_ids, check_convert_args, check_gather_args, check_gather_values
+from mlafuzz.kernels.revisions import pow2_scale
 
 FLT_MIN = torch.finfo(torch.float32).tiny
 
@@ -221,7 +222,7 @@ def _pow2(s: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor]) -> 
 
 def _revision_scale(amax: torch.Tensor, revision: str) -> torch.Tensor:
     """The revision's own scale rule, from a (possibly wrong) amax."""
-    if revision == "2026-07":
+    if not pow2_scale(revision):
         return _floored(_over_448(amax), FLT_MIN)
     return _pow2(_floored(_over_448(amax), F32_1E_4), torch.ceil)
 

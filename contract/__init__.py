@@ -1,0 +1,1 @@
+"""The contract's facts as data, for every layer: torch-free, importing nothing of mlafuzz."""
