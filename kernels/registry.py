@@ -76,9 +76,10 @@ def default_registry() -> Registry:
     """Every built-in entry (built once per process: it is immutable)."""
     from mlafuzz.kernels.builtins import BUILTINS
     from mlafuzz.kernels.mutants.catalog import MUTANTS
+    from mlafuzz.kernels.planner import PLAN_ENTRIES
     from mlafuzz.kernels.step_pipeline import STEP_ENTRIES
 
-    return Registry.of((*BUILTINS, *MUTANTS, *STEP_ENTRIES))
+    return Registry.of((*BUILTINS, *MUTANTS, *STEP_ENTRIES, *PLAN_ENTRIES))
 
 
 def parse_impl_arg(text: str, *, ops: Iterable[str]) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""Resolve vLLM's own convert, gather and writer from an installed vllm.
+"""Resolve vLLM's own convert, gather, writer and packing chunk planner from an installed vllm.
 
 vLLM's functions have the exact public signatures of SPEC.md, so they plug in
 unchanged. The older gather (before PR #48642) took ``seq_lens`` and no
@@ -23,7 +23,11 @@ CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "gather": (("vllm._custom_ops", "cp_gather_and_upconvert_fp8_kv_cache"),),
     "writer": (("vllm._custom_ops", "concat_and_cache_mla"),),
+    # SPEC 9.1 (vLLM #50613): pure Python, so it runs on the CPU too.
+    "plan": (("vllm.model_executor.layers.attention.mla_attention", "plan_mla_context_chunks"),),
 }
+# The devices vLLM's implementation of an op runs on (default: CUDA kernels).
+DEVICES: dict[str, frozenset[str]] = {"plan": frozenset({"cpu", "cuda"})}
 
 
 def _find(op: str) -> Callable:
@@ -55,7 +59,7 @@ def vllm_entry(op: str, *, rejects: frozenset[str]) -> ImplEntry:
         op=op,
         name="vllm",
         loader=lambda device: fn,
-        devices=frozenset({"cuda"}),
+        devices=DEVICES.get(op, frozenset({"cuda"})),
         rejects=rejects,
         description=f"vLLM's {op}",
         capabilities=caps,

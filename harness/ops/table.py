@@ -12,10 +12,11 @@ from mlafuzz.harness.ops.convert import CONVERT
 from mlafuzz.harness.ops.gather import GATHER
 from mlafuzz.harness.ops.names import NAMES
 from mlafuzz.harness.ops.op import Op, OpTable, Outputs
+from mlafuzz.harness.ops.plan import PLAN
 from mlafuzz.harness.ops.step import STEP
 from mlafuzz.harness.ops.writer import WRITER
 
-OPS = OpTable((CONVERT, GATHER, WRITER, STEP))
+OPS = OpTable((CONVERT, GATHER, WRITER, STEP, PLAN))
 
 if OPS.names != NAMES:  # names.py is what --help shows without importing torch
     raise ImportError(f"harness/ops/names.py says {NAMES}, the op table holds {OPS.names}")
