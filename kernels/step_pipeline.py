@@ -8,14 +8,20 @@ metadata it built plus what its kernel calls produced:
 2. the FP8 separate metadata (5.3): decode_query_len, active decodes,
    prefill_request_ids, greedy prefill chunks, workspace_starts restarting
    at 0 per chunk;
-3. the chunked-context plan (5.2) over the prefill side's contexts;
+3. the chunked-context plan over the prefill side's contexts, by the revision's
+   ``context_chunks`` rule: equal-width chunks (5.2), or the packing planner
+   (9.1, revision 2026-10 on) that the step is handed as ``plan``, called as
+   vLLM's call site calls it without DCP (B = W, max_context_chunk =
+   round_down(W, bs), split_alignment = bs, padded_rows the identity);
 4. route (5.4): dense when every prefill has seq_len <= K, else sparse;
 5. convert the decode subset only: ``req_id_per_token[:num_decode_tokens]``
    with ``topk_indices[:num_decode_tokens]``; on the sparse route also the
    prefill rows, to workspace offsets (HAS_PREFILL_WORKSPACE);
-6. dense route: gather each context chunk (workspace_starts=cu_seq_lens[i],
-   seq_starts=starts[i]) into a workspace of ``workspace_rows`` rows and
-   hand each prefill request its context rows, in order; sparse route:
+6. dense route: gather each context chunk into a workspace of
+   ``workspace_rows`` rows (SPEC 9.1's call: the chunk's row slice of the
+   prefill block table, its ``[n+1]`` cu_seq_lens from 0, batch_size n, its
+   starts as seq_starts; an equal-width chunk spans every prefill) and hand
+   each prefill request its context rows, in order; sparse route:
    gather each 5.3 chunk's whole sequences (seq_starts=None).
 
 Metadata is built on the host from int lists (vLLM builds it from the
@@ -35,7 +41,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from mlafuzz.contract import revisions
 from mlafuzz.kernels.entry import ImplEntry, module_attr
+from mlafuzz.kernels.revisions import rule
 
 __all__ = [
     "StepPipeline",
@@ -71,10 +79,23 @@ class Fp8Separate:
 @dataclass(frozen=True)
 class ContextPlan:
     chunk: int
-    starts: list[list[int]]  # [n_chunks][P]
-    lens: list[list[int]]
-    cu_seq_lens: list[list[int]]  # [n_chunks][P+1]
+    starts: list[list[int]]  # [n_chunks][P]; 0 for a request outside the chunk
+    lens: list[list[int]]  # 0 for a request outside the chunk
+    cu_seq_lens: list[list[int]]  # [n_chunks][P+1]: a chunk's own [n+1] is [request_start : request_end + 1]
     seq_tot: list[int]
+    requests: list[tuple[int, int]]  # [n_chunks]: the prefill-local request range [start, end)
+
+
+def _chunk_fields(chunk: object) -> tuple[int, int, list[int], list[int]]:
+    """request_start, request_end, starts, seq_lens of a planner's chunk (an object with those
+    attributes, as vLLM's and ours return, or a mapping)."""
+    get = chunk.__getitem__ if isinstance(chunk, dict) else lambda k: getattr(chunk, k)
+    return (
+        int(get("request_start")),
+        int(get("request_end")),
+        [int(x) for x in get("starts")],
+        [int(x) for x in get("seq_lens")],
+    )
 
 
 def _i32(values: object, device: torch.device, shape: tuple[int, ...] | None = None) -> Tensor:
@@ -157,7 +178,7 @@ class StepPipeline:
     def chunked_context(self, ctx: list[int], workspace_rows: int, block_size: int) -> ContextPlan:
         with_ctx = sum(1 for c in ctx if c > 0)
         if with_ctx == 0:
-            return ContextPlan(0, [], [], [], [])
+            return ContextPlan(0, [], [], [], [], [])
         chunk = (workspace_rows // with_ctx) // block_size * block_size
         if chunk <= 0:
             raise ValueError(
@@ -168,7 +189,21 @@ class StepPipeline:
         starts = [[i * chunk] * len(ctx) for i in range(n_chunks)]
         lens = [[max(0, min(c, s + chunk) - s) for c, s in zip(ctx, row)] for row in starts]
         cu = [list(itertools.accumulate([0] + row)) for row in lens]
-        return ContextPlan(chunk, starts, lens, cu, [sum(row) for row in lens])
+        return ContextPlan(chunk, starts, lens, cu, [sum(row) for row in lens], [(0, len(ctx))] * n_chunks)
+
+    # -- 9.1 ----------------------------------------------------------------
+    def planned_context(self, ctx: list[int], workspace_rows: int, block_size: int, plan: Callable) -> ContextPlan:
+        """The packing planner's chunks, as vLLM's call site asks for them without DCP."""
+        cap = workspace_rows // block_size * block_size
+        if cap <= 0:
+            raise ValueError(f"workspace_rows={workspace_rows} holds no block of block_size={block_size}")
+        chunks = [_chunk_fields(c) for c in plan(list(ctx), workspace_rows, cap, block_size, lambda rows: rows)]
+        starts = [[0] * len(ctx) for _ in chunks]
+        lens = [[0] * len(ctx) for _ in chunks]
+        for i, (rs, re_, st, sl) in enumerate(chunks):
+            starts[i][rs:re_], lens[i][rs:re_] = st, sl
+        cu = [list(itertools.accumulate([0] + row)) for row in lens]
+        return ContextPlan(cap, starts, lens, cu, [sum(row) for row in lens], [(c[0], c[1]) for c in chunks])
 
     # -- 5.4 ----------------------------------------------------------------
     def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int) -> Tensor:
@@ -176,6 +211,10 @@ class StepPipeline:
 
     def context_seq_starts(self, starts_row: Tensor) -> Tensor | None:
         return starts_row
+
+    def context_table(self, prefill_table: Tensor, request_start: int, request_end: int) -> Tensor:
+        """A chunk's rows of the prefill block table (a row-slice view, SPEC 9.1)."""
+        return prefill_table[request_start:request_end]
 
     # -- the step -----------------------------------------------------------
     def __call__(
@@ -195,6 +234,8 @@ class StepPipeline:
         block_n: int,
         convert: Callable,
         gather: Callable,
+        plan: Callable | None = None,
+        revision: str = revisions.newest(),
     ) -> dict[str, Tensor]:
         dev = topk_indices.device
         bs = kv_cache.shape[1]
@@ -212,7 +253,12 @@ class StepPipeline:
         )
         nd, n_pre = sep.split.num_decodes, sep.split.num_prefills
         ctx = [sl[r] - (qsl[r + 1] - qsl[r]) for r in range(nd, len(sl))]
-        plan = self.chunked_context(ctx, workspace_rows, bs)
+        if rule(revision, "context_chunks") == "packing_planner":  # SPEC 9.1 (2026-10 on)
+            if plan is None:
+                raise ValueError(f"revision {revision} plans context chunks with the packing planner: pass plan=")
+            ctx_plan = self.planned_context(ctx, workspace_rows, bs, plan)
+        else:  # equal_width, SPEC 5.2
+            ctx_plan = self.chunked_context(ctx, workspace_rows, bs)
         dense = all(s <= topk for s in sl[nd:])
         convert_kw = dict(BLOCK_SIZE=bs, NUM_TOPK_TOKENS=topk, BLOCK_N=block_n)
 
@@ -225,11 +271,11 @@ class StepPipeline:
         prefill_slots = torch.empty((0, topk), dtype=torch.int32, device=dev)
         context_rows = torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
         seq_rows = torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
-        biggest = max([workspace_rows] + sep.chunk_seq_tot + plan.seq_tot)
+        biggest = max([workspace_rows] + sep.chunk_seq_tot + ctx_plan.seq_tot)
         workspace = torch.empty((biggest, ROW), dtype=torch.bfloat16, device=dev)
         prefill_table = block_table[nd:]
         if dense:
-            context_rows = self._gather_context(kv_cache, workspace, prefill_table, plan, n_pre, gather)
+            context_rows = self._gather_context(kv_cache, workspace, prefill_table, ctx_plan, n_pre, gather)
         else:
             pdt = sep.split.num_decode_tokens
             prefill_slots = convert(
@@ -244,7 +290,7 @@ class StepPipeline:
             seq_rows = self._gather_sequences(kv_cache, workspace, prefill_table, sep, gather)
         return self._outputs(
             sep=sep,
-            plan=plan,
+            plan=ctx_plan,
             dense=dense,
             n_pre=n_pre,
             dev=dev,
@@ -257,20 +303,22 @@ class StepPipeline:
     def _gather_context(
         self, cache: Tensor, workspace: Tensor, table: Tensor, plan: ContextPlan, n_pre: int, gather: Callable
     ) -> Tensor:
-        """5.2: one gather per chunk; request r's rows of chunk i follow its rows of chunk i-1."""
+        """One gather per chunk, over its requests [rs, re): the table's row slice, its [n+1]
+        cu_seq_lens from 0, its starts; request r's rows of chunk i follow its rows of chunk i-1."""
         dev = workspace.device
         per_request: list[list[Tensor]] = [[] for _ in range(n_pre)]
         for i, total in enumerate(plan.seq_tot):
+            rs, re_ = plan.requests[i]
             dst = workspace[:total]
             gather(
                 cache,
                 dst,
-                table,
-                _i32(plan.cu_seq_lens[i], dev),
-                n_pre,
-                self.context_seq_starts(_i32(plan.starts[i], dev)),
+                self.context_table(table, rs, re_),
+                _i32(plan.cu_seq_lens[i][rs : re_ + 1], dev),
+                re_ - rs,
+                self.context_seq_starts(_i32(plan.starts[i][rs:re_], dev)),
             )
-            for r in range(n_pre):
+            for r in range(rs, re_):
                 lo = plan.cu_seq_lens[i][r]
                 per_request[r].append(dst[lo : lo + plan.lens[i][r]].clone())
         rows = [t for ts in per_request for t in ts]
@@ -311,6 +359,7 @@ class StepPipeline:
             "context_lens": _i32(plan.lens, dev, (n_ctx, n_pre)),
             "context_cu_seq_lens": _i32(plan.cu_seq_lens, dev, (n_ctx, n_pre + 1)),
             "context_seq_tot": _i32(plan.seq_tot, dev),
+            "context_requests": _i32(plan.requests, dev, (n_ctx, 2)),
             **tensors,
         }
 
@@ -412,6 +461,7 @@ def _entry(name: str, attr: str, description: str, kind: str | None = None) -> I
         description=description,
         is_mutant=kind is not None,
         expected_kind=kind,
+        revisions=frozenset(revisions.names()),  # the harness binds the case's revision= (context_chunks)
     )
 
 
