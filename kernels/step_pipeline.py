@@ -52,6 +52,8 @@ __all__ = [
     "step_no_seq_starts",
     "step_second_split",
     "step_ws_not_restarted",
+    "step_request_rows",
+    "step_any_short_dense",
 ]
 
 ROW = 576  # bf16 values in a dequantized row
@@ -206,7 +208,11 @@ class StepPipeline:
         return ContextPlan(cap, starts, lens, cu, [sum(row) for row in lens], [(c[0], c[1]) for c in chunks])
 
     # -- 5.4 ----------------------------------------------------------------
-    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int) -> Tensor:
+    def dense_route(self, prefill_seq_lens: list[int], topk: int) -> bool:
+        """Dense prefill when every prefill's sequence fits in K (none: dense)."""
+        return all(s <= topk for s in prefill_seq_lens)
+
+    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int, num_decodes: int) -> Tensor:
         return req_id_per_token[:num_decode_tokens]
 
     def context_seq_starts(self, starts_row: Tensor) -> Tensor | None:
@@ -259,14 +265,14 @@ class StepPipeline:
             ctx_plan = self.planned_context(ctx, workspace_rows, bs, plan)
         else:  # equal_width, SPEC 5.2
             ctx_plan = self.chunked_context(ctx, workspace_rows, bs)
-        dense = all(s <= topk for s in sl[nd:])
+        dense = self.dense_route(sl[nd:], topk)
         convert_kw = dict(BLOCK_SIZE=bs, NUM_TOPK_TOKENS=topk, BLOCK_N=block_n)
 
         ndt = split.num_decode_tokens
         decode_slots = torch.empty((0, topk), dtype=torch.int32, device=dev)
         if ndt > 0:  # SPEC 5.4: the decode subset only
             decode_slots = convert(
-                self.decode_req_id(req_id_per_token, ndt), block_table, topk_indices[:ndt], **convert_kw
+                self.decode_req_id(req_id_per_token, ndt, nd), block_table, topk_indices[:ndt], **convert_kw
             )
         prefill_slots = torch.empty((0, topk), dtype=torch.int32, device=dev)
         context_rows = torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
@@ -370,8 +376,26 @@ class StepPipeline:
 class FullReqIdMutant(StepPipeline):
     """The bug PR #48642 fixed (SPEC 5.4): the full req_id_per_token with the decode-only indices."""
 
-    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int) -> Tensor:
+    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int, num_decodes: int) -> Tensor:
         return req_id_per_token
+
+
+class RequestRowsMutant(StepPipeline):
+    """A look-alike of ROCm ATOM #1831 (metadata row counts that disagree: qo_indptr rows vs token
+    rows): the decode subset's req_id rows counted by decode requests (qo_indptr rows), its top-k
+    by decode tokens; they disagree under speculative decoding (query_len > 1)."""
+
+    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int, num_decodes: int) -> Tensor:
+        return req_id_per_token[:num_decodes]
+
+
+class AnyShortDenseMutant(StepPipeline):
+    """A look-alike of vLLM #52512 (a prefill routed dense while the sparse path reads its cleared
+    top-k): the route is dense when ANY prefill fits in K, not every one, so a long prefill goes
+    dense and the sparse conversion its top-k needs never runs."""
+
+    def dense_route(self, prefill_seq_lens: list[int], topk: int) -> bool:
+        return not prefill_seq_lens or any(s <= topk for s in prefill_seq_lens)
 
 
 class NoSeqStartsMutant(StepPipeline):
@@ -422,6 +446,8 @@ step_full_req_id = FullReqIdMutant()
 step_no_seq_starts = NoSeqStartsMutant()
 step_second_split = SecondSplitMutant()
 step_ws_not_restarted = WsNotRestartedMutant()
+step_request_rows = RequestRowsMutant()
+step_any_short_dense = AnyShortDenseMutant()
 
 
 # --- registry --------------------------------------------------------------
@@ -447,6 +473,17 @@ _MUTANTS: dict[str, tuple[str, str, str]] = {
         "step_ws_not_restarted",
         "METADATA_MISMATCH",
         "workspace_starts not restarted per prefill chunk (SPEC 5.3)",
+    ),
+    # SPEC 9.5's reports against neighbouring code, as look-alikes in our pipeline:
+    "step_request_rows": (
+        "step_request_rows",
+        "METADATA_MISMATCH",
+        "look-alike of ROCm ATOM #1831: decode req_id rows counted by requests (qo_indptr rows), top-k by tokens",
+    ),
+    "step_any_short_dense": (
+        "step_any_short_dense",
+        "METADATA_MISMATCH",
+        "look-alike of vLLM #52512: a long prefill routed dense (any, not every, prefill fits K), its sparse top-k unread",
     ),
 }
 
