@@ -35,6 +35,7 @@ chunk of its own (vLLM asserts) and the workspace grows to hold it.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -86,6 +87,20 @@ class ContextPlan:
     cu_seq_lens: list[list[int]]  # [n_chunks][P+1]: a chunk's own [n+1] is [request_start : request_end + 1]
     seq_tot: list[int]
     requests: list[tuple[int, int]]  # [n_chunks]: the prefill-local request range [start, end)
+
+
+@dataclass(frozen=True)
+class Dcp:
+    """Decode-context parallelism of the context gather (SPEC 9.1), simulated on one device: every
+    rank's cache in one pool, rank k's block table in rows [k*R, (k+1)*R) of ``table``."""
+
+    world: int
+    interleave: int
+    cache: Tensor
+    table: Tensor
+
+    def padded_rows(self, rows: int) -> int:
+        return -(-rows // (self.world * self.interleave)) * self.interleave
 
 
 def _chunk_fields(chunk: object) -> tuple[int, int, list[int], list[int]]:
@@ -194,12 +209,18 @@ class StepPipeline:
         return ContextPlan(chunk, starts, lens, cu, [sum(row) for row in lens], [(0, len(ctx))] * n_chunks)
 
     # -- 9.1 ----------------------------------------------------------------
-    def planned_context(self, ctx: list[int], workspace_rows: int, block_size: int, plan: Callable) -> ContextPlan:
-        """The packing planner's chunks, as vLLM's call site asks for them without DCP."""
-        cap = workspace_rows // block_size * block_size
+    def planned_context(
+        self, ctx: list[int], workspace_rows: int, block_size: int, plan: Callable, dcp: Dcp | None = None
+    ) -> ContextPlan:
+        """The packing planner's chunks, asked for as vLLM's call site asks: B = W, alignment bs,
+        rows = tokens; under DCP B = W // D, alignment lcm(bs, D*I), rows = ceil(r / (D*I)) * I."""
+        align = block_size if dcp is None else math.lcm(block_size, dcp.world * dcp.interleave)
+        budget = workspace_rows if dcp is None else workspace_rows // dcp.world
+        cap = workspace_rows // align * align
         if cap <= 0:
-            raise ValueError(f"workspace_rows={workspace_rows} holds no block of block_size={block_size}")
-        chunks = [_chunk_fields(c) for c in plan(list(ctx), workspace_rows, cap, block_size, lambda rows: rows)]
+            raise ValueError(f"workspace_rows={workspace_rows} holds no piece of the alignment {align}")
+        rows = (lambda r: r) if dcp is None else dcp.padded_rows
+        chunks = [_chunk_fields(c) for c in plan(list(ctx), budget, cap, align, rows)]
         starts = [[0] * len(ctx) for _ in chunks]
         lens = [[0] * len(ctx) for _ in chunks]
         for i, (rs, re_, st, sl) in enumerate(chunks):
@@ -241,6 +262,10 @@ class StepPipeline:
         convert: Callable,
         gather: Callable,
         plan: Callable | None = None,
+        dcp_world_size: int = 1,
+        dcp_interleave: int = 1,
+        dcp_kv_cache: Tensor | None = None,
+        dcp_block_table: Tensor | None = None,
         revision: str = revisions.newest(),
     ) -> dict[str, Tensor]:
         dev = topk_indices.device
@@ -259,11 +284,16 @@ class StepPipeline:
         )
         nd, n_pre = sep.split.num_decodes, sep.split.num_prefills
         ctx = [sl[r] - (qsl[r + 1] - qsl[r]) for r in range(nd, len(sl))]
+        dcp = None
         if rule(revision, "context_chunks") == "packing_planner":  # SPEC 9.1 (2026-10 on)
             if plan is None:
                 raise ValueError(f"revision {revision} plans context chunks with the packing planner: pass plan=")
-            ctx_plan = self.planned_context(ctx, workspace_rows, bs, plan)
-        else:  # equal_width, SPEC 5.2
+            if dcp_world_size > 1:
+                if dcp_kv_cache is None or dcp_block_table is None:
+                    raise ValueError(f"dcp_world_size={dcp_world_size}: pass dcp_kv_cache= and dcp_block_table=")
+                dcp = Dcp(dcp_world_size, dcp_interleave, dcp_kv_cache, dcp_block_table)
+            ctx_plan = self.planned_context(ctx, workspace_rows, bs, plan, dcp)
+        else:  # equal_width, SPEC 5.2 (DCP is the planner's)
             ctx_plan = self.chunked_context(ctx, workspace_rows, bs)
         dense = self.dense_route(sl[nd:], topk)
         convert_kw = dict(BLOCK_SIZE=bs, NUM_TOPK_TOKENS=topk, BLOCK_N=block_n)
@@ -280,7 +310,11 @@ class StepPipeline:
         biggest = max([workspace_rows] + sep.chunk_seq_tot + ctx_plan.seq_tot)
         workspace = torch.empty((biggest, ROW), dtype=torch.bfloat16, device=dev)
         prefill_table = block_table[nd:]
-        if dense:
+        if dense and dcp is not None:
+            rows_per_rank = len(sl)
+            tables = [dcp.table[k * rows_per_rank + nd : (k + 1) * rows_per_rank] for k in range(dcp.world)]
+            context_rows = self._gather_context_dcp(dcp, workspace, tables, ctx_plan, n_pre, gather)
+        elif dense:
             context_rows = self._gather_context(kv_cache, workspace, prefill_table, ctx_plan, n_pre, gather)
         else:
             pdt = sep.split.num_decode_tokens
@@ -328,6 +362,44 @@ class StepPipeline:
                 lo = plan.cu_seq_lens[i][r]
                 per_request[r].append(dst[lo : lo + plan.lens[i][r]].clone())
         rows = [t for ts in per_request for t in ts]
+        return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
+
+    def _gather_context_dcp(
+        self, dcp: Dcp, workspace: Tensor, tables: list[Tensor], plan: ContextPlan, n_pre: int, gather: Callable
+    ) -> Tensor:
+        """Under DCP each rank gathers its own rows of a chunk: request r's slice [s, s+n) is local
+        rows [padded(s), padded(s+n)) there, from padded(s) (the local start). The ranks' rows are
+        put back in position order: position p is rank (p // I) % D's local row (p // (D*I)) * I +
+        p % I."""
+        dev = workspace.device
+        world, inter = dcp.world, dcp.interleave
+        virtual = world * inter
+        pieces: list[list[Tensor]] = [[] for _ in range(n_pre)]
+        for i in range(len(plan.seq_tot)):
+            rs, re_ = plan.requests[i]
+            starts, lens = plan.starts[i][rs:re_], plan.lens[i][rs:re_]
+            local_starts = [dcp.padded_rows(s) for s in starts]
+            local_lens = [dcp.padded_rows(s + n) - ls for s, n, ls in zip(starts, lens, local_starts)]
+            cu = list(itertools.accumulate([0] + local_lens))
+            ranks = []
+            for k in range(world):
+                dst = workspace[: cu[-1]]
+                gather(
+                    dcp.cache,
+                    dst,
+                    self.context_table(tables[k], rs, re_),
+                    _i32(cu, dev),
+                    re_ - rs,
+                    self.context_seq_starts(_i32(local_starts, dev)),
+                )
+                ranks.append(dst.clone())  # each rank has a workspace of its own
+            stacked = torch.stack(ranks) if ranks else workspace[:0]
+            for j, (s, n, ls) in enumerate(zip(starts, lens, local_starts)):
+                p = torch.arange(s, s + n, device=dev)
+                rank = (p // inter) % world
+                row = cu[j] + (p // virtual) * inter + p % inter - ls
+                pieces[rs + j].append(stacked[rank, row])
+        rows = [t for ts in pieces for t in ts]
         return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
 
     def _gather_sequences(

@@ -18,7 +18,9 @@ outputs as an implementation of the pipeline:
   chunk), context_starts / context_lens [n_chunks, P] (0 outside the
   chunk's range), context_cu_seq_lens [n_chunks, P+1] (a chunk's own [n+1]
   is its slice [request_start : request_end + 1]), context_seq_tot
-  [n_chunks];
+  [n_chunks]; under DCP (world D > 1, interleave I; the planner's rule only)
+  the planner gets B = W // D, alignment lcm(bs, D*I), padded rows
+  ceil(r / (D*I)) * I, and the plan stays in global token starts and lengths;
 - dense_route (5.4): 1 when every prefill has seq_len <= K;
 - decode_slots [num_decode_tokens, K]: section 3 on the decode subset only;
 - prefill_slots: on the sparse route, the prefill rows converted to
@@ -43,6 +45,7 @@ requests the split put on the prefill side (none: dense).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -59,7 +62,7 @@ from mlafuzz.oracles.metadata import (
     split_decodes_and_prefills,
     split_decodes_and_prefills_loop,
 )
-from mlafuzz.oracles.plan import plan_loop
+from mlafuzz.oracles.plan import padded_rows_of, plan_loop
 
 __all__ = ["step_oracle", "sequence_rows", "sequence_rows_loop"]
 
@@ -111,10 +114,16 @@ class _Planned:
         return len(self.seq_tot)
 
 
-def _planned(ctx: list[int], workspace_rows: int, bs: int) -> _Planned:
-    cap = workspace_rows // bs * bs
+def _planned(ctx: list[int], workspace_rows: int, bs: int, world: int, interleave: int) -> _Planned:
+    """The planner called as vLLM's call site calls it (DCP: B = W // D, alignment lcm(bs, D*I))."""
+    align = bs if world == 1 else math.lcm(bs, world * interleave)
+    cap = workspace_rows // align * align
     chunks = plan_loop(
-        context_lens=ctx, row_budget=workspace_rows, max_context_chunk=cap, split_alignment=bs, padded_rows=lambda r: r
+        context_lens=ctx,
+        row_budget=workspace_rows // world,
+        max_context_chunk=cap,
+        split_alignment=align,
+        padded_rows=padded_rows_of(dcp_world_size=world, interleave=interleave),
     )
     starts = [[0] * len(ctx) for _ in chunks]
     lens = [[0] * len(ctx) for _ in chunks]
@@ -141,6 +150,8 @@ def step_oracle(
     workspace_rows: int,
     topk: int,
     context_chunks: str = "equal_width",
+    dcp_world_size: int = 1,
+    dcp_interleave: int = 1,
     loop: bool = False,
 ) -> dict[str, Tensor]:
     """Every output of the step pipeline (module docstring)."""
@@ -168,7 +179,7 @@ def step_oracle(
     prefills = list(range(nd, len(sl)))
     ctx = [sl[r] - (qsl[r + 1] - qsl[r]) for r in prefills]
     if context_chunks == "packing_planner":
-        plan = _planned(ctx, workspace_rows, bs)
+        plan = _planned(ctx, workspace_rows, bs, dcp_world_size, dcp_interleave)
     elif context_chunks == "equal_width":
         plan = ctx_fn(context_lens=ctx, workspace_rows=workspace_rows, block_size=bs)
     else:

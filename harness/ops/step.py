@@ -43,6 +43,7 @@ call's findings) re-files what the comparator says, one cause one finding:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -143,6 +144,8 @@ class SubCallRecorder:
     convert_fn: Callable
     gather_fn: Callable
     block_table: Any = None  # the step's whole block table: a chunk's gather reads a row slice of it
+    # (D, I, every rank's block table [D * R, M]) when the context gather runs under DCP (SPEC 9.1)
+    dcp: tuple[int, int, Any] | None = None
     converts: list[ConvertCall] = field(default_factory=list)
     gathers: list[GatherCall] = field(default_factory=list)
 
@@ -255,6 +258,8 @@ class SubCallRecorder:
         from rs, its cu_seq_lens from rs and its starts (SPEC 5.2 / 9.1); per 5.3 chunk, whole
         sequences from 0."""
         nd = self._int(out, "num_decodes")
+        if self._int(out, "dense_route") and self.dcp is not None:
+            return self._expected_dcp_gathers(out, nd)
         if self._int(out, "dense_route"):
             starts, cu = out["context_starts"].tolist(), out["context_cu_seq_lens"].tolist()
             ranges = out["context_requests"].tolist()
@@ -279,6 +284,26 @@ class SubCallRecorder:
             )
             for (s, e), t in zip(out["prefill_chunks"].tolist(), out["prefill_chunk_seq_tot"].tolist())
         ]
+
+    def _expected_dcp_gathers(self, out: Mapping[str, Any], nd: int) -> list[GatherCall]:
+        """Under DCP, per chunk, D gathers (rank after rank): request r's slice [s, s+n) as local
+        rows from padded(s), padded(s+n) - padded(s) of them, padded(x) = ceil(x / (D*I)) * I,
+        from rank k's rows of its block table."""
+        world, inter, table = self.dcp  # type: ignore[misc]
+        padded = lambda x: -(-x // (world * inter)) * inter  # noqa: E731
+        n_req = int(table.shape[0]) // world
+        calls = []
+        starts, lens = out["context_starts"].tolist(), out["context_lens"].tolist()
+        for i, (rs, re_) in enumerate(out["context_requests"].tolist()):
+            local = [padded(s) for s in starts[i][rs:re_]]
+            sizes = [padded(s + n) - ls for s, n, ls in zip(starts[i][rs:re_], lens[i][rs:re_], local)]
+            cu = tuple(itertools.accumulate([0] + sizes))
+            for k in range(world):
+                rows = tuple(tuple(r) for r in table[k * n_req + nd + rs : k * n_req + nd + re_].tolist())
+                calls.append(
+                    GatherCall(total=cu[-1], batch_size=re_ - rs, ws=cu[:-1], seq_starts=tuple(local), table=rows)
+                )
+        return calls
 
     def _gather_calls(self, out: Mapping[str, Any]) -> str | None:
         want = self._expected_gathers(out)
@@ -311,7 +336,10 @@ def run_step(
 ) -> tuple[dict[str, Any], SubCallRecorder]:
     """Call a step implementation on the case's tensors ``t`` with recording sub-impls; (outputs, recorder)."""
     p = case.params
-    rec = SubCallRecorder(convert_fn=sub("convert"), gather_fn=sub("gather"), block_table=t["block_table"])
+    world = p.get("dcp_world_size", 1)
+    planner = revisions.get(p.get("revision") or revisions.newest()).rule("context_chunks") == "packing_planner"
+    dcp = (world, p.get("dcp_interleave", 1), t["dcp_block_table"]) if world > 1 and planner else None
+    rec = SubCallRecorder(convert_fn=sub("convert"), gather_fn=sub("gather"), block_table=t["block_table"], dcp=dcp)
     out = dict(
         fn(
             kv_cache=t["kv_cache"],
@@ -329,6 +357,10 @@ def run_step(
             convert=rec.convert,
             gather=rec.gather,
             plan=lambda *args: sub("plan")(*args),  # loaded when the pipeline plans with it
+            dcp_world_size=world,
+            dcp_interleave=p.get("dcp_interleave", 1),
+            dcp_kv_cache=t.get("dcp_kv_cache"),
+            dcp_block_table=t.get("dcp_block_table"),
         )
     )
     return out, rec
@@ -362,6 +394,8 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
             workspace_rows=p["workspace_rows"],
             topk=p["topk"],
             context_chunks=revision.rule("context_chunks"),
+            dcp_world_size=p.get("dcp_world_size", 1),
+            dcp_interleave=p.get("dcp_interleave", 1),
             loop=loop,
         )
         out["invariants"] = torch.ones(len(INVARIANTS), dtype=torch.int32)
@@ -485,6 +519,10 @@ STEP = Op(
             "convert",
             "gather",
             "plan",
+            "dcp_world_size",
+            "dcp_interleave",
+            "dcp_kv_cache",
+            "dcp_block_table",
         )
     ),
 )

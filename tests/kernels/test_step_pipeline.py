@@ -193,6 +193,21 @@ def test_the_packing_planner_gathers_each_chunk_from_its_row_slice_with_continua
     _agrees_with_oracle(_chunked_example(), revision=PLANNER)
 
 
+def test_under_dcp_each_rank_gathers_its_padded_local_rows_from_its_local_starts():
+    """SPEC 9.1 with D = 2, I = 2 (V = 4) on [10, 3, 7, 0], W = 8, bs = 2: B = 4 rank-local rows,
+    alignment lcm(2, 4) = 4, padded(r) = ceil(r / 4) * 2. Request 0 is split at 8 (4 local rows);
+    the second chunk continues it from local row 4 and packs request 1; request 2 fits alone."""
+    spec = dataclasses.replace(_chunked_example(), dcp_world_size=2, dcp_interleave=2)
+    case, out, rec = _run(spec, revision=PLANNER)
+    assert out["context_requests"].tolist() == [[0, 1], [0, 2], [2, 3]]
+    assert out["context_seq_tot"].tolist() == [8, 5, 7]  # global context tokens per chunk
+    calls = [(g.batch_size, g.ws, g.seq_starts, g.total) for g in rec.gathers]
+    assert calls == [(1, (0,), (0,), 4)] * 2 + [(2, (0, 2), (4, 0), 4)] * 2 + [(1, (0,), (0,), 4)] * 2
+    want = torch.cat([_context(case, 0, 10), _context(case, 1, 3), _context(case, 2, 7)])
+    assert torch.equal(out["context_rows"].view(torch.int16), want.view(torch.int16))
+    _agrees_with_oracle(spec, revision=PLANNER)
+
+
 def test_without_seq_starts_later_chunks_reread_the_first():
     case, out, _rec = _run(_chunked_example(), impl="step_no_seq_starts")
     first = _context(case, 0, 2)  # request 0's chunk 0
