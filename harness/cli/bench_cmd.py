@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     b.add_argument(
         "--op",
         action="append",
-        choices=tuple(n for n in names if n != "step"),
+        choices=tuple(n for n in names if n not in ("step", "plan")),  # no bench workload (yet: the op row)
         help="only this op (repeatable; default: convert, gather, writer)",
     )
     mode = b.add_mutually_exclusive_group()
