@@ -56,6 +56,7 @@ class Registry:
         contract: Iterable[str],
         rejects: Iterable[str] | None = None,
         vllm: tuple[tuple[str, str], ...] = (),
+        vllm_devices: frozenset[str] = frozenset({"cuda"}),
     ) -> ImplEntry:
         """The entry ``--impl op=ref`` names; ``contract``: what SPEC holds an external
         implementation to (the op table's), unless ``rejects`` (a user's --contract) says less;
@@ -68,7 +69,7 @@ class Registry:
         if ref == "vllm":
             from mlafuzz.kernels.vllm import vllm_entry
 
-            return vllm_entry(op, rejects=promised, candidates=vllm)
+            return vllm_entry(op, rejects=promised, candidates=vllm, devices=vllm_devices)
         if ":" in ref:
             from mlafuzz.kernels.external import external_entry
 
@@ -85,9 +86,10 @@ def default_registry() -> Registry:
     """Every built-in entry (built once per process: it is immutable)."""
     from mlafuzz.kernels.builtins import BUILTINS
     from mlafuzz.kernels.mutants.catalog import MUTANTS
+    from mlafuzz.kernels.planner import PLAN_ENTRIES
     from mlafuzz.kernels.step_pipeline import STEP_ENTRIES
 
-    return Registry.of((*BUILTINS, *MUTANTS, *STEP_ENTRIES))
+    return Registry.of((*BUILTINS, *MUTANTS, *STEP_ENTRIES, *PLAN_ENTRIES))
 
 
 def parse_impl_arg(text: str, *, ops: Iterable[str]) -> tuple[str, str]:

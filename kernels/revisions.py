@@ -1,30 +1,85 @@
-"""The writer contract revisions our implementations know how to follow (SPEC.md section 7).
+"""What our implementations make of the contract revisions (SPEC.md section 7), read off the rows
+of ``mlafuzz.oracles.revisions``.
 
-An implementation under test never reads the references (kernels may not import
-oracles), so it carries its own list of the revisions it implements; a test
-holds this list to ``mlafuzz.oracles.writer_scale.REVISIONS``. The names are
-the SPEC's: ``2026-07`` is section 2 as written (scale = max(amax / 448,
-FLT_MIN)), ``2026-09`` the power-of-two scale of vLLM PR #49435.
+An implementation under test never reads the references (kernels may not import oracles); it
+asks a revision's row for the rule it implements. Our writers implement the tile-scale rules of
+``SCALE_RULES`` (its value is the CUDA kernels' ``scale_rule`` argument), so they follow every
+revision whose ``writer_scale`` is one of them. The step pipeline asks for ``context_chunks``.
 """
 
 from __future__ import annotations
 
-__all__ = ["WRITER_REVISIONS", "NEWEST", "POW2_SCALE", "check_revision", "scale_rule"]
+from dataclasses import dataclass
 
-WRITER_REVISIONS: tuple[str, ...] = ("2026-07", "2026-09")
-NEWEST: str = WRITER_REVISIONS[-1]
-# Revisions whose tile scale is rounded up to a power of two (with the 1e-4f floor).
-POW2_SCALE: frozenset[str] = frozenset({"2026-09"})
+from mlafuzz.oracles import revisions
+
+__all__ = [
+    "ScaleRule",
+    "SCALE_RULES",
+    "WRITER_REVISIONS",
+    "NEWEST",
+    "check_revision",
+    "scale_rule",
+    "scale_of",
+    "pow2_scale",
+    "rule",
+]
+
+
+@dataclass(frozen=True)
+class ScaleRule:
+    """How our writers form a tile's scale under one ``writer_scale`` rule."""
+
+    floor_bits: int  # the float32 bit pattern of the floor of amax / 448
+    pow2: bool  # rounded up to a power of two after the floor
+    cuda: int  # the CUDA writer kernels' ``scale_rule`` argument (a new rule is one more there too)
+
+
+#: writer_scale rule -> how our writers follow it.
+SCALE_RULES: dict[str, ScaleRule] = {
+    "flt_min": ScaleRule(floor_bits=0x00800000, pow2=False, cuda=0),  # max(amax / 448, FLT_MIN)
+    # max(amax / 448, 1e-4f) then 2**ceil; the floor by its bits, exactly the float32 of the C literal 1e-4f
+    "pow2_1e-4": ScaleRule(floor_bits=0x38D1B717, pow2=True, cuda=1),
+}
+
+NEWEST: str = revisions.newest()
+
+
+def _writer_revisions() -> tuple[str, ...]:
+    return tuple(r.name for r in revisions.TABLE.rows if r.rule("writer_scale") in SCALE_RULES)
+
+
+#: The revisions our writers follow (those whose scale rule they implement), oldest first.
+WRITER_REVISIONS: tuple[str, ...] = _writer_revisions()
+
+
+def rule(revision: object, name: str) -> str:
+    """Rule ``name``'s value under ``revision`` (ValueError for an unknown revision)."""
+    return revisions.get(revision).rule(name)
 
 
 def check_revision(revision: object) -> str:
-    """``revision`` if our writers implement it; else ValueError naming the ones they do."""
-    if revision not in WRITER_REVISIONS:
-        raise ValueError(f"revision={revision!r}: our writers implement {', '.join(WRITER_REVISIONS)}")
+    """``revision`` if our writers implement its scale rule; else ValueError naming the ones they do."""
+    try:
+        value = rule(revision, "writer_scale")
+    except ValueError:
+        value = None
+    if value not in SCALE_RULES:
+        raise ValueError(f"revision={revision!r}: our writers implement {', '.join(_writer_revisions())}")
     return revision  # type: ignore[return-value]
 
 
+def scale_of(revision: str) -> ScaleRule:
+    """How our writers form the tile scale under ``revision`` (ValueError if they cannot)."""
+    check_revision(revision)
+    return SCALE_RULES[rule(revision, "writer_scale")]
+
+
 def scale_rule(revision: str) -> int:
-    """The CUDA writer kernels' ``scale_rule`` for ``revision``: 0 is SPEC section 2 as written,
-    1 the power-of-two scale with the 1e-4f floor (an int, so a later rule is one more)."""
-    return 1 if check_revision(revision) in POW2_SCALE else 0
+    """The CUDA writer kernels' ``scale_rule`` for ``revision``'s writer_scale rule."""
+    return scale_of(revision).cuda
+
+
+def pow2_scale(revision: str) -> bool:
+    """Whether ``revision``'s tile scale is rounded up to a power of two."""
+    return scale_of(revision).pow2

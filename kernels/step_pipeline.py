@@ -8,14 +8,20 @@ metadata it built plus what its kernel calls produced:
 2. the FP8 separate metadata (5.3): decode_query_len, active decodes,
    prefill_request_ids, greedy prefill chunks, workspace_starts restarting
    at 0 per chunk;
-3. the chunked-context plan (5.2) over the prefill side's contexts;
+3. the chunked-context plan over the prefill side's contexts, by the revision's
+   ``context_chunks`` rule: equal-width chunks (5.2), or the packing planner
+   (9.1, revision 2026-10 on) that the step is handed as ``plan``, called as
+   vLLM's call site calls it without DCP (B = W, max_context_chunk =
+   round_down(W, bs), split_alignment = bs, padded_rows the identity);
 4. route (5.4): dense when every prefill has seq_len <= K, else sparse;
 5. convert the decode subset only: ``req_id_per_token[:num_decode_tokens]``
    with ``topk_indices[:num_decode_tokens]``; on the sparse route also the
    prefill rows, to workspace offsets (HAS_PREFILL_WORKSPACE);
-6. dense route: gather each context chunk (workspace_starts=cu_seq_lens[i],
-   seq_starts=starts[i]) into a workspace of ``workspace_rows`` rows and
-   hand each prefill request its context rows, in order; sparse route:
+6. dense route: gather each context chunk into a workspace of
+   ``workspace_rows`` rows (SPEC 9.1's call: the chunk's row slice of the
+   prefill block table, its ``[n+1]`` cu_seq_lens from 0, batch_size n, its
+   starts as seq_starts; an equal-width chunk spans every prefill) and hand
+   each prefill request its context rows, in order; sparse route:
    gather each 5.3 chunk's whole sequences (seq_starts=None).
 
 Metadata is built on the host from int lists (vLLM builds it from the
@@ -29,6 +35,7 @@ chunk of its own (vLLM asserts) and the workspace grows to hold it.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,6 +43,8 @@ import torch
 from torch import Tensor
 
 from mlafuzz.kernels.entry import ImplEntry, module_attr
+from mlafuzz.kernels.revisions import rule
+from mlafuzz.oracles import revisions
 
 __all__ = [
     "StepPipeline",
@@ -44,6 +53,8 @@ __all__ = [
     "step_no_seq_starts",
     "step_second_split",
     "step_ws_not_restarted",
+    "step_request_rows",
+    "step_any_short_dense",
 ]
 
 ROW = 576  # bf16 values in a dequantized row
@@ -71,10 +82,37 @@ class Fp8Separate:
 @dataclass(frozen=True)
 class ContextPlan:
     chunk: int
-    starts: list[list[int]]  # [n_chunks][P]
-    lens: list[list[int]]
-    cu_seq_lens: list[list[int]]  # [n_chunks][P+1]
+    starts: list[list[int]]  # [n_chunks][P]; 0 for a request outside the chunk
+    lens: list[list[int]]  # 0 for a request outside the chunk
+    cu_seq_lens: list[list[int]]  # [n_chunks][P+1]: a chunk's own [n+1] is [request_start : request_end + 1]
     seq_tot: list[int]
+    requests: list[tuple[int, int]]  # [n_chunks]: the prefill-local request range [start, end)
+
+
+@dataclass(frozen=True)
+class Dcp:
+    """Decode-context parallelism of the context gather (SPEC 9.1), simulated on one device: every
+    rank's cache in one pool, rank k's block table in rows [k*R, (k+1)*R) of ``table``."""
+
+    world: int
+    interleave: int
+    cache: Tensor
+    table: Tensor
+
+    def padded_rows(self, rows: int) -> int:
+        return -(-rows // (self.world * self.interleave)) * self.interleave
+
+
+def _chunk_fields(chunk: object) -> tuple[int, int, list[int], list[int]]:
+    """request_start, request_end, starts, seq_lens of a planner's chunk (an object with those
+    attributes, as vLLM's and ours return, or a mapping)."""
+    get = chunk.__getitem__ if isinstance(chunk, dict) else lambda k: getattr(chunk, k)
+    return (
+        int(get("request_start")),
+        int(get("request_end")),
+        [int(x) for x in get("starts")],
+        [int(x) for x in get("seq_lens")],
+    )
 
 
 def _i32(values: object, device: torch.device, shape: tuple[int, ...] | None = None) -> Tensor:
@@ -157,7 +195,7 @@ class StepPipeline:
     def chunked_context(self, ctx: list[int], workspace_rows: int, block_size: int) -> ContextPlan:
         with_ctx = sum(1 for c in ctx if c > 0)
         if with_ctx == 0:
-            return ContextPlan(0, [], [], [], [])
+            return ContextPlan(0, [], [], [], [], [])
         chunk = (workspace_rows // with_ctx) // block_size * block_size
         if chunk <= 0:
             raise ValueError(
@@ -168,14 +206,42 @@ class StepPipeline:
         starts = [[i * chunk] * len(ctx) for i in range(n_chunks)]
         lens = [[max(0, min(c, s + chunk) - s) for c, s in zip(ctx, row)] for row in starts]
         cu = [list(itertools.accumulate([0] + row)) for row in lens]
-        return ContextPlan(chunk, starts, lens, cu, [sum(row) for row in lens])
+        return ContextPlan(chunk, starts, lens, cu, [sum(row) for row in lens], [(0, len(ctx))] * n_chunks)
+
+    # -- 9.1 ----------------------------------------------------------------
+    def planned_context(
+        self, ctx: list[int], workspace_rows: int, block_size: int, plan: Callable, dcp: Dcp | None = None
+    ) -> ContextPlan:
+        """The packing planner's chunks, asked for as vLLM's call site asks: B = W, alignment bs,
+        rows = tokens; under DCP B = W // D, alignment lcm(bs, D*I), rows = ceil(r / (D*I)) * I."""
+        align = block_size if dcp is None else math.lcm(block_size, dcp.world * dcp.interleave)
+        budget = workspace_rows if dcp is None else workspace_rows // dcp.world
+        cap = workspace_rows // align * align
+        if cap <= 0:
+            raise ValueError(f"workspace_rows={workspace_rows} holds no piece of the alignment {align}")
+        rows = (lambda r: r) if dcp is None else dcp.padded_rows
+        chunks = [_chunk_fields(c) for c in plan(list(ctx), budget, cap, align, rows)]
+        starts = [[0] * len(ctx) for _ in chunks]
+        lens = [[0] * len(ctx) for _ in chunks]
+        for i, (rs, re_, st, sl) in enumerate(chunks):
+            starts[i][rs:re_], lens[i][rs:re_] = st, sl
+        cu = [list(itertools.accumulate([0] + row)) for row in lens]
+        return ContextPlan(cap, starts, lens, cu, [sum(row) for row in lens], [(c[0], c[1]) for c in chunks])
 
     # -- 5.4 ----------------------------------------------------------------
-    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int) -> Tensor:
+    def dense_route(self, prefill_seq_lens: list[int], topk: int) -> bool:
+        """Dense prefill when every prefill's sequence fits in K (none: dense)."""
+        return all(s <= topk for s in prefill_seq_lens)
+
+    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int, num_decodes: int) -> Tensor:
         return req_id_per_token[:num_decode_tokens]
 
     def context_seq_starts(self, starts_row: Tensor) -> Tensor | None:
         return starts_row
+
+    def context_table(self, prefill_table: Tensor, request_start: int, request_end: int) -> Tensor:
+        """A chunk's rows of the prefill block table (a row-slice view, SPEC 9.1)."""
+        return prefill_table[request_start:request_end]
 
     # -- the step -----------------------------------------------------------
     def __call__(
@@ -195,6 +261,12 @@ class StepPipeline:
         block_n: int,
         convert: Callable,
         gather: Callable,
+        plan: Callable | None = None,
+        dcp_world_size: int = 1,
+        dcp_interleave: int = 1,
+        dcp_kv_cache: Tensor | None = None,
+        dcp_block_table: Tensor | None = None,
+        revision: str = revisions.newest(),
     ) -> dict[str, Tensor]:
         dev = topk_indices.device
         bs = kv_cache.shape[1]
@@ -212,24 +284,38 @@ class StepPipeline:
         )
         nd, n_pre = sep.split.num_decodes, sep.split.num_prefills
         ctx = [sl[r] - (qsl[r + 1] - qsl[r]) for r in range(nd, len(sl))]
-        plan = self.chunked_context(ctx, workspace_rows, bs)
-        dense = all(s <= topk for s in sl[nd:])
+        dcp = None
+        if rule(revision, "context_chunks") == "packing_planner":  # SPEC 9.1 (2026-10 on)
+            if plan is None:
+                raise ValueError(f"revision {revision} plans context chunks with the packing planner: pass plan=")
+            if dcp_world_size > 1:
+                if dcp_kv_cache is None or dcp_block_table is None:
+                    raise ValueError(f"dcp_world_size={dcp_world_size}: pass dcp_kv_cache= and dcp_block_table=")
+                dcp = Dcp(dcp_world_size, dcp_interleave, dcp_kv_cache, dcp_block_table)
+            ctx_plan = self.planned_context(ctx, workspace_rows, bs, plan, dcp)
+        else:  # equal_width, SPEC 5.2 (DCP is the planner's)
+            ctx_plan = self.chunked_context(ctx, workspace_rows, bs)
+        dense = self.dense_route(sl[nd:], topk)
         convert_kw = dict(BLOCK_SIZE=bs, NUM_TOPK_TOKENS=topk, BLOCK_N=block_n)
 
         ndt = split.num_decode_tokens
         decode_slots = torch.empty((0, topk), dtype=torch.int32, device=dev)
         if ndt > 0:  # SPEC 5.4: the decode subset only
             decode_slots = convert(
-                self.decode_req_id(req_id_per_token, ndt), block_table, topk_indices[:ndt], **convert_kw
+                self.decode_req_id(req_id_per_token, ndt, nd), block_table, topk_indices[:ndt], **convert_kw
             )
         prefill_slots = torch.empty((0, topk), dtype=torch.int32, device=dev)
         context_rows = torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
         seq_rows = torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
-        biggest = max([workspace_rows] + sep.chunk_seq_tot + plan.seq_tot)
+        biggest = max([workspace_rows] + sep.chunk_seq_tot + ctx_plan.seq_tot)
         workspace = torch.empty((biggest, ROW), dtype=torch.bfloat16, device=dev)
         prefill_table = block_table[nd:]
-        if dense:
-            context_rows = self._gather_context(kv_cache, workspace, prefill_table, plan, n_pre, gather)
+        if dense and dcp is not None:
+            rows_per_rank = len(sl)
+            tables = [dcp.table[k * rows_per_rank + nd : (k + 1) * rows_per_rank] for k in range(dcp.world)]
+            context_rows = self._gather_context_dcp(dcp, workspace, tables, ctx_plan, n_pre, gather)
+        elif dense:
+            context_rows = self._gather_context(kv_cache, workspace, prefill_table, ctx_plan, n_pre, gather)
         else:
             pdt = sep.split.num_decode_tokens
             prefill_slots = convert(
@@ -244,7 +330,7 @@ class StepPipeline:
             seq_rows = self._gather_sequences(kv_cache, workspace, prefill_table, sep, gather)
         return self._outputs(
             sep=sep,
-            plan=plan,
+            plan=ctx_plan,
             dense=dense,
             n_pre=n_pre,
             dev=dev,
@@ -257,23 +343,63 @@ class StepPipeline:
     def _gather_context(
         self, cache: Tensor, workspace: Tensor, table: Tensor, plan: ContextPlan, n_pre: int, gather: Callable
     ) -> Tensor:
-        """5.2: one gather per chunk; request r's rows of chunk i follow its rows of chunk i-1."""
+        """One gather per chunk, over its requests [rs, re): the table's row slice, its [n+1]
+        cu_seq_lens from 0, its starts; request r's rows of chunk i follow its rows of chunk i-1."""
         dev = workspace.device
         per_request: list[list[Tensor]] = [[] for _ in range(n_pre)]
         for i, total in enumerate(plan.seq_tot):
+            rs, re_ = plan.requests[i]
             dst = workspace[:total]
             gather(
                 cache,
                 dst,
-                table,
-                _i32(plan.cu_seq_lens[i], dev),
-                n_pre,
-                self.context_seq_starts(_i32(plan.starts[i], dev)),
+                self.context_table(table, rs, re_),
+                _i32(plan.cu_seq_lens[i][rs : re_ + 1], dev),
+                re_ - rs,
+                self.context_seq_starts(_i32(plan.starts[i][rs:re_], dev)),
             )
-            for r in range(n_pre):
+            for r in range(rs, re_):
                 lo = plan.cu_seq_lens[i][r]
                 per_request[r].append(dst[lo : lo + plan.lens[i][r]].clone())
         rows = [t for ts in per_request for t in ts]
+        return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
+
+    def _gather_context_dcp(
+        self, dcp: Dcp, workspace: Tensor, tables: list[Tensor], plan: ContextPlan, n_pre: int, gather: Callable
+    ) -> Tensor:
+        """Under DCP each rank gathers its own rows of a chunk: request r's slice [s, s+n) is local
+        rows [padded(s), padded(s+n)) there, from padded(s) (the local start). The ranks' rows are
+        put back in position order: position p is rank (p // I) % D's local row (p // (D*I)) * I +
+        p % I."""
+        dev = workspace.device
+        world, inter = dcp.world, dcp.interleave
+        virtual = world * inter
+        pieces: list[list[Tensor]] = [[] for _ in range(n_pre)]
+        for i in range(len(plan.seq_tot)):
+            rs, re_ = plan.requests[i]
+            starts, lens = plan.starts[i][rs:re_], plan.lens[i][rs:re_]
+            local_starts = [dcp.padded_rows(s) for s in starts]
+            local_lens = [dcp.padded_rows(s + n) - ls for s, n, ls in zip(starts, lens, local_starts)]
+            cu = list(itertools.accumulate([0] + local_lens))
+            ranks = []
+            for k in range(world):
+                dst = workspace[: cu[-1]]
+                gather(
+                    dcp.cache,
+                    dst,
+                    self.context_table(tables[k], rs, re_),
+                    _i32(cu, dev),
+                    re_ - rs,
+                    self.context_seq_starts(_i32(local_starts, dev)),
+                )
+                ranks.append(dst.clone())  # each rank has a workspace of its own
+            stacked = torch.stack(ranks) if ranks else workspace[:0]
+            for j, (s, n, ls) in enumerate(zip(starts, lens, local_starts)):
+                p = torch.arange(s, s + n, device=dev)
+                rank = (p // inter) % world
+                row = cu[j] + (p // virtual) * inter + p % inter - ls
+                pieces[rs + j].append(stacked[rank, row])
+        rows = [t for ts in pieces for t in ts]
         return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
 
     def _gather_sequences(
@@ -311,6 +437,7 @@ class StepPipeline:
             "context_lens": _i32(plan.lens, dev, (n_ctx, n_pre)),
             "context_cu_seq_lens": _i32(plan.cu_seq_lens, dev, (n_ctx, n_pre + 1)),
             "context_seq_tot": _i32(plan.seq_tot, dev),
+            "context_requests": _i32(plan.requests, dev, (n_ctx, 2)),
             **tensors,
         }
 
@@ -321,8 +448,26 @@ class StepPipeline:
 class FullReqIdMutant(StepPipeline):
     """The bug PR #48642 fixed (SPEC 5.4): the full req_id_per_token with the decode-only indices."""
 
-    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int) -> Tensor:
+    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int, num_decodes: int) -> Tensor:
         return req_id_per_token
+
+
+class RequestRowsMutant(StepPipeline):
+    """A look-alike of ROCm ATOM #1831 (metadata row counts that disagree: qo_indptr rows vs token
+    rows): the decode subset's req_id rows counted by decode requests (qo_indptr rows), its top-k
+    by decode tokens; they disagree under speculative decoding (query_len > 1)."""
+
+    def decode_req_id(self, req_id_per_token: Tensor, num_decode_tokens: int, num_decodes: int) -> Tensor:
+        return req_id_per_token[:num_decodes]
+
+
+class AnyShortDenseMutant(StepPipeline):
+    """A look-alike of vLLM #52512 (a prefill routed dense while the sparse path reads its cleared
+    top-k): the route is dense when ANY prefill fits in K, not every one, so a long prefill goes
+    dense and the sparse conversion its top-k needs never runs."""
+
+    def dense_route(self, prefill_seq_lens: list[int], topk: int) -> bool:
+        return not prefill_seq_lens or any(s <= topk for s in prefill_seq_lens)
 
 
 class NoSeqStartsMutant(StepPipeline):
@@ -373,6 +518,8 @@ step_full_req_id = FullReqIdMutant()
 step_no_seq_starts = NoSeqStartsMutant()
 step_second_split = SecondSplitMutant()
 step_ws_not_restarted = WsNotRestartedMutant()
+step_request_rows = RequestRowsMutant()
+step_any_short_dense = AnyShortDenseMutant()
 
 
 # --- registry --------------------------------------------------------------
@@ -399,6 +546,17 @@ _MUTANTS: dict[str, tuple[str, str, str]] = {
         "METADATA_MISMATCH",
         "workspace_starts not restarted per prefill chunk (docs/contract.md, step)",
     ),
+    # SPEC 9.5's reports against neighbouring code, as look-alikes in our pipeline:
+    "step_request_rows": (
+        "step_request_rows",
+        "METADATA_MISMATCH",
+        "look-alike of ROCm ATOM #1831: decode req_id rows counted by requests (qo_indptr rows), top-k by tokens",
+    ),
+    "step_any_short_dense": (
+        "step_any_short_dense",
+        "METADATA_MISMATCH",
+        "look-alike of vLLM #52512: a long prefill routed dense (any, not every, prefill fits K), its sparse top-k unread",
+    ),
 }
 
 
@@ -412,6 +570,7 @@ def _entry(name: str, attr: str, description: str, kind: str | None = None) -> I
         description=description,
         is_mutant=kind is not None,
         expected_kind=kind,
+        revisions=frozenset(revisions.names()),  # the harness binds the case's revision= (context_chunks)
     )
 
 

@@ -28,7 +28,7 @@ from mlafuzz.kernels.checks import (
     check_gather_values,
     check_writer_args,
 )
-from mlafuzz.kernels.revisions import NEWEST, POW2_SCALE, WRITER_REVISIONS, check_revision
+from mlafuzz.kernels.revisions import NEWEST, WRITER_REVISIONS, check_revision, scale_of
 
 __all__ = [
     "convert_torch",
@@ -46,11 +46,7 @@ __all__ = [
 _TILE = 128  # NoPE elements per scale
 _NUM_TILES = NOPE_DIM // _TILE
 _FP8_MAX = 448.0
-_FLT_MIN = torch.finfo(torch.float32).tiny  # 2**-126, the smallest normal f32
 _FP8_NAN_CODE = 0x7F  # what __nv_cvt_float_to_fp8(NaN, __NV_SATFINITE, E4M3) gives
-# The C literal 1e-4f, by its bits: a Python float goes through float64 first, and the floor
-# must be exactly the float32 the CUDA writer compares with.
-_F32_1E_4_BITS = 0x38D1B717
 
 
 # ---------------------------------------------------------------- convert (§3)
@@ -185,10 +181,10 @@ def tile_scales_torch(kv_c: torch.Tensor, *, revision: str = NEWEST) -> torch.Te
     # A true f32 division. Dividing by a Python scalar would not be one on
     # CUDA: torch turns `tensor / scalar` into a multiply by the reciprocal.
     q = amax / torch.full_like(amax, _FP8_MAX)
-    if revision not in POW2_SCALE:
-        return torch.clamp_min(q, _FLT_MIN)
-    floor = torch.full_like(q, _F32_1E_4_BITS, dtype=torch.int32).view(torch.float32)
-    return _pow2_ceil_torch(torch.maximum(q, floor))
+    rule = scale_of(revision)  # the revision's writer_scale rule: its floor, then maybe a power of two
+    floor = torch.full_like(q, rule.floor_bits, dtype=torch.int32).view(torch.float32)
+    s = torch.maximum(q, floor)
+    return _pow2_ceil_torch(s) if rule.pow2 else s
 
 
 def encode_records_torch(kv_c: torch.Tensor, k_pe: torch.Tensor, *, revision: str = NEWEST) -> torch.Tensor:

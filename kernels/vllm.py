@@ -1,4 +1,4 @@
-"""Resolve vLLM's own convert, gather and writer from an installed vllm.
+"""Resolve vLLM's own convert, gather, writer and packing chunk planner from an installed vllm.
 
 vLLM's functions have the exact public signatures of SPEC.md, so they plug in
 unchanged. The older gather (before PR #48642) took ``seq_lens`` and no
@@ -36,9 +36,16 @@ def _find(op: str, candidates: tuple[tuple[str, str], ...]) -> Callable:
     raise ImplError(f"--impl {op}=vllm: this vllm has no {op} implementation (looked for {', '.join(tried) or 'none'})")
 
 
-def vllm_entry(op: str, *, rejects: frozenset[str], candidates: tuple[tuple[str, str], ...]) -> ImplEntry:
+def vllm_entry(
+    op: str,
+    *,
+    rejects: frozenset[str],
+    candidates: tuple[tuple[str, str], ...],
+    devices: frozenset[str] = frozenset({"cuda"}),
+) -> ImplEntry:
     """``candidates``: where vLLM keeps the op, as (module, attribute), newest layout first (the op
-    table's row says; none: vLLM has no implementation of it)."""
+    table's row says; none: vLLM has no implementation of it); ``devices``: where it runs (CUDA
+    kernels; a pure Python one such as the chunk planner anywhere)."""
     if not candidates:
         raise ImplError(f"--impl {op}=vllm: vllm has no implementation of op {op!r}")
     fn = _find(op, candidates)
@@ -47,7 +54,7 @@ def vllm_entry(op: str, *, rejects: frozenset[str], candidates: tuple[tuple[str,
         op=op,
         name="vllm",
         loader=lambda device: fn,
-        devices=frozenset({"cuda"}),
+        devices=devices,
         rejects=rejects,
         description=f"vLLM's {op}",
         capabilities=caps,

@@ -9,9 +9,18 @@ outputs as an implementation of the pipeline:
   (5.3) from those very counts: decode_query_len, num_active_decodes,
   prefill_request_ids [T], prefill_chunks [n, 2], workspace_starts [P],
   prefill_chunk_seq_tot [n];
-- the chunked-context plan (5.2) over the prefill side's contexts:
-  context_chunk, context_starts / context_lens [n_chunks, P],
-  context_cu_seq_lens [n_chunks, P+1], context_seq_tot [n_chunks];
+- the chunked-context plan over the prefill side's contexts, by the
+  revision's ``context_chunks`` rule: ``equal_width`` (5.2) or
+  ``packing_planner`` (9.1, as vLLM's call site asks it without DCP: B = W,
+  max_context_chunk = round_down(W, bs), split_alignment = bs): context_chunk
+  (the width, or max_context_chunk), context_requests [n_chunks, 2] (each
+  chunk's prefill-local request range; all prefills for an equal-width
+  chunk), context_starts / context_lens [n_chunks, P] (0 outside the
+  chunk's range), context_cu_seq_lens [n_chunks, P+1] (a chunk's own [n+1]
+  is its slice [request_start : request_end + 1]), context_seq_tot
+  [n_chunks]; under DCP (world D > 1, interleave I; the planner's rule only)
+  the planner gets B = W // D, alignment lcm(bs, D*I), padded rows
+  ceil(r / (D*I)) * I, and the plan stays in global token starts and lengths;
 - dense_route (5.4): 1 when every prefill has seq_len <= K;
 - decode_slots [num_decode_tokens, K]: section 3 on the decode subset only;
 - prefill_slots: on the sparse route, the prefill rows converted to
@@ -36,6 +45,8 @@ requests the split put on the prefill side (none: dense).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -51,6 +62,7 @@ from mlafuzz.oracles.metadata import (
     split_decodes_and_prefills,
     split_decodes_and_prefills_loop,
 )
+from mlafuzz.oracles.plan import padded_rows_of, plan_loop
 
 __all__ = ["step_oracle", "sequence_rows", "sequence_rows_loop"]
 
@@ -86,6 +98,44 @@ def sequence_rows(*, kv_cache: Tensor, block_table: Tensor, requests: list[int],
     return dequant_records(cache[blocks, pos % bs])
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """The packing planner's chunks in the dense [n_chunks, P] form of the 5.2 plan."""
+
+    chunk: int
+    starts: list[list[int]]
+    lens: list[list[int]]
+    cu_seq_lens: list[list[int]]
+    seq_tot: list[int]
+    requests: list[tuple[int, int]]
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.seq_tot)
+
+
+def _planned(ctx: list[int], workspace_rows: int, bs: int, world: int, interleave: int) -> _Planned:
+    """The planner called as vLLM's call site calls it (DCP: B = W // D, alignment lcm(bs, D*I))."""
+    align = bs if world == 1 else math.lcm(bs, world * interleave)
+    cap = workspace_rows // align * align
+    chunks = plan_loop(
+        context_lens=ctx,
+        row_budget=workspace_rows // world,
+        max_context_chunk=cap,
+        split_alignment=align,
+        padded_rows=padded_rows_of(dcp_world_size=world, interleave=interleave),
+    )
+    starts = [[0] * len(ctx) for _ in chunks]
+    lens = [[0] * len(ctx) for _ in chunks]
+    for i, c in enumerate(chunks):
+        starts[i][c.request_start : c.request_end] = c.starts
+        lens[i][c.request_start : c.request_end] = c.seq_lens
+    cu = [[sum(row[:j]) for j in range(len(row) + 1)] for row in lens]
+    return _Planned(
+        cap, starts, lens, cu, [sum(row) for row in lens], [(c.request_start, c.request_end) for c in chunks]
+    )
+
+
 def step_oracle(
     *,
     kv_cache: Tensor,
@@ -99,6 +149,9 @@ def step_oracle(
     require_uniform: bool,
     workspace_rows: int,
     topk: int,
+    context_chunks: str = "equal_width",
+    dcp_world_size: int = 1,
+    dcp_interleave: int = 1,
     loop: bool = False,
 ) -> dict[str, Tensor]:
     """Every output of the step pipeline (module docstring)."""
@@ -125,7 +178,13 @@ def step_oracle(
     )
     prefills = list(range(nd, len(sl)))
     ctx = [sl[r] - (qsl[r + 1] - qsl[r]) for r in prefills]
-    plan = ctx_fn(context_lens=ctx, workspace_rows=workspace_rows, block_size=bs)
+    if context_chunks == "packing_planner":
+        plan = _planned(ctx, workspace_rows, bs, dcp_world_size, dcp_interleave)
+    elif context_chunks == "equal_width":
+        plan = ctx_fn(context_lens=ctx, workspace_rows=workspace_rows, block_size=bs)
+    else:
+        raise ValueError(f"context_chunks={context_chunks!r}: expected equal_width or packing_planner")
+    requests = getattr(plan, "requests", [(0, len(ctx))] * plan.n_chunks)
     dense = all(sl[r] <= topk for r in prefills)
 
     req_id = req_id_per_token.cpu()
@@ -167,6 +226,7 @@ def step_oracle(
         "context_lens": _i32([list(r) for r in plan.lens], (n_ctx, n_pre)),
         "context_cu_seq_lens": _i32([list(r) for r in plan.cu_seq_lens], (n_ctx, n_pre + 1)),
         "context_seq_tot": _i32(list(plan.seq_tot)),
+        "context_requests": _i32([list(r) for r in requests], (n_ctx, 2)),
         "decode_slots": decode_slots.to(torch.int32),
         "prefill_slots": prefill_slots.to(torch.int32),
         "context_rows": context_rows,

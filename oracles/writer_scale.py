@@ -1,12 +1,13 @@
 """The writer's per-tile scale rule, by contract revision (SPEC.md sections 2 and 7).
 
 One tile is 128 NoPE values; `amax` is the largest |f32(x)| over its non-NaN
-elements (0 if there are none). The revisions differ only in how amax becomes
-the stored float32 scale:
+elements (0 if there are none). A revision's ``writer_scale`` rule (its row in
+``mlafuzz.oracles.revisions``) says how amax becomes the stored float32 scale;
+``SCALE_RULES`` holds each rule's floor and rounding:
 
-- ``2026-07`` (vLLM PR #48642, cache_kernels.cu @ 00eb0c874eb5):
+- ``flt_min`` (revision 2026-07; vLLM PR #48642, cache_kernels.cu @ 00eb0c874eb5):
   ``scale = max(f32(amax / 448), FLT_MIN)``, stored as is.
-- ``2026-09`` (vLLM PR #49435, cache_kernels.cu @ 2a814fefa0e5):
+- ``pow2_1e-4`` (2026-09 and later; vLLM PR #49435, cache_kernels.cu @ 2a814fefa0e5):
   ``s = max(f32(amax / 448), 1e-4f)`` then ``scale = 2**ceil(log2(s))``,
   and the stored scale is that power of two. vLLM spells the rounding
   ``exp2f(ceilf(log2f(s)))``.
@@ -40,16 +41,21 @@ Readings chosen (write them down, SPEC 7 asks for it):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
 from torch import Tensor
 
+from mlafuzz.oracles import revisions
 from mlafuzz.oracles.fpbits import FLT_MIN, FP8_MAX, f32_bits, f32_div, f32_rne
 
 __all__ = [
     "REVISIONS",
     "NEWEST",
+    "SCALE_RULES",
+    "ScaleRule",
+    "scale_rule",
     "F32_1E_4",
     "LOG2F_BAND_ULPS",
     "check_revision",
@@ -63,10 +69,10 @@ __all__ = [
     "log2f_may_disagree_mask",
 ]
 
-#: Contract revisions of the writer, oldest first (SPEC.md section 7).
-REVISIONS: tuple[str, ...] = ("2026-07", "2026-09")
+#: The contract revisions, oldest first (SPEC.md section 7): the revision table's names.
+REVISIONS: tuple[str, ...] = revisions.names()
 #: The revision an implementation is held to unless it names another.
-NEWEST: str = REVISIONS[-1]
+NEWEST: str = revisions.newest()
 
 #: 1e-4f: the float32 nearest 1e-4 (0x38D1B717, 9.99999975e-05), from the exact
 #: rational so no host FPU or parser is involved.
@@ -77,11 +83,30 @@ F32_1E_4: float = f32_rne(Fraction(1, 10_000))
 LOG2F_BAND_ULPS = 2
 
 
+@dataclass(frozen=True)
+class ScaleRule:
+    """One ``writer_scale`` rule: the floor of amax / 448, and whether the result is rounded up
+    to a power of two."""
+
+    floor: float
+    pow2: bool
+
+
+#: writer_scale rule value -> its floor and rounding.
+SCALE_RULES: dict[str, ScaleRule] = {
+    "flt_min": ScaleRule(floor=FLT_MIN, pow2=False),
+    "pow2_1e-4": ScaleRule(floor=F32_1E_4, pow2=True),
+}
+
+
 def check_revision(revision: str) -> str:
     """Return `revision` if it is a known one, else raise ValueError naming them."""
-    if revision not in REVISIONS:
-        raise ValueError(f"revision={revision!r}: expected one of {', '.join(REVISIONS)}")
-    return revision
+    return revisions.check(revision)
+
+
+def scale_rule(revision: str) -> ScaleRule:
+    """The writer_scale rule of `revision` (its row in the revision table)."""
+    return SCALE_RULES[revisions.get(revision).rule("writer_scale")]
 
 
 # ----------------------------------------------------------------- scalar (loop)
@@ -108,13 +133,12 @@ def prescale_loop(amax: float, *, revision: str) -> float:
     """s of one tile before any power-of-two rounding: max(f32(amax / 448),
     floor) with floor FLT_MIN (2026-07) or 1e-4f (2026-09). amax is never NaN
     (see the module docstring), so the max is plain."""
-    floor = FLT_MIN if check_revision(revision) == "2026-07" else F32_1E_4
-    return max(f32_div(amax, FP8_MAX), floor)
+    return max(f32_div(amax, FP8_MAX), scale_rule(revision).floor)
 
 
 def scale_from_prescale_loop(s: float, *, revision: str) -> float:
     """The stored float32 scale for prescale s under `revision`."""
-    return s if check_revision(revision) == "2026-07" else pow2_ceil_loop(s)
+    return pow2_ceil_loop(s) if scale_rule(revision).pow2 else s
 
 
 # ----------------------------------------------------------------- tensors
@@ -154,14 +178,13 @@ def prescale(amax: Tensor, *, revision: str) -> Tensor:
     multiplies by the reciprocal, which is not the correctly rounded quotient
     the CUDA writer computes.
     """
-    floor = FLT_MIN if check_revision(revision) == "2026-07" else F32_1E_4
     q = amax / torch.full_like(amax, FP8_MAX)
-    return torch.maximum(q, torch.full_like(q, floor))
+    return torch.maximum(q, torch.full_like(q, scale_rule(revision).floor))
 
 
 def scale_from_prescale(s: Tensor, *, revision: str) -> Tensor:
     """Vectorized `scale_from_prescale_loop`."""
-    return s if check_revision(revision) == "2026-07" else pow2_ceil(s)
+    return pow2_ceil(s) if scale_rule(revision).pow2 else s
 
 
 # ----------------------------------------------------------------- log2f band

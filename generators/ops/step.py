@@ -21,12 +21,21 @@ Readings chosen where SPEC is silent (the oracle and the pipeline share them):
   token's request (``-1`` padded when ``topk_padded``); a request with
   seq_len 0 gets an all ``-1`` row. Positions may repeat within a row
   (generators/rng/topk.py ``topk_indices``).
+- DCP (``dcp_world_size`` D > 1, interleave I; SPEC 9.1, used by the packing
+  planner's revisions only), simulated on one device: context position p of a
+  request lives on rank ``(p // I) % D`` at local position ``(p // (D*I)) * I
+  + p % I``. ``dcp_kv_cache`` holds every rank's blocks in one pool and
+  ``dcp_block_table`` [D * R, M] rank k's table in rows [k*R, (k+1)*R): request
+  r owns ``ceil(padded / bs)`` contiguous blocks on each rank, ``padded =
+  ceil(ctx / (D*I)) * I`` (the rank-local rows a gather may be asked for);
+  local positions a rank does not hold are zero records.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Iterator
 
@@ -98,6 +107,8 @@ class StepSpec:
     workspace_rows: int = 256  # W: bounds the chunked context (5.2) and the prefill chunks (5.3)
     values: ValueMode = ValueMode.ACTIVATIONS
     topk_padded: bool = True  # top-k rows: distinct positions then -1 (else K positions, repeats allowed)
+    dcp_world_size: int = 1  # D: decode-context parallelism of the context gather (SPEC 9.1)
+    dcp_interleave: int = 1  # I: tokens per rank in turn (1 without DCP)
 
     def __post_init__(self) -> None:
         coerce_tuple(self, "requests", StepRequest)
@@ -109,6 +120,18 @@ class StepSpec:
         check_topk_tiling("StepSpec", topk=self.topk, block_n=self.block_n)
         check_int("StepSpec", "threshold", self.threshold, lo=0, hi=1 << 20)
         check_int("StepSpec", "workspace_rows", self.workspace_rows, lo=1, hi=1 << 24)
+        check_int("StepSpec", "dcp_world_size", self.dcp_world_size, lo=1, hi=8)
+        check_int("StepSpec", "dcp_interleave", self.dcp_interleave, lo=1, hi=64)
+        if self.dcp_world_size == 1 and self.dcp_interleave != 1:
+            fail("StepSpec", "dcp_interleave", self.dcp_interleave, "must be 1 without DCP (dcp_world_size=1)")
+        align = math.lcm(self.paging.block_size, self.dcp_world_size * self.dcp_interleave)
+        if self.dcp_world_size > 1 and self.workspace_rows < align:
+            fail(
+                "StepSpec",
+                "workspace_rows",
+                self.workspace_rows,
+                f"is below the DCP chunk alignment lcm(block_size, D*I)={align} (SPEC 9.1)",
+            )
         self._check_order()
         self._check_metadata()
 
@@ -235,7 +258,14 @@ def draw(d: Drawer, knobs: Knobs = SMALL) -> StepSpec:
 
     with_ctx = max(1, n_ext + (n_dec if n_ext + n_pre == 0 else 0))
     workspace_rows = with_ctx * bs * d.choice((1, 2, 3, 8))
+    world = d.choice((1, 1, 1, 1, 2, 3, 4, 8))
+    inter = d.choice((1, 2, 4, 8, 16, 32, 64)) if world > 1 else 1
+    if world > 1:  # the workspace holds at least one aligned piece (vLLM rounds it up to one)
+        align = math.lcm(bs, world * inter)
+        workspace_rows = max(workspace_rows, align * d.choice((1, 2)))
     spec_kw = dict(
+        dcp_world_size=world,
+        dcp_interleave=inter,
         requests=tuple(reqs),
         paging=paging,
         topk=k,
@@ -250,7 +280,7 @@ def draw(d: Drawer, knobs: Knobs = SMALL) -> StepSpec:
     except SpecError:
         # The split put more requests with context on the prefill side than drawn for (a decode batch
         # without the uniform rule): a workspace large enough for every request is always valid.
-        return StepSpec(workspace_rows=len(reqs) * bs * 8, **spec_kw)
+        return StepSpec(workspace_rows=max(workspace_rows, len(reqs) * bs * 8), **spec_kw)
 
 
 # --- materializing ---------------------------------------------------------
@@ -312,7 +342,11 @@ def materialize(spec: StepSpec, *, seed: int, device: str) -> Case:
         "req_id_per_token": owners,
         "topk_indices": indices,
     }
+    if spec.dcp_world_size > 1:
+        tensors.update(_dcp_caches(spec, cache, table))
     params = {
+        "dcp_world_size": spec.dcp_world_size,
+        "dcp_interleave": spec.dcp_interleave,
         "num_tokens": spec.num_tokens,
         "threshold": spec.threshold,
         "require_uniform": spec.require_uniform,
@@ -330,6 +364,46 @@ def materialize(spec: StepSpec, *, seed: int, device: str) -> Case:
         params=params,
         zero_blocks={"kv_cache": spec.paging.base_block} if spec.paging.base_block else {},
     )
+
+
+def _dcp_caches(spec: StepSpec, cache: torch.Tensor, table: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every rank's cache and block table (module docstring), made from the step's own records."""
+    world, inter, bs = spec.dcp_world_size, spec.dcp_interleave, spec.paging.block_size
+    virtual = world * inter
+    ctx = [r.context_len for r in spec.requests]
+    n_req = len(ctx)
+    padded = [-(-c // virtual) * inter for c in ctx]
+    blocks = [max(1, -(-n // bs)) for n in padded]
+    width = max(blocks)
+    per_rank = sum(blocks)
+    first = [sum(blocks[:r]) for r in range(n_req)]
+    dev = cache.device
+    local_table = torch.zeros((world * n_req, width), dtype=torch.int32)
+    for k in range(world):
+        for r in range(n_req):
+            local_table[k * n_req + r, : blocks[r]] = (
+                torch.arange(blocks[r], dtype=torch.int32) + k * per_rank + first[r]
+            )
+    # Local slot (k, r, j) -> the global slot of its position, or -1 where the rank holds none.
+    src = torch.full((world * per_rank * bs,), -1, dtype=torch.int64)
+    host_table = table.cpu().to(torch.int64)
+    for k in range(world):
+        for r in range(n_req):
+            j = torch.arange(blocks[r] * bs)
+            p = (j // inter) * virtual + k * inter + j % inter
+            ok = p < ctx[r]
+            slots = host_table[r, (p[ok] // bs)] * bs + p[ok] % bs
+            base = (k * per_rank + first[r]) * bs
+            src[base + j[ok]] = slots
+    flat = cache.view(torch.uint8).reshape(-1, cache.shape[-1])
+    src_dev = src.to(dev)
+    local = torch.where(
+        (src_dev >= 0)[:, None], flat[src_dev.clamp_min(0)], torch.zeros((), dtype=torch.uint8, device=dev)
+    )
+    return {
+        "dcp_kv_cache": local.reshape(world * per_rank, bs, cache.shape[-1]),
+        "dcp_block_table": local_table.to(dev),
+    }
 
 
 # --- features --------------------------------------------------------------
@@ -363,6 +437,8 @@ def features(spec: StepSpec) -> set[str]:
         running += r.seq_len
     if groups > 1:
         out.add("prefill-chunks>1")
+    if spec.dcp_world_size > 1:
+        out.add("dcp")
     return out
 
 
@@ -388,6 +464,8 @@ def reduce(s: StepSpec) -> Iterator[StepSpec]:
         yield dataclasses.replace(s, values=ValueMode.ACTIVATIONS)
     if not s.topk_padded:
         yield dataclasses.replace(s, topk_padded=True)
+    if s.dcp_world_size > 1:
+        yield from attempt(lambda: dataclasses.replace(s, dcp_world_size=1, dcp_interleave=1))
 
 
 GENERATOR = Generator(

@@ -79,7 +79,9 @@ class Session:
         key = (op, ref, frozenset(rejects) if rejects is not None else None)
         if key not in self._entries:
             row = self.table.get(op)
-            self._entries[key] = self.registry.resolve(op, ref, contract=row.contract, rejects=rejects, vllm=row.vllm)
+            self._entries[key] = self.registry.resolve(
+                op, ref, contract=row.contract, rejects=rejects, vllm=row.vllm, vllm_devices=row.vllm_devices
+            )
         return self._entries[key]
 
     def load(self, entry: ImplEntry, device: str, *, revision: str | None = None) -> Callable:

@@ -33,7 +33,8 @@ from mlafuzz.harness.cli.args import (
     positive_seconds,
     shard,
 )
-from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
+from mlafuzz.harness.ops.names import NEWEST_REVISION
+from mlafuzz.oracles import revisions
 
 DEFAULT_OUT = "mlafuzz-out"
 
@@ -103,7 +104,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     f.add_argument("--ulp", type=nonneg_int, default=0, help="bf16 ulp budget (default 0: bit-exact)")
     f.add_argument(
         "--revision",
-        choices=REVISIONS,
+        choices=revisions.names(),  # the revision table's, read when the parser is built
         default=NEWEST_REVISION,
         help=f"contract revision (docs/contract.md, Revisions) to judge the implementations under (default the newest,"
         f" {NEWEST_REVISION}); a registry entry that pins one (a mutant of one revision's rule) keeps its own",

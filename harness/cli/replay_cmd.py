@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from mlafuzz.harness.cli.args import EXIT_FINDINGS, EXIT_OK, UsageError, positive_seconds
-from mlafuzz.harness.ops.names import REVISIONS
+from mlafuzz.oracles import revisions
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     r.add_argument("--device", choices=("cpu", "cuda"), help="default: the bundle's device if available, else cpu")
     r.add_argument(
         "--revision",
-        choices=REVISIONS,
+        choices=revisions.names(),  # the revision table's, read when the parser is built
         help="contract revision to replay under (default: the bundle's; an entry's pin still wins)",
     )
     r.add_argument(

@@ -4,7 +4,7 @@ Like harness/fast/gather.py, a filter: ``writer_records_flag`` says "the
 oracle's" only when ``kv_cache_after`` is byte for byte what
 ``oracles.codec.write_records`` makes from ``kv_cache_before`` under the
 case's contract revision (SPEC section 2, "Writer", and section 7: the
-``REVISION`` constexpr, an index into ``REVISIONS``); anything else sends the
+``POW2_SCALE`` constexpr, from the revision's ``writer_scale`` rule); anything else sends the
 harness to the oracle and the comparator. Anything outside the simple case
 (duplicate slots, a slot past the cache, odd dtypes or shapes, mixed devices)
 is "cannot tell".
@@ -52,10 +52,13 @@ from mlafuzz.generators.case import Case
 from mlafuzz.harness.fast.ieee import div_rn, quiet, use_asm, use_cvt
 from mlafuzz.harness.fast.launch import Launchers
 from mlafuzz.harness.fast.state import CaseState
-from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
+from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import Outputs
+from mlafuzz.oracles import revisions
 
 RECORD_BYTES = 656
+# writer_scale rule -> the kernel's POW2_SCALE constexpr; a rule not here is "cannot tell".
+_SCALE_RULES = {"flt_min": False, "pow2_1e-4": True}
 
 
 @triton.jit
@@ -137,7 +140,7 @@ def _check_records(
     IS_BF16: tl.constexpr,
     USE_ASM: tl.constexpr,
     USE_CVT: tl.constexpr,
-    REVISION: tl.constexpr,
+    POW2_SCALE: tl.constexpr,
 ):
     # The caches' bytes read as 16- and 32-bit words too, and the 16-bit floats as their patterns:
     # pointer casts here rather than typed views on the host (a view costs a few us there).
@@ -183,11 +186,11 @@ def _check_records(
     amax = amax_bits.to(tl.float32, bitcast=True)
     q = div_rn(amax, tl.full([4], 448.0, tl.float32), USE_ASM)
     q_bits = q.to(tl.int32, bitcast=True)  # q >= +0 and never NaN: its bits order like its values
-    if REVISION == 1:  # REVISIONS[1], 2026-09: max(q, 1e-4f), then the power of two >= it
+    if POW2_SCALE:  # writer_scale pow2_1e-4 (2026-09 on): max(q, 1e-4f), then the power of two >= it
         s_bits = tl.maximum(q_bits, 0x38D1B717)
         s_exp = s_bits & 0x7F800000
         scale_bits = tl.where(((s_bits & 0x7FFFFF) == 0) | (s_exp == 0x7F800000), s_bits, s_exp + 0x00800000)
-    else:  # 2026-07: max(q, FLT_MIN)
+    else:  # writer_scale flt_min (2026-07): max(q, FLT_MIN)
         scale_bits = tl.maximum(q_bits, 0x00800000)
     scale = tl.broadcast_to(scale_bits.to(tl.float32, bitcast=True)[:, None], (4, 128))
     new_code = _e4m3fn_code(div_rn(x, scale, USE_ASM), USE_CVT)
@@ -267,7 +270,8 @@ def writer_records_flag(
     device to set instead (element 0: 1 when it differs; element 1: 2 when the slots are not
     handled); it is returned as it is, the caller reading the larger of the two. ``revision``: the
     contract revision whose scale rule the records must follow (None from an unknown one)."""
-    if revision not in REVISIONS:
+    rule = revisions.get(revision).rule("writer_scale") if revision in revisions.names() else None
+    if rule not in _SCALE_RULES:
         return None
     dev = kv_cache_after.device
     if any(t.device != dev for t in (kv_c, k_pe, kv_cache_before, slot_mapping)):
@@ -302,7 +306,7 @@ def writer_records_flag(
                 "IS_BF16": kv.dtype == torch.bfloat16,
                 "USE_ASM": use_asm(dev),
                 "USE_CVT": use_cvt(dev),
-                "REVISION": REVISIONS.index(revision),
+                "POW2_SCALE": _SCALE_RULES[rule],
             },
             num_warps=1,
         )

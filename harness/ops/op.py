@@ -125,6 +125,7 @@ class Op:
     # vLLM's own implementation, as (module, attribute) candidates, newest layout first: what
     # ``--impl OP=vllm`` loads from an installed vllm (kernels/vllm.py); () : vLLM has none.
     vllm: tuple[tuple[str, str], ...] = ()
+    vllm_devices: frozenset[str] = frozenset({"cuda"})  # where vLLM's runs (a pure Python one: anywhere)
     # What ``mlafuzz bench`` measures of the op (None: bench leaves it out).
     bench: Bench | None = None
 

@@ -5,10 +5,12 @@ Sub-implementations. A step implementation is called as
 ``fn(kv_cache=..., block_table=..., query_start_loc=..., seq_lens=...,
 req_id_per_token=..., topk_indices=..., num_tokens=..., threshold=...,
 require_uniform=..., workspace_rows=..., topk=..., block_n=..., convert=...,
-gather=...)`` and returns a dict of named tensors. The harness hands it the
-``convert`` (SPEC 3) and ``gather`` (SPEC 4) to call (the ``sub`` source of
+gather=..., plan=...)`` and returns a dict of named tensors. The harness hands it the
+``convert`` (SPEC 3), ``gather`` (SPEC 4) and ``plan`` (SPEC 9.1: the packing chunk planner,
+loaded when first called, which a revision whose ``context_chunks`` rule is
+``packing_planner`` does) to call (the ``sub`` source of
 ``invoke``: any ``--impl`` reference, from ``$MLAFUZZ_STEP_CONVERT`` /
-``$MLAFUZZ_STEP_GATHER``, else those ops' defaults in the op table; the
+``$MLAFUZZ_STEP_GATHER`` / ``$MLAFUZZ_STEP_PLAN``, else those ops' defaults in the op table; the
 session resolves them once per process). Environment variables reach
 spawned workers unchanged and need no spec field (the spec says what the
 step is, not who runs it); findings name the pair in ``extra``.
@@ -41,6 +43,7 @@ call's findings) re-files what the comparator says, one cause one finding:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -49,6 +52,7 @@ import torch
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import step as gen
 from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+from mlafuzz.oracles import revisions
 from mlafuzz.reports.findings import Finding, Kind
 
 SUB_REFS_KEY = "_step_sub_impls"  # non-tensor output: the sub-implementations' --impl references
@@ -71,6 +75,7 @@ METADATA_OUTPUTS = frozenset(
         "context_lens",
         "context_cu_seq_lens",
         "context_seq_tot",
+        "context_requests",
         "invariants",
     }
 )
@@ -89,6 +94,7 @@ METADATA_ORDER = (
     "prefill_chunk_seq_tot",
     "dense_route",
     "context_chunk",
+    "context_requests",
     "context_starts",
     "context_lens",
     "context_cu_seq_lens",
@@ -130,12 +136,16 @@ class GatherCall:
     batch_size: int
     ws: tuple[int, ...]
     seq_starts: tuple[int, ...] | None
+    table: tuple[tuple[int, ...], ...] = ()  # the block table rows it read (its first batch_size rows)
 
 
 @dataclass
 class SubCallRecorder:
     convert_fn: Callable
     gather_fn: Callable
+    block_table: Any = None  # the step's whole block table: a chunk's gather reads a row slice of it
+    # (D, I, every rank's block table [D * R, M]) when the context gather runs under DCP (SPEC 9.1)
+    dcp: tuple[int, int, Any] | None = None
     converts: list[ConvertCall] = field(default_factory=list)
     gathers: list[GatherCall] = field(default_factory=list)
 
@@ -199,7 +209,8 @@ class SubCallRecorder:
             ) from None
         if bad:
             raise StepCallError(f"gather:{bad[0]}", f"step called gather breaking its preconditions {bad} {where}")
-        self.gathers.append(GatherCall(total=int(dst.shape[0]), batch_size=b, ws=ws, seq_starts=ss))
+        rows = tuple(tuple(r) for r in block_table[:b].tolist())
+        self.gathers.append(GatherCall(total=int(dst.shape[0]), batch_size=b, ws=ws, seq_starts=ss, table=rows))
         return self.gather_fn(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
 
     # -- cross-field invariants, from the pipeline's own outputs -------------
@@ -238,19 +249,61 @@ class SubCallRecorder:
             return None
         return f"convert got {rows} prefill rows, prefill_slots has {slots}, expected {want} for this route"
 
+    def _table_rows(self, first: int, n: int) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(r) for r in self.block_table[first : first + n].tolist())
+
     def _expected_gathers(self, out: Mapping[str, Any]) -> list[GatherCall]:
-        p = self._int(out, "num_prefills")
+        """The gather calls the pipeline's own metadata says it makes: per context chunk, over its
+        requests [rs, re) (every prefill for an equal-width chunk), the prefill table's rows
+        from rs, its cu_seq_lens from rs and its starts (SPEC 5.2 / 9.1); per 5.3 chunk, whole
+        sequences from 0."""
+        nd = self._int(out, "num_decodes")
+        if self._int(out, "dense_route") and self.dcp is not None:
+            return self._expected_dcp_gathers(out, nd)
         if self._int(out, "dense_route"):
             starts, cu = out["context_starts"].tolist(), out["context_cu_seq_lens"].tolist()
+            ranges = out["context_requests"].tolist()
             return [
-                GatherCall(total=t, batch_size=p, ws=tuple(cu[i][:p]), seq_starts=tuple(starts[i]))
-                for i, t in enumerate(out["context_seq_tot"].tolist())
+                GatherCall(
+                    total=t,
+                    batch_size=re_ - rs,
+                    ws=tuple(cu[i][rs:re_]),
+                    seq_starts=tuple(starts[i][rs:re_]),
+                    table=self._table_rows(nd + rs, re_ - rs),
+                )
+                for i, (t, (rs, re_)) in enumerate(zip(out["context_seq_tot"].tolist(), ranges))
             ]
         ws = out["workspace_starts"].tolist()
         return [
-            GatherCall(total=t, batch_size=e - s, ws=tuple(ws[s:e]), seq_starts=(0,) * (e - s))
+            GatherCall(
+                total=t,
+                batch_size=e - s,
+                ws=tuple(ws[s:e]),
+                seq_starts=(0,) * (e - s),
+                table=self._table_rows(nd + s, e - s),
+            )
             for (s, e), t in zip(out["prefill_chunks"].tolist(), out["prefill_chunk_seq_tot"].tolist())
         ]
+
+    def _expected_dcp_gathers(self, out: Mapping[str, Any], nd: int) -> list[GatherCall]:
+        """Under DCP, per chunk, D gathers (rank after rank): request r's slice [s, s+n) as local
+        rows from padded(s), padded(s+n) - padded(s) of them, padded(x) = ceil(x / (D*I)) * I,
+        from rank k's rows of its block table."""
+        world, inter, table = self.dcp  # type: ignore[misc]
+        padded = lambda x: -(-x // (world * inter)) * inter  # noqa: E731
+        n_req = int(table.shape[0]) // world
+        calls = []
+        starts, lens = out["context_starts"].tolist(), out["context_lens"].tolist()
+        for i, (rs, re_) in enumerate(out["context_requests"].tolist()):
+            local = [padded(s) for s in starts[i][rs:re_]]
+            sizes = [padded(s + n) - ls for s, n, ls in zip(starts[i][rs:re_], lens[i][rs:re_], local)]
+            cu = tuple(itertools.accumulate([0] + sizes))
+            for k in range(world):
+                rows = tuple(tuple(r) for r in table[k * n_req + nd + rs : k * n_req + nd + re_].tolist())
+                calls.append(
+                    GatherCall(total=cu[-1], batch_size=re_ - rs, ws=cu[:-1], seq_starts=tuple(local), table=rows)
+                )
+        return calls
 
     def _gather_calls(self, out: Mapping[str, Any]) -> str | None:
         want = self._expected_gathers(out)
@@ -260,7 +313,10 @@ class SubCallRecorder:
         if len(got) != len(want):
             return f"{len(got)} gather calls for {len(want)} chunks of the pipeline's own plan"
         i = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-        return f"gather call {i} got {self.gathers[i]}, but the pipeline's own metadata says {want[i]}"
+        fields = [f.name for f in dataclasses.fields(GatherCall) if getattr(got[i], f.name) != getattr(want[i], f.name)]
+        show = lambda g: {f: getattr(g, f) for f in fields if f != "table"}  # noqa: E731
+        rows = " (block_table: not the chunk's rows of the prefill table)" if "table" in fields else ""
+        return f"gather call {i} got {show(got[i])}, but the pipeline's own metadata says {show(want[i])}{rows}"
 
     def _gathered_rows(self, out: Mapping[str, Any]) -> str | None:
         dense = self._int(out, "dense_route")
@@ -280,7 +336,10 @@ def run_step(
 ) -> tuple[dict[str, Any], SubCallRecorder]:
     """Call a step implementation on the case's tensors ``t`` with recording sub-impls; (outputs, recorder)."""
     p = case.params
-    rec = SubCallRecorder(convert_fn=sub("convert"), gather_fn=sub("gather"))
+    world = p.get("dcp_world_size", 1)
+    planner = revisions.get(p.get("revision") or revisions.newest()).rule("context_chunks") == "packing_planner"
+    dcp = (world, p.get("dcp_interleave", 1), t["dcp_block_table"]) if world > 1 and planner else None
+    rec = SubCallRecorder(convert_fn=sub("convert"), gather_fn=sub("gather"), block_table=t["block_table"], dcp=dcp)
     out = dict(
         fn(
             kv_cache=t["kv_cache"],
@@ -297,6 +356,11 @@ def run_step(
             block_n=p["block_n"],
             convert=rec.convert,
             gather=rec.gather,
+            plan=lambda *args: sub("plan")(*args),  # loaded when the pipeline plans with it
+            dcp_world_size=world,
+            dcp_interleave=p.get("dcp_interleave", 1),
+            dcp_kv_cache=t.get("dcp_kv_cache"),
+            dcp_block_table=t.get("dcp_block_table"),
         )
     )
     return out, rec
@@ -316,6 +380,7 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
         from mlafuzz.oracles.step import step_oracle
 
         t, p = case.tensors, case.params
+        revision = revisions.get(p.get("revision") or revisions.newest())
         out = step_oracle(
             kv_cache=t["kv_cache"],
             block_table=t["block_table"],
@@ -328,6 +393,9 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
             require_uniform=p["require_uniform"],
             workspace_rows=p["workspace_rows"],
             topk=p["topk"],
+            context_chunks=revision.rule("context_chunks"),
+            dcp_world_size=p.get("dcp_world_size", 1),
+            dcp_interleave=p.get("dcp_interleave", 1),
             loop=loop,
         )
         out["invariants"] = torch.ones(len(INVARIANTS), dtype=torch.int32)
@@ -444,6 +512,11 @@ STEP = Op(
             "block_n",
             "convert",
             "gather",
+            "plan",
+            "dcp_world_size",
+            "dcp_interleave",
+            "dcp_kv_cache",
+            "dcp_block_table",
         )
     ),
 )

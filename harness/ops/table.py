@@ -10,24 +10,16 @@ from __future__ import annotations
 
 from mlafuzz.harness.ops.convert import CONVERT
 from mlafuzz.harness.ops.gather import GATHER
-from mlafuzz.harness.ops.names import NAMES, REVISIONS
+from mlafuzz.harness.ops.names import NAMES
 from mlafuzz.harness.ops.op import Op, OpTable, Outputs
+from mlafuzz.harness.ops.plan import PLAN
 from mlafuzz.harness.ops.step import STEP
 from mlafuzz.harness.ops.writer import WRITER
 
-OPS = OpTable((CONVERT, GATHER, WRITER, STEP))
+OPS = OpTable((CONVERT, GATHER, WRITER, STEP, PLAN))
 
 if OPS.names != NAMES:  # names.py is what --help shows without importing torch
     raise ImportError(f"harness/ops/names.py says {NAMES}, the op table holds {OPS.names}")
 
-
-def _check_revisions() -> None:
-    from mlafuzz.oracles.writer_scale import REVISIONS as ORACLE_REVISIONS
-
-    if REVISIONS != ORACLE_REVISIONS:
-        raise ImportError(f"harness/ops/names.py says revisions {REVISIONS}, the oracles know {ORACLE_REVISIONS}")
-
-
-_check_revisions()
 
 __all__ = ["OPS", "Op", "OpTable", "Outputs"]

@@ -19,6 +19,7 @@ from mlafuzz.generators.ops import writer as gen
 from mlafuzz.generators.spec import Paging
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
+from mlafuzz.harness.ops.revision_hint import hint_revision
 
 # The cause of a writer VALUE_MISMATCH that fp32 log2f could explain (see ``review``).
 LOG2F_BAND_CAUSE = "kv_cache:log2f_band"
@@ -100,6 +101,13 @@ def relabel_band(findings: list, *, case: Case, band: torch.Tensor, differs: tor
 
 
 def review(case: Case, call: Any, findings: list, ctx: Any) -> list:
+    """A kv_cache mismatch that another revision's rule makes exactly says so (revision_hint.py);
+    else the log2f band is named as its cause where it could explain it."""
+    hinted = hint_revision(case, call, findings, oracle=_oracle(False), output="kv_cache", rule="writer_scale")
+    return hinted if hinted is not findings else _band_review(case, call, findings, ctx)
+
+
+def _band_review(case: Case, call: Any, findings: list, ctx: Any) -> list:
     """Name the log2f band as the cause of a kv_cache mismatch it could explain (SPEC section 7).
     Cheap unless a written tile lies in the band, which bf16 and fp16 inputs never reach
     (oracles/writer_scale.py says why); only then are the differing records looked up."""

@@ -24,6 +24,7 @@ from typing import Callable
 from mlafuzz.kernels.builtins import CONVERT_OPTIONS, CUDA_GATHER_REJECTS, CUDA_WRITER_REJECTS, GATHER_OPTIONS
 from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry
+from mlafuzz.kernels.mutants.planner_bugs import PLANNER_MUTANTS
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
 
 
@@ -411,47 +412,51 @@ def _cpp_throw_prepare(device: str) -> None:
         cuda_ext.load_extension()
 
 
-MUTANTS: tuple[ImplEntry, ...] = tuple(
-    ImplEntry(
-        op=m.op,
-        name=m.name,
-        loader=_loader(m.op, m.bug, m.cuda_bug, m.revision),
-        devices=frozenset(m.devices),
-        rejects=KERNEL_REJECTS[m.op] if m.cuda_bug else REJECTS[m.op],
-        description=m.description,
-        expected_kind=m.kind,
-        is_mutant=True,
-        revision=m.revision,
-        revisions=_revisions(m),
-        capabilities=m.capabilities,
-        awaits=m.awaits,
-        size=m.size,
-        prepare=_prepare_cuda_bug if m.cuda_bug else None,
+MUTANTS: tuple[ImplEntry, ...] = (
+    tuple(
+        ImplEntry(
+            op=m.op,
+            name=m.name,
+            loader=_loader(m.op, m.bug, m.cuda_bug, m.revision),
+            devices=frozenset(m.devices),
+            rejects=KERNEL_REJECTS[m.op] if m.cuda_bug else REJECTS[m.op],
+            description=m.description,
+            expected_kind=m.kind,
+            is_mutant=True,
+            revision=m.revision,
+            revisions=_revisions(m),
+            capabilities=m.capabilities,
+            awaits=m.awaits,
+            size=m.size,
+            prepare=_prepare_cuda_bug if m.cuda_bug else None,
+        )
+        for m in CATALOG
     )
-    for m in CATALOG
-) + (
-    ImplEntry(
-        op="convert",
-        name="triton_overwide",
-        loader=_overwide_loader,
-        devices=frozenset({"cuda"}),
-        rejects=CONVERT_REJECTS,
-        expected_kind="OOB_WRITE",
-        is_mutant=True,
-        requires=("triton",),
-        description="Triton kernel launched over req_id rows while out has token_indices rows (pre-#48642)",
-    ),
-    # Issue 16: a crash-prone error-input class. Its kind is CRASH, so `mutants` runs it in a worker.
-    ImplEntry(
-        op="gather",
-        name="gather_cpp_throw",
-        loader=_cpp_throw_loader,
-        devices=frozenset({"cpu", "cuda"}),
-        rejects=CUDA_GATHER_REJECTS,
-        expected_kind="CRASH",
-        is_mutant=True,
-        tools=("g++",),
-        prepare=_cpp_throw_prepare,
-        description="its C++ host check throws on a non-bf16 dst and the process aborts (vLLM on the H200); else ours",
-    ),
-)
+    + (
+        ImplEntry(
+            op="convert",
+            name="triton_overwide",
+            loader=_overwide_loader,
+            devices=frozenset({"cuda"}),
+            rejects=CONVERT_REJECTS,
+            expected_kind="OOB_WRITE",
+            is_mutant=True,
+            requires=("triton",),
+            description="Triton kernel launched over req_id rows while out has token_indices rows (pre-#48642)",
+        ),
+        # Issue 16: a crash-prone error-input class. Its kind is CRASH, so `mutants` runs it in a worker.
+        ImplEntry(
+            op="gather",
+            name="gather_cpp_throw",
+            loader=_cpp_throw_loader,
+            devices=frozenset({"cpu", "cuda"}),
+            rejects=CUDA_GATHER_REJECTS,
+            expected_kind="CRASH",
+            is_mutant=True,
+            tools=("g++",),
+            prepare=_cpp_throw_prepare,
+            description="its C++ host check throws on a non-bf16 dst and the process aborts (vLLM on the H200); else ours",
+        ),
+    )
+    + PLANNER_MUTANTS
+)  # the packing chunk planner's (SPEC 9.1): planner_bugs.py

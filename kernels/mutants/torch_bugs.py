@@ -23,6 +23,7 @@ from mlafuzz.kernels.checks import (
     check_gather_host_rows,
     check_gather_values,
 )
+from mlafuzz.kernels.revisions import pow2_scale
 
 FLT_MIN = torch.finfo(torch.float32).tiny
 
@@ -300,7 +301,7 @@ def _pow2(s: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor]) -> 
 
 def _revision_scale(amax: torch.Tensor, revision: str) -> torch.Tensor:
     """The revision's own scale rule, from a (possibly wrong) amax."""
-    if revision == "2026-07":
+    if not pow2_scale(revision):
         return _floored(_over_448(amax), FLT_MIN)
     return _pow2(_floored(_over_448(amax), F32_1E_4), torch.ceil)
 

@@ -7,6 +7,8 @@ and must agree with the step oracle on every output (run_case: no finding).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -17,16 +19,25 @@ from mlafuzz.harness.ops.step import StepCallError, run_step
 from mlafuzz.oracles.codec import dequant_records
 from mlafuzz.tests.support.helpers import materialize, resolve, run_case, session
 
+# SPEC 5's examples are of the equal-width chunks (context_chunks equal_width: 2026-09 and before);
+# SPEC 9.1's packing planner is revision 2026-10's.
+EQUAL_WIDTH, PLANNER = "2026-09", "2026-10"
 
-def _run(spec: StepSpec, impl: str = "ours", seed: int = 0):
-    case = materialize(spec, seed, "cpu")
+
+def _at(case, revision: str):
+    return dataclasses.replace(case, params={**case.params, "revision": revision})
+
+
+def _run(spec: StepSpec, impl: str = "ours", seed: int = 0, revision: str = EQUAL_WIDTH):
+    case = _at(materialize(spec, seed, "cpu"), revision)
     s = session()
-    out, rec = run_step(s.load(resolve("step", impl), "cpu"), case, case.cloned_tensors(), s.sub("cpu"))
+    fn = s.load(resolve("step", impl), "cpu", revision=revision)
+    out, rec = run_step(fn, case, case.cloned_tensors(), s.sub("cpu"))
     return case, out, rec
 
 
-def _agrees_with_oracle(spec: StepSpec, seed: int = 0) -> None:
-    case = materialize(spec, seed, "cpu")
+def _agrees_with_oracle(spec: StepSpec, seed: int = 0, revision: str = EQUAL_WIDTH) -> None:
+    case = _at(materialize(spec, seed, "cpu"), revision)
     result = run_case(case=case, entry=resolve("step", "ours"), rerun=True)
     assert result.findings == (), [f.message for f in result.findings]
 
@@ -164,6 +175,37 @@ def test_chunked_context_example_gathers_each_chunk_with_its_seq_starts():
     want = torch.cat([_context(case, 0, 10), _context(case, 1, 3), _context(case, 2, 7)])
     assert torch.equal(out["context_rows"].view(torch.int16), want.view(torch.int16))
     _agrees_with_oracle(_chunked_example())
+
+
+def test_the_packing_planner_gathers_each_chunk_from_its_row_slice_with_continuation_starts():
+    """SPEC 9.1 on [10, 3, 7, 0], W = 8, bs = 2: request 0 is split at 8; the second chunk
+    continues it and packs request 1 whole and 2 of request 2 (the aligned piece that fits); the
+    third continues request 2, and the request without context ends it."""
+    case, out, rec = _run(_chunked_example(), revision=PLANNER)
+    assert out["context_requests"].tolist() == [[0, 1], [0, 3], [2, 3]]
+    assert out["context_seq_tot"].tolist() == [8, 7, 5]
+    calls = [(g.batch_size, g.ws, g.seq_starts, g.total) for g in rec.gathers]
+    assert calls == [(1, (0,), (0,), 8), (3, (0, 2, 5), (8, 0, 0), 7), (1, (0,), (2,), 5)]
+    table = case.tensors["block_table"].tolist()
+    assert [g.table for g in rec.gathers] == [(tuple(table[0]),), tuple(map(tuple, table[0:3])), (tuple(table[2]),)]
+    want = torch.cat([_context(case, 0, 10), _context(case, 1, 3), _context(case, 2, 7)])
+    assert torch.equal(out["context_rows"].view(torch.int16), want.view(torch.int16))
+    _agrees_with_oracle(_chunked_example(), revision=PLANNER)
+
+
+def test_under_dcp_each_rank_gathers_its_padded_local_rows_from_its_local_starts():
+    """SPEC 9.1 with D = 2, I = 2 (V = 4) on [10, 3, 7, 0], W = 8, bs = 2: B = 4 rank-local rows,
+    alignment lcm(2, 4) = 4, padded(r) = ceil(r / 4) * 2. Request 0 is split at 8 (4 local rows);
+    the second chunk continues it from local row 4 and packs request 1; request 2 fits alone."""
+    spec = dataclasses.replace(_chunked_example(), dcp_world_size=2, dcp_interleave=2)
+    case, out, rec = _run(spec, revision=PLANNER)
+    assert out["context_requests"].tolist() == [[0, 1], [0, 2], [2, 3]]
+    assert out["context_seq_tot"].tolist() == [8, 5, 7]  # global context tokens per chunk
+    calls = [(g.batch_size, g.ws, g.seq_starts, g.total) for g in rec.gathers]
+    assert calls == [(1, (0,), (0,), 4)] * 2 + [(2, (0, 2), (4, 0), 4)] * 2 + [(1, (0,), (0,), 4)] * 2
+    want = torch.cat([_context(case, 0, 10), _context(case, 1, 3), _context(case, 2, 7)])
+    assert torch.equal(out["context_rows"].view(torch.int16), want.view(torch.int16))
+    _agrees_with_oracle(spec, revision=PLANNER)
 
 
 def test_without_seq_starts_later_chunks_reread_the_first():

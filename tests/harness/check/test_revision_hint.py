@@ -1,0 +1,59 @@
+"""A writer that follows another contract revision exactly is told which one (issue 30, item 6)."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from mlafuzz.harness.check.session import Session
+from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
+from mlafuzz.harness.drive.workers import InProcess
+from mlafuzz.harness.ops.table import OPS
+from mlafuzz.kernels import torch_impl
+from mlafuzz.kernels.entry import ImplEntry
+from mlafuzz.kernels.registry import Registry, default_registry
+
+
+def _writer_of(revision: str) -> ImplEntry:
+    return ImplEntry(
+        op="writer",
+        name=f"torch_{revision}",
+        loader=lambda device: functools.partial(torch_impl.writer_torch, revision=revision),
+        devices=frozenset({"cpu"}),
+        rejects=frozenset(),
+    )
+
+
+def _findings(tmp_path, impl: str, revision: str) -> list[dict]:
+    registry = Registry.of((*default_registry().entries(), _writer_of("2026-07"), _writer_of("2026-09")))
+    session = Session(table=OPS, registry=registry)
+    config = FuzzConfig(
+        ops=("writer",),
+        impls={"writer": impl},
+        device="cpu",
+        cases=12,
+        seed=1,
+        out_dir=tmp_path / impl,
+        revision=revision,
+    )
+    fuzz(config, executor=InProcess(session=session))
+    path = config.out_dir / "findings.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def test_an_older_writer_judged_under_the_newest_revision_is_told_to_pass_its_revision(tmp_path):
+    found = _findings(tmp_path, "torch_2026-07", "2026-10")
+    assert found and all(
+        "matches revision 2026-07 exactly (writer_scale flt_min): --revision 2026-07" in f["message"] for f in found
+    )
+    assert {f["extra"]["matches_revision"] for f in found} == {"2026-07"}
+
+
+def test_a_newer_writer_judged_under_an_older_revision_is_told_the_newest_with_its_rule(tmp_path):
+    found = _findings(tmp_path, "torch_2026-09", "2026-07")
+    assert found and all("--revision 2026-10" in f["message"] for f in found)
+
+
+def test_a_wrong_writer_gets_no_hint(tmp_path):
+    found = _findings(tmp_path, "writer_round_down", "2026-10")
+    assert found and not any("matches revision" in f["message"] for f in found)
