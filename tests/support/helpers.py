@@ -83,9 +83,18 @@ def session_with(op: str, **changes: Any) -> Session:
     """A fresh session whose op table has ``op``'s row changed (e.g. ``oracle=`` one that must not run)."""
     import dataclasses
 
+    from mlafuzz.generators.generator import Generator
     from mlafuzz.harness.ops.op import OpTable
 
-    return Session(table=OpTable(tuple(dataclasses.replace(o, **changes) if o.name == op else o for o in OPS.ops)))
+    # A change of a generator's part (``materialize=``) goes to the row's generator record.
+    parts = {f.name for f in dataclasses.fields(Generator)}
+    gen = {k: v for k, v in changes.items() if k in parts}
+    row = {k: v for k, v in changes.items() if k not in parts}
+
+    def changed(o: Any) -> Any:
+        return dataclasses.replace(o, generator=dataclasses.replace(o.generator, **gen), **row)
+
+    return Session(table=OpTable(tuple(changed(o) if o.name == op else o for o in OPS.ops)))
 
 
 def check_contract(*, case: Case, entry: ImplEntry, fn: Callable, klass: Any) -> list[Finding]:
