@@ -11,8 +11,8 @@ from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER
 from mlafuzz.kernels.entry import ImplEntry, module_attr
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
 
-# Our converts take both SPEC section 7 options (their signatures say so too: kernels/external.py).
-CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front"})
+# Our converts take both SPEC section 7 options and SPEC 9.2's caller-owned outputs (their signatures say so too: kernels/external.py).
+CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front", "caller_out"})
 # Our writers follow either contract revision through their keyword-only ``revision=``.
 FOLLOWS = frozenset(WRITER_REVISIONS)
 

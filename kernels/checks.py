@@ -162,6 +162,8 @@ def check_convert_args(
     prefill_workspace_starts: object,
     *,
     BLOCK_STRIDE_ROWS: object = None,
+    out: object = None,
+    valid_counts_out: object = None,
 ) -> None:
     """Reject, on the host and before launch, every input SPEC §3 says to reject.
 
@@ -227,6 +229,21 @@ def check_convert_args(
             "wrong_shape",
             f"prefill_workspace_request_ids.shape[0]={ids.shape[0]} != token_indices.shape[0]={ti.shape[0]}",
         )
+    check_caller_outputs(out, valid_counts_out, rows=ti.shape[0], cols=ti.shape[1], device=ti.device)
+
+
+def check_caller_outputs(out: object, valid_counts_out: object, *, rows: int, cols: int, device: torch.device) -> None:
+    """SPEC 9.2: a caller's ``out`` must be int32 [rows, cols] and ``valid_counts_out`` int32
+    [rows], on the inputs' device (None: not given). Any strides."""
+    for name, t, shape in (("out", out, (rows, cols)), ("valid_counts_out", valid_counts_out, (rows,))):
+        if t is None:
+            continue
+        t = _require_tensor(name, t)
+        _require_dtype(name, t, (torch.int32,))
+        if tuple(t.shape) != shape:
+            raise InvalidInputError("wrong_shape", f"{name}.shape={tuple(t.shape)}, expected {shape}")
+        if t.device != device:
+            raise InvalidInputError("device_mismatch", f"{name}.device={t.device} != token_indices.device={device}")
 
 
 def check_gather_args(

@@ -68,6 +68,8 @@ def convert_torch(
     return_valid_counts: bool = False,
     *,
     COMPACT_TO_FRONT: bool = False,
+    out: torch.Tensor | None = None,
+    valid_counts_out: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """SPEC §3 in vectorized torch; same contract as ``triton_convert.convert``.
 
@@ -77,7 +79,9 @@ def convert_torch(
     Arithmetic is int32 and wraps like the kernel's. The SPEC §7 options:
     ``BLOCK_STRIDE_ROWS`` (None = BLOCK_SIZE) multiplies the table entry of a
     cache slot; ``COMPACT_TO_FRONT`` packs each row's valid values at its
-    front (column order, by a stable sort on "invalid"), -1 after.
+    front (column order, by a stable sort on "invalid"), -1 after. ``out`` /
+    ``valid_counts_out`` (SPEC 9.2): the caller's buffers, every element written and returned
+    (valid_counts_out only when counts are returned, as in vLLM).
     """
     check_convert_args(
         req_id,
@@ -90,6 +94,8 @@ def convert_torch(
         prefill_workspace_request_ids,
         prefill_workspace_starts,
         BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
+        out=out,
+        valid_counts_out=valid_counts_out,
     )
     num_reqs, max_blocks = block_table.shape
     stride = BLOCK_SIZE if BLOCK_STRIDE_ROWS is None else BLOCK_STRIDE_ROWS
@@ -125,15 +131,22 @@ def convert_torch(
         val = torch.where(is_pref[:, None], _wrap_int32(pstart[:, None].long() + tok_s.long()), val)
         valid = in_table & torch.where(is_pref, pref_ok, req_ok)[:, None]
 
-    out = torch.where(valid, val, -1).to(torch.int32)
-    if COMPACT_TO_FRONT and out.numel():
+    res = torch.where(valid, val, -1).to(torch.int32)
+    if COMPACT_TO_FRONT and res.numel():
         # A stable sort on "invalid" moves the valid columns to the front, keeping their order.
         order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
-        out = torch.gather(out, 1, order)
-    out = out.contiguous()
-    if not return_valid_counts:
-        return out
-    return out, valid.sum(dim=1, dtype=torch.int32)
+        res = torch.gather(res, 1, order)
+    return _into(res, valid.sum(dim=1, dtype=torch.int32) if return_valid_counts else None, out, valid_counts_out)
+
+
+def _into(
+    res: torch.Tensor, counts: torch.Tensor | None, out: torch.Tensor | None, valid_counts_out: torch.Tensor | None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The result in the caller's buffers where given (SPEC 9.2), else fresh contiguous tensors."""
+    res = res.contiguous() if out is None else out.copy_(res)
+    if counts is None:
+        return res
+    return res, counts if valid_counts_out is None else valid_counts_out.copy_(counts)
 
 
 def _wrap_int32(v: torch.Tensor) -> torch.Tensor:

@@ -223,6 +223,8 @@ def convert(
     return_valid_counts: bool = False,
     *,
     COMPACT_TO_FRONT: bool = False,
+    out: torch.Tensor | None = None,
+    valid_counts_out: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Map request-local top-k indices to global cache slots (SPEC §3, §7 for the options).
 
@@ -233,7 +235,8 @@ def convert(
     asserts) before launching for every class in ``CONVERT_REJECTS``. Values
     (req >= R, tok >= seq_len, ...) are not checked on the host: that would
     need a device sync. ``BLOCK_STRIDE_ROWS`` and ``COMPACT_TO_FRONT``: see
-    the module docstring.
+    the module docstring. ``out`` / ``valid_counts_out`` (SPEC 9.2): the caller's buffers
+    (any row stride), every element written and returned; the counts only when returned.
     """
     check_convert_args(
         req_id,
@@ -246,15 +249,25 @@ def convert(
         prefill_workspace_request_ids,
         prefill_workspace_starts,
         BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
+        out=out,
+        valid_counts_out=valid_counts_out,
     )
     n, k = token_indices.shape
     device = token_indices.device
-    out = torch.empty((n, k), dtype=torch.int32, device=device)
-    counts = torch.empty((n,), dtype=torch.int32, device=device) if return_valid_counts else None
+    given = out
+    # The kernel stores a row's columns at unit stride: a caller's buffer with another column
+    # stride gets a fresh row-major result copied in.
+    if out is None or out.stride(1) != 1:
+        out = torch.empty((n, k), dtype=torch.int32, device=device)
+    counts = None
+    if return_valid_counts:
+        mine = valid_counts_out is None or valid_counts_out.stride(0) != 1
+        counts = torch.empty((n,), dtype=torch.int32, device=device) if mine else valid_counts_out
+    given_counts = valid_counts_out if return_valid_counts else None
     if n == 0 or k == 0:
         if counts is not None:
             counts.zero_()
-        return (out, counts) if return_valid_counts else out
+        return _returned(out, counts, given, given_counts)
     if device.type == "cpu" and not INTERPRETED:
         raise RuntimeError(
             f"token_indices.device={device}: the compiled Triton kernel needs GPU tensors; for CPU "
@@ -276,7 +289,19 @@ def convert(
         BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
         COMPACT_TO_FRONT=bool(COMPACT_TO_FRONT),
     )
-    return (out, counts) if return_valid_counts else out
+    return _returned(out, counts, given, given_counts)
+
+
+def _returned(
+    out: torch.Tensor, counts: torch.Tensor | None, given: torch.Tensor | None, given_counts: torch.Tensor | None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The results, in the caller's buffers where given (copied in where the kernel could not
+    store into them directly)."""
+    if given is not None and given is not out:
+        out = given.copy_(out)
+    if counts is not None and given_counts is not None and given_counts is not counts:
+        counts = given_counts.copy_(counts)
+    return out if counts is None else (out, counts)
 
 
 def launch(

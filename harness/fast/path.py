@@ -45,11 +45,13 @@ class FastOp:
 
     check: Callable[[Case, Outputs, Outputs | None, torch.Tensor, CaseState], bool]
     prefill: Callable[[Case, Mapping[str, Guarded], CaseState], bool] | None = None
+    # The cases this path judges (None: all): the others go to the full path before any call.
+    takes: Callable[[Case], bool] | None = None
 
 
 # The ops this room accelerates, by name; any other op takes the full path.
 FAST_OPS: dict[str, FastOp] = {
-    "convert": FastOp(check=convert.check),
+    "convert": FastOp(check=convert.check, takes=convert.takes),
     "gather": FastOp(check=gather.check, prefill=gather.prefill),
     "writer": FastOp(check=writer.check),
 }
@@ -125,10 +127,9 @@ def _call(
 ) -> tuple[Call, bool]:
     """(the call, whether its guarded outputs were prefilled by the op's prefill)."""
     case = state.case
-    guards: dict[str, Guarded] = {}
+    guards: dict[str, Guarded] = op.guarded(case, fill, fill_region=False) if op.guarded else {}
     prefilled = True
-    if op.guarded:
-        guards = op.guarded(case, fill, fill_region=False)
+    if guards:  # an op may guard outputs in some cases only (convert's caller-owned ones)
         prefilled = bool(
             fast.prefill is not None and _quietly(state.res, op.name, lambda: fast.prefill(case, guards, state), False)
         )
@@ -187,6 +188,8 @@ def fast_path(
     call (its zones' fingerprint, against their fill's). Host time is what this path spends most
     on, so: no sync between the calls and the checks, and one launch for all the fingerprints."""
     fast = FAST_OPS[op.name]
+    if fast.takes is not None and not fast.takes(case):
+        return Undecided(seen="")  # nothing called yet: the full path judges it alone
     state = CaseState(case=case, res=res)
     snap = Snapshot(
         {k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace},
@@ -221,7 +224,7 @@ def fast_path(
             launchers=res.launchers,
         )
     with stage("oracle"):
-        both = second.outputs if second is not None and op.guarded else None
+        both = second.outputs if second is not None and second.guards else None
         judged = not troubles and bool(
             _quietly(res, op.name, lambda: fast.check(case, first.outputs, both, board[at:zones_at], state), False)
         )

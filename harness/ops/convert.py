@@ -5,38 +5,119 @@ SPEC section 7's options reach the call only when the case has them (``BLOCK_STR
 before; ``needs`` and ``fit`` keep such cases away from it. A compacted ``out`` is compared row
 by row as a multiset with a -1 tail (``row_sets``, the comparator's row-set mode), valid_counts
 exactly.
+
+Caller-owned outputs (SPEC 9.2, the ``caller_out`` capability): in a case with ``out_steps`` in
+its params, ``out`` and ``valid_counts`` are guarded outputs (harness/memory/guards.py, as
+gather's ``dst``): row slices of buffers with rows before and after them, filled with each run's
+byte pattern. The write map then finds an element never written (MISSING_WRITE) and a write
+past the slice (OOB_WRITE); with two steps the first call's values must not survive the second
+(a stale slot reads as a VALUE_MISMATCH). ``review`` holds the returned tensors to being the
+caller's own (cause ``out:not_callers``). The GPU fast path leaves these cases to the full path.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+import torch
+
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import convert as gen
+from mlafuzz.harness.memory.guards import Guarded, guarded_empty
 from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+from mlafuzz.reports.findings import Finding, Kind
+
+
+def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarded]:
+    """The caller's ``out`` (and ``valid_counts_out`` when counts are asked for: vLLM ignores it
+    otherwise) as row slices of guarded buffers; none when the case does not pass them."""
+    p = case.params
+    if "out_steps" not in p:
+        return {}
+    n, k = case.tensors["token_indices"].shape
+    rows = {"rows_before": p["out_rows_before"], "rows_after": p["out_rows_after"]}
+    shapes = {"out": (n, k), **({"valid_counts": (n,)} if p["return_valid_counts"] else {})}
+    return {
+        name: guarded_empty(
+            shape=shape, dtype=torch.int32, device=case.device, fill=fill, fill_region=fill_region, **rows
+        )
+        for name, shape in shapes.items()
+    }
+
+
+def caller_outputs(t: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords that hand the caller's buffers to the implementation (none: not passed)."""
+    out = {"out": t["out"]} if "out" in t else {}
+    return out | ({"valid_counts_out": t["valid_counts"]} if "valid_counts" in t else {})
+
+
+def steps(case: Case, t: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The inputs of each call through the same buffers: the step before (its top-k rows
+    ``prev_token_indices``) when the case has two, then the case's own."""
+    prev = t.get("prev_token_indices")
+    return ([{**t, "token_indices": prev}] if prev is not None else []) + [t]
+
+
+def outputs(res: Any, counts: bool) -> Outputs:
+    if counts:
+        if not (isinstance(res, tuple) and len(res) == 2):
+            raise TypeError(f"return_valid_counts=True must return (out, valid_counts), got {type(res).__name__}")
+        return {"out": res[0], "valid_counts": res[1]}
+    return {"out": res}
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
     p = case.params
     options = {k: p[k] for k in ("BLOCK_STRIDE_ROWS", "COMPACT_TO_FRONT") if k in p}
-    res = fn(
-        t["req_id"],
-        t["block_table"],
-        t["token_indices"],
-        BLOCK_SIZE=p["BLOCK_SIZE"],
-        NUM_TOPK_TOKENS=p["NUM_TOPK_TOKENS"],
-        BLOCK_N=p["BLOCK_N"],
-        HAS_PREFILL_WORKSPACE=p["HAS_PREFILL_WORKSPACE"],
-        prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-        prefill_workspace_starts=t["prefill_workspace_starts"],
-        return_valid_counts=p["return_valid_counts"],
-        **options,
+    res = None
+    for s in steps(case, t):
+        res = fn(
+            s["req_id"],
+            s["block_table"],
+            s["token_indices"],
+            BLOCK_SIZE=p["BLOCK_SIZE"],
+            NUM_TOPK_TOKENS=p["NUM_TOPK_TOKENS"],
+            BLOCK_N=p["BLOCK_N"],
+            HAS_PREFILL_WORKSPACE=p["HAS_PREFILL_WORKSPACE"],
+            prefill_workspace_request_ids=s["prefill_workspace_request_ids"],
+            prefill_workspace_starts=s["prefill_workspace_starts"],
+            return_valid_counts=p["return_valid_counts"],
+            **options,
+            **caller_outputs(s),
+        )
+    return outputs(res, p["return_valid_counts"])
+
+
+def _is_view_of(returned: Any, given: torch.Tensor) -> bool:
+    return (
+        isinstance(returned, torch.Tensor)
+        and returned.data_ptr() == given.data_ptr()
+        and returned.shape == given.shape
+        and returned.stride() == given.stride()
+        and returned.dtype == given.dtype
     )
-    if p["return_valid_counts"]:
-        if not (isinstance(res, tuple) and len(res) == 2):
-            raise TypeError(f"return_valid_counts=True must return (out, valid_counts), got {type(res).__name__}")
-        return {"out": res[0], "valid_counts": res[1]}
-    return {"out": res}
+
+
+def review(case: Case, call: Any, findings: list[Finding], ctx: Any) -> list[Finding]:
+    """SPEC 9.2: a call given ``out=`` / ``valid_counts_out=`` returns those tensors (vLLM's call
+    site keeps reading its CUDA-graph-stable buffer, not whatever came back)."""
+    if call.outputs is None:
+        return findings
+    extra = [
+        Finding(
+            kind=Kind.VALUE_MISMATCH,
+            op=ctx.op,
+            impl=ctx.impl,
+            case_id=ctx.case_id,
+            tensor=name,
+            cause=f"{name}:not_callers",
+            message=f"{name}: returned a tensor other than the caller's buffer it was given"
+            f" ({'valid_counts_out' if name == 'valid_counts' else name}=, a row slice of a persistent buffer)",
+        )
+        for name, g in call.guards.items()
+        if not _is_view_of(call.outputs.get(name), g.view)
+    ]
+    return findings + extra
 
 
 def _both(case: Case, *, loop: bool) -> tuple[Any, Any]:
@@ -95,6 +176,8 @@ CONVERT = Op(
     needs=gen.needs,
     fit=gen.fit,
     row_sets=row_sets,
+    guarded=guarded,
+    review=review,
     call=CallShape(
         positional=("req_id", "block_table", "token_indices"),
         keywords=(
