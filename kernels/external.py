@@ -106,6 +106,8 @@ def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
     if op == "convert":
         named = frozenset(CONVERT_OPTION_KEYWORDS[p] for p in (params or ()) if p in CONVERT_OPTION_KEYWORDS)
         return fn, named | caller_out(params)
+    if op == "dcp_peer":  # SPEC 9.4's peer-slot map takes SPEC 9.2's caller-owned outputs too
+        return fn, caller_out(params)
     if op != "gather" or params is None:
         return fn, frozenset({"seq_starts"})
     if "seq_starts" not in params and "seq_lens" in params:

@@ -5,7 +5,7 @@ that the oracles know exactly these revisions (oracles/writer_scale.py), so
 neither can drift apart.
 """
 
-NAMES: tuple[str, ...] = ("convert", "gather", "writer", "step")
+NAMES: tuple[str, ...] = ("convert", "gather", "writer", "step", "dcp", "dcp_peer")
 # SPEC section 7's contract revisions, oldest first; the newest is every run's default.
 REVISIONS: tuple[str, ...] = ("2026-07", "2026-09")
 NEWEST_REVISION: str = REVISIONS[-1]
