@@ -17,6 +17,7 @@ caller's own (cause ``out:not_callers``). The GPU fast path leaves these cases t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
 
 import torch
@@ -25,6 +26,7 @@ from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import convert as gen
 from mlafuzz.harness.memory.guards import Guarded, guarded_empty
 from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+from mlafuzz.oracles.convert import rows_as_sets_equal
 from mlafuzz.reports.findings import Finding, Kind
 
 
@@ -98,12 +100,10 @@ def _is_view_of(returned: Any, given: torch.Tensor) -> bool:
     )
 
 
-def review(case: Case, call: Any, findings: list[Finding], ctx: Any) -> list[Finding]:
+def _not_callers(call: Any, ctx: Any) -> list[Finding]:
     """SPEC 9.2: a call given ``out=`` / ``valid_counts_out=`` returns those tensors (vLLM's call
     site keeps reading its CUDA-graph-stable buffer, not whatever came back)."""
-    if call.outputs is None:
-        return findings
-    extra = [
+    return [
         Finding(
             kind=Kind.VALUE_MISMATCH,
             op=ctx.op,
@@ -117,7 +117,77 @@ def review(case: Case, call: Any, findings: list[Finding], ctx: Any) -> list[Fin
         for name, g in call.guards.items()
         if not _is_view_of(call.outputs.get(name), g.view)
     ]
-    return findings + extra
+
+
+def _unwritten_out(case: Case, call: Any, both: Callable[[Case], tuple[Any, Any]], compact: bool) -> Finding | None:
+    """Whether every difference of the caller's ``out`` is an element this call never wrote: one
+    still holding the buffer's fill, or (two steps) the step before's value. Then ``out``'s value
+    finding is the write map's MISSING_WRITE seen again (one cause, one bucket) and is dropped;
+    stale values, which the write map cannot see, become a MISSING_WRITE of their own (None:
+    none, the finding is dropped alone). Raises LookupError when something else differs."""
+    g, act = call.guards["out"], call.outputs["out"]
+    exp, counts = both(case)
+    prev = case.tensors.get("prev_token_indices")
+    before = (
+        both(dataclasses.replace(case, tensors={**case.tensors, "token_indices": prev}))[0]
+        if prev is not None
+        else None
+    )
+    exp, act = exp.to(act.device), act.to(torch.int32)
+    fill = int.from_bytes(bytes([g.fill] * 4), "little", signed=True)
+    stale = (
+        (act == before.to(act.device)) & (act != exp) if before is not None else torch.zeros_like(act, dtype=torch.bool)
+    )
+    explained = (act == fill) | stale
+    if compact:  # the -1 tail is the only place an unwritten element can be explained
+        tail = torch.arange(act.shape[1], device=act.device) >= counts.to(act.device).reshape(-1, 1)
+        explained &= tail
+        fixed = torch.where(explained, torch.full_like(act, -1), act)
+        ok = bool(rows_as_sets_equal(expected=exp, actual=fixed, counts=counts).all())
+    else:
+        ok = bool(torch.where(explained, exp, act).eq(exp).all())
+    if not ok:
+        raise LookupError("out differs beyond its unwritten elements")
+    n = int((stale & explained).sum())
+    if not n:
+        return None
+    return Finding(
+        kind=Kind.MISSING_WRITE,
+        op=case.op,
+        impl="",
+        case_id="",
+        tensor="out",
+        cause="out:missing",
+        count=n,
+        total=act.numel(),
+        message=f"out: {n} / {act.numel()} elements still hold the step before's values (never written by this"
+        " call, through the same caller-owned buffer)",
+    )
+
+
+def caller_review(
+    both: Callable[[Case], tuple[Any, Any]], compact: Callable[[Case], bool]
+) -> Callable[[Case, Any, list[Finding], Any], list[Finding]]:
+    """The review of an op with caller-owned outputs: the returned tensors the caller's, and
+    ``out``'s value findings that only restate unwritten or stale elements re-filed (see
+    ``_unwritten_out``). ``both(case)``: the oracle's (out, valid_counts)."""
+
+    def review(case: Case, call: Any, findings: list[Finding], ctx: Any) -> list[Finding]:
+        if call.outputs is None or "out" not in call.guards:
+            return findings
+        values = [f for f in findings if f.kind is Kind.VALUE_MISMATCH and f.tensor == "out"]
+        if values and isinstance(call.outputs.get("out"), torch.Tensor):
+            try:
+                stale = _unwritten_out(case, call, both, compact(case))
+            except LookupError:
+                pass
+            else:
+                findings = [f for f in findings if f not in values]
+                if stale is not None:
+                    findings.append(dataclasses.replace(stale, impl=ctx.impl, case_id=ctx.case_id, op=ctx.op))
+        return findings + _not_callers(call, ctx)
+
+    return review
 
 
 def _both(case: Case, *, loop: bool) -> tuple[Any, Any]:
@@ -177,7 +247,7 @@ CONVERT = Op(
     fit=gen.fit,
     row_sets=row_sets,
     guarded=guarded,
-    review=review,
+    review=caller_review(lambda case: _both(case, loop=False), lambda case: bool(case.params.get("COMPACT_TO_FRONT"))),
     call=CallShape(
         positional=("req_id", "block_table", "token_indices"),
         keywords=(

@@ -159,7 +159,7 @@ DCP_PEER = Op(
         {"bad_dcp_size", "bad_blocks_per_peer", "interleave_not_dividing_block", "bad_block_n", "peer_space_overflow"}
     ),
     guarded=cv.guarded,
-    review=cv.review,
+    review=cv.caller_review(lambda case: _peer(case, loop=False), lambda case: False),
     needs=gen.needs_peer,
     fit=gen.fit_peer,
     call=CallShape(
