@@ -39,6 +39,12 @@ Later options (SPEC section 7), both off by default:
   contract leaves it unspecified) and no atomics are needed, since one program
   owns the row.
 
+Newer surfaces (SPEC 9): ``out`` / ``valid_counts_out`` (9.2), the caller's buffers, are
+written in full and returned (a buffer whose columns are not at unit stride gets the result
+copied in); ``filter_and_convert_dcp`` (9.4, vLLM's ``triton_filter_and_convert_dcp_index``
+signature) runs the same kernel with a DCP constexpr: each token de-interleaved to its owning
+rank and local index, another rank's token invalid.
+
 Semantics beyond the SPEC (documented choices, never reached by valid input):
 a row whose ``req`` lies outside ``[0, R)`` reads no table entry and yields -1
 in every column that would have read one; a prefill row whose workspace id

@@ -23,6 +23,9 @@ CANDIDATES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "gather": (("vllm._custom_ops", "cp_gather_and_upconvert_fp8_kv_cache"),),
     "writer": (("vllm._custom_ops", "concat_and_cache_mla"),),
+    # SPEC 9.4's DCP filter and its peer-slot variant (sparse_utils.py).
+    "dcp": (("vllm.v1.attention.backends.mla.sparse_utils", "triton_filter_and_convert_dcp_index"),),
+    "dcp_peer": (("vllm.v1.attention.backends.mla.sparse_utils", "convert_global_indices_to_dcp_peer_slots"),),
 }
 
 
