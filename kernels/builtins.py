@@ -7,12 +7,19 @@ kernels/mutants/catalog.py, the step pipeline in step_pipeline.py.
 
 from __future__ import annotations
 
-from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_HOST_ARG_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
+from mlafuzz.kernels.checks import (
+    CONVERT_REJECTS,
+    DCP_PEER_REJECTS,
+    DCP_REJECTS,
+    GATHER_HOST_ARG_REJECTS,
+    GATHER_TORCH_REJECTS,
+    WRITER_TORCH_REJECTS,
+)
 from mlafuzz.kernels.entry import ImplEntry, module_attr
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
 
-# Our converts take both SPEC section 7 options (their signatures say so too: kernels/external.py).
-CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front"})
+# Our converts take both SPEC section 7 options and SPEC 9.2's caller-owned outputs (their signatures say so too: kernels/external.py).
+CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front", "caller_out"})
 # Our writers follow either contract revision through their keyword-only ``revision=``.
 FOLLOWS = frozenset(WRITER_REVISIONS)
 
@@ -71,6 +78,37 @@ BUILTINS: tuple[ImplEntry, ...] = (
         rejects=CONVERT_REJECTS,
         capabilities=CONVERT_OPTIONS,
         description="vectorized torch implementation",
+    ),
+    _entry(
+        op="dcp",
+        name="triton",
+        module="mlafuzz.kernels.triton_convert",
+        attr="filter_and_convert_dcp",
+        devices=("cpu", "cuda"),
+        rejects=DCP_REJECTS,
+        requires=("triton",),
+        capabilities=frozenset(),
+        description="our Triton convert kernel with DCP rank filtering (SPEC 9.4)",
+    ),
+    _entry(
+        op="dcp",
+        name="torch",
+        module="mlafuzz.kernels.torch_impl",
+        attr="filter_and_convert_dcp_torch",
+        devices=("cpu", "cuda"),
+        rejects=DCP_REJECTS,
+        capabilities=frozenset(),
+        description="torch DCP rank filtering: local indices, then the torch convert",
+    ),
+    _entry(
+        op="dcp_peer",
+        name="torch",
+        module="mlafuzz.kernels.torch_impl",
+        attr="dcp_peer_slots_torch",
+        devices=("cpu", "cuda"),
+        rejects=DCP_PEER_REJECTS,
+        capabilities=frozenset({"caller_out"}),
+        description="torch DCP peer-slot map (SPEC 9.4), caller-owned outputs",
     ),
     _entry(
         op="gather",

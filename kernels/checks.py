@@ -39,6 +39,10 @@ __all__ = [
     "ROPE_DIM",
     "ROW_DIM",
     "check_convert_args",
+    "check_dcp_filter_args",
+    "check_dcp_peer_args",
+    "DCP_REJECTS",
+    "DCP_PEER_REJECTS",
     "check_gather_args",
     "check_gather_values",
     "check_gather_host_args",
@@ -67,6 +71,37 @@ CONVERT_REJECTS = frozenset(
         "device_mismatch",  # tensors on different devices
         "missing_prefill_args",  # HAS_PREFILL_WORKSPACE without ids/starts
         "bad_block_stride",  # BLOCK_STRIDE_ROWS given but not an int >= 1 (SPEC section 7)
+    }
+)
+
+# SPEC 9.4: what our DCP filter (Triton and torch) and the torch peer-slot map reject before launch.
+DCP_REJECTS = frozenset(
+    {
+        "length_mismatch",
+        "wrong_dtype",
+        "k_mismatch",
+        "k_not_multiple_of_block_n",
+        "bad_block_size",
+        "bad_block_n",
+        "wrong_shape",
+        "device_mismatch",
+        "bad_dcp_size",  # dcp_size < 1
+        "bad_dcp_rank",  # dcp_rank outside [0, dcp_size)
+        "interleave_not_dividing_block",  # BLOCK_SIZE % cp_kv_cache_interleave_size != 0
+    }
+)
+DCP_PEER_REJECTS = frozenset(
+    {
+        "length_mismatch",
+        "wrong_dtype",
+        "bad_block_size",
+        "bad_block_n",
+        "wrong_shape",
+        "device_mismatch",
+        "bad_dcp_size",
+        "bad_blocks_per_peer",  # blocks_per_peer < 1
+        "interleave_not_dividing_block",
+        "peer_space_overflow",  # dcp_size * blocks_per_peer * block_size past int32: slots would wrap
     }
 )
 
@@ -171,6 +206,8 @@ def check_convert_args(
     prefill_workspace_starts: object,
     *,
     BLOCK_STRIDE_ROWS: object = None,
+    out: object = None,
+    valid_counts_out: object = None,
 ) -> None:
     """Reject, on the host and before launch, every input SPEC §3 says to reject.
 
@@ -236,6 +273,90 @@ def check_convert_args(
             "wrong_shape",
             f"prefill_workspace_request_ids.shape[0]={ids.shape[0]} != token_indices.shape[0]={ti.shape[0]}",
         )
+    check_caller_outputs(out, valid_counts_out, rows=ti.shape[0], cols=ti.shape[1], device=ti.device)
+
+
+def check_caller_outputs(out: object, valid_counts_out: object, *, rows: int, cols: int, device: torch.device) -> None:
+    """SPEC 9.2: a caller's ``out`` must be int32 [rows, cols] and ``valid_counts_out`` int32
+    [rows], on the inputs' device (None: not given). Any strides."""
+    for name, t, shape in (("out", out, (rows, cols)), ("valid_counts_out", valid_counts_out, (rows,))):
+        if t is None:
+            continue
+        t = _require_tensor(name, t)
+        _require_dtype(name, t, (torch.int32,))
+        if tuple(t.shape) != shape:
+            raise InvalidInputError("wrong_shape", f"{name}.shape={tuple(t.shape)}, expected {shape}")
+        if t.device != device:
+            raise InvalidInputError("device_mismatch", f"{name}.device={t.device} != token_indices.device={device}")
+
+
+def _check_dcp_layout(dcp_size: object, interleave: object, block_size: int) -> int:
+    """dcp_size >= 1 and an interleave that divides the block size (vLLM's host checks); the size."""
+    d = _require_int("dcp_size", dcp_size, "bad_dcp_size", 1)
+    i = _require_int("cp_kv_cache_interleave_size", interleave, "interleave_not_dividing_block", 1)
+    if block_size % i:
+        raise AssertedInputError(
+            "interleave_not_dividing_block", f"block size {block_size} % cp_kv_cache_interleave_size={i} != 0"
+        )
+    return d
+
+
+def check_dcp_filter_args(
+    req_id: object,
+    block_table: object,
+    token_indices: object,
+    dcp_size: object,
+    dcp_rank: object,
+    interleave: object,
+    BLOCK_SIZE: object,
+    NUM_TOPK_TOKENS: object,
+    BLOCK_N: object,
+) -> None:
+    """SPEC 9.4's filter: convert's checks (no prefill workspace), then the DCP layout."""
+    check_convert_args(req_id, block_table, token_indices, BLOCK_SIZE, NUM_TOPK_TOKENS, BLOCK_N, False, None, None)
+    d = _check_dcp_layout(dcp_size, interleave, BLOCK_SIZE)  # type: ignore[arg-type]
+    _require_int("dcp_rank", dcp_rank, "bad_dcp_rank", 0, d - 1)
+
+
+def check_dcp_peer_args(
+    req_id: object,
+    block_table: object,
+    token_indices: object,
+    dcp_size: object,
+    blocks_per_peer: object,
+    interleave: object,
+    block_size: object,
+    BLOCK_N: object,
+    out: object = None,
+    valid_counts_out: object = None,
+) -> None:
+    """SPEC 9.4's peer-slot map: tensors as convert's (any width), the layout, and a peer view of
+    ``dcp_size * blocks_per_peer * block_size`` rows whose slots fit int32."""
+    tensors = []
+    for name, t in (("req_id", req_id), ("block_table", block_table), ("token_indices", token_indices)):
+        t = _require_tensor(name, t)
+        _require_dtype(name, t, (torch.int32,))
+        tensors.append((name, t))
+    for (name, t), ndim in zip(tensors, (1, 2, 2)):
+        _require_dim(name, t, ndim)
+    _require_same_device(tensors)
+    ri, ti = tensors[0][1], tensors[2][1]
+    bs = _require_int("block_size", block_size, "bad_block_size", 1)
+    bn = _require_int("BLOCK_N", BLOCK_N, "bad_block_n", 1)
+    if bn & (bn - 1):
+        raise InvalidInputError("bad_block_n", f"BLOCK_N={bn} must be a power of two")
+    d = _check_dcp_layout(dcp_size, interleave, bs)
+    p = _require_int("blocks_per_peer", blocks_per_peer, "bad_blocks_per_peer", 1, 1 << 62)
+    if d * p * bs > _INT32_MAX:
+        raise InvalidInputError(
+            "peer_space_overflow",
+            f"dcp_size={d} * blocks_per_peer={p} * block_size={bs} = {d * p * bs} rows: slots past int32",
+        )
+    if ri.shape[0] != ti.shape[0]:
+        raise InvalidInputError(
+            "length_mismatch", f"req_id.shape[0]={ri.shape[0]} != token_indices.shape[0]={ti.shape[0]}"
+        )
+    check_caller_outputs(out, valid_counts_out, rows=ti.shape[0], cols=ti.shape[1], device=ti.device)
 
 
 def check_gather_args(

@@ -78,6 +78,14 @@ def external_entry(op: str, ref: str, *, rejects: Iterable[str]) -> ImplEntry:
 # Optional convert features (SPEC section 7) by the keyword that carries them, as vLLM spells it.
 CONVERT_OPTION_KEYWORDS = {"BLOCK_STRIDE_ROWS": "block_stride_rows", "COMPACT_TO_FRONT": "compact_to_front"}
 GATHER_HOST_KEYWORDS = ("host_cache", "host_row_ids", "device_row_ids")  # the ``host_tier`` capability
+# SPEC 9.2's caller-owned outputs: a signature that names both keywords (vLLM's convert, and its
+# DCP peer-slot variant) gets them in some cases.
+CALLER_OUT_KEYWORDS = ("out", "valid_counts_out")
+
+
+def caller_out(params: object) -> frozenset[str]:
+    """``{"caller_out"}`` when a signature's parameters name ``out`` and ``valid_counts_out``."""
+    return frozenset({"caller_out"}) if params and all(k in params for k in CALLER_OUT_KEYWORDS) else frozenset()
 
 
 def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
@@ -90,7 +98,8 @@ def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
     ``block_stride_rows`` / ``compact_to_front`` capability when its signature
     names ``BLOCK_STRIDE_ROWS`` / ``COMPACT_TO_FRONT`` (a ``**kwargs`` proves
     nothing: it may drop them); the harness passes those keywords only to
-    implementations that have them, so an older convert is called as before.
+    implementations that have them, so an older convert is called as before. Likewise
+    ``caller_out`` (SPEC 9.2) when it names ``out`` and ``valid_counts_out``.
     """
     try:
         params = inspect.signature(fn).parameters
@@ -98,7 +107,9 @@ def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
         params = None
     if op == "convert":
         named = frozenset(CONVERT_OPTION_KEYWORDS[p] for p in (params or ()) if p in CONVERT_OPTION_KEYWORDS)
-        return fn, named
+        return fn, named | caller_out(params)
+    if op == "dcp_peer":  # SPEC 9.4's peer-slot map takes SPEC 9.2's caller-owned outputs too
+        return fn, caller_out(params)
     if op != "gather" or params is None:
         return fn, frozenset({"seq_starts"})
     if "seq_starts" not in params and "seq_lens" in params:

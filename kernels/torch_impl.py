@@ -22,6 +22,8 @@ from mlafuzz.kernels.checks import (
     InvalidInputError,
     check_block_ids,
     check_convert_args,
+    check_dcp_filter_args,
+    check_dcp_peer_args,
     check_gather_args,
     check_gather_host_args,
     check_gather_host_rows,
@@ -32,6 +34,8 @@ from mlafuzz.kernels.revisions import NEWEST, WRITER_REVISIONS, check_revision, 
 
 __all__ = [
     "convert_torch",
+    "filter_and_convert_dcp_torch",
+    "dcp_peer_slots_torch",
     "gather_torch",
     "writer_torch",
     "dequant_records_torch",
@@ -66,6 +70,8 @@ def convert_torch(
     return_valid_counts: bool = False,
     *,
     COMPACT_TO_FRONT: bool = False,
+    out: torch.Tensor | None = None,
+    valid_counts_out: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """SPEC §3 in vectorized torch; same contract as ``triton_convert.convert``.
 
@@ -75,7 +81,9 @@ def convert_torch(
     Arithmetic is int32 and wraps like the kernel's. The SPEC §7 options:
     ``BLOCK_STRIDE_ROWS`` (None = BLOCK_SIZE) multiplies the table entry of a
     cache slot; ``COMPACT_TO_FRONT`` packs each row's valid values at its
-    front (column order, by a stable sort on "invalid"), -1 after.
+    front (column order, by a stable sort on "invalid"), -1 after. ``out`` /
+    ``valid_counts_out`` (SPEC 9.2): the caller's buffers, every element written and returned
+    (valid_counts_out only when counts are returned, as in vLLM).
     """
     check_convert_args(
         req_id,
@@ -88,6 +96,8 @@ def convert_torch(
         prefill_workspace_request_ids,
         prefill_workspace_starts,
         BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
+        out=out,
+        valid_counts_out=valid_counts_out,
     )
     num_reqs, max_blocks = block_table.shape
     stride = BLOCK_SIZE if BLOCK_STRIDE_ROWS is None else BLOCK_STRIDE_ROWS
@@ -123,15 +133,100 @@ def convert_torch(
         val = torch.where(is_pref[:, None], _wrap_int32(pstart[:, None].long() + tok_s.long()), val)
         valid = in_table & torch.where(is_pref, pref_ok, req_ok)[:, None]
 
-    out = torch.where(valid, val, -1).to(torch.int32)
-    if COMPACT_TO_FRONT and out.numel():
+    res = torch.where(valid, val, -1).to(torch.int32)
+    if COMPACT_TO_FRONT and res.numel():
         # A stable sort on "invalid" moves the valid columns to the front, keeping their order.
         order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
-        out = torch.gather(out, 1, order)
-    out = out.contiguous()
-    if not return_valid_counts:
-        return out
-    return out, valid.sum(dim=1, dtype=torch.int32)
+        res = torch.gather(res, 1, order)
+    return _into(res, valid.sum(dim=1, dtype=torch.int32) if return_valid_counts else None, out, valid_counts_out)
+
+
+def _into(
+    res: torch.Tensor, counts: torch.Tensor | None, out: torch.Tensor | None, valid_counts_out: torch.Tensor | None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The result in the caller's buffers where given (SPEC 9.2), else fresh contiguous tensors."""
+    res = res.contiguous() if out is None else out.copy_(res)
+    if counts is None:
+        return res
+    return res, counts if valid_counts_out is None else valid_counts_out.copy_(counts)
+
+
+def _owner_local(token_indices: torch.Tensor, dcp_size: int, interleave: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPEC 9.4: each token's owning rank and its index in that rank's share (int64; negative
+    tokens read as 0, the caller masks them)."""
+    t = token_indices.long().clamp(min=0)
+    group = torch.div(t, interleave, rounding_mode="floor")
+    local = torch.div(group, dcp_size, rounding_mode="floor") * interleave + t % interleave
+    return group % dcp_size, local
+
+
+def filter_and_convert_dcp_torch(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    dcp_size: int,
+    dcp_rank: int,
+    cp_kv_cache_interleave_size: int = 1,
+    BLOCK_SIZE: int = 64,
+    NUM_TOPK_TOKENS: int = 2048,
+    BLOCK_N: int = 128,
+    return_valid_counts: bool = False,
+    compact_valid_to_front: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """SPEC 9.4's filter (vLLM's ``triton_filter_and_convert_dcp_index`` signature): this rank's
+    tokens as local indices, the others -1, then the plain convert of them."""
+    check_dcp_filter_args(
+        req_id, block_table, token_indices, dcp_size, dcp_rank, cp_kv_cache_interleave_size, BLOCK_SIZE,
+        NUM_TOPK_TOKENS, BLOCK_N,
+    )  # fmt: skip
+    owner, local = _owner_local(token_indices, dcp_size, cp_kv_cache_interleave_size)
+    mine = (token_indices >= 0) & (owner == dcp_rank)
+    local_indices = torch.where(mine, local, -1).to(torch.int32)  # local <= token: it fits
+    return convert_torch(
+        req_id,
+        block_table,
+        local_indices,
+        BLOCK_SIZE,
+        NUM_TOPK_TOKENS=NUM_TOPK_TOKENS,
+        BLOCK_N=BLOCK_N,
+        return_valid_counts=return_valid_counts,
+        COMPACT_TO_FRONT=compact_valid_to_front,
+    )
+
+
+def dcp_peer_slots_torch(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    dcp_size: int,
+    blocks_per_peer: int,
+    cp_kv_cache_interleave_size: int = 1,
+    block_size: int = 64,
+    BLOCK_N: int = 64,
+    return_valid_counts: bool = False,
+    out: torch.Tensor | None = None,
+    valid_counts_out: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """SPEC 9.4's peer-slot map (vLLM's ``convert_global_indices_to_dcp_peer_slots`` signature):
+    each valid token's slot in the rank-major view of every rank's cache; the caller's buffers
+    where given (SPEC 9.2)."""
+    check_dcp_peer_args(
+        req_id, block_table, token_indices, dcp_size, blocks_per_peer, cp_kv_cache_interleave_size, block_size,
+        BLOCK_N, out, valid_counts_out,
+    )  # fmt: skip
+    owner, local = _owner_local(token_indices, dcp_size, cp_kv_cache_interleave_size)
+    lb = torch.div(local, block_size, rounding_mode="floor")
+    num_reqs, max_blocks = block_table.shape
+    req = req_id.long()[:, None]
+    ok = (token_indices >= 0) & (req >= 0) & (req < num_reqs) & (lb < max_blocks)
+    if num_reqs and max_blocks:
+        entry = block_table[torch.where(ok, req, 0), torch.where(ok, lb, 0)].long()
+    else:
+        entry = torch.zeros_like(lb)
+    ok &= (entry >= 0) & (entry < blocks_per_peer)
+    slot = (owner * blocks_per_peer + entry) * block_size + local % block_size  # fits int32: checked
+    res = torch.where(ok, slot, -1).to(torch.int32)
+    return _into(res, ok.sum(dim=1, dtype=torch.int32) if return_valid_counts else None, out, valid_counts_out)
 
 
 def _wrap_int32(v: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,12 @@ Later options (SPEC section 7), both off by default:
   contract leaves it unspecified) and no atomics are needed, since one program
   owns the row.
 
+Newer surfaces (SPEC 9): ``out`` / ``valid_counts_out`` (9.2), the caller's buffers, are
+written in full and returned (a buffer whose columns are not at unit stride gets the result
+copied in); ``filter_and_convert_dcp`` (9.4, vLLM's ``triton_filter_and_convert_dcp_index``
+signature) runs the same kernel with a DCP constexpr: each token de-interleaved to its owning
+rank and local index, another rank's token invalid.
+
 Semantics beyond the SPEC (documented choices, never reached by valid input):
 a row whose ``req`` lies outside ``[0, R)`` reads no table entry and yields -1
 in every column that would have read one; a prefill row whose workspace id
@@ -52,9 +58,9 @@ import torch
 import triton
 import triton.language as tl
 
-from mlafuzz.kernels.checks import CONVERT_REJECTS, check_convert_args
+from mlafuzz.kernels.checks import CONVERT_REJECTS, check_convert_args, check_dcp_filter_args
 
-__all__ = ["convert", "CONVERT_REJECTS", "INTERPRETED", "pick_tile"]
+__all__ = ["convert", "filter_and_convert_dcp", "CONVERT_REJECTS", "INTERPRETED", "pick_tile"]
 
 _MAX_TILE = 2048  # columns per loop iteration; wide tiles keep many loads in flight
 _NUM_WARPS = 4
@@ -94,6 +100,9 @@ _RUNTIME_SCALARS = [
     "block_stride",
     "has_prefill",
     "return_counts",
+    "dcp_size",
+    "dcp_rank",
+    "interleave",
 ]
 _SCALAR_POINTERS = ["req_id_ptr", "valid_counts_ptr", "prefill_ids_ptr", "prefill_starts_ptr"]
 
@@ -123,11 +132,15 @@ def _convert_kernel(
     block_stride,  # BLOCK_STRIDE_ROWS, or BLOCK_SIZE when it is not passed
     has_prefill,  # HAS_PREFILL_WORKSPACE (0 / 1)
     return_counts,  # return_valid_counts (0 / 1)
+    dcp_size,  # SPEC 9.4 (when DCP): ranks
+    dcp_rank,  # this rank
+    interleave,  # tokens per rank in turn (cp_kv_cache_interleave_size)
     K: tl.constexpr,
     TILE: tl.constexpr,
     BS_POW2: tl.constexpr,
     TI_COL_I64: tl.constexpr,  # column offsets of token_indices need int64
     COMPACT: tl.constexpr,
+    DCP: tl.constexpr,  # filter to this rank's tokens, as local indices (SPEC 9.4)
 ):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_id_ptr + row * req_stride)
@@ -164,12 +177,17 @@ def _convert_kernel(
         # Divide only non-negative values: floor vs trunc never matters, and a
         # negative token never becomes a table index.
         tok_s = tl.where(nonneg, tok, 0)
+        tok_l = tok_s  # the index into this rank's share of the request (all of it without DCP)
+        if DCP:
+            group = tok_s // interleave
+            tok_l = (group // dcp_size) * interleave + tok_s % interleave
+            nonneg = nonneg & (group % dcp_size == dcp_rank)  # another rank's token: invalid
         if BS_POW2:
-            blk = tok_s >> block_shift
-            off = tok_s & (block_size - 1)
+            blk = tok_l >> block_shift
+            off = tok_l & (block_size - 1)
         else:
-            blk = tok_s // block_size
-            off = tok_s % block_size
+            blk = tok_l // block_size
+            off = tok_l % block_size
         valid = nonneg & (blk < max_blocks) & row_ok
         # `!= False` makes the mask a bool array under the CPU interpreter: there a scalar  # noqa: E712 (a bool mask: see above)
         # predicate (row_ok, table_row) broadcast into a block is an integer array, which
@@ -223,6 +241,8 @@ def convert(
     return_valid_counts: bool = False,
     *,
     COMPACT_TO_FRONT: bool = False,
+    out: torch.Tensor | None = None,
+    valid_counts_out: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Map request-local top-k indices to global cache slots (SPEC §3, §7 for the options).
 
@@ -233,7 +253,8 @@ def convert(
     asserts) before launching for every class in ``CONVERT_REJECTS``. Values
     (req >= R, tok >= seq_len, ...) are not checked on the host: that would
     need a device sync. ``BLOCK_STRIDE_ROWS`` and ``COMPACT_TO_FRONT``: see
-    the module docstring.
+    the module docstring. ``out`` / ``valid_counts_out`` (SPEC 9.2): the caller's buffers
+    (any row stride), every element written and returned; the counts only when returned.
     """
     check_convert_args(
         req_id,
@@ -246,15 +267,25 @@ def convert(
         prefill_workspace_request_ids,
         prefill_workspace_starts,
         BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
+        out=out,
+        valid_counts_out=valid_counts_out,
     )
     n, k = token_indices.shape
     device = token_indices.device
-    out = torch.empty((n, k), dtype=torch.int32, device=device)
-    counts = torch.empty((n,), dtype=torch.int32, device=device) if return_valid_counts else None
+    given = out
+    # The kernel stores a row's columns at unit stride: a caller's buffer with another column
+    # stride gets a fresh row-major result copied in.
+    if out is None or out.stride(1) != 1:
+        out = torch.empty((n, k), dtype=torch.int32, device=device)
+    counts = None
+    if return_valid_counts:
+        mine = valid_counts_out is None or valid_counts_out.stride(0) != 1
+        counts = torch.empty((n,), dtype=torch.int32, device=device) if mine else valid_counts_out
+    given_counts = valid_counts_out if return_valid_counts else None
     if n == 0 or k == 0:
         if counts is not None:
             counts.zero_()
-        return (out, counts) if return_valid_counts else out
+        return _returned(out, counts, given, given_counts)
     if device.type == "cpu" and not INTERPRETED:
         raise RuntimeError(
             f"token_indices.device={device}: the compiled Triton kernel needs GPU tensors; for CPU "
@@ -276,7 +307,55 @@ def convert(
         BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
         COMPACT_TO_FRONT=bool(COMPACT_TO_FRONT),
     )
-    return (out, counts) if return_valid_counts else out
+    return _returned(out, counts, given, given_counts)
+
+
+def _returned(
+    out: torch.Tensor, counts: torch.Tensor | None, given: torch.Tensor | None, given_counts: torch.Tensor | None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The results, in the caller's buffers where given (copied in where the kernel could not
+    store into them directly)."""
+    if given is not None and given is not out:
+        out = given.copy_(out)
+    if counts is not None and given_counts is not None and given_counts is not counts:
+        counts = given_counts.copy_(counts)
+    return out if counts is None else (out, counts)
+
+
+def filter_and_convert_dcp(
+    req_id: torch.Tensor,
+    block_table: torch.Tensor,
+    token_indices: torch.Tensor,
+    dcp_size: int,
+    dcp_rank: int,
+    cp_kv_cache_interleave_size: int = 1,
+    BLOCK_SIZE: int = 64,
+    NUM_TOPK_TOKENS: int = 2048,
+    BLOCK_N: int = 128,
+    return_valid_counts: bool = False,
+    compact_valid_to_front: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """SPEC 9.4's DCP filter with vLLM's ``triton_filter_and_convert_dcp_index`` signature: the same
+    kernel, each token de-interleaved to its owner and local index first (DCP constexpr); another
+    rank's token is -1. Compaction as ``COMPACT_TO_FRONT`` (any D, 1 included)."""
+    check_dcp_filter_args(
+        req_id, block_table, token_indices, dcp_size, dcp_rank, cp_kv_cache_interleave_size, BLOCK_SIZE,
+        NUM_TOPK_TOKENS, BLOCK_N,
+    )  # fmt: skip
+    n, k = token_indices.shape
+    device = token_indices.device
+    out = torch.empty((n, k), dtype=torch.int32, device=device)
+    counts = torch.zeros((n,), dtype=torch.int32, device=device) if return_valid_counts else None
+    if n and k:
+        if device.type == "cpu" and not INTERPRETED:
+            raise RuntimeError(f"token_indices.device={device}: set TRITON_INTERPRET=1 for CPU tensors")
+        launch(
+            req_id, block_table, token_indices, out, counts, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
+            HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
+            grid_rows=n, COMPACT_TO_FRONT=bool(compact_valid_to_front),
+            DCP=(dcp_size, dcp_rank, cp_kv_cache_interleave_size),
+        )  # fmt: skip
+    return (out, counts) if counts is not None else out
 
 
 def launch(
@@ -294,11 +373,13 @@ def launch(
     grid_rows: int,
     BLOCK_STRIDE_ROWS: int | None = None,
     COMPACT_TO_FRONT: bool = False,
+    DCP: tuple[int, int, int] | None = None,
 ) -> None:
     """Launch the kernel over ``grid_rows`` rows with no checks (``convert`` checks first).
 
     Separate so that planted-bug variants (kernels/mutants.py) can reproduce
-    launch mistakes, such as a grid sized from req_id rather than from out.
+    launch mistakes, such as a grid sized from req_id rather than from out. ``DCP``: (dcp_size,
+    dcp_rank, interleave) of SPEC 9.4's filter, None for the plain convert.
     """
     n, k = token_indices.shape
     return_valid_counts = counts is not None
@@ -334,10 +415,12 @@ def launch(
         BLOCK_SIZE if BLOCK_STRIDE_ROWS is None else BLOCK_STRIDE_ROWS,
         int(has_prefill),
         int(return_valid_counts),
+        *(DCP or (1, 0, 1)),
         K=k,
         TILE=pick_tile(k, BLOCK_N),
         BS_POW2=BLOCK_SIZE & (BLOCK_SIZE - 1) == 0,
         TI_COL_I64=ti_col_i64,
         COMPACT=COMPACT_TO_FRONT,
+        DCP=DCP is not None,
         num_warps=_NUM_WARPS,
     )

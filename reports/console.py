@@ -193,6 +193,13 @@ def mutants_score(results: Sequence[MutantRow]) -> list[str]:
         for r in results
         if r.killed and r.awaits
     ]
+    groups: dict[str, list[MutantRow]] = {}
+    for r in results:  # a catalog family (getattr: a row type without groups has none)
+        if getattr(r, "group", None):
+            groups.setdefault(r.group, []).append(r)  # type: ignore[attr-defined]
+    for name, rows in sorted(groups.items()):
+        k = sum(r.killed for r in rows)
+        lines.append(f"  group {name}: {k}/{len(rows)} killed ({100.0 * k / len(rows):.0f}% recall)")
     return lines
 
 

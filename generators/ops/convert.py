@@ -60,6 +60,22 @@ class ConvertRequest:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CallerOut:
+    """SPEC 9.2: ``out`` / ``valid_counts_out`` given by the caller as row slices of persistent
+    buffers (vLLM passes ``phys_buf[:N]``, never pre-filled). The harness fills the buffers with
+    its two byte patterns (neither -1 nor any slot in both runs) and guards the rows around."""
+
+    rows_before: int = 0  # buffer rows before the slice (vLLM slices from row 0; a write at row -1 lands here)
+    rows_after: int = 0  # buffer rows after the slice: the call must not write them
+    steps: int = 1  # calls in a row through the same buffers; 2: the first step's values must not survive
+
+    def __post_init__(self) -> None:
+        check_int("CallerOut", "rows_before", self.rows_before, lo=0, hi=1 << 16)
+        check_int("CallerOut", "rows_after", self.rows_after, lo=0, hi=1 << 16)
+        check_int("CallerOut", "steps", self.steps, lo=1, hi=2)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ConvertSpec:
     """A convert call (SPEC section 3)."""
 
@@ -75,6 +91,7 @@ class ConvertSpec:
     rows_view: View = View.PLAIN  # ROWS: req_id and token_indices rows of the whole step's tensors (SPEC 5.4)
     block_stride_rows: int | None = None  # SPEC 7 BLOCK_STRIDE_ROWS: rows per block slot (None: not passed)
     compact: bool = False  # SPEC 7 COMPACT_TO_FRONT: valid slots packed at each row's front
+    caller_out: CallerOut | None = None  # SPEC 9.2: out= / valid_counts_out= given (None: not passed)
 
     def __post_init__(self) -> None:
         coerce_tuple(self, "requests", ConvertRequest)
@@ -130,6 +147,18 @@ def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
         # default's value), mostly larger, as padded layouts are.
         block_stride_rows=(bs + d.integer(0, bs + 7)) if d.boolean() else None,
         compact=d.boolean(),
+        caller_out=draw_caller_out(d),
+    )
+
+
+def draw_caller_out(d: Drawer) -> CallerOut | None:
+    """Caller-owned outputs in about a third of the cases (SPEC 9.2), mostly at the buffer's front."""
+    if d.integer(0, 2):
+        return None
+    return CallerOut(
+        rows_before=d.integer(1, 3) if d.integer(0, 3) == 0 else 0,
+        rows_after=d.integer(0, 8),
+        steps=d.integer(1, 2),
     )
 
 
@@ -193,9 +222,21 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         params["BLOCK_STRIDE_ROWS"] = spec.block_stride_rows
     if spec.compact:
         params["COMPACT_TO_FRONT"] = True
+    params.update(caller_out_params(spec.caller_out))
+    if spec.caller_out is not None and spec.caller_out.steps == 2:
+        # The step before: the same rows with their columns reversed, so that the columns invalid
+        # now were mostly valid then (a stale slot left in them shows as a value, not as -1).
+        tensors["prev_token_indices"] = indices.flip(1).contiguous()
     return Case(
         op="convert", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors, params=params
     )
+
+
+def caller_out_params(c: CallerOut | None) -> dict[str, int]:
+    """The case params that ask the harness for caller-owned outputs (harness/ops/convert.py)."""
+    if c is None:
+        return {}
+    return {"out_rows_before": c.rows_before, "out_rows_after": c.rows_after, "out_steps": c.steps}
 
 
 # --- features, size, shrinking -------------------------------------------------
@@ -229,19 +270,33 @@ def features(spec: ConvertSpec) -> set[str]:
         out.add("stride:padded" if spec.block_stride_rows > spec.paging.block_size else "stride:block_size")
     if spec.compact:
         out.add("compact")
+    out |= caller_out_features(spec.caller_out)
     return out | view_features(spec.paging, table=spec.table_view, rows=spec.rows_view)
+
+
+def caller_out_features(c: CallerOut | None) -> set[str]:
+    if c is None:
+        return set()
+    return (
+        {"caller-out"}
+        | ({"caller-out:2-steps"} if c.steps == 2 else set())
+        | ({"caller-out:mid-buffer"} if c.rows_before else set())
+    )
 
 
 # --- optional capabilities (SPEC section 7) ------------------------------------
 
 STRIDE, COMPACT = "block_stride_rows", "compact_to_front"  # capability names (kernels/external.py)
+CALLER_OUT = "caller_out"  # SPEC 9.2: the signature takes out= and valid_counts_out=
 
 
 def needs(case: Case) -> frozenset[str]:
     """The optional capabilities this case calls for."""
     p = case.params
-    return frozenset({STRIDE} if "BLOCK_STRIDE_ROWS" in p else ()) | frozenset(
-        {COMPACT} if p.get("COMPACT_TO_FRONT") else ()
+    return (
+        frozenset({STRIDE} if "BLOCK_STRIDE_ROWS" in p else ())
+        | frozenset({COMPACT} if p.get("COMPACT_TO_FRONT") else ())
+        | frozenset({CALLER_OUT} if "out_steps" in p else ())
     )
 
 
@@ -252,6 +307,8 @@ def fit(spec: ConvertSpec, capabilities: frozenset[str]) -> ConvertSpec:
         changes["block_stride_rows"] = None
     if spec.compact and COMPACT not in capabilities:
         changes["compact"] = False
+    if spec.caller_out is not None and CALLER_OUT not in capabilities:
+        changes["caller_out"] = None
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
@@ -282,10 +339,26 @@ def reduce(s: ConvertSpec) -> Iterator[ConvertSpec]:
             yield dataclasses.replace(s, topk_mode=mode)
     if s.compact:
         yield dataclasses.replace(s, compact=False)
+    yield from caller_out_steps(s)
     if s.block_stride_rows is not None:
         yield dataclasses.replace(s, block_stride_rows=None)
         if s.block_stride_rows != s.paging.block_size:
             yield dataclasses.replace(s, block_stride_rows=s.paging.block_size)
+
+
+def caller_out_steps(s):
+    """Simpler caller-owned outputs: none, one step, no rows around the slice."""
+    c = s.caller_out
+    if c is None:
+        return
+    yield dataclasses.replace(s, caller_out=None)
+    for smaller in (
+        dataclasses.replace(c, steps=1),
+        dataclasses.replace(c, rows_before=0),
+        dataclasses.replace(c, rows_after=0),
+    ):
+        if smaller != c:
+            yield dataclasses.replace(s, caller_out=smaller)
 
 
 # --- error inputs (SPEC section 3: "must reject with a clear exception before launching") ---

@@ -43,6 +43,7 @@ class MutantResult:
     seconds: float
     size: str
     awaits: str | None = None  # the catalog's mark: the inputs its bug needs are not drawn yet
+    group: str | None = None  # the catalog family it belongs to (one recall line each)
 
     @property
     def failed(self) -> bool:
@@ -113,6 +114,7 @@ def run_mutants(
                 seconds=seconds,
                 size=size,
                 awaits=entry.awaits,
+                group=entry.group,
             )
         )
         if on_result is not None:

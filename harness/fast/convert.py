@@ -215,6 +215,12 @@ def convert_rows_flag(
     return bad
 
 
+def takes(case: Case) -> bool:
+    """Caller-owned outputs (SPEC 9.2: guarded buffers, two steps) go to the full path: its write
+    map, guard zones and identity check are what judge them, and this check knows none of them."""
+    return "out_steps" not in case.params
+
+
 def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
     """The fast path's check of a convert call (convert has no guarded outputs: ``second`` is
     never given). False: it cannot tell from the host, nothing launched."""

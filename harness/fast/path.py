@@ -68,6 +68,8 @@ class FastOp:
     check: Callable[[Case, Outputs, Outputs | None, torch.Tensor, CaseState], bool]
     prefill: Callable[[Case, Mapping[str, Guarded], CaseState], bool] | None = None
     covers: frozenset[str] = COVERED
+    # The cases this path judges (None: all): the others go to the full path before any call.
+    takes: Callable[[Case], bool] | None = None
 
 
 @functools.cache
@@ -78,7 +80,12 @@ def _fast_module(name: str) -> FastOp | None:
         mod = importlib.import_module(f"{__package__}.{name}")
     except ImportError:
         return None
-    return FastOp(check=mod.check, prefill=getattr(mod, "prefill", None), covers=getattr(mod, "COVERS", COVERED))
+    return FastOp(
+        check=mod.check,
+        prefill=getattr(mod, "prefill", None),
+        covers=getattr(mod, "COVERS", COVERED),
+        takes=getattr(mod, "takes", None),
+    )
 
 
 def fast_op(op: Op) -> FastOp | None:
@@ -172,10 +179,9 @@ def _call(
 ) -> tuple[Call, bool]:
     """(the call, whether its guarded outputs were prefilled by the op's prefill)."""
     case = state.case
-    guards: dict[str, Guarded] = {}
+    guards: dict[str, Guarded] = op.guarded(case, fill, fill_region=False) if op.guarded else {}
     prefilled = True
-    if op.guarded:
-        guards = op.guarded(case, fill, fill_region=False)
+    if guards:  # an op may guard outputs in some cases only (convert's caller-owned ones)
         prefilled = bool(
             fast.prefill is not None and _quietly(state.res, op.name, lambda: fast.prefill(case, guards, state), False)
         )
@@ -283,7 +289,7 @@ def _fill_board(*, op: Op, fast: FastOp, calls: _Calls, snap: Snapshot, state: C
             launchers=res.launchers,
         )
     with stage("oracle"):
-        both = second.outputs if second is not None and op.guarded else None
+        both = second.outputs if second is not None and second.guards else None
         judged = not calls.troubles and bool(
             _quietly(res, op.name, lambda: fast.check(case, first.outputs, both, board[at : at + 2], state), False)
         )
@@ -336,6 +342,8 @@ def fast_path(
         return Undecided(seen="")
     fast = fast_op(op)
     assert fast is not None, f"op {op.name!r} has no fast check (handles() says so first)"
+    if fast.takes is not None and not fast.takes(case):
+        return Undecided(seen="")  # nothing called yet: the full path judges it alone
     state = CaseState(case=case, res=res)
     snap = Snapshot(
         {k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace},

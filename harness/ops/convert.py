@@ -5,39 +5,185 @@ SPEC section 7's options reach the call only when the case has them (``BLOCK_STR
 before; ``needs`` and ``fit`` keep such cases away from it. A compacted ``out`` is compared row
 by row as a multiset with a -1 tail (``row_sets``, the comparator's row-set mode), valid_counts
 exactly.
+
+Caller-owned outputs (SPEC 9.2, the ``caller_out`` capability): in a case with ``out_steps`` in
+its params, ``out`` and ``valid_counts`` are guarded outputs (harness/memory/guards.py, as
+gather's ``dst``): row slices of buffers with rows before and after them, filled with each run's
+byte pattern. The write map then finds an element never written (MISSING_WRITE) and a write
+past the slice (OOB_WRITE); with two steps the first call's values must not survive the second
+(a stale slot reads as a VALUE_MISMATCH). ``review`` holds the returned tensors to being the
+caller's own (cause ``out:not_callers``). The GPU fast path leaves these cases to the full path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping
+
+import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import convert as gen
 from mlafuzz.generators.spec import Paging, TopkMode
+from mlafuzz.harness.memory.guards import Guarded, guarded_empty
 from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
+from mlafuzz.oracles.convert import rows_as_sets_equal
+from mlafuzz.reports.findings import Finding, Kind
+
+
+def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarded]:
+    """The caller's ``out`` (and ``valid_counts_out`` when counts are asked for: vLLM ignores it
+    otherwise) as row slices of guarded buffers; none when the case does not pass them."""
+    p = case.params
+    if "out_steps" not in p:
+        return {}
+    n, k = case.tensors["token_indices"].shape
+    rows = {"rows_before": p["out_rows_before"], "rows_after": p["out_rows_after"]}
+    shapes = {"out": (n, k), **({"valid_counts": (n,)} if p["return_valid_counts"] else {})}
+    return {
+        name: guarded_empty(
+            shape=shape, dtype=torch.int32, device=case.device, fill=fill, fill_region=fill_region, **rows
+        )
+        for name, shape in shapes.items()
+    }
+
+
+def caller_outputs(t: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords that hand the caller's buffers to the implementation (none: not passed)."""
+    out = {"out": t["out"]} if "out" in t else {}
+    return out | ({"valid_counts_out": t["valid_counts"]} if "valid_counts" in t else {})
+
+
+def steps(case: Case, t: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The inputs of each call through the same buffers: the step before (its top-k rows
+    ``prev_token_indices``) when the case has two, then the case's own."""
+    prev = t.get("prev_token_indices")
+    return ([{**t, "token_indices": prev}] if prev is not None else []) + [t]
+
+
+def outputs(res: Any, counts: bool) -> Outputs:
+    if counts:
+        if not (isinstance(res, tuple) and len(res) == 2):
+            raise TypeError(f"return_valid_counts=True must return (out, valid_counts), got {type(res).__name__}")
+        return {"out": res[0], "valid_counts": res[1]}
+    return {"out": res}
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
     p = case.params
     options = {k: p[k] for k in ("BLOCK_STRIDE_ROWS", "COMPACT_TO_FRONT") if k in p}
-    res = fn(
-        t["req_id"],
-        t["block_table"],
-        t["token_indices"],
-        BLOCK_SIZE=p["BLOCK_SIZE"],
-        NUM_TOPK_TOKENS=p["NUM_TOPK_TOKENS"],
-        BLOCK_N=p["BLOCK_N"],
-        HAS_PREFILL_WORKSPACE=p["HAS_PREFILL_WORKSPACE"],
-        prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-        prefill_workspace_starts=t["prefill_workspace_starts"],
-        return_valid_counts=p["return_valid_counts"],
-        **options,
+    res = None
+    for s in steps(case, t):
+        res = fn(
+            s["req_id"],
+            s["block_table"],
+            s["token_indices"],
+            BLOCK_SIZE=p["BLOCK_SIZE"],
+            NUM_TOPK_TOKENS=p["NUM_TOPK_TOKENS"],
+            BLOCK_N=p["BLOCK_N"],
+            HAS_PREFILL_WORKSPACE=p["HAS_PREFILL_WORKSPACE"],
+            prefill_workspace_request_ids=s["prefill_workspace_request_ids"],
+            prefill_workspace_starts=s["prefill_workspace_starts"],
+            return_valid_counts=p["return_valid_counts"],
+            **options,
+            **caller_outputs(s),
+        )
+    return outputs(res, p["return_valid_counts"])
+
+
+def _is_view_of(returned: Any, given: torch.Tensor) -> bool:
+    return (
+        isinstance(returned, torch.Tensor)
+        and returned.data_ptr() == given.data_ptr()
+        and returned.shape == given.shape
+        and returned.stride() == given.stride()
+        and returned.dtype == given.dtype
     )
-    if p["return_valid_counts"]:
-        if not (isinstance(res, tuple) and len(res) == 2):
-            raise TypeError(f"return_valid_counts=True must return (out, valid_counts), got {type(res).__name__}")
-        return {"out": res[0], "valid_counts": res[1]}
-    return {"out": res}
+
+
+def _not_callers(call: Any, ctx: Any) -> list[Finding]:
+    """SPEC 9.2: a call given ``out=`` / ``valid_counts_out=`` returns those tensors (vLLM's call
+    site keeps reading its CUDA-graph-stable buffer, not whatever came back)."""
+    return [
+        ctx.finding(
+            name,
+            "not_callers",
+            message=f"{name}: returned a tensor other than the caller's buffer it was given"
+            f" ({'valid_counts_out' if name == 'valid_counts' else name}=, a row slice of a persistent buffer)",
+        )
+        for name, g in call.guards.items()
+        if not _is_view_of(call.outputs.get(name), g.view)
+    ]
+
+
+def _unwritten_out(
+    case: Case, call: Any, both: Callable[[Case], tuple[Any, Any]], compact: bool, ctx: Any
+) -> Finding | None:
+    """Whether every difference of the caller's ``out`` is an element this call never wrote: one
+    still holding the buffer's fill, or (two steps) the step before's value. Then ``out``'s value
+    finding is the write map's MISSING_WRITE seen again (one cause, one bucket) and is dropped;
+    stale values, which the write map cannot see, become a MISSING_WRITE of their own (None:
+    none, the finding is dropped alone). Raises LookupError when something else differs."""
+    g, act = call.guards["out"], call.outputs["out"]
+    exp, counts = both(case)
+    prev = case.tensors.get("prev_token_indices")
+    before = (
+        both(dataclasses.replace(case, tensors={**case.tensors, "token_indices": prev}))[0]
+        if prev is not None
+        else None
+    )
+    exp, act = exp.to(act.device), act.to(torch.int32)
+    fill = int.from_bytes(bytes([g.fill] * 4), "little", signed=True)
+    stale = (
+        (act == before.to(act.device)) & (act != exp) if before is not None else torch.zeros_like(act, dtype=torch.bool)
+    )
+    explained = (act == fill) | stale
+    if compact:  # the -1 tail is the only place an unwritten element can be explained
+        tail = torch.arange(act.shape[1], device=act.device) >= counts.to(act.device).reshape(-1, 1)
+        explained &= tail
+        fixed = torch.where(explained, torch.full_like(act, -1), act)
+        ok = bool(rows_as_sets_equal(expected=exp, actual=fixed, counts=counts).all())
+    else:
+        ok = bool(torch.where(explained, exp, act).eq(exp).all())
+    if not ok:
+        raise LookupError("out differs beyond its unwritten elements")
+    n = int((stale & explained).sum())
+    if not n:
+        return None
+    return ctx.finding(
+        "out",
+        "missing",
+        kind=Kind.MISSING_WRITE,
+        count=n,
+        total=act.numel(),
+        message=f"out: {n} / {act.numel()} elements still hold the step before's values (never written by this"
+        " call, through the same caller-owned buffer)",
+    )
+
+
+def caller_review(
+    both: Callable[[Case], tuple[Any, Any]], compact: Callable[[Case], bool]
+) -> Callable[[Case, Any, list[Finding], Any], list[Finding]]:
+    """The review of an op with caller-owned outputs: the returned tensors the caller's, and
+    ``out``'s value findings that only restate unwritten or stale elements re-filed (see
+    ``_unwritten_out``). ``both(case)``: the oracle's (out, valid_counts)."""
+
+    def review(case: Case, call: Any, findings: list[Finding], ctx: Any) -> list[Finding]:
+        if call.outputs is None or "out" not in call.guards:
+            return findings
+        values = [f for f in findings if f.kind is Kind.VALUE_MISMATCH and f.tensor == "out"]
+        if values and isinstance(call.outputs.get("out"), torch.Tensor):
+            try:
+                stale = _unwritten_out(case, call, both, compact(case), ctx)
+            except LookupError:
+                pass
+            else:
+                findings = [f for f in findings if f not in values]
+                if stale is not None:
+                    findings.append(stale)
+        return findings + _not_callers(call, ctx)
+
+    return review
 
 
 def _both(case: Case, *, loop: bool) -> tuple[Any, Any]:
@@ -121,6 +267,8 @@ CONVERT = Op(
     needs=gen.needs,
     fit=gen.fit,
     row_sets=row_sets,
+    guarded=guarded,
+    review=caller_review(lambda case: _both(case, loop=False), lambda case: bool(case.params.get("COMPACT_TO_FRONT"))),
     call=CallShape(
         positional=("req_id", "block_table", "token_indices"),
         keywords=(

@@ -9,6 +9,7 @@ here. Nothing registers itself on import; whatever needs the ops reads OPS
 from __future__ import annotations
 
 from mlafuzz.harness.ops.convert import CONVERT
+from mlafuzz.harness.ops.dcp import DCP, DCP_PEER
 from mlafuzz.harness.ops.gather import GATHER
 from mlafuzz.harness.ops.names import NAMES
 from mlafuzz.harness.ops.op import Op, OpTable, Outputs
@@ -16,7 +17,7 @@ from mlafuzz.harness.ops.plan import PLAN
 from mlafuzz.harness.ops.step import STEP
 from mlafuzz.harness.ops.writer import WRITER
 
-OPS = OpTable((CONVERT, GATHER, WRITER, STEP, PLAN))
+OPS = OpTable((CONVERT, GATHER, WRITER, STEP, PLAN, DCP, DCP_PEER))
 
 if OPS.names != NAMES:  # names.py is what --help shows without importing torch
     raise ImportError(f"harness/ops/names.py says {NAMES}, the op table holds {OPS.names}")

@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mlafuzz.kernels.builtins import CONVERT_OPTIONS, CUDA_GATHER_REJECTS, CUDA_WRITER_REJECTS, GATHER_OPTIONS
-from mlafuzz.kernels.checks import CONVERT_REJECTS, GATHER_TORCH_REJECTS, WRITER_TORCH_REJECTS
+from mlafuzz.kernels.checks import (
+    CONVERT_REJECTS,
+    DCP_PEER_REJECTS,
+    DCP_REJECTS,
+    GATHER_TORCH_REJECTS,
+    WRITER_TORCH_REJECTS,
+)
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.mutants.planner_bugs import PLANNER_MUTANTS
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
@@ -45,7 +51,7 @@ class Mutant:
     size: str = "small"  # the case sizes (fuzz --size) that draw the inputs its bug needs
     # The family it belongs to, for `mutants`' per-group recall: "core" (the original catalog),
     # "vllm-reports" (look-alikes of bugs reported against vLLM and its neighbours, SPEC 9.5, each
-    # citing its report), or the new surface it plants a bug in ("host-tier": SPEC 9.3).
+    # citing its report), or the new surface it plants a bug in ("host-tier", "caller-out", "dcp").
     group: str = "core"
 
 
@@ -294,6 +300,126 @@ CATALOG: tuple[Mutant, ...] = (
         kind="VALUE_MISMATCH",
         description="kv_c / k_pe read as contiguous [T, 512] / [T, 64], row strides ignored (CUDA kernel; torch on cpu)",
     ),
+    # --- SPEC 9.5: look-alikes of real bugs reported against the convert and its neighbours ---
+    Mutant(
+        op="convert",
+        name="convert_invalid_to_zero",
+        bug="invalid_to_zero",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="an invalid index converted to 0 instead of -1, so slot 0 is attended (vLLM #45324)",
+    ),
+    Mutant(
+        op="dcp",
+        name="dcp_compact_hole",
+        bug="compact_hole",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="compaction packs every non-negative token before the rank filter: a -1 inside the"
+        " valid prefix (vLLM #58058)",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_out_row_minus1",
+        bug="row_minus1",
+        kind="OOB_WRITE",
+        capabilities=CONVERT_OPTIONS,
+        group="vllm-reports",
+        description="a row without a valid column is stored at row -1, the padding sentinel: the row"
+        " just before the caller's out slice (flash-attention #2755)",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_logical_width",
+        bug="logical_width",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="the block table addressed by its logical width instead of its row stride (vLLM #55184)",
+    ),
+    # --- SPEC 9.2: caller-owned outputs ---
+    Mutant(
+        op="convert",
+        name="convert_out_stale_invalid",
+        bug="stale_invalid",
+        kind="MISSING_WRITE",
+        capabilities=CONVERT_OPTIONS,
+        group="caller-out",
+        description="with out= given, stores only the valid columns: an invalid one keeps the last step's value",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_counts_not_zeroed",
+        bug="counts_not_zeroed",
+        kind="MISSING_WRITE",
+        capabilities=CONVERT_OPTIONS,
+        group="caller-out",
+        description="adds the counts into valid_counts_out without zeroing it first (the buffer's"
+        " old bytes survive under the sums)",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_out_not_returned",
+        bug="fresh_out",
+        kind="VALUE_MISMATCH",
+        capabilities=CONVERT_OPTIONS,
+        group="caller-out",
+        description="fills the caller's out / valid_counts_out but returns copies (cause out:not_callers)",
+    ),
+    Mutant(
+        op="dcp_peer",
+        name="dcp_peer_out_stale_invalid",
+        bug="stale_invalid",
+        kind="MISSING_WRITE",
+        capabilities=frozenset({"caller_out"}),
+        group="caller-out",
+        description="peer-slot map with out= given stores only the valid columns (vLLM's tests pre-fill -99)",
+    ),
+    # --- SPEC 9.4: DCP rank filtering ---
+    Mutant(
+        op="dcp",
+        name="dcp_owner_no_interleave",
+        bug="owner_no_interleave",
+        kind="VALUE_MISMATCH",
+        capabilities=frozenset(),
+        group="dcp",
+        description="the owning rank computed as t % D, the interleave ignored",
+    ),
+    Mutant(
+        op="dcp",
+        name="dcp_global_block",
+        bug="global_block",
+        kind="VALUE_MISMATCH",
+        capabilities=frozenset(),
+        group="dcp",
+        description="the table read at the global position's block and offset, not the rank-local one",
+    ),
+    Mutant(
+        op="dcp_peer",
+        name="dcp_peer_no_bound",
+        bug="no_peer_bound",
+        kind="VALUE_MISMATCH",
+        capabilities=frozenset({"caller_out"}),
+        group="dcp",
+        description="keeps a block id >= blocks_per_peer: a slot in the next peer's rows",
+    ),
+    Mutant(
+        op="dcp_peer",
+        name="dcp_peer_owner_minor",
+        bug="owner_minor",
+        kind="VALUE_MISMATCH",
+        capabilities=frozenset({"caller_out"}),
+        group="dcp",
+        description="the peer view taken owner-minor (block * D + owner) instead of rank-major",
+    ),
+    Mutant(
+        op="dcp_peer",
+        name="dcp_peer_no_space_check",
+        bug="no_space_check",
+        kind="ACCEPTED_INVALID_INPUT",
+        capabilities=frozenset({"caller_out"}),
+        group="dcp",
+        description="no host check that dcp_size * blocks_per_peer * block_size fits int32: slots wrap",
+    ),
 )
 
 
@@ -359,7 +485,13 @@ GATHER_REPORTS_AND_HOST_TIER: tuple[Mutant, ...] = (
 CATALOG = CATALOG + GATHER_REPORTS_AND_HOST_TIER
 
 
-REJECTS = {"convert": CONVERT_REJECTS, "gather": GATHER_TORCH_REJECTS, "writer": WRITER_TORCH_REJECTS}
+REJECTS = {
+    "convert": CONVERT_REJECTS,
+    "gather": GATHER_TORCH_REJECTS,
+    "writer": WRITER_TORCH_REJECTS,
+    "dcp": DCP_REJECTS,
+    "dcp_peer": DCP_PEER_REJECTS,
+}
 # A mutant with a CUDA kernel is held to that kernel's contract on every device (its torch variant
 # refuses more on the CPU, which a contract never forbids).
 KERNEL_REJECTS = {"gather": CUDA_GATHER_REJECTS, "writer": CUDA_WRITER_REJECTS}
@@ -428,6 +560,7 @@ MUTANTS: tuple[ImplEntry, ...] = (
             capabilities=m.capabilities,
             awaits=m.awaits,
             size=m.size,
+            group=m.group,
             prepare=_prepare_cuda_bug if m.cuda_bug else None,
         )
         for m in CATALOG

@@ -78,6 +78,7 @@ PLANNER_MUTANTS: tuple[ImplEntry, ...] = tuple(
         description=text,
         expected_kind="METADATA_MISMATCH",
         is_mutant=True,
+        group="planner",
     )
     for name, text in _BUGS.items()
 )

@@ -23,6 +23,7 @@ from mlafuzz.kernels.checks import (
     check_gather_host_rows,
     check_gather_values,
 )
+from mlafuzz.kernels.mutants import surface_bugs
 from mlafuzz.kernels.revisions import pow2_scale
 
 FLT_MIN = torch.finfo(torch.float32).tiny
@@ -54,6 +55,8 @@ def _convert(
     *,
     BLOCK_STRIDE_ROWS=None,
     COMPACT_TO_FRONT=False,
+    out=None,
+    valid_counts_out=None,
 ):
     if bug != "no_length_check":
         check_convert_args(
@@ -67,6 +70,8 @@ def _convert(
             prefill_workspace_request_ids,
             prefill_workspace_starts,
             BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
+            out=out,
+            valid_counts_out=valid_counts_out,
         )
     n = token_indices.shape[0]
     rows = req_id.shape[0] if bug == "no_length_check" else n
@@ -86,7 +91,8 @@ def _convert(
     valid &= (req >= 0) & (req < num_reqs)
     if bug == "row_as_request":
         req = torch.arange(rows, device=req.device)[:, None].clamp(max=num_reqs - 1)
-    table = block_table.long()
+    # logical_width: the table addressed by its logical width instead of its row stride (vLLM #55184)
+    table = (_as_contiguous(block_table) if bug == "logical_width" else block_table).long()
     entry = table[req.clamp(0, num_reqs - 1), blk.clamp(0, width - 1)]
     stride = bs if BLOCK_STRIDE_ROWS is None or bug == "stride_ignored" else BLOCK_STRIDE_ROWS
     vals = entry * stride + off
@@ -100,13 +106,15 @@ def _convert(
         in_range = ids < starts.numel()
         valid = torch.where(is_pf, valid_pf & in_range, valid)
     vals = (vals + 2**31) % 2**32 - 2**31  # int32 wraparound, as the kernel computes
-    out = torch.where(valid, vals, torch.full_like(vals, -1)).to(torch.int32)[:n]
+    # invalid_to_zero: an invalid column converted to 0 instead of -1 (vLLM #45324: block 0 attended)
+    res = torch.where(valid, vals, torch.full_like(vals, 0 if bug == "invalid_to_zero" else -1)).to(torch.int32)[:n]
+    filled = valid[:n]  # the output elements holding a valid value
     if COMPACT_TO_FRONT:
-        out = _compact(out, valid[:n], tile=BLOCK_N if bug == "compact_tile_restart" else None)
-    if not return_valid_counts:
-        return out
+        res = _compact(res, valid[:n], tile=BLOCK_N if bug == "compact_tile_restart" else None)
+        filled = torch.arange(res.shape[1], device=res.device) < valid[:n].sum(dim=1, keepdim=True)
     counted = (token_indices != -1) if bug == "count_all" else valid[:n]
-    return out, counted.sum(dim=1).to(torch.int32)
+    counts = counted.sum(dim=1).to(torch.int32) if return_valid_counts else None
+    return surface_bugs.deliver(bug, res, counts, filled, out, valid_counts_out)
 
 
 def _compact(out: torch.Tensor, valid: torch.Tensor, *, tile: int | None) -> torch.Tensor:
@@ -399,7 +407,13 @@ def _triton_overwide(
     return (out, counts) if return_valid_counts else out
 
 
-FUNCS: dict[str, Callable] = {"convert": _convert, "gather": _gather, "writer": _writer}
+FUNCS: dict[str, Callable] = {
+    "convert": _convert,
+    "gather": _gather,
+    "writer": _writer,
+    "dcp": surface_bugs.dcp,
+    "dcp_peer": surface_bugs.dcp_peer,
+}
 
 
 def load(op: str, bug: str | None, *, revision: str | None = None) -> Callable:

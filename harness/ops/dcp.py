@@ -1,0 +1,170 @@
+"""The DCP ops' rows of the op table (SPEC.md section 9.4): ``dcp``, vLLM's
+``triton_filter_and_convert_dcp_index``, and ``dcp_peer``, vLLM's
+``convert_global_indices_to_dcp_peer_slots``, each called with vLLM's own signature (why two rows
+and not convert options: generators/ops/dcp.py).
+
+A compacted ``dcp`` row is compared as a multiset with a -1 tail (the comparator's row-set mode),
+valid_counts exactly. ``dcp_peer`` takes SPEC 9.2's caller-owned outputs as convert does (the
+``caller_out`` capability; guarded buffers, two steps, the returned tensors the caller's:
+harness/ops/convert.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.ops import dcp as gen
+from mlafuzz.harness.ops import convert as cv
+from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+
+
+def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
+    p = case.params
+    res = fn(
+        t["req_id"],
+        t["block_table"],
+        t["token_indices"],
+        p["dcp_size"],
+        p["dcp_rank"],
+        cp_kv_cache_interleave_size=p["cp_kv_cache_interleave_size"],
+        BLOCK_SIZE=p["BLOCK_SIZE"],
+        NUM_TOPK_TOKENS=p["NUM_TOPK_TOKENS"],
+        BLOCK_N=p["BLOCK_N"],
+        return_valid_counts=p["return_valid_counts"],
+        compact_valid_to_front=p["compact_valid_to_front"],
+    )
+    return cv.outputs(res, p["return_valid_counts"])
+
+
+def invoke_peer(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
+    p = case.params
+    res = None
+    for s in cv.steps(case, t):
+        res = fn(
+            s["req_id"],
+            s["block_table"],
+            s["token_indices"],
+            dcp_size=p["dcp_size"],
+            blocks_per_peer=p["blocks_per_peer"],
+            cp_kv_cache_interleave_size=p["cp_kv_cache_interleave_size"],
+            block_size=p["block_size"],
+            BLOCK_N=p["BLOCK_N"],
+            return_valid_counts=p["return_valid_counts"],
+            **cv.caller_outputs(s),
+        )
+    return cv.outputs(res, p["return_valid_counts"])
+
+
+def _filter(case: Case, *, loop: bool) -> tuple[Any, Any]:
+    from mlafuzz.oracles import dcp as od
+
+    t, p = case.tensors, case.params
+    return (od.dcp_filter_loop if loop else od.dcp_filter)(
+        req_id=t["req_id"],
+        block_table=t["block_table"],
+        token_indices=t["token_indices"],
+        block_size=p["BLOCK_SIZE"],
+        dcp_size=p["dcp_size"],
+        dcp_rank=p["dcp_rank"],
+        interleave=p["cp_kv_cache_interleave_size"],
+        compact=p["compact_valid_to_front"],
+    )
+
+
+def _peer(case: Case, *, loop: bool) -> tuple[Any, Any]:
+    from mlafuzz.oracles import dcp as od
+
+    t, p = case.tensors, case.params
+    return (od.dcp_peer_slots_loop if loop else od.dcp_peer_slots)(
+        req_id=t["req_id"],
+        block_table=t["block_table"],
+        token_indices=t["token_indices"],
+        block_size=p["block_size"],
+        dcp_size=p["dcp_size"],
+        interleave=p["cp_kv_cache_interleave_size"],
+        blocks_per_peer=p["blocks_per_peer"],
+    )
+
+
+def _oracle(both: Callable[..., tuple[Any, Any]], loop: bool) -> Callable[[Case], Outputs]:
+    def run(case: Case) -> Outputs:
+        out, counts = both(case, loop=loop)
+        return {"out": out, "valid_counts": counts} if case.params["return_valid_counts"] else {"out": out}
+
+    return run
+
+
+def row_sets(case: Case, expected: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A compacted ``out``: each row a multiset of its first valid_counts values, -1 after."""
+    if not case.params.get("compact_valid_to_front"):
+        return {}
+    counts = expected.get("valid_counts")
+    return {"out": counts if counts is not None else _filter(case, loop=False)[1]}
+
+
+DCP = Op(
+    name="dcp",
+    generator=gen.GENERATOR,
+    oracle=_oracle(_filter, False),
+    oracle_slow=_oracle(_filter, True),
+    invoke=invoke,
+    defaults={"cpu": ("triton", "torch"), "cuda": ("triton", "torch")},
+    # What vLLM's filter asserts on the host.
+    contract=frozenset(
+        {
+            "wrong_dtype",
+            "k_mismatch",
+            "k_not_multiple_of_block_n",
+            "bad_dcp_size",
+            "bad_dcp_rank",
+            "interleave_not_dividing_block",
+        }
+    ),
+    row_sets=row_sets,
+    call=CallShape(
+        positional=("req_id", "block_table", "token_indices", "dcp_size", "dcp_rank"),
+        keywords=(
+            "cp_kv_cache_interleave_size",
+            "BLOCK_SIZE",
+            "NUM_TOPK_TOKENS",
+            "BLOCK_N",
+            "return_valid_counts",
+            "compact_valid_to_front",
+        ),
+    ),
+    ours="triton",
+    # SPEC 9.4's DCP filter (sparse_utils.py).
+    vllm=(("vllm.v1.attention.backends.mla.sparse_utils", "triton_filter_and_convert_dcp_index"),),
+)
+
+DCP_PEER = Op(
+    name="dcp_peer",
+    generator=gen.GENERATOR_PEER,
+    oracle=_oracle(_peer, False),
+    oracle_slow=_oracle(_peer, True),
+    invoke=invoke_peer,
+    defaults={"cpu": ("torch",), "cuda": ("torch",)},
+    # What vLLM's peer-slot map checks on the host (its tests: ValueError for each).
+    contract=frozenset(
+        {"bad_dcp_size", "bad_blocks_per_peer", "interleave_not_dividing_block", "bad_block_n", "peer_space_overflow"}
+    ),
+    guarded=cv.guarded,
+    review=cv.caller_review(lambda case: _peer(case, loop=False), lambda case: False),
+    needs=gen.needs_peer,
+    fit=gen.fit_peer,
+    call=CallShape(
+        positional=("req_id", "block_table", "token_indices"),
+        keywords=(
+            "dcp_size",
+            "blocks_per_peer",
+            "cp_kv_cache_interleave_size",
+            "block_size",
+            "BLOCK_N",
+            "return_valid_counts",
+        ),
+    ),
+    ours="torch",
+    # SPEC 9.4's peer-slot variant (sparse_utils.py).
+    vllm=(("vllm.v1.attention.backends.mla.sparse_utils", "convert_global_indices_to_dcp_peer_slots"),),
+)

@@ -1,0 +1,54 @@
+"""SPEC 9.4 through our implementations: the DCP filter (Triton under the interpreter, torch) and
+the torch peer-slot map fuzzed with 0 findings, and every host check of the error-input classes
+refused before launch."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from mlafuzz.generators.draw import SMALL  # noqa: E402
+from mlafuzz.harness.check.session import Session  # noqa: E402
+from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz  # noqa: E402
+from mlafuzz.harness.drive.workers import InProcess  # noqa: E402
+from mlafuzz.harness.ops.table import OPS  # noqa: E402
+from mlafuzz.kernels.checks import InvalidInputError  # noqa: E402
+from mlafuzz.kernels.registry import default_registry  # noqa: E402
+
+
+@pytest.mark.parametrize("op, impl, cases", [("dcp", "torch", 80), ("dcp", "triton", 30), ("dcp_peer", "torch", 80)])
+def test_our_dcp_implementations_draw_no_findings(tmp_path, op, impl, cases):
+    config = FuzzConfig(ops=(op,), impls={op: impl}, device="cpu", cases=cases, seed=11, out_dir=tmp_path)
+    summary = fuzz(config, executor=InProcess(session=Session(table=OPS)))
+    assert summary.cases == cases and summary.skipped == 0 and summary.findings == 0, summary.by_kind
+    assert summary.coverage["dcp:In"] and summary.coverage["dcp:I1"]  # interleaves above 1 too
+
+
+@pytest.mark.parametrize("op", ["dcp", "dcp_peer"])
+def test_every_error_input_class_is_refused_on_the_host_by_our_implementations(op):
+    row = OPS.get(op)
+    for entry in default_registry().entries(op=op, mutants=False):
+        fn = entry.loader("cpu")
+        seen = set()
+        for seed in range(30):
+            case = OPS.materialize(OPS.draw_spec(op, seed=seed, knobs=SMALL), seed, "cpu")
+            for klass in row.invalid:
+                bad = klass.make(case)
+                if bad is None:
+                    continue
+                assert klass.name in entry.rejects
+                with pytest.raises((InvalidInputError, AssertionError)):
+                    row.invoke(fn, bad, {**bad.tensors, **{k: g.view for k, g in _guards(row, bad).items()}}, None)
+                seen.add(klass.name)
+        assert seen == {k.name for k in row.invalid}, (entry.name, seen)
+    assert row.contract <= {k.name for k in row.invalid}
+
+
+def _guards(row, case):
+    return row.guarded(case, 0xA5) if row.guarded else {}
