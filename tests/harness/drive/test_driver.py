@@ -231,7 +231,7 @@ def test_a_fault_that_broke_the_cuda_context_is_one_crash_not_also_a_launch_erro
     ]
 
 
-def test_each_of_4_shards_fuzzes_all_four_ops_in_the_unsharded_mix(tmp_path):
+def test_each_of_4_shards_fuzzes_every_op_in_the_unsharded_mix(tmp_path):
     for k in range(4):
         out = tmp_path / f"shard{k}"
         assert (
@@ -241,7 +241,7 @@ def test_each_of_4_shards_fuzzes_all_four_ops_in_the_unsharded_mix(tmp_path):
                     "--device",
                     "cpu",
                     "--cases",
-                    "8",
+                    "10",
                     "--shard",
                     f"{k}/4",
                     "--in-process",
@@ -255,7 +255,10 @@ def test_each_of_4_shards_fuzzes_all_four_ops_in_the_unsharded_mix(tmp_path):
             == 0
         )
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["per_op"] == {"convert": 2, "gather": 2, "writer": 2, "step": 2}, (k, summary["per_op"])
+        assert summary["per_op"] == {"convert": 2, "gather": 2, "writer": 2, "step": 2, "plan": 2}, (
+            k,
+            summary["per_op"],
+        )
 
 
 def test_the_shards_of_a_run_together_are_the_unsharded_run():
