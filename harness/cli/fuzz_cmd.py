@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import secrets
 import signal
 import sys
 from collections.abc import Iterator
@@ -36,6 +38,7 @@ from mlafuzz.harness.cli.args import (
 from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
 
 DEFAULT_OUT = "mlafuzz-out"
+SEED_ENV = "MLAFUZZ_SEED"  # the run seed when --seed is not given (a job that wants fixed cases)
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
@@ -69,7 +72,12 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         metavar="SECONDS",
         help="wall-clock budget; default 60 s when --cases is not given either",
     )
-    f.add_argument("--seed", type=nonneg_int, default=0, help="run seed: same seed, same cases (default 0)")
+    f.add_argument(
+        "--seed",
+        type=nonneg_int,
+        help=f"run seed: same seed, same cases (default: ${SEED_ENV} if set, else a fresh one, printed and "
+        "recorded in run.json; --resume takes the run's own)",
+    )
     f.add_argument(
         "--out",
         metavar="DIR",
@@ -197,6 +205,11 @@ def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: 
         op, ref = parse_impl_arg(text, ops=session.table.names)
         if op not in ops:
             raise ImplError(f"--impl {text}: op {op!r} is not fuzzed in this run (ops: {', '.join(ops)})")
+        if chosen.get(op, ref) != ref:  # a run fuzzes one implementation per op: never drop one silently
+            raise ImplError(
+                f"--impl {op}={chosen[op]} and --impl {text}: a run fuzzes one implementation per op;"
+                f" fuzz each in its own run (its own --out), or both at once with the pytest plugin"
+            )
         chosen[op] = ref
     refs = {}
     for op in ops:
@@ -214,6 +227,22 @@ def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: 
             ) from None
         refs[op] = ref
     return refs
+
+
+def default_notes(session: Any, refs: dict[str, str], texts: list[str] | None, device: str) -> list[str]:
+    """A line per op whose default implementation is not its first choice here (our Triton
+    convert without Triton: the torch one stands in), so the header says what ran and why."""
+    named = {t.partition("=")[0] for t in texts or ()}
+    notes = []
+    for op, ref in refs.items():
+        first = next(iter(session.table.get(op).defaults.get(device.split(":")[0], ())), ref)
+        if op in named or first == ref:
+            continue
+        entry = session.registry.get(op, first)
+        missing = entry.missing() if entry is not None else ()
+        why = f"{', '.join(missing)} not installed" if missing else f"{first} cannot run on {device}"
+        notes.append(f"{op}={ref}: {why}, so not {op}={first}")
+    return notes
 
 
 def parse_contracts(texts: list[str] | None, table: Any) -> dict[str, tuple[str, ...]]:
@@ -281,6 +310,28 @@ def prepare_out(args: argparse.Namespace) -> tuple[Path, bool]:
     return out, used
 
 
+def run_seed(args: argparse.Namespace, out: Path, used: bool) -> tuple[int, bool]:
+    """(the run's seed, whether it was drawn fresh). --seed wins; --resume goes on with the seed its
+    run.json recorded; then $MLAFUZZ_SEED; else a fresh one, so each plain run explores new cases
+    (the header prints it, run.json records it: a rerun is one --seed away)."""
+    if args.seed is not None:
+        return args.seed, False
+    if args.resume and used:
+        try:
+            recorded = json.loads((out / "run.json").read_text(encoding="utf-8")).get("seed")
+        except (OSError, ValueError, AttributeError):
+            recorded = None  # load_resume says what is wrong with the folder
+        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 0:
+            return recorded, False
+    text = os.environ.get(SEED_ENV, "").strip()
+    if text:
+        try:
+            return nonneg_int(text), False
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"mlafuzz: ${SEED_ENV}={text!r}: {exc}") from None
+    return secrets.randbelow(2**32), True
+
+
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from mlafuzz.generators.draw import KNOB_PRESETS
     from mlafuzz.harness.check.compare import Policy
@@ -295,6 +346,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from mlafuzz.reports.rundir import clear_run
 
     out, used = prepare_out(args)
+    seed, drawn = run_seed(args, out, used)
     table = table_from_ref(DEFAULT_TABLE)
     fixed_spec = None
     if args.spec:
@@ -324,7 +376,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         device=args.device,
         cases=cases,
         budget=budget,
-        seed=args.seed,
+        seed=seed,
         out_dir=out,
         knobs=KNOB_PRESETS[args.size],
         policy=Policy(ulp=args.ulp),
@@ -351,7 +403,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             console.start_line(
                 impls=config.impls,
                 device=args.device,
-                seed=args.seed,
+                seed=seed,
+                drawn=drawn,
+                notes=default_notes(session, dict(config.impls), args.impl, args.device),
                 cases=cases,
                 budget=budget,
                 out=str(config.out_dir),
