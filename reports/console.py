@@ -118,7 +118,8 @@ def merge_lines(result: Any) -> list[str]:
     lines.append(
         f"mlafuzz: merged {plural(result.shards, 'run directory', 'run directories')} into {result.out}:"
         f" {plural(s['cases'], 'case')}, {plural(s['findings'], 'finding')} in"
-        f" {plural(s['buckets'], 'bucket')} ({plural(result.findings_lines, 'findings line')})"
+        f" {plural(s['buckets'], 'bucket')} ({plural(result.findings_lines, 'findings line')}"
+        f"{', ' + plural(result.bundles, 'repro bundle') + ' in ' + str(result.out / 'bundles') if getattr(result, 'bundles', 0) else ''})"
         f"{' [partial: a shard has no summary.json]' if s.get('partial') else ''}"
     )
     return lines
