@@ -164,6 +164,19 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         "(CLASS: the op's error-input classes; OP= alone: it promises to reject nothing)",
     )
     f.add_argument(
+        "--max-findings",
+        type=positive_int,
+        metavar="N",
+        help="stop handing out cases once N failing finding buckets are found (the cases in flight "
+        "finish; the buckets are shrunk and bundled as usual); like pytest's -x / --maxfail",
+    )
+    f.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="replay the repro bundles in DIR (a folder of bundles, or a run folder with bundles/) "
+        "against this run's implementations first, then fuzz; their findings count in the run",
+    )
+    f.add_argument(
         "--ledger",
         metavar="FILE",
         help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
@@ -423,7 +436,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             seen.add(finding.dedup_key)
             print(console.finding_line(finding), file=sys.stderr)
 
+    corpus = read_corpus(args, config) if args.corpus else []
     executor = executor_for(args, table_ref=DEFAULT_TABLE)
+    if corpus:
+        from mlafuzz.harness.drive.replay import CorpusFirst
+
+        executor = CorpusFirst(executor, corpus)
     progress = Progress(budget=budget, quiet=args.quiet)
     shrinking = ShrinkProgress(quiet=args.quiet)
     with terminate_like_interrupt():
@@ -433,6 +451,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 executor=executor,
                 on_finding=show,
                 on_progress=progress,
+                stop_when=stop_after(args.max_findings),
                 resume=resume,
                 on_shrink=lambda event, facts: (progress.close(), shrinking(event, facts)),
             )
@@ -450,6 +469,38 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if summary.interrupted:
         return EXIT_TERMINATED if summary.terminated else EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def read_corpus(args: argparse.Namespace, config: Any) -> list:
+    """--corpus DIR: its bundles as the run's first tasks (drive/replay.py ``corpus_tasks``); a line
+    saying how many, and one per bundle left out."""
+    from mlafuzz.harness.drive.replay import corpus_tasks
+    from mlafuzz.reports.bundle import BundleError
+
+    try:
+        tasks, notes = corpus_tasks(
+            Path(args.corpus),
+            impls=config.impls,
+            device=config.device,
+            ulp=config.policy.ulp,
+            revision=config.revision,
+            rejects=config.rejects,
+        )
+    except BundleError as exc:
+        raise UsageError(f"mlafuzz: --corpus {args.corpus}: {exc}") from None
+    if not args.quiet:
+        for note in notes:
+            print(f"mlafuzz: --corpus: {note}", file=sys.stderr)
+        print(f"mlafuzz: replaying {len(tasks)} corpus bundles from {args.corpus} first", file=sys.stderr)
+    return tasks
+
+
+def stop_after(max_findings: int | None):
+    """fuzz()'s ``stop_when`` for --max-findings: N error buckets, this session's and a resumed
+    run's earlier ones together."""
+    if max_findings is None:
+        return None
+    return lambda summary: len(set(summary.buckets) | summary.known) >= max_findings
 
 
 @contextlib.contextmanager
