@@ -119,7 +119,7 @@ def merge_lines(result: Any) -> list[str]:
         f"mlafuzz: merged {plural(result.shards, 'run directory', 'run directories')} into {result.out}:"
         f" {plural(s['cases'], 'case')}, {plural(s['findings'], 'finding')} in"
         f" {plural(s['buckets'], 'bucket')} ({plural(result.findings_lines, 'findings line')}"
-        f"{', ' + plural(result.bundles, 'repro bundle') + ' in ' + str(result.out / 'bundles') if getattr(result, 'bundles', 0) else ''})"
+        f"{', ' + plural(result.bundles, 'repro bundle') + ' in ' + str(result.out / 'bundles') if result.bundles else ''})"
         f"{' [partial: a shard has no summary.json]' if s.get('partial') else ''}"
     )
     return lines

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import secrets
 import signal
 import sys
 from collections.abc import Iterator
@@ -35,10 +33,10 @@ from mlafuzz.harness.cli.args import (
     positive_seconds,
     shard,
 )
+from mlafuzz.harness.cli.fuzz_choices import SEED_ENV, default_notes, read_corpus, run_seed, stop_after
 from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
 
 DEFAULT_OUT = "mlafuzz-out"
-SEED_ENV = "MLAFUZZ_SEED"  # the run seed when --seed is not given (a job that wants fixed cases)
 
 
 def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> None:
@@ -242,22 +240,6 @@ def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: 
     return refs
 
 
-def default_notes(session: Any, refs: dict[str, str], texts: list[str] | None, device: str) -> list[str]:
-    """A line per op whose default implementation is not its first choice here (our Triton
-    convert without Triton: the torch one stands in), so the header says what ran and why."""
-    named = {t.partition("=")[0] for t in texts or ()}
-    notes = []
-    for op, ref in refs.items():
-        first = next(iter(session.table.get(op).defaults.get(device.split(":")[0], ())), ref)
-        if op in named or first == ref:
-            continue
-        entry = session.registry.get(op, first)
-        missing = entry.missing() if entry is not None else ()
-        why = f"{', '.join(missing)} not installed" if missing else f"{first} cannot run on {device}"
-        notes.append(f"{op}={ref}: {why}, so not {op}={first}")
-    return notes
-
-
 def parse_contracts(texts: list[str] | None, table: Any) -> dict[str, tuple[str, ...]]:
     """--contract OP=CLASS,... -> op -> classes, each class one of the op's error-input classes."""
     rejects: dict[str, tuple[str, ...]] = {}
@@ -323,28 +305,6 @@ def prepare_out(args: argparse.Namespace) -> tuple[Path, bool]:
     return out, used
 
 
-def run_seed(args: argparse.Namespace, out: Path, used: bool) -> tuple[int, bool]:
-    """(the run's seed, whether it was drawn fresh). --seed wins; --resume goes on with the seed its
-    run.json recorded; then $MLAFUZZ_SEED; else a fresh one, so each plain run explores new cases
-    (the header prints it, run.json records it: a rerun is one --seed away)."""
-    if args.seed is not None:
-        return args.seed, False
-    if args.resume and used:
-        try:
-            recorded = json.loads((out / "run.json").read_text(encoding="utf-8")).get("seed")
-        except (OSError, ValueError, AttributeError):
-            recorded = None  # load_resume says what is wrong with the folder
-        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 0:
-            return recorded, False
-    text = os.environ.get(SEED_ENV, "").strip()
-    if text:
-        try:
-            return nonneg_int(text), False
-        except argparse.ArgumentTypeError as exc:
-            raise UsageError(f"mlafuzz: ${SEED_ENV}={text!r}: {exc}") from None
-    return secrets.randbelow(2**32), True
-
-
 def cmd_fuzz(args: argparse.Namespace) -> int:
     from mlafuzz.generators.draw import KNOB_PRESETS
     from mlafuzz.harness.check.compare import Policy
@@ -401,6 +361,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         revision=args.revision,
         timeout=None if args.in_process or args.sanitizer else args.timeout,
     )
+    corpus, corpus_lines = read_corpus(args, config) if args.corpus else ([], [])
     resume = None
     if used and args.resume:
         try:
@@ -427,6 +388,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             ),
             file=sys.stderr,
         )
+    for line in corpus_lines if not args.quiet else ():
+        print(line, file=sys.stderr)
     seen: set = set()
     found: list = list(resume.findings) if resume is not None else []  # the verdict is the whole run's
 
@@ -436,7 +399,6 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             seen.add(finding.dedup_key)
             print(console.finding_line(finding), file=sys.stderr)
 
-    corpus = read_corpus(args, config) if args.corpus else []
     executor = executor_for(args, table_ref=DEFAULT_TABLE)
     if corpus:
         from mlafuzz.harness.drive.replay import CorpusFirst
@@ -469,38 +431,6 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     if summary.interrupted:
         return EXIT_TERMINATED if summary.terminated else EXIT_INTERRUPTED
     return EXIT_OK
-
-
-def read_corpus(args: argparse.Namespace, config: Any) -> list:
-    """--corpus DIR: its bundles as the run's first tasks (drive/replay.py ``corpus_tasks``); a line
-    saying how many, and one per bundle left out."""
-    from mlafuzz.harness.drive.replay import corpus_tasks
-    from mlafuzz.reports.bundle import BundleError
-
-    try:
-        tasks, notes = corpus_tasks(
-            Path(args.corpus),
-            impls=config.impls,
-            device=config.device,
-            ulp=config.policy.ulp,
-            revision=config.revision,
-            rejects=config.rejects,
-        )
-    except BundleError as exc:
-        raise UsageError(f"mlafuzz: --corpus {args.corpus}: {exc}") from None
-    if not args.quiet:
-        for note in notes:
-            print(f"mlafuzz: --corpus: {note}", file=sys.stderr)
-        print(f"mlafuzz: replaying {len(tasks)} corpus bundles from {args.corpus} first", file=sys.stderr)
-    return tasks
-
-
-def stop_after(max_findings: int | None):
-    """fuzz()'s ``stop_when`` for --max-findings: N error buckets, this session's and a resumed
-    run's earlier ones together."""
-    if max_findings is None:
-        return None
-    return lambda summary: len(set(summary.buckets) | summary.known) >= max_findings
 
 
 @contextlib.contextmanager

@@ -54,6 +54,17 @@ def test_corpus_bundles_run_first_and_count_in_the_run(found, tmp_path, capsys):
     assert json.loads((fixed / "summary.json").read_text())["cases"] == 3
 
 
+def test_a_nightly_job_can_replay_its_own_last_run_folder_into_itself(found, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "nightly"
+    shutil.copytree(found, out)
+    args = [*GATHER, "--impl", BUGGY, "--cases", "1", "--out", str(out), "--corpus", str(out), "--overwrite"]
+    assert main([*args, "--shrink-budget", "0.5"]) == 1  # read before the folder is cleared
+    assert "replaying 1 corpus bundles" in capsys.readouterr().err
+    assert len(list((out / "bundles").iterdir())) == 1
+
+
 def test_max_findings_stops_the_run_after_n_failing_buckets(tmp_path, capsys):
     out = tmp_path / "run"
     args = [*GATHER, "--impl", BUGGY, "--cases", "200", "--out", str(out), "--shrink-budget", "0", "--quiet"]
