@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         "--pdb",
         action="store_true",
         help="run in this process and stop in pdb just before each call of the implementation "
-        "(`s` steps into it); a post-mortem where the call raises",
+        "(`s` steps into it); a post-mortem where the call raises (a CRASH or TIMEOUT case runs here too)",
     )
     r.add_argument(
         "--trust-bundle",
