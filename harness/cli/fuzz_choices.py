@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mlafuzz.harness.cli.args import UsageError, nonneg_int
+from mlafuzz.reports.console import plural
 
 SEED_ENV = "MLAFUZZ_SEED"  # the run seed when --seed is not given (a job that wants fixed cases)
 
@@ -69,11 +70,13 @@ def read_corpus(args: argparse.Namespace, config: Any) -> tuple[list, list[str]]
             ulp=config.policy.ulp,
             revision=config.revision,
             rejects=config.rejects,
+            shard=(config.shard.index, config.shard.count),
         )
     except BundleError as exc:
         raise UsageError(f"mlafuzz: --corpus {args.corpus}: {exc}") from None
     lines = [f"mlafuzz: --corpus: {note}" for note in notes]
-    lines.append(f"mlafuzz: replaying {len(tasks)} corpus bundles from {args.corpus} first")
+    mine = f" (shard {config.shard.index}/{config.shard.count}'s share)" if config.shard.count > 1 else ""
+    lines.append(f"mlafuzz: replaying {plural(len(tasks), 'corpus bundle')} from {args.corpus}{mine} first")
     return tasks, lines
 
 

@@ -201,13 +201,17 @@ def corpus_tasks(
     ulp: int,
     revision: str,
     rejects: Mapping[str, tuple[str, ...]],
+    shard: tuple[int, int] = (0, 1),
 ) -> tuple[list[Task], list[str]]:
     """The bundles in ``path`` as tasks of a fuzz run: each bundle's case (spec, seed, error-input
     class, re-run) against the run's implementation of its op, judged under the run's revision.
-    Returns the tasks and a note per bundle left out (another op, unreadable, an older schema)."""
+    ``shard`` (K, N): bundle i (in name order) is shard i mod N's, so the shards of a nightly run
+    share one corpus without replaying it N times. Returns the tasks and a note per bundle left
+    out (another op, unreadable, an older schema)."""
     tasks: list[Task] = []
     notes: list[str] = []
-    for d in bundle_dirs(path):
+    index, count = shard
+    for d in bundle_dirs(path)[index::count]:
         try:
             b = read_bundle(d)
         except BundleError as exc:

@@ -44,7 +44,7 @@ def test_corpus_bundles_run_first_and_count_in_the_run(found, tmp_path, capsys):
     out = tmp_path / "nightly"
     args = [*GATHER, "--impl", BUGGY, "--cases", "2", "--out", str(out), "--corpus", str(found / "bundles")]
     assert main([*args, "--shrink-budget", "0.5"]) == 1
-    assert "replaying 1 corpus bundles" in capsys.readouterr().err
+    assert "replaying 1 corpus bundle from" in capsys.readouterr().err
     first = json.loads((out / "findings.jsonl").read_text().splitlines()[0])
     assert first["seed"] == case["seed"] and first["spec"] == case["spec"]  # last night's failure, first
     assert json.loads((out / "summary.json").read_text())["cases"] == 3  # the corpus case, then 2 new ones
@@ -61,7 +61,7 @@ def test_a_nightly_job_can_replay_its_own_last_run_folder_into_itself(found, tmp
     shutil.copytree(found, out)
     args = [*GATHER, "--impl", BUGGY, "--cases", "1", "--out", str(out), "--corpus", str(out), "--overwrite"]
     assert main([*args, "--shrink-budget", "0.5"]) == 1  # read before the folder is cleared
-    assert "replaying 1 corpus bundles" in capsys.readouterr().err
+    assert "replaying 1 corpus bundle from" in capsys.readouterr().err
     assert len(list((out / "bundles").iterdir())) == 1
 
 
@@ -121,3 +121,18 @@ def test_the_snippet_on_a_correct_function_returns_what_the_oracle_does(found):
     ours = default_registry().get("gather", "torch").load("cpu")
     got, want = call(ours)["dst"], call.expected()["dst"]
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_the_shards_of_a_run_split_one_corpus_between_them(found, tmp_path):
+    import shutil
+
+    from mlafuzz.harness.drive.replay import corpus_tasks
+
+    (bundle,) = (found / "bundles").iterdir()
+    for name in ("a", "b", "c"):
+        shutil.copytree(bundle, tmp_path / name)
+    common = {"impls": {"gather": "torch"}, "device": "cpu", "ulp": 0, "revision": "2026-09", "rejects": {}}
+    shares = [corpus_tasks(tmp_path, **common, shard=(k, 2))[0] for k in (0, 1)]
+    assert [len(s) for s in shares] == [2, 1]
+    whole, notes = corpus_tasks(tmp_path, **common)
+    assert len(whole) == 3 and notes == []
