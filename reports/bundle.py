@@ -84,8 +84,21 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:80] or "finding"
 
 
-def replay_command(path: Path) -> str:
-    return f"mlafuzz replay {shlex.quote(str(path))}"
+def external_ref(ref: str) -> bool:
+    """Whether an ``--impl`` reference names code outside mlafuzz (``module:attr``, ``path.py:attr``):
+    the registry's own test (a registered name or ``vllm`` has no colon)."""
+    return ":" in ref
+
+
+def replay_command(path: Path | str, *, op: str | None = None, impl: str | None = None) -> str:
+    """The one-line replay of the bundle at ``path``, quoted for a POSIX shell. An external
+    ``impl`` is named with ``--impl``: replay imports no code on a bundle's word, so without it the
+    line would exit 2. Paths stay as the run was given them (relative ones resolve from the run's
+    working folder, where the line is printed), so the line runs as printed there."""
+    parts = ["mlafuzz", "replay", str(path)]
+    if op and impl and external_ref(impl):
+        parts += ["--impl", f"{op}={impl}"]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 def write_bundle(
@@ -132,7 +145,7 @@ def write_bundle(
     atomic_write(path / "case.json", (json.dumps(case, indent=2, sort_keys=True) + "\n").encode())
     atomic_write(path / "finding.json", (json.dumps(finding.to_json(), indent=2, sort_keys=True) + "\n").encode())
     atomic_write(path / "env.json", (json.dumps(env_info(), indent=2, sort_keys=True) + "\n").encode())
-    atomic_write(path / "replay.txt", (replay_command(path) + "\n").encode())
+    atomic_write(path / "replay.txt", (replay_command(path, op=op, impl=impl) + "\n").encode())
     return path
 
 

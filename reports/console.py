@@ -31,7 +31,11 @@ def start_line(
     out: str,
     revision: str | None = None,
     resumed: Mapping[str, Any] | None = None,
+    drawn: bool = False,
+    notes: Sequence[str] = (),
 ) -> str:
+    """The run's header; ``drawn``: the seed is a fresh one (say how to rerun it); ``notes``: what
+    the run chose for the user (a default implementation that stands in for a missing one)."""
     limit = " / ".join(
         x
         for x in (
@@ -48,8 +52,11 @@ def start_line(
             f"; resuming after {plural(int(resumed.get('cases', 0)), 'case')} and "
             f"{plural(int(resumed.get('findings', 0)), 'finding')}"
         )
+    seed_text = f"seed {seed} (fresh: --seed {seed} reruns these cases)" if drawn else f"seed {seed}"
+    note = "".join(f" ({n})" for n in notes)
     return (
-        f"mlafuzz: fuzzing {impl_text} on {device}, seed {seed}, {limit}{rev}{again}; findings -> {out}/findings.jsonl"
+        f"mlafuzz: fuzzing {impl_text}{note} on {device}, {seed_text}, {limit}{rev}{again};"
+        f" findings -> {out}/findings.jsonl"
     )
 
 
@@ -111,7 +118,8 @@ def merge_lines(result: Any) -> list[str]:
     lines.append(
         f"mlafuzz: merged {plural(result.shards, 'run directory', 'run directories')} into {result.out}:"
         f" {plural(s['cases'], 'case')}, {plural(s['findings'], 'finding')} in"
-        f" {plural(s['buckets'], 'bucket')} ({plural(result.findings_lines, 'findings line')})"
+        f" {plural(s['buckets'], 'bucket')} ({plural(result.findings_lines, 'findings line')}"
+        f"{', ' + plural(result.bundles, 'repro bundle') + ' in ' + str(result.out / 'bundles') if result.bundles else ''})"
         f"{' [partial: a shard has no summary.json]' if s.get('partial') else ''}"
     )
     return lines

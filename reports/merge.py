@@ -10,7 +10,10 @@ with fewer cases is dropped, and the result says so (``MergeResult.dropped``).
 Every findings line of every kept shard is kept, in shard order, with
 ``extra["shard"]`` saying which shard directory (and, when its run.json
 exists, which seed/shard config) it came from, so a finding stays replayable
-after the merge; the shards' bundle lists are concatenated. Counts (cases,
+after the merge. Each shard's repro bundles are copied into ``OUT/bundles``
+(one per bucket: the first shard's), their replay.txt and finding.json's
+``repro`` rewritten to the copy, so the merged folder is the whole artifact a
+triager needs and its reports point into it. Counts (cases,
 skipped, findings, infos, per op, per kind, per feature, per bucket) are
 summed; ``buckets`` is recounted over the merged findings (the same bucket in
 two shards is one bucket); ``seconds`` is the slowest shard's (shards run side
@@ -20,11 +23,15 @@ by side) and ``shard_seconds`` their sum.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlafuzz.reports.atomic import atomic_write
+from mlafuzz.reports.bundle import BundleError, read_case_json, replay_command
+from mlafuzz.reports.findings import Finding
 from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlError, read_jsonl
 from mlafuzz.reports.model import (
     BUCKET_SEP,
@@ -32,9 +39,11 @@ from mlafuzz.reports.model import (
     SUMMARY_FILE,
     ReportError,
     bucket_counts,
+    configured_impls,
     impls_from_findings,
     shard_label,
 )
+from mlafuzz.reports.rundir import BUNDLES_DIR, clear_run, holds_run
 
 _SUMMED = ("cases", "skipped", "findings", "infos", "worker_restarts")
 _COUNTERS = ("per_op", "by_kind", "coverage", "features")  # key -> n, or op -> key -> n: summed per key
@@ -60,6 +69,7 @@ class MergeResult:
     findings_lines: int
     summary: Mapping[str, Any]
     dropped: tuple[Dropped, ...] = ()
+    bundles: int = 0  # repro bundles copied into out/bundles
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -115,6 +125,16 @@ def _check_one_run(dirs: list[Path], runs: list[dict[str, Any]]) -> None:
         ("seeds", lambda r: r.get("seed"), lambda r: f"seed {r.get('seed')}"),
         ("shard schemes", _scheme, lambda r: f"shard {shard_label(r.get('shard'))}"),
     )
+    impls = [(d, configured_impls(r)) for d, r in zip(dirs, runs) if r]
+    for d, mine in impls[1:]:
+        for d0, first in impls[:1]:
+            for op in sorted(set(mine) & set(first)):
+                if mine[op] != first[op]:
+                    raise ReportError(
+                        f"merge: the runs fuzz different implementations of {op} ({d0}: {op}={first[op]},"
+                        f" {d}: {op}={mine[op]}): shards of one run fuzz the same ones; merge each"
+                        " implementation's shards on their own"
+                    )
     for what, value, show in checks:
         told = [(d, r) for d, r in zip(dirs, runs) if r and value(r) is not None]
         for d, r in told[1:]:
@@ -166,8 +186,60 @@ def _common_run(runs: list[dict[str, Any]], dirs: list[Path]) -> dict[str, Any]:
     return merged
 
 
-def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
-    """Merge shard run directories ``dirs`` into ``out`` (created; its findings.jsonl and summary.json replaced)."""
+def _bucket_of(bundle: Path) -> list[str] | None:
+    """The bucket (kind, op, impl, cause) a bundle's finding.json names; None when unreadable."""
+    try:
+        return list(Finding.from_json(json.loads((bundle / "finding.json").read_text(encoding="utf-8"))).dedup_key)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _copy_bundles(d: Path, index: int, listed: list[Mapping[str, Any]], out: Path, taken: set[tuple]) -> list[dict]:
+    """Copy shard ``d``'s bundles into ``out/bundles``: those its summary lists, and any on disk it
+    does not (a shard killed after writing one). A bucket another shard already brought is not
+    copied again. Each copy is made under a temporary name and renamed: whole or absent."""
+    by_name = {Path(str(b.get("path", ""))).name: b for b in listed}
+    on_disk = (
+        sorted(p for p in (d / BUNDLES_DIR).iterdir() if (p / "case.json").is_file())
+        if (d / BUNDLES_DIR).is_dir()
+        else []
+    )
+    entries = []
+    for src in on_disk:
+        entry = dict(by_name.pop(src.name, None) or {})
+        bucket = entry.get("bucket") or _bucket_of(src)
+        if not bucket or tuple(bucket) in taken:
+            continue
+        try:
+            case = read_case_json(src)
+        except BundleError:
+            continue
+        dest = out / BUNDLES_DIR / src.name
+        partial = dest.with_name(f".{src.name}.merging")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(src, partial)
+        command = replay_command(dest, op=str(case.get("op", "")), impl=str(case.get("impl", "")))
+        atomic_write(partial / "replay.txt", command + "\n")
+        finding_path = partial / "finding.json"
+        try:
+            finding = json.loads(finding_path.read_text(encoding="utf-8"))
+            finding["repro"] = command
+            atomic_write(finding_path, json.dumps(finding, indent=2, sort_keys=True) + "\n")
+        except (OSError, ValueError, TypeError):
+            pass  # the copy keeps what the shard wrote; replay says what is wrong with it
+        os.replace(partial, dest)
+        taken.add(tuple(bucket))
+        entries.append({**entry, "bucket": list(bucket), "path": str(dest), "replay": command, "shard": index})
+    for b in by_name.values():  # listed, but the shard folder lacks it (uploaded without bundles/)
+        if tuple(b.get("bucket") or ()) not in taken:
+            entries.append({k: v for k, v in b.items() if k != "replay"} | {"shard": index, "missing": True})
+    return entries
+
+
+def merge_runs(dirs: Iterable[Path | str], out: Path | str, *, overwrite: bool = False) -> MergeResult:
+    """Merge shard run directories ``dirs`` into ``out``. An ``out`` that holds a run (an earlier
+    merge or fuzz) is refused, as ``fuzz --out`` refuses it, unless ``overwrite``: its run files
+    and bundles are removed first."""
     dirs = [Path(d) for d in dirs]
     out = Path(out)
     _check_dirs(dirs, out)
@@ -176,7 +248,15 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
     _check_one_run(dirs, all_runs)
     order, dropped = _without_duplicates(dirs, all_runs, all_summaries)
     all_records = {i: _load_records(dirs[i] / FINDINGS_FILE) for i in order}  # read all before writing any
+    if holds_run(out):
+        if not overwrite:
+            raise ReportError(
+                f"merge: --out {out} holds an earlier run (its findings would mix with this one's):"
+                " pass --overwrite to replace it, or another --out"
+            )
+        clear_run(out)
     out.mkdir(parents=True, exist_ok=True)
+    taken: set[tuple] = set()
     per_bucket: dict[str, int] = {}
     lines: list[str] = []
     totals: dict[str, Any] = {k: 0 for k in _SUMMED}
@@ -223,7 +303,8 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
         for key in _COUNTERS:
             if isinstance(summary.get(key), Mapping):
                 _add_nested(counters.setdefault(key, {}), summary[key])
-        bundles += [{**b, "shard": index} for b in summary.get("bundles") or () if isinstance(b, Mapping)]
+        listed = [b for b in summary.get("bundles") or () if isinstance(b, Mapping)]
+        bundles += _copy_bundles(d, index, listed, out, taken)
         seconds.append(float(summary.get("seconds") or 0.0))
         interrupted |= bool(summary.get("interrupted"))
         shards.append(
@@ -262,5 +343,10 @@ def merge_runs(dirs: Iterable[Path | str], out: Path | str) -> MergeResult:
     if any(runs):
         atomic_write(out / RUN_FILE, json.dumps(_common_run(runs, kept_dirs), indent=2, default=str) + "\n")
     return MergeResult(
-        out=out, shards=len(kept_dirs), findings_lines=len(lines), summary=merged, dropped=tuple(dropped)
+        out=out,
+        shards=len(kept_dirs),
+        findings_lines=len(lines),
+        summary=merged,
+        dropped=tuple(dropped),
+        bundles=sum(1 for b in bundles if not b.get("missing")),
     )

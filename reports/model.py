@@ -220,9 +220,32 @@ class RunReport:
         shards = self.summary.get("shards")
         return list(shards) if isinstance(shards, list) else []
 
+    @property
+    def incomplete(self) -> str | None:
+        """Why the run's counts are not the whole run's (a run killed before it wrote summary.json,
+        or a merge with such a shard); None for a run that finished."""
+        if not self.summary:
+            return f"no {SUMMARY_FILE}: the run was killed or is still running"
+        if self.summary.get("partial"):
+            return f"a shard has no {SUMMARY_FILE}: it was killed or is still running"
+        return None
+
+    @property
+    def tests(self) -> int:
+        """JUnit's testcases: one per failing bucket, one per implementation without any, and one
+        saying the run is incomplete when it is."""
+        return sum(max(1, len(t.failures)) for t in self.testcases) + (1 if self.incomplete else 0)
+
     def headline(self) -> str:
         cases = self.summary.get("cases")
         ran = plural(cases, "case") if isinstance(cases, int) else "cases unknown"
+        if self.incomplete:
+            found = (
+                f"{plural(len(self.failures), 'failing bucket')} ({plural(self.count('failure'), 'finding')}) so far"
+                if self.failures
+                else "no failing finding in what it wrote"
+            )
+            return f"mlafuzz: incomplete run ({self.incomplete}): {found}"
         if self.passed:
             extra = [
                 plural(len(self.buckets_with(s)), f"{s} bucket") for s in ("expected", "info") if self.buckets_with(s)

@@ -11,6 +11,10 @@ if not torch.cuda.is_available():
     # Triton reads this when a kernel is decorated: before any kernel module import.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# A plain `mlafuzz fuzz` draws a fresh seed; the suite's runs stay on fixed cases (seed 0) unless a
+# test says otherwise (tests/harness/cli/test_seed_and_corpus.py takes it away to see fresh ones).
+os.environ.setdefault("MLAFUZZ_SEED", "0")
+
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(

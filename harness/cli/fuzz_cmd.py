@@ -33,6 +33,7 @@ from mlafuzz.harness.cli.args import (
     positive_seconds,
     shard,
 )
+from mlafuzz.harness.cli.fuzz_choices import SEED_ENV, default_notes, read_corpus, run_seed, stop_after
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.oracles import revisions
 
@@ -70,7 +71,12 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         metavar="SECONDS",
         help="wall-clock budget; default 60 s when --cases is not given either",
     )
-    f.add_argument("--seed", type=nonneg_int, default=0, help="run seed: same seed, same cases (default 0)")
+    f.add_argument(
+        "--seed",
+        type=nonneg_int,
+        help=f"run seed: same seed, same cases (default: ${SEED_ENV} if set, else a fresh one, printed and "
+        "recorded in run.json; --resume takes the run's own)",
+    )
     f.add_argument(
         "--out",
         metavar="DIR",
@@ -157,6 +163,19 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         "(CLASS: the op's error-input classes; OP= alone: it promises to reject nothing)",
     )
     f.add_argument(
+        "--max-findings",
+        type=positive_int,
+        metavar="N",
+        help="stop handing out cases once N failing finding buckets are found (the cases in flight "
+        "finish; the buckets are shrunk and bundled as usual); like pytest's -x / --maxfail",
+    )
+    f.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="replay the repro bundles in DIR (a folder of bundles, or a run folder with bundles/) "
+        "against this run's implementations first, then fuzz; their findings count in the run",
+    )
+    f.add_argument(
         "--ledger",
         metavar="FILE",
         help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
@@ -198,6 +217,11 @@ def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: 
         op, ref = parse_impl_arg(text, ops=session.table.names)
         if op not in ops:
             raise ImplError(f"--impl {text}: op {op!r} is not fuzzed in this run (ops: {', '.join(ops)})")
+        if chosen.get(op, ref) != ref:  # a run fuzzes one implementation per op: never drop one silently
+            raise ImplError(
+                f"--impl {op}={chosen[op]} and --impl {text}: a run fuzzes one implementation per op;"
+                f" fuzz each in its own run (its own --out), or both at once with the pytest plugin"
+            )
         chosen[op] = ref
     refs = {}
     for op in ops:
@@ -296,6 +320,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from mlafuzz.reports.rundir import clear_run
 
     out, used = prepare_out(args)
+    seed, drawn = run_seed(args, out, used)
     table = table_from_ref(DEFAULT_TABLE)
     fixed_spec = None
     if args.spec:
@@ -325,7 +350,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         device=args.device,
         cases=cases,
         budget=budget,
-        seed=args.seed,
+        seed=seed,
         out_dir=out,
         knobs=KNOB_PRESETS[args.size],
         policy=Policy(ulp=args.ulp),
@@ -337,6 +362,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         revision=args.revision,
         timeout=None if args.in_process or args.sanitizer else args.timeout,
     )
+    corpus, corpus_lines = read_corpus(args, config) if args.corpus else ([], [])
     resume = None
     if used and args.resume:
         try:
@@ -352,7 +378,9 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             console.start_line(
                 impls=config.impls,
                 device=args.device,
-                seed=args.seed,
+                seed=seed,
+                drawn=drawn,
+                notes=default_notes(session, dict(config.impls), args.impl, args.device),
                 cases=cases,
                 budget=budget,
                 out=str(config.out_dir),
@@ -361,6 +389,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             ),
             file=sys.stderr,
         )
+    for line in corpus_lines if not args.quiet else ():
+        print(line, file=sys.stderr)
     seen: set = set()
     found: list = list(resume.findings) if resume is not None else []  # the verdict is the whole run's
 
@@ -371,6 +401,10 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             print(console.finding_line(finding), file=sys.stderr)
 
     executor = executor_for(args, table_ref=DEFAULT_TABLE)
+    if corpus:
+        from mlafuzz.harness.drive.replay import CorpusFirst
+
+        executor = CorpusFirst(executor, corpus)
     progress = Progress(budget=budget, quiet=args.quiet)
     shrinking = ShrinkProgress(quiet=args.quiet)
     with terminate_like_interrupt():
@@ -380,6 +414,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 executor=executor,
                 on_finding=show,
                 on_progress=progress,
+                stop_when=stop_after(args.max_findings),
                 resume=resume,
                 on_shrink=lambda event, facts: (progress.close(), shrinking(event, facts)),
             )

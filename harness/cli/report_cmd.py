@@ -53,7 +53,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from mlafuzz.reports.model import ReportError
 
     try:
-        result = merge_runs([Path(d) for d in args.run_dirs], Path(args.out))
+        result = merge_runs([Path(d) for d in args.run_dirs], Path(args.out), overwrite=args.overwrite)
     except ReportError as exc:
         raise _usage(f"mlafuzz {exc}") from None
     except OSError as exc:
@@ -87,9 +87,20 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="merge shard run directories into one",
         description="Concatenate the findings of the shard run directories of one run (each line keeps its "
         "shard), sum their summary counts, and write OUT/findings.jsonl and OUT/summary.json. Shards with "
-        "different seeds or K/N schemes are refused; a directory that repeats another's cases (same seed, "
+        "different seeds, K/N schemes or implementations are refused; a directory that repeats another's cases (same seed, "
         "shard, ops and implementations) is dropped, with a line saying so.",
     )
     m.add_argument("run_dirs", nargs="+", metavar="DIR", help="shard run directories")
-    m.add_argument("--out", required=True, metavar="DIR", help="merged run directory (created)")
+    m.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="merged run directory (created; the shards' repro bundles are copied into DIR/bundles); one "
+        "that holds an earlier run is refused unless --overwrite",
+    )
+    m.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="--out holds an earlier run: remove its files (findings, summary, bundles) first",
+    )
     m.set_defaults(func=cmd_merge)

@@ -435,7 +435,7 @@ def _bundle(
     case = table.materialize(spec, small.seed, "cpu")
     name = "-".join(key)
     path = config.out_dir / "bundles" / slug(name)
-    final = dataclasses.replace(result.finding, repro=replay_command(path))
+    final = dataclasses.replace(result.finding, repro=replay_command(path, op=small.op, impl=small.impl_ref))
     write_bundle(
         root=config.out_dir / "bundles",
         name=name,

@@ -11,22 +11,34 @@ implementation (a registered name, or ``vllm`` from the installed package),
 the one the user names with ``impl_ref`` (``--impl``), or, only with
 ``trust_bundle``, the external ``module:attr`` / ``path.py:attr`` the bundle
 recorded. inputs.pt is read with ``weights_only=True`` for the same reason.
+
+Also here: a folder of bundles as a regression suite (``bundle_dirs``), the
+same folder as a fuzz run's corpus (``corpus_tasks``, ``CorpusFirst``), a
+replay under the debugger (``debug``), and ``load_bundle_call``: a bundle's
+case as one call of any function, for a user's own debugging session.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import functools
+import pdb
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.shrink import evaluate_sync, same_finding
 from mlafuzz.harness.drive.tasks import Task
-from mlafuzz.harness.drive.workers import InProcess, WorkerPool
+from mlafuzz.harness.drive.workers import Executor, InProcess, WorkerPool
 from mlafuzz.harness.memory.bits import same_bits
+from mlafuzz.harness.memory.guards import PATTERNS
 from mlafuzz.harness.ops.op import OpTable
-from mlafuzz.kernels.entry import ImplError
+from mlafuzz.kernels.entry import ImplEntry, ImplError
 from mlafuzz.reports.bundle import Bundle, BundleError, read_bundle
 from mlafuzz.reports.findings import Finding, Kind, Severity
 
@@ -74,14 +86,17 @@ def replay(
     timeout: float | None = None,
     trust_bundle: bool = False,
     revision: str | None = None,
+    debug: bool = False,
 ) -> ReplayResult:
     """Run the bundle's case again (see the module docstring); ``timeout`` overrides the bundle's;
     under its recorded contract revision unless ``revision`` says another (a bundle from before
-    revisions replays under the newest)."""
+    revisions replays under the newest). ``debug``: in this process whatever the finding's kind,
+    stopping in pdb just before each call of the implementation (``s`` steps into it), and
+    post-mortem where a call raises (``DebugSession``)."""
     bundle = read_bundle(bundle_path)
     revision = revision or bundle.revision
     check_inputs(bundle, table)  # data only: a tampered bundle is said so before anything else
-    session = Session(table=table)
+    session = DebugSession(table=table, op=bundle.op) if debug else Session(table=table)
     if impl_ref is None and not trust_bundle and not session.registry.is_builtin(bundle.op, bundle.impl):
         raise ImplError(
             f"replay: {bundle.path} names an external implementation, {bundle.op}={bundle.impl}, and "
@@ -106,7 +121,7 @@ def replay(
         contract=bundle.contract,
         revision=revision,
     )
-    isolated = bundle.finding.kind in (Kind.CRASH, Kind.TIMEOUT)
+    isolated = bundle.finding.kind in (Kind.CRASH, Kind.TIMEOUT) and not debug
     limit = timeout if timeout is not None else bundle.timeout if bundle.timeout is not None else DEFAULT_TIMEOUT
     executor = (
         WorkerPool(devices=[device if device == "cpu" else "cuda:0"], timeout=limit)
@@ -127,3 +142,174 @@ def replay(
         revision=revision,
         found=tuple((f, same_finding(f, bundle.finding)) for f in errors),
     )
+
+
+class DebugSession(Session):
+    """A session whose implementation of ``op`` stops in pdb just before each call (step into it
+    with ``s``) and opens a post-mortem where the call raises, then lets the harness go on."""
+
+    def __init__(self, *, table: OpTable, op: str) -> None:
+        super().__init__(table=table)
+        self._op = op
+
+    def load(self, entry: ImplEntry, device: str, *, revision: str | None = None) -> Callable:
+        fn = super().load(entry, device, revision=revision)
+        return _at_call(fn) if entry.op == self._op else fn
+
+
+def _at_call(fn: Callable) -> Callable:
+    @functools.wraps(fn)  # its signature stays readable: the harness reads capabilities from it
+    def call(*args: Any, **kwargs: Any) -> Any:
+        print(f"mlafuzz replay --pdb: stopped before the call of {getattr(fn, '__qualname__', fn)}; s steps in")
+        pdb.Pdb().set_trace(sys._getframe())
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            pdb.post_mortem(sys.exc_info()[2])
+            raise
+
+    return call
+
+
+# --- a folder of bundles: a regression suite, a fuzz run's corpus -------------------------------
+
+
+def bundle_dirs(path: Path) -> list[Path]:
+    """The bundles ``path`` names: itself (a bundle), a run folder's bundles/, or the bundle folders
+    in it; BundleError when there are none."""
+    path = Path(path)
+    if (path / "case.json").is_file():
+        return [path]
+    if not path.is_dir():
+        raise BundleError(f"{str(path)!r} is not a bundle or a folder of bundles")
+    inner = path / "bundles"
+    where = inner if inner.is_dir() and not (path / "case.json").exists() else path
+    found = sorted(p for p in where.iterdir() if p.is_dir() and (p / "case.json").is_file())
+    if not found:
+        raise BundleError(f"{str(path)!r} holds no repro bundle (a folder with case.json)")
+    return found
+
+
+CORPUS_INDEX = -1_000_000  # corpus tasks count down from here: never a run's case index, nor shrinking's -1
+
+
+def corpus_tasks(
+    path: Path,
+    *,
+    impls: Mapping[str, str],
+    device: str,
+    ulp: int,
+    revision: str,
+    rejects: Mapping[str, tuple[str, ...]],
+    shard: tuple[int, int] = (0, 1),
+) -> tuple[list[Task], list[str]]:
+    """The bundles in ``path`` as tasks of a fuzz run: each bundle's case (spec, seed, error-input
+    class, re-run) against the run's implementation of its op, judged under the run's revision.
+    ``shard`` (K, N): bundle i (in name order) is shard i mod N's, so the shards of a nightly run
+    share one corpus without replaying it N times. Returns the tasks and a note per bundle left
+    out (another op, unreadable, an older schema)."""
+    tasks: list[Task] = []
+    notes: list[str] = []
+    index, count = shard
+    for d in bundle_dirs(path)[index::count]:
+        try:
+            b = read_bundle(d)
+        except BundleError as exc:
+            notes.append(f"{d.name}: left out: {exc}")
+            continue
+        if b.op not in impls:
+            notes.append(f"{d.name}: left out: op {b.op} is not fuzzed in this run")
+            continue
+        tasks.append(
+            Task(
+                index=CORPUS_INDEX - len(tasks),
+                op=b.op,
+                seed=b.seed,
+                spec=b.spec,
+                impl_ref=impls[b.op],
+                device=device,
+                ulp=ulp,
+                rerun=b.rerun,
+                contract=b.contract,
+                rejects=rejects.get(b.op),
+                revision=revision,
+            )
+        )
+    return tasks, notes
+
+
+class CorpusFirst:
+    """An executor that runs ``tasks`` (a corpus) before any case the fuzz loop hands it: it shows
+    no free slot until each of them is submitted, and its results come back through ``wait`` like
+    any case's, so the loop records, buckets, shrinks and bundles them as its own."""
+
+    def __init__(self, inner: Executor, tasks: Sequence[Task]) -> None:
+        self._inner = inner
+        self._todo = collections.deque(tasks)
+
+    def free_slots(self) -> int:
+        while self._todo and self._inner.free_slots():
+            self._inner.submit(self._todo.popleft())
+        return 0 if self._todo else self._inner.free_slots()
+
+    def in_flight(self) -> int:
+        return self._inner.in_flight()
+
+    def submit(self, task: Task) -> None:
+        self._inner.submit(task)
+
+    def wait(self, timeout: float) -> list:
+        return self._inner.wait(timeout)
+
+    def quarantine(self, classes: frozenset[tuple[str, str, str]]) -> None:
+        self._inner.quarantine(classes)
+
+    def restarts(self) -> int:
+        return self._inner.restarts()
+
+    def cancel(self) -> None:
+        self._todo.clear()
+        self._inner.cancel()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+# --- a bundle's case as a plain call -------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleCall:
+    """A bundle's case, ready to call any implementation of its op exactly as the fuzzer did."""
+
+    bundle: Bundle
+    case: Any  # generators' Case
+    table: OpTable
+
+    def __call__(self, fn: Callable) -> dict[str, Any]:
+        """Call ``fn`` on fresh copies of the case's inputs (outputs allocated as the harness does)
+        and return its outputs; an exception of ``fn`` propagates, for the debugger."""
+        op = self.table.get(self.bundle.op)
+        inputs = self.case.cloned_tensors()
+        guards = op.guarded(self.case, PATTERNS[0]) if op.guarded else {}
+        args = {**inputs, **{k: g.view for k, g in guards.items()}}
+        sub = Session(table=self.table).sub(self.case.device)
+        return op.invoke(fn, self.case, args, sub)
+
+    def expected(self) -> dict[str, Any]:
+        """What a correct implementation returns: the op's reference outputs."""
+        return self.table.get(self.bundle.op).oracle_slow(self.case)
+
+
+def load_bundle_call(path: Path | str, *, device: str = "cpu", table: OpTable | None = None) -> BundleCall:
+    """The bundle at ``path`` as a ``BundleCall`` (its case made on ``device``, its inputs checked
+    against its spec and seed)."""
+    from mlafuzz.harness.ops.names import NEWEST_REVISION
+    from mlafuzz.harness.ops.table import OPS
+
+    table = table or OPS
+    bundle = read_bundle(Path(path))
+    check_inputs(bundle, table)
+    case = table.materialize(table.decode(bundle.spec), bundle.seed, device)
+    case = dataclasses.replace(case, params={**case.params, "revision": bundle.revision or NEWEST_REVISION})
+    return BundleCall(bundle=bundle, case=case, table=table)

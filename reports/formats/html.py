@@ -38,6 +38,7 @@ white-space:pre-wrap;word-break:break-all}
 font-size:16px;font-weight:600}
 .verdict.failed{background:var(--redbg);color:var(--red);border:1px solid #ffcecb}
 .verdict.passed{background:var(--greenbg);color:var(--green);border:1px solid #aceebb}
+.verdict.incomplete{background:var(--amberbg);color:var(--amber);border:1px solid #f5d48c}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(130px,1fr));gap:10px}
 .card{border:1px solid var(--line);border-radius:8px;padding:10px 12px}
 .card .n{font-size:22px;font-weight:600}.card .l{color:var(--muted);font-size:12px}
@@ -50,7 +51,7 @@ td.msg{max-width:420px;word-break:break-word}
 td.impl{max-width:260px;word-break:break-all}
 .pill{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;white-space:nowrap}
 .pill.failure,.pill.failed{background:var(--redbg);color:var(--red)}
-.pill.expected{background:var(--amberbg);color:var(--amber)}
+.pill.expected,.pill.incomplete{background:var(--amberbg);color:var(--amber)}
 .pill.info{background:var(--bluebg);color:var(--blue)}
 .pill.passed{background:var(--greenbg);color:var(--green)}
 .matrix th.k{font-size:11px;min-width:56px;text-align:center}
@@ -342,7 +343,7 @@ def render_html(report: RunReport) -> str:
         [f"run directory <code>{e(report.run_dir)}</code>"]
         + [f"{e(k)} <code>{e(run[k])}</code>" for k in ("seed", "device", "shard") if k in run]
     )
-    status = "passed" if report.passed else "failed"
+    status = "failed" if not report.passed else "incomplete" if report.incomplete else "passed"
     notes = "".join(f'<div class="note">{e(n)}</div>' for n in report.notes)
     parts = [
         "<!DOCTYPE html>",

@@ -40,8 +40,9 @@ def summary_json(report: RunReport) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "run_dir": str(report.run_dir),
         "status": "passed" if report.passed else "failed",
+        "incomplete": report.incomplete,
         "headline": report.headline(),
-        "tests": len(report.testcases),
+        "tests": report.tests,
         "failures": len(report.failures),
         "counts": {
             "findings_lines": len(report.findings),

@@ -1,9 +1,13 @@
-"""JUnit XML: a testcase per op and implementation, a <failure> per failing finding bucket.
+"""JUnit XML: a testcase per failing finding bucket (one <failure> each), and one per op and
+implementation that has none.
 
-``tests`` counts testcases and ``failures`` counts <failure> elements, which
-is the number of failing buckets (error severity, not waived by a ledger) in
-findings.jsonl. Expected (ledger-waived) and INFO buckets never become
-failures: they go to the testcase's <system-out>, so CI still shows them.
+Most CI viewers show only a testcase's first <failure>, so a bucket never
+shares its testcase: ``failures`` is the number of failing buckets (error
+severity, not waived by a ledger), ``tests`` that plus the implementations
+that passed. Expected (ledger-waived) and INFO buckets never become failures:
+they go to a <system-out> of their implementation, so CI still shows them. A
+run without summary.json (killed) adds a testcase with an <error>: it is not
+a pass.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ def _clean(text: object) -> str:
     return _XML_ILLEGAL.sub("\ufffd", str(text))
 
 
-def _testcase(parent: ET.Element, tc: TestCase, report: RunReport) -> None:
-    el = ET.SubElement(
-        parent, "testcase", classname=_clean(f"mlafuzz.{tc.op}"), name=_clean(tc.name), time=f"{tc.seconds:.3f}"
-    )
-    for b in tc.failures:
+def _testcases(parent: ET.Element, tc: TestCase, report: RunReport) -> None:
+    failing = tc.failures
+    seconds = f"{tc.seconds / max(1, len(failing)):.3f}"  # the implementation's time, shared by its testcases
+    elements = []
+    for b in failing:
+        name = f"{tc.name} {b.kind} cause={b.cause or '-'}"
+        el = ET.SubElement(parent, "testcase", classname=_clean(f"mlafuzz.{tc.op}"), name=_clean(name), time=seconds)
         failure = ET.SubElement(
             el,
             "failure",
@@ -34,16 +40,22 @@ def _testcase(parent: ET.Element, tc: TestCase, report: RunReport) -> None:
             message=_clean(one_line(f"{b.kind} cause={b.cause or '-'}: {b.first.message}", 500)),
         )
         failure.text = _clean(bucket_block(b, report))
+        elements.append(el)
+    if not failing:
+        elements.append(
+            ET.SubElement(parent, "testcase", classname=_clean(f"mlafuzz.{tc.op}"), name=_clean(tc.name), time=seconds)
+        )
     quiet = [b for b in tc.buckets if not b.is_failure]
     if quiet:
-        out = ET.SubElement(el, "system-out")
+        out = ET.SubElement(elements[0], "system-out")
         out.text = _clean("\n\n".join(f"[{b.status}] {bucket_block(b, report)}" for b in quiet))
 
 
 def render_junit(report: RunReport) -> str:
-    tests, failures = len(report.testcases), sum(len(tc.failures) for tc in report.testcases)
+    failures = sum(len(tc.failures) for tc in report.testcases)
     seconds = f"{float(report.summary.get('seconds') or 0.0):.3f}"
-    counts = {"tests": str(tests), "failures": str(failures), "errors": "0", "skipped": "0", "time": seconds}
+    errors = "1" if report.incomplete else "0"
+    counts = {"tests": str(report.tests), "failures": str(failures), "errors": errors, "skipped": "0", "time": seconds}
     root = ET.Element("testsuites", name="mlafuzz", **counts)
     suite = ET.SubElement(root, "testsuite", name="mlafuzz", **counts)
     props = ET.SubElement(suite, "properties")
@@ -58,7 +70,10 @@ def render_junit(report: RunReport) -> str:
         if value is not None:
             ET.SubElement(props, "property", name=name, value=_clean(value))
     for tc in report.testcases:
-        _testcase(suite, tc, report)
+        _testcases(suite, tc, report)
+    if report.incomplete:
+        el = ET.SubElement(suite, "testcase", classname="mlafuzz.run", name="run[complete]", time="0.000")
+        ET.SubElement(el, "error", type="incomplete", message=_clean(f"incomplete run: {report.incomplete}"))
     if report.stale:
         err = ET.SubElement(suite, "system-err")
         err.text = _clean(

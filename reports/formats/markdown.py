@@ -99,6 +99,8 @@ def _bucket_details(b: Bucket, report: RunReport) -> list[str]:
 
 def render_markdown(report: RunReport) -> str:
     icon = _STATUS_ICON["passed" if report.passed else "failed"]
+    if report.incomplete and report.passed:
+        icon = "\u26a0\ufe0f"  # not a pass: the run never said it finished
     out = [f"## {icon} {text(report.headline(), 400)}", ""]
     out += [
         f"Run directory: {code(report.run_dir)}"

@@ -224,10 +224,11 @@ def test_merge_refuses_runs_that_are_not_shards_of_one_run(second, needle, tmp_p
 def test_merge_drops_a_directory_that_repeats_anothers_cases_and_says_so(tmp_path, capsys):
     a = _fake_run(tmp_path / "a", seed=7, shard="0/1")
     copy = _fake_run(tmp_path / "copy", seed=7, shard="0/1")
-    other_impl = _fake_run(tmp_path / "other", seed=7, shard="0/1", impl="gather_no_seq_starts")
-    result = merge_runs([a, copy, other_impl], tmp_path / "m")
-    assert [(d.dir, d.kept) for d in result.dropped] == [(copy, a)]
-    assert result.summary["cases"] == 32 and result.shards == 2  # 16 + 16 of another impl, not 48
+    b = _fake_run(tmp_path / "b", seed=7, shard="1/2")
+    a2 = _fake_run(tmp_path / "a2", seed=7, shard="0/2")
+    result = merge_runs([a2, b, _fake_run(tmp_path / "b-again", seed=7, shard="1/2")], tmp_path / "m")
+    assert [(d.dir, d.kept) for d in result.dropped] == [(tmp_path / "b-again", b)]
+    assert result.summary["cases"] == 32 and result.shards == 2  # 16 + 16, not 48
     assert _cli(["merge", str(a), str(copy), "--out", str(tmp_path / "m2")]) == 0
     out = capsys.readouterr().out
     assert f"dropped {copy}: it repeats the cases of {a}" in out and "merged 1 run directory" in out
@@ -240,3 +241,54 @@ def test_merge_sums_bucket_counts_so_reports_count_every_finding(tmp_path):
     merged = merge_runs([a, b], tmp_path / "m").summary
     assert list(merged["bucket_counts"].values()) == [182] and merged["findings"] == 182
     assert report_of(tmp_path / "m").headline().startswith("mlafuzz: 1 failing bucket (182 findings)")
+
+
+def test_merge_refuses_shards_of_different_implementations_in_one_line(tmp_path, capsys):
+    a = _fake_run(tmp_path / "a", seed=7, shard="0/2")
+    other = _fake_run(tmp_path / "other", seed=7, shard="1/2", impl="gather_no_seq_starts")
+    assert main(["merge", str(a), str(other), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "different implementations of gather" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_merge_refuses_a_used_out_folder_as_fuzz_does_unless_overwrite(tmp_path, capsys):
+    a = _fake_run(tmp_path / "a", seed=7, shard="0/1")
+    assert main(["merge", str(a), "--out", str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    assert main(["merge", str(a), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"--out {tmp_path / 'm'} holds an earlier run (its findings would mix with this one's)" in err
+    assert "--overwrite" in err
+    (tmp_path / "m" / "bundles" / "old").mkdir(parents=True)
+    (tmp_path / "m" / "bundles" / "old" / "case.json").write_text("{}")
+    assert main(["merge", str(a), "--out", str(tmp_path / "m"), "--overwrite"]) == 0
+    assert not (tmp_path / "m" / "bundles" / "old").exists()  # the earlier run's bundles went with it
+
+
+def test_merge_carries_the_shards_bundles_and_its_reports_point_at_them(tmp_path, capsys, monkeypatch):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    for k in (0, 1):
+        args = ["fuzz", "--op", "gather", "--impl", f"gather={PLANTED}:gather", "--device", "cpu", "--cases", "12"]
+        args += ["--seed", "0", "--shard", f"{k}/2", "--out", f"shard-{k}", "--in-process", "--shrink-budget", "2"]
+        assert main(args) == 1
+    assert main(["merge", "shard-0", "shard-1", "--out", "merged"]) == 0
+    assert "repro bundle in merged/bundles" in capsys.readouterr().out
+    (bundle,) = (tmp_path / "merged" / "bundles").iterdir()  # one bucket: one bundle, the first shard's
+    for k in (0, 1):
+        shutil.rmtree(tmp_path / f"shard-{k}")  # the artifact is the merged folder alone
+    line = (bundle / "replay.txt").read_text().strip()
+    assert line.startswith(f"mlafuzz replay merged/bundles/{bundle.name} --impl gather=")
+    assert json.loads((bundle / "finding.json").read_text())["repro"] == line
+    summary = json.loads((tmp_path / "merged" / "summary.json").read_text())
+    assert [b["path"] for b in summary["bundles"]] == [f"merged/bundles/{bundle.name}"]
+    assert line in render_dir(tmp_path / "merged", "md")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    replayed = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=300)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr

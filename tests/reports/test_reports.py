@@ -109,14 +109,17 @@ def test_formats_registry_offers_junit_md_html_json():
     assert set(FORMATS) == {"junit", "md", "html", "json"}
 
 
-def test_junit_has_a_testcase_per_impl_and_a_failure_per_findings_jsonl_bucket(planted_run):
+def test_junit_has_a_testcase_per_failing_bucket_each_with_one_failure(planted_run):
     root = ET.fromstring(render_dir(planted_run, "junit"))
     buckets = _buckets_in_jsonl(planted_run)
     assert len(buckets) >= 2
     suite = root.find("testsuite")
     cases = suite.findall("testcase")
     failures = [f for tc in cases for f in tc.findall("failure")]
-    assert [tc.get("name") for tc in cases] == [f"gather[{PLANTED}:gather]"]
+    assert sorted(tc.get("name") for tc in cases) == sorted(
+        f"gather[{PLANTED}:gather] {kind} cause={cause}" for kind, _, _, cause in buckets
+    )
+    assert all(len(tc.findall("failure")) == 1 for tc in cases)  # CI viewers show only a testcase's first
     assert len(failures) == len(buckets)
     assert {f.get("type") for f in failures} == {k for k, *_ in buckets}
     for el in (root, suite):
@@ -319,3 +322,19 @@ def test_counts_read_one_and_many_as_english(tmp_path):
     headline = report_of(run).headline()
     assert headline == "mlafuzz: 1 failing bucket (1 finding) in 1 of 1 implementation, 1 case"
     assert "1 finding</summary>" in render_dir(run, "md") and "1 finding<" in render_dir(run, "html")
+
+
+def test_report_on_a_run_killed_before_its_summary_says_incomplete_not_passed(tmp_path):
+    f = Finding(kind=Kind.CRASH, op="gather", impl="cuda", case_id="c1", message="m", severity=Severity.INFO)
+    run = _write_run(tmp_path / "run", [f])  # findings.jsonl only: the run was killed with kill -9
+    (run / "run.json").write_text(json.dumps({"ops": ["gather"], "impls": {"gather": "cuda"}, "seed": 1}))
+    md = render_dir(run, "md")
+    assert md.startswith("## \u26a0\ufe0f mlafuzz: incomplete run (no summary.json: the run was killed")
+    assert "passed" not in md.splitlines()[0]
+    root = ET.fromstring(render_dir(run, "junit"))
+    assert root.get("errors") == "1"
+    assert [e.get("message") for e in root.iter("error")] == [
+        "incomplete run: no summary.json: the run was killed or is still running"
+    ]
+    assert json.loads(render_dir(run, "json"))["incomplete"].startswith("no summary.json")
+    assert '<div class="verdict incomplete">' in render_dir(run, "html")

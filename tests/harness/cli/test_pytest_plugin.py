@@ -107,7 +107,11 @@ def test_planted_failure_names_the_shrunk_bundles_replay_command(pytester):
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["collected 1 item", "*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-main/bundles/*"]
+        [
+            "collected 1 item",
+            "*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-main/bundles/*"
+            " --impl gather=*gather_from_zero.py:gather",
+        ]
     )
 
 
