@@ -142,10 +142,11 @@ def draw(d: Drawer, knobs: Knobs) -> GatherSpec:
 
 
 def _draw_host(d: Drawer, spec: GatherSpec) -> GatherSpec:
-    """A host tier in half the cases (``fit`` takes it out for implementations without one); half of
-    those called as vLLM's HiSparse prefill calls it, a chunk at a time: a row slice of the table and
-    no seq_starts."""
-    if d.boolean():
+    """A host tier in a third of the cases (``fit`` takes it out for implementations without one; on
+    a GPU they take the full path, so a larger share would cost the fast path's speed); half of those
+    called as vLLM's HiSparse prefill calls it, a chunk at a time: a row slice of the table and no
+    seq_starts."""
+    if d.integer(0, 2) != 2:
         return spec
     host = HostTier(host_pct=d.choice([50, 100, 0, 10, 90]), remap=not d.boolean(), extra_host_blocks=d.integer(0, 2))
     if d.boolean():
@@ -213,7 +214,7 @@ def host_tensors(spec: GatherSpec, draws: Draws, *, num_blocks: int, device: str
     """The host tier's three tensors (SPEC 9.3), made for every slot of the case's blocks, read or not:
     per slot a hash picks its tier (host_pct). Every generated slot has a host row (distinct, a keyed
     permutation of the host rows: vLLM's host map names a row for device copies too); a device slot
-    has a device row, itself or, with ``remap``, another generated row, and 1 slot in 8 row 0 (a
+    has a device row, itself or, with ``remap``, another generated row, and 1 slot in 4 row 0 (a
     zero record when the blocks sit above a zero head). A host slot's device map is -1 or, 1 time in 4,
     another negative value (any negative means "host"). The host cache holds other records than the
     device cache (another stream), pinned on a CUDA case as vLLM's pool is. Slots of the zero head
@@ -230,7 +231,7 @@ def host_tensors(spec: GatherSpec, draws: Draws, *, num_blocks: int, device: str
     host_rows_of = permute(idx, draws.perm(host_rows)) if n_pool else idx
     if tier.remap and n_pool:
         dev_rows = first + permute(idx, draws.child("device").perm(n_pool))
-        dev_rows = torch.where(((word >> 8) & 7) == 0, 0, dev_rows)
+        dev_rows = torch.where(((word >> 8) & 3) == 0, 0, dev_rows)
     else:
         dev_rows = first + idx
     negative = torch.where(((word >> 12) & 3) == 0, -1 - ((word >> 14) & 0x3FFFFFFF), -1)

@@ -473,6 +473,11 @@ def _host_tier(case: Case) -> bool:
     return any(case.tensors.get(k) is not None for k in ("host_cache", "host_row_ids", "device_row_ids"))
 
 
+def takes(case: Case) -> bool:
+    """The cases this check judges: not the host tier's (they go to the full path before any call)."""
+    return not _host_tier(case)
+
+
 def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
     if _host_tier(case):
         return False

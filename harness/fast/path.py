@@ -129,14 +129,6 @@ def uncovered(op: Op, detectors: Iterable[Any]) -> tuple[str, ...]:
     return tuple(d.name for d in detectors if d.name not in covers)
 
 
-def on_device(case: Case) -> bool:
-    """Whether every tensor of the case lives on the case's device: the fused checks and input
-    fingerprints are device kernels. The gather's host tier (SPEC 9.3) keeps its cache in pinned
-    CPU memory, so those cases take the full path (its oracle reads both tiers); nothing is skipped."""
-    kind = torch.device(case.device).type
-    return all(t is None or t.device.type == kind for t in case.tensors.values())
-
-
 def _quietly(res: Resources, op: str, fn: Callable[[], object], default: object) -> object:
     """One step of this path; a failure of the step itself (not of the implementation under test)
     must never become a finding or a crash: it means "take the full path"."""
@@ -338,8 +330,6 @@ def fast_path(
     calls added: 0 while unchanged), the fused check's two, then one per guarded output of each
     call (its zones' fingerprint, against their fill's). Host time is what this path spends most
     on, so: no sync between the calls and the checks, and one launch for all the fingerprints."""
-    if not on_device(case):
-        return Undecided(seen="")
     fast = fast_op(op)
     assert fast is not None, f"op {op.name!r} has no fast check (handles() says so first)"
     if fast.takes is not None and not fast.takes(case):

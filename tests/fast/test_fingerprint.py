@@ -118,7 +118,7 @@ def test_fuzzed_cases_share_a_handful_of_fingerprint_launch_variants(op, most):
     words chosen by size, 300 drawn gather cases needed 20 variants, convert 30; gather fuzzed at
     half speed on the H200."""
     from mlafuzz.harness.drive.fuzz import case_seed
-    from mlafuzz.harness.fast.path import FAST_OPS
+    from mlafuzz.harness.fast.path import fast_op
     from mlafuzz.harness.ops.table import OPS
     from mlafuzz.tests.support.helpers import draw_spec, materialize
 
@@ -127,7 +127,7 @@ def test_fuzzed_cases_share_a_handful_of_fingerprint_launch_variants(op, most):
     for i in range(120):
         seed = case_seed(0, op, i)
         case = materialize(draw_spec(op, seed=seed), seed, "cpu")
-        takes = FAST_OPS[op].takes
+        takes = fast_op(OPS.get(op)).takes
         if takes is not None and not takes(case):  # the full path's alone (convert's caller-owned outputs)
             continue
         words = [

@@ -70,7 +70,7 @@ def test_our_torch_gather_refuses_each_host_error_input_by_name(klass):
     assert klass.name in GATHER_TORCH_REJECTS
     made = [
         k
-        for s in range(60)
+        for s in range(150)
         if (sp := draw_with_seed(gen.draw, seed=s)).host is not None
         and (k := klass.make(gen.materialize(sp, seed=s, device="cpu"))) is not None
     ]
@@ -84,14 +84,14 @@ def test_our_torch_gather_refuses_each_host_error_input_by_name(klass):
 def test_host_tier_cases_take_the_full_path_not_the_fused_check():
     pytest.importorskip("triton")
     from mlafuzz.harness.fast import gather as fast_gather
-    from mlafuzz.harness.fast.path import on_device
+    from mlafuzz.harness.fast.path import fast_op
+    from mlafuzz.harness.ops.table import OPS
 
     case = gen.materialize(draw_with_seed(gen.draw, seed=HOST_SEED), seed=HOST_SEED, device="cpu")
-    on_cuda = dataclasses.replace(case, device="cuda")  # the host cache stays on the CPU, as on a GPU run
-    assert not on_device(on_cuda)
-    assert fast_gather._host_tier(case)
+    takes = fast_op(OPS.get("gather")).takes
+    assert fast_gather._host_tier(case) and not takes(case)
     plain = dataclasses.replace(case, tensors={**case.tensors, **dict.fromkeys(gen.HOST_ARGS)})
-    assert on_device(plain) and not fast_gather._host_tier(plain)
+    assert takes(plain) and not fast_gather._host_tier(plain)
 
 
 def _writes_to_its_inputs(
