@@ -108,13 +108,21 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help=f"contract revision (SPEC section 7) to judge the implementations under (default the newest,"
         f" {NEWEST_REVISION}); a registry entry that pins one (a mutant of one revision's rule) keeps its own",
     )
-    f.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N", help="run only shard K of N (0-based)")
+    f.add_argument(
+        "--shard",
+        type=shard,
+        default="auto",
+        metavar="K/N|auto",
+        help="run only shard K of N (0-based); auto (the default): MLAFUZZ_SHARD=K/N, else Buildkite's"
+        " BUILDKITE_PARALLEL_JOB/BUILDKITE_PARALLEL_JOB_COUNT, else 0/1",
+    )
     f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
     f.add_argument(
         "--workers",
         type=positive_int,
         default=None,
-        help="worker processes (default: one per GPU with --device cuda, 1 on cpu)",
+        help="worker processes (default on cuda: per GPU, min(host cores - 1 over GPUs, free GPU memory /"
+        " 9 GiB, 8); 1 on cpu); the run's header says how many and why",
     )
     f.add_argument(
         "--in-process",
@@ -164,8 +172,9 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     f.set_defaults(func=cmd_fuzz)
 
 
-def executor_for(args: argparse.Namespace, *, table_ref: str):
-    from mlafuzz.harness.drive.workers import InProcess, WorkerPool, device_slots
+def executor_for(args: argparse.Namespace, *, table_ref: str, on_workers: Any = None):
+    """The run's executor; ``on_workers(line)`` hears the worker line of a pool (the header's)."""
+    from mlafuzz.harness.drive.workers import InProcess, WorkerPool, device_slots, slot_plan
 
     if (args.redzone or args.sanitizer) and args.device != "cuda":
         raise UsageError("mlafuzz: --redzone and --sanitizer check GPU memory: use them with --device cuda")
@@ -178,8 +187,12 @@ def executor_for(args: argparse.Namespace, *, table_ref: str):
             raise UsageError(f"mlafuzz: {exc}") from None
     if args.in_process:
         return InProcess(redzone=args.redzone)
+    plan = slot_plan(device=args.device, workers=args.workers)
+    slots = device_slots(device=args.device, workers=args.workers, plan=plan)
+    if on_workers is not None:
+        on_workers(plan.line(slots))
     return WorkerPool(
-        devices=device_slots(device=args.device, workers=args.workers),
+        devices=slots,
         timeout=args.timeout,
         redzone=args.redzone,
         table_ref=table_ref,
@@ -369,7 +382,12 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             seen.add(finding.dedup_key)
             print(console.finding_line(finding), file=sys.stderr)
 
-    executor = executor_for(args, table_ref=DEFAULT_TABLE)
+    def worker_line(line: str) -> None:
+        if not args.quiet:
+            where = f"; shard {args.shard[0]}/{args.shard[1]}" if args.shard != (0, 1) else ""
+            print(f"mlafuzz: {line}{where}", file=sys.stderr)
+
+    executor = executor_for(args, table_ref=DEFAULT_TABLE, on_workers=worker_line)
     progress = Progress(budget=budget, quiet=args.quiet)
     shrinking = ShrinkProgress(quiet=args.quiet)
     with terminate_like_interrupt():
