@@ -172,6 +172,10 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     f.set_defaults(func=cmd_fuzz)
 
 
+def _say(line: str) -> None:
+    print(f"mlafuzz: {line}", file=sys.stderr, flush=True)
+
+
 def executor_for(args: argparse.Namespace, *, table_ref: str, on_workers: Any = None):
     """The run's executor; ``on_workers(line)`` hears the worker line of a pool (the header's)."""
     from mlafuzz.harness.drive.workers import InProcess, WorkerPool, device_slots, slot_plan
@@ -298,6 +302,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from mlafuzz.generators.draw import KNOB_PRESETS
     from mlafuzz.harness.check.compare import Policy
     from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.cli.builds import start_builds
     from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard, fuzz
     from mlafuzz.harness.drive.resume import ResumeError, load_resume
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
@@ -349,6 +354,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         revision=args.revision,
         timeout=None if args.in_process or args.sanitizer else args.timeout,
     )
+    # A cold GPU start: the CUDA extension builds in the background, said in a line (builds.py).
+    start_builds(device=args.device, impls=config.impls, say=lambda line: args.quiet or _say(line))
     resume = None
     if used and args.resume:
         try:
