@@ -143,7 +143,7 @@ class FuzzConfig:
             op=op,
             seed=seed,
             spec=spec,
-            knobs=self.knobs,
+            knobs=self.knobs.for_run(self.seed),  # compile-relevant options from the run's deployments
             impl_ref=self.impls[op],
             device=self.device,
             ulp=self.policy.ulp,
