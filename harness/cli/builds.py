@@ -70,3 +70,13 @@ def start_builds(
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
+
+
+def built_or_not_needed(thread: threading.Thread, impls: Mapping[str, str]) -> Callable[[str], bool]:
+    """The fuzz loop's ``ready(op)`` while ``thread`` builds the extension: an op whose
+    implementation needs it waits (its cases go later, in order), the others start now."""
+
+    def ready(op: str) -> bool:
+        return not thread.is_alive() or not needs_extension({op: impls.get(op, "")})
+
+    return ready

@@ -302,7 +302,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     from mlafuzz.generators.draw import KNOB_PRESETS
     from mlafuzz.harness.check.compare import Policy
     from mlafuzz.harness.check.session import Session
-    from mlafuzz.harness.cli.builds import start_builds
+    from mlafuzz.harness.cli.builds import built_or_not_needed, start_builds
     from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard, fuzz
     from mlafuzz.harness.drive.resume import ResumeError, load_resume
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
@@ -355,7 +355,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         timeout=None if args.in_process or args.sanitizer else args.timeout,
     )
     # A cold GPU start: the CUDA extension builds in the background, said in a line (builds.py).
-    start_builds(device=args.device, impls=config.impls, say=lambda line: args.quiet or _say(line))
+    build = start_builds(device=args.device, impls=config.impls, say=lambda line: args.quiet or _say(line))
     resume = None
     if used and args.resume:
         try:
@@ -406,6 +406,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 on_progress=progress,
                 resume=resume,
                 on_shrink=lambda event, facts: (progress.close(), shrinking(event, facts)),
+                ready=None if build is None else built_or_not_needed(build[0], config.impls),
             )
         finally:
             progress.close()
