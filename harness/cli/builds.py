@@ -42,9 +42,18 @@ def start_builds(
     *, device: str, impls: Mapping[str, str], say: Callable[[str], None]
 ) -> tuple[threading.Thread, dict[str, Any]] | None:
     """On a GPU whose CUDA extension is not built yet and a run that needs it: its build in a
-    background thread, with a line now and one when it is done (``say``). Returns (thread, outcome:
-    'info' or 'error') or None when there is nothing to build."""
-    if device.split(":")[0] != "cuda" or not needs_extension(impls):
+    background thread, with a line now and one when it is done (``say``); a line too when Triton's
+    cache is empty (its compiles happen in the workers, as cases meet them). Returns (thread,
+    outcome: 'info' or 'error') or None when there is nothing to build."""
+    if device.split(":")[0] != "cuda":
+        return None
+    triton = Path(cache_folders()[0][1])
+    if not (triton.is_dir() and any(triton.iterdir())):
+        say(
+            f"Triton's cache {triton} is empty: each kernel variant compiles when a case first needs it"
+            " (about 1 s each, in every worker at once); `mlafuzz warmup` compiles them ahead"
+        )
+    if not needs_extension(impls):
         return None
     from mlafuzz.kernels import cuda_ext
 

@@ -121,7 +121,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         "--workers",
         type=positive_int,
         default=None,
-        help="worker processes (default on cuda: per GPU, min(host cores - 1 over GPUs, free GPU memory /"
+        help="worker processes (default on cuda: per GPU, min(host cores - 1 over GPUs, GPU memory /"
         " 9 GiB, 8); 1 on cpu); the run's header says how many and why",
     )
     f.add_argument(

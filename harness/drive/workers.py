@@ -505,7 +505,7 @@ def _on_device(task: Task, device: str) -> Task:
 
 
 # The default worker count per GPU (``slot_plan``): the host's cores shared among the GPUs (one
-# kept for the parent's loop), the GPU's free memory over what a worker may hold, and a cap: a
+# kept for the parent's loop), the GPU's memory over what a worker may hold, and a cap: a
 # fuzz case is host-bound (~1 ms of Python per case), so workers scale with cores until the GPU's
 # queue or the parent's loop saturates. WORKER_CAP is the knee measured on the H200 (README).
 WORKER_CAP = 8
@@ -519,7 +519,7 @@ class SlotPlan:
     per_device: int
     devices: int
     cores: int
-    free_bytes: int  # the smallest free memory of the devices (0: not a GPU)
+    memory_bytes: int  # the smallest memory of the devices (0: not a GPU)
     chosen: bool  # the user gave --workers
 
     def line(self, slots: list[str]) -> str:
@@ -528,19 +528,19 @@ class SlotPlan:
         head = f"{n} worker{'s' if n != 1 else ''} on {','.join(dict.fromkeys(slots))}"
         if self.chosen:
             return head + " (--workers)"
-        if not self.free_bytes:
+        if not self.memory_bytes:
             return head + " (--workers N for more)"
         return (
-            f"{head} ({self.cores} cores, {self.free_bytes / (1 << 30):.0f} GiB free: per GPU min(cores - 1 over"
-            f" GPUs, free / {WORKER_BYTES >> 30} GiB, {WORKER_CAP}); --workers N to change)"
+            f"{head} ({self.cores} cores, {self.memory_bytes / (1 << 30):.0f} GiB: per GPU min(cores - 1 over"
+            f" GPUs, memory / {WORKER_BYTES >> 30} GiB, {WORKER_CAP}); --workers N to change)"
         )
 
 
-def plan_slots(*, gpus: int, cores: int, free_bytes: int, cap: int = WORKER_CAP) -> int:
+def plan_slots(*, gpus: int, cores: int, memory_bytes: int, cap: int = WORKER_CAP) -> int:
     """Workers per GPU for a run without --workers: min(the cores each GPU gets, one kept for the
-    parent; the free memory of the fullest GPU over WORKER_BYTES; ``cap``), at least 1."""
+    parent; the memory of the smallest GPU over WORKER_BYTES; ``cap``), at least 1."""
     per_gpu_cores = (max(cores - 1, 1)) // max(gpus, 1)
-    by_memory = free_bytes // WORKER_BYTES
+    by_memory = memory_bytes // WORKER_BYTES
     return max(1, min(per_gpu_cores, by_memory, cap))
 
 
@@ -556,15 +556,17 @@ def slot_plan(*, device: str, workers: int | None) -> SlotPlan:
     """The worker count ``device_slots`` uses, with its reasons."""
     cores = host_cores()
     if device != "cuda":
-        return SlotPlan(per_device=workers or 1, devices=1, cores=cores, free_bytes=0, chosen=workers is not None)
+        return SlotPlan(per_device=workers or 1, devices=1, cores=cores, memory_bytes=0, chosen=workers is not None)
     import torch
 
     count = torch.cuda.device_count()
     if workers is not None:
-        return SlotPlan(per_device=1, devices=workers, cores=cores, free_bytes=0, chosen=True)
-    free = min(torch.cuda.mem_get_info(i)[0] for i in range(count))
-    per = plan_slots(gpus=count, cores=cores, free_bytes=free)
-    return SlotPlan(per_device=per, devices=count, cores=cores, free_bytes=free, chosen=False)
+        return SlotPlan(per_device=1, devices=workers, cores=cores, memory_bytes=0, chosen=True)
+    # The GPUs' sizes, not their free memory: asking that would open a CUDA context on every GPU in
+    # this process for the whole run (workers share a GPU's memory through memory/share.py).
+    memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
+    per = plan_slots(gpus=count, cores=cores, memory_bytes=memory)
+    return SlotPlan(per_device=per, devices=count, cores=cores, memory_bytes=memory, chosen=False)
 
 
 def device_slots(*, device: str, workers: int | None, plan: SlotPlan | None = None) -> list[str]:
