@@ -17,6 +17,7 @@ import contextlib
 import json
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,7 @@ def prepare_out(args: argparse.Namespace) -> tuple[Path, bool]:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # for the cold-start line: the command's start, imports included
     from mlafuzz.generators.draw import KNOB_PRESETS
     from mlafuzz.harness.check.compare import Policy
     from mlafuzz.harness.check.session import Session
@@ -396,6 +398,15 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
 
     executor = executor_for(args, table_ref=DEFAULT_TABLE, on_workers=worker_line)
     progress = Progress(budget=budget, quiet=args.quiet)
+    first_case: list[float] = []
+
+    def on_progress(totals: dict, elapsed: float) -> None:
+        if not first_case and totals.get("cases", 0) + totals.get("skipped", 0) > 0:
+            first_case.append(time.monotonic() - started)
+            if not args.quiet:  # how long the start took: builds, worker start-up, compiles
+                _say(f"first case done {first_case[0]:.1f} s after the start")
+        progress(totals, elapsed)
+
     shrinking = ShrinkProgress(quiet=args.quiet)
     with terminate_like_interrupt():
         try:
@@ -403,7 +414,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 config,
                 executor=executor,
                 on_finding=show,
-                on_progress=progress,
+                on_progress=on_progress,
                 resume=resume,
                 on_shrink=lambda event, facts: (progress.close(), shrinking(event, facts)),
                 ready=None if build is None else built_or_not_needed(build[0], config.impls),

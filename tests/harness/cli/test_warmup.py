@@ -53,3 +53,12 @@ def test_only_a_gpu_run_of_our_cuda_kernels_builds_the_extension():
 def test_a_usage_mistake_in_warmup_is_one_line_and_exit_2(capsys):
     assert main(["warmup", "--device", "cpu", "--cases", "0"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_fuzz_run_says_how_long_its_start_took_to_the_first_case(tmp_path, capsys):
+    argv = ["fuzz", "--device", "cpu", "--op", "writer", "--cases", "2", "--in-process", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert len([line for line in err.splitlines() if "first case done" in line]) == 1
+    assert main([*argv, "--overwrite", "--quiet"]) == 0
+    assert "first case" not in capsys.readouterr().err
