@@ -11,6 +11,8 @@ and seeds, never big tensors.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import random
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, TypeVar
@@ -95,6 +97,10 @@ class Knobs:
     base_one_in: int = 8
     base_offsets: tuple[int, ...] = (1 << 16, 1 << 20)
     views_one_in: int = 3  # each call-site view (SPEC 8) is drawn 1 time in N (0: never)
+    # Compile-aware draws (``Deployment``): a fuzz run draws the options a kernel may compile per
+    # value from this many deployments, a pool fixed by the run seed (0: every case draws its own).
+    deployments: int = 8
+    run_seed: int | None = None  # the pool's seed, set by the fuzz loop (``for_run``); None: no pool
 
     def __post_init__(self) -> None:
         for name in (
@@ -108,6 +114,13 @@ class Knobs:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"Knobs: {name}={getattr(self, name)!r} must be >= 1")
+        if self.deployments < 0:
+            raise ValueError(f"Knobs: deployments={self.deployments!r} must be >= 0")
+
+    def for_run(self, seed: int) -> Knobs:
+        """These knobs for the cases of a run seeded ``seed``: their compile-relevant options come
+        from that run's pool of deployments (``Deployment``)."""
+        return dataclasses.replace(self, run_seed=int(seed)) if self.deployments else self
 
 
 SMALL = Knobs()
@@ -182,10 +195,11 @@ def draw_view(d: Drawer, knobs: Knobs, kinds: tuple[View, ...]) -> View:
     return d.choice(kinds) if one_in(d, knobs.views_one_in) else View.PLAIN
 
 
-def draw_paging(d: Drawer, knobs: Knobs, *, high: bool = True) -> Paging:
-    """Block size, layout, spares, extra columns; with ``high``, 1 case in base_one_in at the top of
-    a larger cache (base_block: the cache's first byte offset near one of base_offsets)."""
-    bs = d.choice(knobs.block_sizes)
+def draw_paging(d: Drawer, knobs: Knobs, *, high: bool = True, block_size: int | None = None) -> Paging:
+    """Block size (unless given: a deployment's), layout, spares, extra columns; with ``high``, 1
+    case in base_one_in at the top of a larger cache (base_block: the cache's first byte offset near
+    one of base_offsets)."""
+    bs = d.choice(knobs.block_sizes) if block_size is None else block_size
     layout = d.choice(list(Layout))
     spare = d.integer(0, knobs.max_spare_blocks)
     extra = d.integer(0, knobs.max_extra_cols)
@@ -193,6 +207,85 @@ def draw_paging(d: Drawer, knobs: Knobs, *, high: bool = True) -> Paging:
     if high and knobs.base_offsets and one_in(d, knobs.base_one_in):
         base = d.choice(knobs.base_offsets) // (bs * 656) + d.integer(0, 1)  # the first block just below or above
     return Paging(block_size=bs, layout=layout, spare_blocks=spare, extra_table_cols=extra, base_block=base)
+
+
+class Deployment:
+    """The compile-relevant choices of one case, drawn from its run's pool of deployments.
+
+    A user's Triton kernel written as vLLM writes its convert makes every option a tl.constexpr
+    (block size, BLOCK_N, K, the prefill flag, the stride option, even the block table's width),
+    and Triton specializes int arguments on divisibility by 16 and on the value 1: every new
+    combination is a compile of about a second. Production fixes most of them per deployment
+    (vLLM's block table has one width for a whole run), so a fuzz run does too: its cases take
+    those options from ``knobs.deployments`` deployments, fixed by the run seed, so a worker
+    compiles each variant once, not once per case. Each option's values are dealt to the pool in
+    an order the run seed shuffles (every value of a list no longer than the pool appears in every
+    run; the combinations change from run to run), so coverage is kept on purpose, not by luck.
+
+    Without a pool (``knobs.run_seed`` None: tests, Hypothesis, ``draw_with_seed``) every call is
+    the case drawer's own, in the same order: the draws are exactly those of before."""
+
+    def __init__(self, d: Drawer, knobs: Knobs, *, op: str) -> None:
+        self._d = d
+        size = knobs.deployments if knobs.run_seed is not None else 0
+        self._size = size
+        self._key = f"mlafuzz-deployments:{knobs.run_seed}:{op}"
+        self.index: int | None = d.choice(range(size)) if size else None  # this case's deployment
+
+    @property
+    def pooled(self) -> bool:
+        return self.index is not None
+
+    def _random(self, *parts: object) -> random.Random:
+        digest = hashlib.sha256(":".join(map(str, (self._key, *parts))).encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "little"))
+
+    def choice(self, name: str, options: Sequence[T]) -> T:
+        """The deployment's value of option ``name``: the options dealt round the pool (each as often
+        as the pool allows), in an order of its own per option and run."""
+        if self.index is None:
+            return self._d.choice(options)
+        rng = self._random(name)
+        values = list(options)
+        rng.shuffle(values)  # which values a pool smaller than the list holds
+        dealt = [values[k % len(values)] for k in range(self._size)]
+        rng.shuffle(dealt)  # which deployment gets which: each option on its own, not in step
+        return dealt[self.index]
+
+    def boolean(self, name: str) -> bool:
+        return self._d.boolean() if self.index is None else self.choice(name, (False, True))
+
+    def integer(self, name: str, lo: int, hi: int) -> int:
+        """The deployment's int in [lo, hi] (edge-biased, as RandomDrawer's)."""
+        if self.index is None:
+            return self._d.integer(lo, hi)
+        return RandomDrawer(self._random(name, self.index, lo, hi).getrandbits(63)).integer(lo, hi)
+
+    def view(self, name: str, knobs: Knobs, kinds: tuple[View, ...]) -> View:
+        """``draw_view``'s choice, fixed per deployment (a call site passes one layout)."""
+        if self.index is None:
+            return draw_view(self._d, knobs, kinds)
+        plain = (View.PLAIN,) * (len(kinds) * (knobs.views_one_in - 1)) if knobs.views_one_in > 0 else (View.PLAIN,)
+        return self.choice(name, plain + (kinds if knobs.views_one_in > 0 else ()))
+
+
+# The table widths a pool deals out on purpose: Triton specializes an int argument (a width, a
+# row stride) on the value 1 and on divisibility by 16.
+WIDTH_KINDS = ("one", "multiple_of_16", "other")
+MAX_WIDTH = 1 << 16  # Paging's bound on unused columns (a width that wide is already all of them)
+
+
+def table_width(dep: Deployment, knobs: Knobs, *, block_size: int) -> int:
+    """A deployment's block-table width (vLLM's max_num_blocks_per_req: max_model_len over the block
+    size, one per run): 1, a multiple of 16 or neither, within what the knobs' sizes can use."""
+    cap = max(2, min(knobs.max_table, -(-knobs.max_seq_len // block_size) + knobs.max_extra_cols, MAX_WIDTH))
+    kind = dep.choice("table_width", WIDTH_KINDS)
+    if kind == "one":
+        return 1
+    if kind == "multiple_of_16":
+        return 16 * dep.integer("width16", 1, max(1, cap // 16))
+    width = dep.integer("width", 2, cap)
+    return width + 1 if width % 16 == 0 else width
 
 
 SpecDrawer = Callable[[Drawer, Knobs], Any]  # an op's ``draw`` (generators/ops/<op>.py)

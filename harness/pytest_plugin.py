@@ -11,7 +11,9 @@ in the terminal summary.
 
 Under pytest-xdist, worker ``gwN`` fuzzes on GPU ``N % device_count`` of the
 GPUs the caller made visible, and on shard N of the case space (so workers
-never run the same cases). On a machine without CUDA the items run the CPU
+never run the same cases). A CI job split into copies (MLAFUZZ_SHARD=K/N, or
+Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT, as ``mlafuzz fuzz --shard auto``
+reads them) splits each copy's slice again among its xdist workers. On a machine without CUDA the items run the CPU
 implementations with Triton's interpreter. Each item writes its findings to
 ``OUT/<op>-<impl>-<worker>/`` (``--mlafuzz-out``, default ``./mlafuzz-out``).
 
@@ -111,6 +113,19 @@ def worker_of(config: pytest.Config) -> Worker:
     index = int(match.group(1)) if match else 0
     count = int(info.get("workercount") or os.environ.get("PYTEST_XDIST_WORKER_COUNT") or index + 1)
     return Worker(name=name, index=index, count=max(count, index + 1))
+
+
+def shard_of(worker: Worker, environ: Any = None) -> tuple[int, int]:
+    """This process's slice of the case space: the CI job's (``--shard auto``'s variables:
+    MLAFUZZ_SHARD, Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT) split again among the xdist
+    workers, so copy K of N with W workers each runs shard K * W + w of N * W."""
+    from mlafuzz.harness.drive.ci_shard import ShardError, shard_from_env
+
+    try:
+        k, n, _ = shard_from_env(environ)
+    except ShardError as exc:
+        raise pytest.UsageError(f"mlafuzz: {exc}") from None
+    return k * worker.count + worker.index, n * worker.count
 
 
 def gpu_for(worker: Worker, device_count: int) -> int:
@@ -288,6 +303,7 @@ class FuzzSession:
         from mlafuzz.reports.model import group_buckets
 
         device = self._device_for_worker()
+        shard = shard_of(self.worker)
         self.session.load(item.entry, device)  # an impl that can't run here fails the item with one line
         from mlafuzz.reports.rundir import clear_run
 
@@ -302,7 +318,7 @@ class FuzzSession:
             cases=self.cases,
             seed=self.seed,
             out_dir=out,
-            shard=Shard(index=self.worker.index, count=self.worker.count),
+            shard=Shard(index=shard[0], count=shard[1]),
             shrink_budget=self.shrink_budget,
             table=self.session.table,
             timeout=self.timeout if self.isolate else None,
@@ -333,12 +349,12 @@ class FuzzSession:
             device=self.device,
             seed=self.seed,
             cases=summary.cases + summary.skipped,
-            shard=(self.worker.index, self.worker.count),
+            shard=shard,
             out=str(out / "replay"),
         )
         title = (
-            f"mlafuzz: {item.op}={item.ref} on {device} (seed {self.seed}, shard {self.worker.index}/"
-            f"{self.worker.count}, {self._limit()}): {len(unexpected)} unexpected findings in"
+            f"mlafuzz: {item.op}={item.ref} on {device} (seed {self.seed}, shard {shard[0]}/"
+            f"{shard[1]}, {self._limit()}): {len(unexpected)} unexpected findings in"
             f" {console.plural(len(buckets), 'bucket')}"
             + (f", {len(expected)} expected per ledger" if expected else "")
         )

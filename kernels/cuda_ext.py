@@ -33,10 +33,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -48,6 +49,9 @@ __all__ = [
     "EXTENSION_NAME",
     "SOURCE",
     "build_extension",
+    "build_in_background",
+    "cache_root",
+    "extension_built",
     "gather",
     "gather_impl",
     "load_extension",
@@ -114,7 +118,9 @@ def _find_nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """mlafuzz's own cache folder (its CUDA extension builds): MLAFUZZ_CACHE, else ~/.cache/mlafuzz.
+    A CI job keeps it between runs (``mlafuzz warmup`` prints it)."""
     env = os.environ.get("MLAFUZZ_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "mlafuzz"
 
@@ -143,6 +149,43 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
+def _build_dir(*, name: str, source: Path, include_dirs: Sequence[Path], arch: str) -> Path:
+    folders = tuple(dict.fromkeys((source.parent, *include_dirs)))
+    return cache_root() / f"{'ext' if name == EXTENSION_NAME else name}-{_build_key(arch, folders=folders)}"
+
+
+def extension_built() -> bool:
+    """Whether this machine has the extension built for its GPU already (a warm start: loading it
+    takes about a second); False without a GPU. Builds nothing."""
+    try:
+        arch = _present_arch()
+    except RuntimeError:
+        return False
+    return (
+        _build_dir(name=EXTENSION_NAME, source=SOURCE, include_dirs=(), arch=arch) / f"{EXTENSION_NAME}.so"
+    ).exists()
+
+
+def build_in_background(on_done: Callable[[BuildInfo | None, BaseException | None], None]) -> threading.Thread:
+    """Build and load the extension (``load_extension``) in a daemon thread, so that a run's start
+    (imports, workers spawning, Triton compiles of the ops that need no extension) goes on beside
+    nvcc; ``on_done(info, error)`` hears the outcome. Worker processes that need the extension
+    meanwhile wait on torch's build lock in the same folder and load what this thread built: it is
+    built once either way."""
+
+    def run() -> None:
+        try:
+            info = load_extension()
+        except BaseException as exc:  # reported, not raised: the thread has no caller
+            on_done(None, exc)
+            return
+        on_done(info, None)
+
+    thread = threading.Thread(target=run, name="mlafuzz-cuda-ext-build", daemon=True)
+    thread.start()
+    return thread
+
+
 def build_extension(*, name: str, source: Path, include_dirs: Sequence[Path] = (), verbose: bool = False) -> BuildInfo:
     """Build (first time on this machine) and load the torch extension ``name`` from ``source``
     with the exact flags; the build folder is keyed by the sources of ``source``'s folder and of
@@ -155,8 +198,7 @@ def build_extension(*, name: str, source: Path, include_dirs: Sequence[Path] = (
 
     if not cpp_extension.is_ninja_available():
         raise RuntimeError("mlafuzz CUDA extension: ninja not found (pip install ninja)")
-    folders = tuple(dict.fromkeys((source.parent, *include_dirs)))
-    build_dir = _cache_root() / f"{'ext' if name == EXTENSION_NAME else name}-{_build_key(arch, folders=folders)}"
+    build_dir = _build_dir(name=name, source=source, include_dirs=include_dirs, arch=arch)
     build_dir.mkdir(parents=True, exist_ok=True)
     cold = not (build_dir / f"{name}.so").exists()
     major, minor = arch.removeprefix("sm_")[:-1], arch[-1]

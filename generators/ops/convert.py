@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from mlafuzz.generators.case import Case
-from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, draw_view, sized, tile_total
+from mlafuzz.generators.draw import Deployment, Drawer, Knobs, draw_paging, sized, table_width, tile_total
 from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.invalid import InvalidClass, with_
 from mlafuzz.generators.reduce import (
@@ -113,12 +113,25 @@ class ConvertSpec:
 
 
 def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
-    prefill_workspace = d.boolean()
-    n = sized(d, knobs, 1, knobs.max_requests, tiles=knobs.row_tiles)
-    paging = draw_paging(d, knobs)
-    bs = paging.block_size
+    """A convert call. What a kernel may compile per value (block size, BLOCK_N, K, the prefill
+    flag, counting, the stride and compaction options, the views, the block table's width) comes
+    from the run's deployment (``Deployment``: a pool per run seed, or the case's own draws)."""
+    dep = Deployment(d, knobs, op="convert")
+    prefill_workspace = dep.boolean("prefill_workspace")
+    width = None
+    if dep.pooled:  # the table's width first: it bounds the requests (max_table) and their lengths
+        bs = dep.choice("block_size", knobs.block_sizes)
+        width = table_width(dep, knobs, block_size=bs)
+    hi_n = knobs.max_requests if width is None else max(1, min(knobs.max_requests, knobs.max_table // width))
+    n = sized(d, knobs, 1, hi_n, tiles=knobs.row_tiles)
+    if width is None:
+        bs = dep.choice("block_size", knobs.block_sizes)  # draw_paging's own first draw, as before
+    paging = draw_paging(d, knobs, block_size=bs)
     # The table holds n rows of ceil(seq_len / bs) + extra columns: at most max_table entries.
-    max_seq = max(0, min(knobs.max_seq_len, (knobs.max_table // n - paging.extra_table_cols) * bs))
+    if width is None:
+        max_seq = max(0, min(knobs.max_seq_len, (knobs.max_table // n - paging.extra_table_cols) * bs))
+    else:
+        max_seq = min(knobs.max_seq_len, width * bs)
     rows_left = knobs.max_rows
     requests = []
     for i in range(n):
@@ -127,26 +140,29 @@ def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
         tokens = sized(d, knobs, 1 if i == 0 else 0, max(1 if i == 0 else 0, min(hi, rows_left)))
         rows_left -= tokens
         requests.append(ConvertRequest(seq_len=sized(d, knobs, 0, max_seq), num_tokens=tokens, prefill=prefill))
+    if width is not None:  # the deployment's width: the longest request's blocks plus unused columns
+        need = max(-(-r.seq_len // bs) for r in requests)
+        paging = dataclasses.replace(paging, extra_table_cols=width - need)
     rows = sum(r.num_tokens for r in requests)
     target = tile_total(d, knobs, rows, hi=knobs.max_rows)
     last = requests[-1]
     if target != rows and last.num_tokens + target - rows >= (1 if n == 1 else 0):
         requests[-1] = dataclasses.replace(last, num_tokens=last.num_tokens + target - rows)
-    block_n = d.choice(knobs.block_ns)
+    block_n = dep.choice("block_n", knobs.block_ns)
     return ConvertSpec(
         requests=tuple(requests),
         paging=paging,
-        topk=block_n * d.choice(knobs.topk_multiples),
+        topk=block_n * dep.choice("topk_multiple", knobs.topk_multiples),
         block_n=block_n,
         topk_mode=d.choice(list(TopkMode)),
         prefill_workspace=prefill_workspace,
-        return_valid_counts=not d.boolean(),
-        table_view=draw_view(d, knobs, (View.COLUMNS, View.ROWS)),
-        rows_view=draw_view(d, knobs, (View.ROWS,)),
+        return_valid_counts=not dep.boolean("return_valid_counts"),
+        table_view=dep.view("table_view", knobs, (View.COLUMNS, View.ROWS)),
+        rows_view=dep.view("rows_view", knobs, (View.ROWS,)),
         # A stride of block_size + extra: equal to it at times (the option passed with its
         # default's value), mostly larger, as padded layouts are.
-        block_stride_rows=(bs + d.integer(0, bs + 7)) if d.boolean() else None,
-        compact=d.boolean(),
+        block_stride_rows=(bs + dep.integer("stride_extra", 0, bs + 7)) if dep.boolean("block_stride") else None,
+        compact=dep.boolean("compact"),
         caller_out=draw_caller_out(d),
     )
 

@@ -6,7 +6,9 @@ error inputs and re-runs as a fuzz run has them, no shrinking) runs for a
 fixed time; cases/s is the cases it finished over the seconds it took. The
 pool is started and warmed once (every worker runs a few cases of the op
 first, untimed: process start, CUDA and Triton start-up are not the loop's
-steady state), then reused for every op.
+steady state), then reused for every op. While each op's timed part runs,
+NVML samples the GPU's busy fraction (busy.py): how far the loop is from
+GPU-bound, the next step's measure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def bench_fuzz(
 ) -> list[str]:
     """Lines to print: cases/s per op (``device`` and ``knobs``: the CLI's are cuda and LARGE)."""
     from mlafuzz.generators.draw import LARGE
+    from mlafuzz.harness.bench.busy import sample_gpu
     from mlafuzz.harness.check.session import Session
     from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, WorkerPool, device_slots, table_from_ref
@@ -35,7 +38,8 @@ def bench_fuzz(
     size = next((name for name, k in KNOB_PRESETS.items() if k == knobs), "custom")
     devices = device_slots(device=device, workers=workers)
     lines = [
-        f"{'op':<8} {'cases/s':>9} {'cases':>7} {'seconds':>8} {'findings':>8} {'infos':>6} {'skipped':>7}   impl",
+        f"{'op':<8} {'cases/s':>9} {'cases':>7} {'seconds':>8} {'findings':>8} {'infos':>6} {'skipped':>7}"
+        f" {'gpu busy':>8}   impl",
         f"  fuzz --size {size} --device {device} --workers {len(devices)}, {seconds:g} s per op after"
         f" {WARM_CASES_PER_WORKER} untimed cases per worker; error inputs and re-runs as in a fuzz run, no"
         " shrinking",
@@ -56,15 +60,20 @@ def bench_fuzz(
                     executor=pool,
                 )
                 found: list = []
-                summary = fuzz(
-                    FuzzConfig(budget=seconds, seed=seed, out_dir=Path(tmp) / op, **common),
-                    executor=pool,
-                    on_finding=found.append,
-                )
+                with sample_gpu(devices) as sampler:  # NVML, in a thread: the timed part only
+                    summary = fuzz(
+                        FuzzConfig(budget=seconds, seed=seed, out_dir=Path(tmp) / op, **common),
+                        executor=pool,
+                        on_finding=found.append,
+                    )
+                busy = sampler.result()
                 lines.append(
                     f"{op:<8} {summary.rate:>9.1f} {summary.cases:>7} {summary.seconds:>8.1f}"
-                    f" {summary.findings:>8} {summary.infos:>6} {summary.skipped:>7}   {impls[op]}"
+                    f" {summary.findings:>8} {summary.infos:>6} {summary.skipped:>7}"
+                    f" {busy.text() if busy.fraction is not None else 'n/a':>8}   {impls[op]}"
                 )
+                if busy.fraction is None and device == "cuda":
+                    lines.append(f"  gpu busy: {busy.text()}")
                 # Failures only: an info (an input outside the contract that ran) is worth a count.
                 errors = [f for f in found if f.severity is Severity.ERROR]
                 lines += [f"  finding: {f.kind.value} {f.message[:200]}" for f in errors[:3]]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from mlafuzz.harness.drive.ci_shard import ShardError, parse_shard, shard_from_env
+
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # Ctrl-C; SIGTERM (what CI sends on cancel)
 
@@ -55,13 +57,15 @@ def positive_int(text: str) -> int:
     return value
 
 
-def shard(text: str) -> tuple[int, int]:
-    """'K/N' with 0 <= K < N, as (K, N)."""
-    k, sep, n = text.partition("/")
+def _checked(fn, *args):
     try:
-        index, count = int(k), int(n)
-    except ValueError:
-        index = count = -1
-    if not sep or not (count >= 1 and 0 <= index < count):
-        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
-    return index, count
+        return fn(*args)
+    except ShardError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def shard(text: str) -> tuple[int, int]:
+    """'K/N' with 0 <= K < N, as (K, N); 'auto': the CI's own split (``shard_from_env``)."""
+    if text == "auto":
+        return _checked(shard_from_env)[:2]
+    return _checked(parse_shard, text)

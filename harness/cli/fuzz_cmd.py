@@ -17,6 +17,7 @@ import contextlib
 import json
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,13 +116,21 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help=f"contract revision (docs/contract.md, Revisions) to judge the implementations under (default the newest,"
         f" {NEWEST_REVISION}); a registry entry that pins one (a mutant of one revision's rule) keeps its own",
     )
-    f.add_argument("--shard", type=shard, default=(0, 1), metavar="K/N", help="run only shard K of N (0-based)")
+    f.add_argument(
+        "--shard",
+        type=shard,
+        default="auto",
+        metavar="K/N|auto",
+        help="run only shard K of N (0-based); auto (the default): MLAFUZZ_SHARD=K/N, else Buildkite's"
+        " BUILDKITE_PARALLEL_JOB/BUILDKITE_PARALLEL_JOB_COUNT, else 0/1",
+    )
     f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
     f.add_argument(
         "--workers",
         type=positive_int,
         default=None,
-        help="worker processes (default: one per GPU with --device cuda, 1 on cpu)",
+        help="worker processes (default on cuda: per GPU, min(host cores - 1 over GPUs, GPU memory /"
+        " 9 GiB, 8); 1 on cpu); the run's header says how many and why",
     )
     f.add_argument(
         "--in-process",
@@ -184,8 +193,13 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     f.set_defaults(func=cmd_fuzz)
 
 
-def executor_for(args: argparse.Namespace, *, table_ref: str):
-    from mlafuzz.harness.drive.workers import InProcess, WorkerPool, device_slots
+def _say(line: str) -> None:
+    print(f"mlafuzz: {line}", file=sys.stderr, flush=True)
+
+
+def executor_for(args: argparse.Namespace, *, table_ref: str, on_workers: Any = None):
+    """The run's executor; ``on_workers(line)`` hears the worker line of a pool (the header's)."""
+    from mlafuzz.harness.drive.workers import InProcess, WorkerPool, device_slots, slot_plan
 
     if (args.redzone or args.sanitizer) and args.device != "cuda":
         raise UsageError("mlafuzz: --redzone and --sanitizer check GPU memory: use them with --device cuda")
@@ -198,8 +212,12 @@ def executor_for(args: argparse.Namespace, *, table_ref: str):
             raise UsageError(f"mlafuzz: {exc}") from None
     if args.in_process:
         return InProcess(redzone=args.redzone)
+    plan = slot_plan(device=args.device, workers=args.workers)
+    slots = device_slots(device=args.device, workers=args.workers, plan=plan)
+    if on_workers is not None:
+        on_workers(plan.line(slots))
     return WorkerPool(
-        devices=device_slots(device=args.device, workers=args.workers),
+        devices=slots,
         timeout=args.timeout,
         redzone=args.redzone,
         table_ref=table_ref,
@@ -307,9 +325,11 @@ def prepare_out(args: argparse.Namespace) -> tuple[Path, bool]:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # for the cold-start line: the command's start, imports included
     from mlafuzz.generators.draw import KNOB_PRESETS
     from mlafuzz.harness.check.compare import Policy
     from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.cli.builds import built_or_not_needed, start_builds
     from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard, fuzz
     from mlafuzz.harness.drive.resume import ResumeError, load_resume
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
@@ -363,6 +383,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         timeout=None if args.in_process or args.sanitizer else args.timeout,
     )
     corpus, corpus_lines = read_corpus(args, config) if args.corpus else ([], [])
+    # A cold GPU start: the CUDA extension builds in the background, said in a line (builds.py).
+    build = start_builds(device=args.device, impls=config.impls, say=lambda line: args.quiet or _say(line))
     resume = None
     if used and args.resume:
         try:
@@ -400,12 +422,26 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
             seen.add(finding.dedup_key)
             print(console.finding_line(finding), file=sys.stderr)
 
-    executor = executor_for(args, table_ref=DEFAULT_TABLE)
+    def worker_line(line: str) -> None:
+        if not args.quiet:
+            where = f"; shard {args.shard[0]}/{args.shard[1]}" if args.shard != (0, 1) else ""
+            print(f"mlafuzz: {line}{where}", file=sys.stderr)
+
+    executor = executor_for(args, table_ref=DEFAULT_TABLE, on_workers=worker_line)
     if corpus:
         from mlafuzz.harness.drive.replay import CorpusFirst
 
         executor = CorpusFirst(executor, corpus)
     progress = Progress(budget=budget, quiet=args.quiet)
+    first_case: list[float] = []
+
+    def on_progress(totals: dict, elapsed: float) -> None:
+        if not first_case and totals.get("cases", 0) + totals.get("skipped", 0) > 0:
+            first_case.append(time.monotonic() - started)
+            if not args.quiet:  # how long the start took: builds, worker start-up, compiles
+                _say(f"first case done {first_case[0]:.1f} s after the start")
+        progress(totals, elapsed)
+
     shrinking = ShrinkProgress(quiet=args.quiet)
     with terminate_like_interrupt():
         try:
@@ -413,10 +449,11 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 config,
                 executor=executor,
                 on_finding=show,
-                on_progress=progress,
+                on_progress=on_progress,
                 stop_when=stop_after(args.max_findings),
                 resume=resume,
                 on_shrink=lambda event, facts: (progress.close(), shrinking(event, facts)),
+                ready=None if build is None else built_or_not_needed(build[0], config.impls),
             )
         finally:
             progress.close()

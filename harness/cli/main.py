@@ -15,7 +15,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from mlafuzz.harness.cli import bench_cmd, fuzz_cmd, mutants_cmd, replay_cmd, report_cmd
+from mlafuzz.harness.cli import bench_cmd, fuzz_cmd, mutants_cmd, replay_cmd, report_cmd, warmup_cmd
 from mlafuzz.harness.cli.args import EXIT_OK, EXIT_USAGE, Parser, UsageError
 from mlafuzz.harness.ops.names import NAMES
 
@@ -55,6 +55,7 @@ def build_parser(*, names: tuple[str, ...] = NAMES) -> argparse.ArgumentParser:
     replay_cmd.add_parser(sub, names=names)
     bench_cmd.add_parser(sub, names=names)
     mutants_cmd.add_parser(sub, names=names)
+    warmup_cmd.add_parser(sub, names=names)
     ls = sub.add_parser(
         "list",
         help="show ops and registered implementations",

@@ -143,7 +143,7 @@ class FuzzConfig:
             op=op,
             seed=seed,
             spec=spec,
-            knobs=self.knobs,
+            knobs=self.knobs.for_run(self.seed),  # compile-relevant options from the run's deployments
             impl_ref=self.impls[op],
             device=self.device,
             ulp=self.policy.ulp,
@@ -296,10 +296,14 @@ def fuzz(
     stop_when: Callable[[FuzzSummary], bool] | None = None,
     resume: Resume | None = None,
     on_shrink: Callable[[str, dict[str, Any]], None] | None = None,
+    ready: Callable[[str], bool] | None = None,
 ) -> FuzzSummary:
     """Run until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl.
     ``resume``: the run's earlier sessions in out_dir, continued (their counts kept, their cases
-    not run again); ``on_shrink`` hears the shrinking of each new bucket (see shrink_and_bundle)."""
+    not run again); ``on_shrink`` hears the shrinking of each new bucket (see shrink_and_bundle).
+    ``ready(op)``: False while an op's kernels still build (a cold start's CUDA extension): in a
+    budget run its cases wait, in order, while the other ops' go first (a case's content never
+    depends on when it runs; a --cases run keeps its exact case set and does not reorder)."""
     config.out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(config.out_dir / "run.json", json.dumps(config.run_json(), indent=2) + "\n")
     summary = FuzzSummary.resumed(resume) if resume is not None else FuzzSummary()
@@ -312,6 +316,8 @@ def fuzz(
     index = max(summary.next_case, 0)
     submitted = 0
     in_flight: set[int] = set()
+    deferred: collections.deque[int] = collections.deque()  # cases of ops still building, in order
+    can_defer = ready is not None and config.cases is None
     with JsonlSink(config.out_dir / FINDINGS_FILE) as sink:
         recorder = Recorder(sink, summary, on_finding, executor)
         try:
@@ -320,13 +326,25 @@ def fuzz(
                 budget_left = (config.budget is None or elapsed < config.budget) and not (
                     stop_when is not None and stop_when(summary)
                 )
-                while budget_left and (config.cases is None or submitted < config.cases) and executor.free_slots():
+                waiting = {op for op in config.ops if not ready(op)} if can_defer and ready is not None else set()
+                hold = len(waiting) == len(config.ops)  # every op still builds: nothing to hand out yet
+                while (
+                    budget_left
+                    and not hold
+                    and (config.cases is None or submitted < config.cases)
+                    and executor.free_slots()
+                ):
                     if pending:
                         i = pending.popleft()
+                    elif deferred and config.ops[deferred[0] % len(config.ops)] not in waiting:
+                        i = deferred.popleft()
                     else:
                         while not config.shard.owns(index, ops=len(config.ops)):
                             index += 1
                         i, index = index, index + 1
+                        if config.ops[i % len(config.ops)] in waiting:
+                            deferred.append(i)
+                            continue
                     in_flight.add(i)
                     executor.submit(config.task(i, held=frozenset(summary.quarantined)))
                     submitted += 1
@@ -347,7 +365,7 @@ def fuzz(
             summary.terminated = isinstance(exc, Terminated)
         summary.seconds = base_seconds + time.monotonic() - start
         summary.next_case = index
-        summary.unfinished = tuple(sorted(in_flight | set(pending)))
+        summary.unfinished = tuple(sorted(in_flight | set(pending) | set(deferred)))
         _write_summary(config, summary)
         if config.shrink_budget > 0 and not summary.interrupted:
             try:
