@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from mlafuzz.generators.case import Case
-from mlafuzz.harness.check.calls import Call, call_copied, first_line
+from mlafuzz.harness.check.calls import Call, call_copied, first_line, own_traceback
 from mlafuzz.harness.check.compare import Context, Policy, compare
 from mlafuzz.harness.check.detectors import (
     input_mutations,
@@ -65,6 +65,7 @@ def full_path(
                 case_id=ctx.case_id,
                 cause=type(first.error).__name__,
                 message=f"raised on a valid input: {first_line(first.error)}",
+                extra={"traceback": own_traceback(first.error)},
             )
         )
         return review(op, case, first, findings, ctx) + input_mutations(case, first.inputs, ctx, inplace=op.inplace)
