@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import signal
 import threading
 import time
@@ -395,17 +396,30 @@ def _as_found(task: Task, finding: Finding, config: FuzzConfig) -> ShrinkResult:
 
 @contextlib.contextmanager
 def _uninterrupted() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM off while a bundle's files are written (the stop they ask for
-    comes right after): a bundle is never left half old case, half new."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    """Hold SIGINT and SIGTERM off while a bundle's files are written (the stop they ask for comes
+    right after): a bundle is never left half old case, half new. Handlers, not a signal mask: in
+    a process with other threads the kernel may hand the signal to one of them, and Python then
+    runs the handler in the main thread all the same."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    caught: list[tuple[int, Any]] = []
+    before = {s: signal.signal(s, lambda signum, frame: caught.append((signum, frame))) for s in _STOPS}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)  # None: not set from Python
+        if caught:
+            signum, frame = caught[0]
+            handler = before[signum]
+            if callable(handler):
+                handler(signum, frame)  # KeyboardInterrupt, or the CLI's Terminated
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _write_summary(config: FuzzConfig, summary: FuzzSummary) -> None:
@@ -531,5 +545,9 @@ def _bundle(
             "size": size,
             "shrink_seconds": round(result.seconds, 2),
         }
-        summary.bundles[:] = [b for b in summary.bundles if b.get("bucket") != list(key)] + [entry]
+        at = next((j for j, b in enumerate(summary.bundles) if b.get("bucket") == list(key)), None)
+        if at is None:
+            summary.bundles.append(entry)
+        else:  # the shrunk case replaces the one as found, in its place
+            summary.bundles[at] = entry
     return entry

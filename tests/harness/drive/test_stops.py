@@ -47,35 +47,24 @@ def _bundle_cases(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((out / "bundles").glob("*/case.json"))]
 
 
-def test_a_hanging_kernel_with_budget_20_and_timeout_10_ends_within_40_s_with_a_summary(tmp_path):
-    out = tmp_path / "run"
+def test_a_hanging_kernel_with_budget_20_and_timeout_10_ends_within_40_s_with_a_summary(tmp_path, monkeypatch):
+    spec = tmp_path / "two_requests.json"  # the planted kernel hangs on every 2-request batch
+    spec.write_text(spec_to_json(GatherSpec(requests=(GatherRequest(context_len=8, length=8),) * 2)))
+    mark, out = tmp_path / "inside-the-call", tmp_path / "run"
+    monkeypatch.setenv("MLAFUZZ_TEST_HANG_MARK", str(mark))
     start = time.monotonic()
     rc = main(
-        [
-            "fuzz",
-            "--impl",
-            f"gather={PLANTED / 'hang_gather.py'}:gather",
-            "--device",
-            "cpu",
-            "--budget",
-            "20",
-            "--timeout",
-            "10",
-            "--shrink-budget",
-            "0",
-            "--out",
-            str(out),
-            "--quiet",
-        ]
+        ["fuzz", "--spec", str(spec), "--impl", f"gather={PLANTED / 'hang_gather.py'}:gather", "--device", "cpu"]
+        + ["--budget", "20", "--timeout", "10", "--shrink-budget", "0", "--out", str(out), "--quiet"]
     )
     seconds = time.monotonic() - start
-    assert rc == 1
     assert seconds < 40, f"the run took {seconds:.1f} s"
     summary = _summary(out)
-    assert summary["by_kind"].get("TIMEOUT", 0) >= 1
     assert summary["dropped"] >= 1  # queued cases not started when the budget ended: counted, not run
     assert set(summary["unfinished"]) and summary["interrupted"] is False  # a --resume runs them first
-    assert [c["shrink"]["shrunk"] for c in _bundle_cases(out)] == [False]  # bundled as found
+    if mark.exists():  # a worker entered the hanging call (a machine too loaded to start one in 20 s may not)
+        assert rc == 1 and summary["by_kind"] == {"TIMEOUT": summary["findings"]}
+        assert [c["shrink"]["shrunk"] for c in _bundle_cases(out)] == [False]  # bundled as found
 
 
 def test_shrink_budget_0_still_writes_each_buckets_bundle_as_found(tmp_path):
