@@ -8,17 +8,33 @@ runs' live panel is in progress.py.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from mlafuzz.reports.findings import Finding
+from mlafuzz.reports.findings import Finding, Kind
 from mlafuzz.reports.model import Bucket, Judgement, Waiver, bucket_counts, group_buckets, plural, replay_command
 
 __all__ = ["plural"]  # re-exported: the CLI and the plugin word counts through console
 
 
 def finding_line(f: Finding) -> str:
-    """One new bucket's first finding, as the fuzz loop announces it."""
-    return f"  {f.kind.value} {f.op}={f.impl} {f.case_id}: {f.message}"
+    """One new bucket's first finding, as the fuzz loop announces it (an exception's, with the
+    implementation's line that raised it)."""
+    where = raised_at(f)
+    return f"  {f.kind.value} {f.op}={f.impl} {f.case_id}: {f.message}" + (f" (at {where})" if where else "")
+
+
+def raised_at(f: Finding) -> str:
+    """``file:line in function`` of the innermost frame of an EXCEPTION's traceback ('' if none)."""
+    if f.kind is not Kind.EXCEPTION:
+        return ""
+    for line in reversed(f.extra.get("traceback") or ()):
+        text = line.strip()
+        if text.startswith('File "'):
+            path, _, rest = text[len('File "') :].partition('", line ')
+            number, _, func = rest.partition(", in ")
+            return f"{Path(path).name}:{number} in {func}"
+    return ""
 
 
 def start_line(
@@ -226,10 +242,14 @@ def replay_lines(
             f"mlafuzz replay: passes on {op}={impl_ref} ({where}); the bundle recorded "
             f"{recorded.kind.value}: {recorded.message}"
         ]
-    return [
-        f"mlafuzz replay: {'reproduces' if same else 'other finding'}: {f.kind.value} {f.op}={f.impl}: {f.message}"
-        for f, same in found
-    ]
+    lines = []
+    for f, same in found:
+        lines.append(
+            f"mlafuzz replay: {'reproduces' if same else 'other finding'}: {f.kind.value} {f.op}={f.impl}: {f.message}"
+        )
+        if f.kind is Kind.EXCEPTION:  # the implementation's own frames (harness frames dropped)
+            lines += [f"  {line}" for line in f.extra.get("traceback") or ()]
+    return lines
 
 
 def rerun_command(

@@ -26,6 +26,7 @@ from mlafuzz.generators.reduce import (
     drop_each,
     halvings,
     paging_steps,
+    to_defaults,
     view_features,
     view_steps,
     with_request,
@@ -350,9 +351,7 @@ def reduce(s: ConvertSpec) -> Iterator[ConvertSpec]:
     for p in paging_steps(s.paging):
         yield dataclasses.replace(s, paging=p)
     yield from view_steps(s, "table_view", "rows_view")
-    for mode in (TopkMode.VALID, TopkMode.PADDED):
-        if s.topk_mode is not mode:
-            yield dataclasses.replace(s, topk_mode=mode)
+    yield from to_defaults(s, "topk_mode")  # toward its simplest value only: never back and forth
     if s.compact:
         yield dataclasses.replace(s, compact=False)
     yield from caller_out_steps(s)

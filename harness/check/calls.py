@@ -17,7 +17,9 @@ harness op can trip over it and blame itself, and charged to the call
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -49,6 +51,20 @@ def sync(device: str) -> None:
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+HARNESS_DIR = Path(__file__).resolve().parents[1]  # frames in here are the harness's, not the implementation's
+TRACEBACK_FRAMES = 12
+
+
+def own_traceback(exc: BaseException) -> list[str]:
+    """The traceback of an exception an implementation raised, shortened to its own frames: the
+    harness's frames that led to the call are dropped, the last TRACEBACK_FRAMES kept."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    while frames and Path(frames[0].filename).resolve().is_relative_to(HARNESS_DIR):
+        frames.pop(0)
+    lines = [ln.rstrip() for chunk in traceback.format_list(frames[-TRACEBACK_FRAMES:]) for ln in chunk.splitlines()]
+    return lines + [first_line(exc)]
 
 
 def _invoke(

@@ -26,7 +26,7 @@ from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from mlafuzz.generators.case import Case
-from mlafuzz.harness.check.calls import Call, first_line
+from mlafuzz.harness.check.calls import Call, first_line, own_traceback
 from mlafuzz.harness.check.compare import Policy, compare
 from mlafuzz.harness.check.detectors import launch_error_findings, redzone_findings, rerun_differs
 from mlafuzz.harness.check.narrow import narrowed_names
@@ -96,6 +96,7 @@ def _exception(ev: Evidence) -> list[Finding]:
             type(ev.first.error).__name__,
             kind=Kind.EXCEPTION,
             message=f"raised on a valid input: {first_line(ev.first.error)}",
+            extra={"traceback": own_traceback(ev.first.error)},  # its own frames, for triage
         )
     ]
 

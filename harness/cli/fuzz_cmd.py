@@ -149,8 +149,8 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         type=nonneg_seconds,
         default=20.0,
         metavar="SECONDS",
-        help="time to minimize each new finding bucket before writing its repro bundle "
-        "(default 20; 0 disables shrinking and bundles)",
+        help="time to minimize each new finding bucket; its repro bundle is written as found first and "
+        "replaced by the shrunk case (default 20; 0: no shrinking, bundles as found)",
     )
     f.add_argument(
         "--redzone",

@@ -6,8 +6,13 @@ That makes a run reproducible from its seed and lets ``--shard K/N`` split the
 case space into disjoint, deterministic slices: shard K owns the rounds of
 ``len(ops)`` consecutive cases numbered K mod N, so every shard fuzzes every op
 in the unsharded mix, and the shards together are the unsharded run.
-Findings are appended to findings.jsonl as they arrive; new buckets are shrunk
-and written as repro bundles after the main loop. findings.jsonl keeps at most
+Findings are appended to findings.jsonl as they arrive. After the main loop each
+new bucket's first failing case is written as a repro bundle at once (so a stop
+while shrinking, or ``--shrink-budget 0``, still leaves one), then shrunk, and
+the shrunk case replaces it; a stop during shrinking writes the smallest case in
+hand. The budget is a promise: when it ends, the cases no worker has started
+are dropped (counted in summary.json's ``dropped``, and run first by a
+``resume``), and the ones running get at most their timeout. findings.jsonl keeps at most
 ``MAX_LINES_PER_BUCKET`` lines of a bucket (a broken implementation fails every
 case); summary.json's ``bucket_counts`` holds every bucket's full count, which
 is what reports count. A run goes on in its folder with ``resume`` (resume.py):
@@ -22,13 +27,17 @@ them again and again on one known crash.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
+import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from mlafuzz.generators.draw import Knobs
 from mlafuzz.generators.spec import spec_to_dict
@@ -36,7 +45,7 @@ from mlafuzz.harness.check.compare import Policy
 from mlafuzz.harness.drive.resume import Resume
 from mlafuzz.harness.drive.shrink import ShrinkResult, evaluate_sync, shrink
 from mlafuzz.harness.drive.tasks import HARNESS_ERROR, Task, TaskResult
-from mlafuzz.harness.drive.workers import Executor
+from mlafuzz.harness.drive.workers import Executor, drop_queued
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.harness.ops.table import OPS
@@ -90,7 +99,7 @@ class FuzzConfig:
     shard: Shard = Shard()
     rerun_every: int = 4  # every Nth case runs twice, compared bit for bit (NONDETERMINISM)
     contract_every: int = 3  # every Nth case also runs one error-input class (ACCEPTED_INVALID_INPUT)
-    shrink_budget: float = 0.0  # seconds per new bucket; 0: no shrinking and no bundles
+    shrink_budget: float = 0.0  # seconds per new bucket; 0: no shrinking (each bucket bundled as found)
     rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # weaker contracts per op
     table: OpTable = OPS
     revision: str = NEWEST_REVISION  # the contract revision (SPEC 7) cases are judged under; an entry's pin wins
@@ -158,6 +167,7 @@ class FuzzConfig:
 class FuzzSummary:
     cases: int = 0
     skipped: int = 0
+    dropped: int = 0  # cases queued but not started when the budget ended (a resume runs them first)
     per_op: collections.Counter = field(default_factory=collections.Counter)
     by_kind: collections.Counter = field(default_factory=collections.Counter)
     coverage: collections.Counter = field(default_factory=collections.Counter)
@@ -185,6 +195,7 @@ class FuzzSummary:
         return {
             "cases": self.cases,
             "skipped": self.skipped,
+            "dropped": self.dropped,
             "per_op": dict(self.per_op),
             "by_kind": dict(self.by_kind),
             "coverage": dict(self.coverage),
@@ -219,6 +230,7 @@ class FuzzSummary:
         return cls(
             cases=int(s.get("cases", 0)),
             skipped=int(s.get("skipped", 0)),
+            dropped=int(s.get("dropped", 0)),
             per_op=counter("per_op"),
             by_kind=counter("by_kind"),
             coverage=counter("coverage"),
@@ -318,6 +330,7 @@ def fuzz(
     in_flight: set[int] = set()
     deferred: collections.deque[int] = collections.deque()  # cases of ops still building, in order
     can_defer = ready is not None and config.cases is None
+    budget_ended = False
     with JsonlSink(config.out_dir / FINDINGS_FILE) as sink:
         recorder = Recorder(sink, summary, on_finding, executor)
         try:
@@ -326,6 +339,11 @@ def fuzz(
                 budget_left = (config.budget is None or elapsed < config.budget) and not (
                     stop_when is not None and stop_when(summary)
                 )
+                if not budget_left and not budget_ended:
+                    # The cases no worker has started are not run: each could cost a whole
+                    # --timeout (a hanging kernel), and the budget is a promise.
+                    budget_ended = True
+                    summary.dropped += len(drop_queued(executor))  # still in in_flight: a resume runs them
                 waiting = {op for op in config.ops if not ready(op)} if can_defer and ready is not None else set()
                 hold = len(waiting) == len(config.ops)  # every op still builds: nothing to hand out yet
                 while (
@@ -349,8 +367,6 @@ def fuzz(
                     executor.submit(config.task(i, held=frozenset(summary.quarantined)))
                     submitted += 1
                 more = budget_left and (config.cases is None or submitted < config.cases)
-                if stop_when is not None and stop_when(summary):
-                    more = False
                 if not more and not executor.in_flight():
                     break
                 for task, result in executor.wait(0.1):
@@ -361,20 +377,67 @@ def fuzz(
                     summary.seconds = base_seconds + time.monotonic() - start
                     on_progress(summary.to_json(), time.monotonic() - start)
         except KeyboardInterrupt as exc:
-            summary.interrupted = True
-            summary.terminated = isinstance(exc, Terminated)
+            _stopped(summary, exc)
         summary.seconds = base_seconds + time.monotonic() - start
         summary.next_case = index
         summary.unfinished = tuple(sorted(in_flight | set(pending) | set(deferred)))
         _write_summary(config, summary)
-        if config.shrink_budget > 0 and not summary.interrupted:
-            try:
-                shrink_and_bundle(config, summary, executor, on_shrink=on_shrink)
-            except KeyboardInterrupt as exc:
-                summary.interrupted = True
-                summary.terminated = isinstance(exc, Terminated)
+        try:
+            todo = _to_bundle(summary)
+            for key, task, finding in todo:  # each bucket as found, before any shrinking
+                _bundle(config, summary, executor, key=key, finding=finding, result=_as_found(task, finding, config))
             _write_summary(config, summary)
+            if config.shrink_budget > 0 and not summary.interrupted:
+                shrink_and_bundle(config, summary, executor, on_shrink=on_shrink, todo=todo)
+        except KeyboardInterrupt as exc:
+            _stopped(summary, exc)
+        _write_summary(config, summary)
     return summary
+
+
+def _stopped(summary: FuzzSummary, exc: KeyboardInterrupt) -> None:
+    summary.interrupted = True
+    summary.terminated = summary.terminated or isinstance(exc, Terminated)
+
+
+def _to_bundle(summary: FuzzSummary) -> list[tuple[tuple, Task, Finding]]:
+    """The new buckets a bundle is written for (a harness error is no implementation's repro)."""
+    return [(key, task, finding) for key, (task, finding) in summary.buckets.items() if finding.cause != HARNESS_ERROR]
+
+
+def _as_found(task: Task, finding: Finding, config: FuzzConfig) -> ShrinkResult:
+    """A bucket's first failing case as a shrink that has not started."""
+    return ShrinkResult(
+        task=task.with_spec(config.table), finding=finding, attempts=0, accepted=0, seconds=0.0, complete=False
+    )
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM off while a bundle's files are written (the stop they ask for comes
+    right after): a bundle is never left half old case, half new. Handlers, not a signal mask: in
+    a process with other threads the kernel may hand the signal to one of them, and Python then
+    runs the handler in the main thread all the same."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, Any]] = []
+    before = {s: signal.signal(s, lambda signum, frame: caught.append((signum, frame))) for s in _STOPS}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)  # None: not set from Python
+        if caught:
+            signum, frame = caught[0]
+            handler = before[signum]
+            if callable(handler):
+                handler(signum, frame)  # KeyboardInterrupt, or the CLI's Terminated
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _write_summary(config: FuzzConfig, summary: FuzzSummary) -> None:
@@ -387,12 +450,15 @@ def shrink_and_bundle(
     executor: Executor,
     *,
     on_shrink: Callable[[str, dict[str, Any]], None] | None = None,
+    todo: list[tuple[tuple, Task, Finding]] | None = None,
 ) -> None:
-    """Shrink each new bucket within ``config.shrink_budget`` and write its repro bundle.
-    ``on_shrink(event, facts)`` hears "start" (bucket, number, of, budget), "step" (attempts,
-    accepted, size: after each attempt) and "done" (attempts, accepted, seconds, size, complete)."""
+    """Shrink each new bucket within ``config.shrink_budget`` and write its repro bundle over the
+    one written as found. A stop (Ctrl-C, SIGTERM) while shrinking writes the smallest case in
+    hand, then goes on as a stop. ``on_shrink(event, facts)`` hears "start" (bucket, number, of,
+    budget), "step" (attempts, accepted, size: after each attempt) and "done" (attempts, accepted,
+    seconds, size, complete)."""
     table = config.table
-    todo = [(key, task, finding) for key, (task, finding) in summary.buckets.items() if finding.cause != HARNESS_ERROR]
+    todo = _to_bundle(summary) if todo is None else todo
     for number, (key, task, finding) in enumerate(todo, 1):
         if on_shrink is not None:
             on_shrink("start", {"bucket": key, "number": number, "of": len(todo), "budget": config.shrink_budget})
@@ -412,7 +478,11 @@ def shrink_and_bundle(
             on_step=step,
             attempt_seconds=config.timeout if finding.kind is Kind.TIMEOUT else 0.0,
         )
-        _bundle(config, summary, executor, key=key, finding=finding, result=result)
+        if result.stopped is not None:
+            if result.accepted:
+                _bundle(config, summary, executor, key=key, finding=finding, result=result)
+            raise result.stopped
+        entry = _bundle(config, summary, executor, key=key, finding=finding, result=result)
         if on_shrink is not None:
             limit = config.timeout if finding.kind is Kind.TIMEOUT else None
             note = (
@@ -428,7 +498,7 @@ def shrink_and_bundle(
                     "attempts": result.attempts,
                     "accepted": result.accepted,
                     "seconds": result.seconds,
-                    "size": summary.bundles[-1]["size"],
+                    "size": entry["size"],
                     "complete": result.complete,
                     "note": note,
                 },
@@ -437,15 +507,18 @@ def shrink_and_bundle(
 
 def _bundle(
     config: FuzzConfig, summary: FuzzSummary, executor: Executor, *, key: tuple, finding: Finding, result: ShrinkResult
-) -> None:
-    """The repro bundle of a shrunk bucket, and its line in summary.json's ``bundles``."""
+) -> dict[str, Any]:
+    """The repro bundle of a bucket (as found, or shrunk: it replaces the one as found), and its
+    line in summary.json's ``bundles``; returns that line."""
     table = config.table
     small = result.task
     spec = table.decode(small.spec)
     size = table.get(small.op).size(spec)
-    # The loop oracle confirms the minimized case (the vectorized one found it).
+    shrunk = result.accepted > 0 or result.complete
+    # The loop oracle confirms the minimized case (the vectorized one found it); a case as found,
+    # or one a stop left, is written without waiting for that.
     verified = None
-    if finding.kind not in (Kind.CRASH, Kind.TIMEOUT):
+    if shrunk and result.stopped is None and finding.kind not in (Kind.CRASH, Kind.TIMEOUT):
         check = evaluate_sync(executor, dataclasses.replace(small, slow_oracle=True, index=-1))
         verified = check is not None and any(
             f.kind == finding.kind and f.cause == finding.cause for f in check.findings
@@ -454,38 +527,45 @@ def _bundle(
     name = "-".join(key)
     path = config.out_dir / "bundles" / slug(name)
     final = dataclasses.replace(result.finding, repro=replay_command(path, op=small.op, impl=small.impl_ref))
-    write_bundle(
-        root=config.out_dir / "bundles",
-        name=name,
-        op=small.op,
-        spec=small.spec,
-        seed=small.seed,
-        impl=small.impl_ref,
-        device=config.device,
-        ulp=small.ulp,
-        rerun=small.rerun,
-        contract=small.contract,
-        finding=final,
-        inputs=case.generated_tensors(),
-        timeout=config.timeout,
-        extra={
-            "shrink": {
-                "attempts": result.attempts,
-                "accepted": result.accepted,
-                "seconds": round(result.seconds, 2),
-                "size": size,
-                "complete": result.complete,
-                "loop_oracle_agrees": verified,
+    with _uninterrupted():
+        write_bundle(
+            root=config.out_dir / "bundles",
+            name=name,
+            op=small.op,
+            spec=small.spec,
+            seed=small.seed,
+            impl=small.impl_ref,
+            device=config.device,
+            ulp=small.ulp,
+            rerun=small.rerun,
+            contract=small.contract,
+            finding=final,
+            inputs=case.generated_tensors(),
+            timeout=config.timeout,
+            extra={
+                "shrink": {
+                    "attempts": result.attempts,
+                    "accepted": result.accepted,
+                    "seconds": round(result.seconds, 2),
+                    "size": size,
+                    "complete": result.complete,
+                    "shrunk": shrunk,  # False: the case as found (not shrunk yet, or --shrink-budget 0)
+                    "stopped": result.stopped is not None,  # a stop ended the shrink: the smallest in hand
+                    "loop_oracle_agrees": verified,
+                },
+                "zero_blocks": dict(case.zero_blocks),
             },
-            "zero_blocks": dict(case.zero_blocks),
-        },
-    )
-    summary.bundles.append(
-        {
+        )
+        entry = {
             "bucket": list(key),
             "path": str(path),
             "replay": final.repro,
             "size": size,
             "shrink_seconds": round(result.seconds, 2),
         }
-    )
+        at = next((j for j, b in enumerate(summary.bundles) if b.get("bucket") == list(key)), None)
+        if at is None:
+            summary.bundles.append(entry)
+        else:  # the shrunk case replaces the one as found, in its place
+            summary.bundles[at] = entry
+    return entry

@@ -101,8 +101,9 @@ def run_mutants(
         if expected in summary.by_kind and shrink_budget > 0:
             summary.buckets = {key: v for key, v in summary.buckets.items() if key[0] == expected}
             shrink_and_bundle(dataclasses.replace(config, shrink_budget=shrink_budget), summary, runner)
-            if summary.bundles:
-                size = ", ".join(f"{k} {v}" for k, v in summary.bundles[0]["size"].items())
+            shrunk = [b for b in summary.bundles if b["bucket"][0] == expected]  # each bucket is bundled as found too
+            if shrunk:
+                size = ", ".join(f"{k} {v}" for k, v in shrunk[0]["size"].items())
         results.append(
             MutantResult(
                 op=entry.op,

@@ -5,9 +5,27 @@ proposes simpler specs (fewer requests, shorter contexts and queries, fewer
 blocks, smaller K, simpler values and layouts); the first proposal on which
 the same finding (kind, op, cause) still reproduces is kept and the search
 restarts from it, until no proposal helps or the time budget is spent. The
-seed is kept, so every step is deterministic. (Hypothesis's own shrinker works
-on its choice sequence; our fuzz cases come from a seeded drawer, so we shrink
-the spec directly, with the same strategy.)
+seed is kept, so every step is deterministic.
+
+Shrinking ends: a proposal is tried only when it is strictly smaller than the
+case in hand by ``shrink_key`` (generators/reduce.py), a well-founded order on
+specs (the sum of their sizes first, then how many options are off their
+simplest value). So no two proposals can undo each other (convert's topk_mode
+once went VALID, PADDED, VALID... for the whole budget), and even on a case
+that always fails the number of accepted steps is bounded.
+
+Why not Hypothesis's shrinker (the issue that asked for this order preferred
+it): it shrinks a choice sequence that Hypothesis itself drew, and it has no
+public way to start from a case it did not draw. A fuzz case comes from a
+seeded ``RandomDrawer`` in a worker, so we would have to re-draw it through
+``HypothesisDrawer`` from a recorded choice sequence and drive Hypothesis's
+internal engine (private API) with an evaluation that runs out of process,
+under a wall-clock budget, and must be stoppable with what it has in hand
+(see below). ``hypothesis.find`` searches from scratch instead of shrinking
+the case found. So we keep the per-op reducers, made terminating by the order.
+
+A stop (Ctrl-C, SIGTERM) while shrinking does not lose the case in hand: the
+result is returned with ``stopped`` set, and the caller writes it and stops.
 
 The budget holds: every attempt runs under the time left (a worker still busy
 when it runs out is replaced, its attempt dropped), and an attempt that could
@@ -22,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from mlafuzz.generators.reduce import shrink_key
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.drive.tasks import Task, TaskResult
 from mlafuzz.harness.drive.workers import Executor
@@ -64,6 +83,7 @@ class ShrinkResult:
     accepted: int
     seconds: float
     complete: bool  # no simpler proposal reproduces (False: the budget ended the search)
+    stopped: KeyboardInterrupt | None = None  # the stop that ended the search (the caller re-raises it)
 
 
 def shrink(
@@ -84,32 +104,39 @@ def shrink(
     best_task, best_finding = task, finding
     attempts = accepted = 0
     improved, complete = True, False
+    stopped: KeyboardInterrupt | None = None
     reduce = table.get(task.op).reduce
 
     def time_for_one() -> bool:
         return deadline - time.monotonic() > attempt_seconds
 
-    while improved and time_for_one():
-        improved = False
-        spec = table.decode(best_task.spec)
-        for candidate in reduce(spec):
-            if not time_for_one():
-                break
-            attempts += 1
-            trial = dataclasses.replace(best_task, spec=spec_to_dict(candidate))
-            result = evaluate(trial, deadline)
-            if result is None:  # out of time mid-attempt
-                break
-            match = next((f for f in result.findings if same_finding(f, finding)), None)
-            if match is not None:
-                best_task, best_finding, improved = trial, match, True
-                accepted += 1
-            if on_step is not None:
-                on_step(attempts, accepted, best_task.spec)
-            if improved:
-                break
-        else:
-            complete = not improved  # every proposal tried, none reproduced: a local minimum
+    try:
+        while improved and time_for_one():
+            improved = False
+            spec = table.decode(best_task.spec)
+            key = shrink_key(spec)
+            for candidate in reduce(spec):
+                if not shrink_key(candidate) < key:
+                    continue  # not smaller by the order: taking it could undo an earlier step
+                if not time_for_one():
+                    break
+                attempts += 1
+                trial = dataclasses.replace(best_task, spec=spec_to_dict(candidate))
+                result = evaluate(trial, deadline)
+                if result is None:  # out of time mid-attempt
+                    break
+                match = next((f for f in result.findings if same_finding(f, finding)), None)
+                if match is not None:
+                    best_task, best_finding, improved = trial, match, True
+                    accepted += 1
+                if on_step is not None:
+                    on_step(attempts, accepted, best_task.spec)
+                if improved:
+                    break
+            else:
+                complete = not improved  # every proposal tried, none reproduced: a local minimum
+    except KeyboardInterrupt as exc:  # keep what is in hand; the caller writes it, then stops
+        stopped, complete = exc, False
     return ShrinkResult(
         task=best_task,
         finding=best_finding,
@@ -117,4 +144,5 @@ def shrink(
         accepted=accepted,
         seconds=time.monotonic() - start,
         complete=complete,
+        stopped=stopped,
     )

@@ -14,33 +14,57 @@ Workers end with their parent: a parent-death signal (Linux) and a watchdog
 on the parent's pid, so a ``kill -9`` of the run leaves no worker holding the
 GPU. They ignore SIGINT and SIGTERM (the parent handles both and shuts them
 down), and a lost pipe ends them quietly.
+
+A worker that dies before it is ready says why: it sends its start-up error
+(or a plain SystemExit) over its pipe, and what it wrote to stderr while
+starting goes to a small file the parent reads back; either names the cause in
+the one-line WorkerStartError (a pipe error in start-up is no longer taken for
+"the parent went away": that swallowed every OSError, and a worker so ended
+exited with status 0 and said nothing).
+
+A case's time limit runs from the moment its worker starts it, after the
+worker's one-time costs: its warm-up (imports, the word pool) before it is
+ready, and the loading of each implementation before its first case with it
+(timed apart, under LOAD_SECONDS). A short --timeout is not spent on them.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import importlib
 import multiprocessing as mp
 import os
 import signal
+import sys
+import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
 
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.tasks import AFTER_CALL, HARNESS_ERROR, Task, TaskResult, execute
 from mlafuzz.harness.memory.share import GpuShare
+from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.reports.findings import Kind
 
 DEFAULT_TABLE = "mlafuzz.harness.ops.table:OPS"
 QUEUE_DEPTH = 3  # tasks a worker holds: it starts the next case as soon as one is done
 MAX_START_FAILURES = 3
-IDLE, VALID, CONTRACT = 0, 1, 2  # the part of a task a worker is in (shared with the parent)
+IDLE, VALID, CONTRACT, LOADING = 0, 1, 2, 3  # the part of a task a worker is in (shared with the parent)
+# How long a worker may take to load an implementation (import it, check its signature) before its
+# first case with it; the case's own --timeout starts after. An import of vLLM or Triton takes
+# seconds, and charged to the first case of every fresh worker under a short --timeout it made a
+# TIMEOUT, whose restart made the next one, and so on.
+LOAD_SECONDS = 120.0
 PHASES = {"valid": VALID}
+START_LOG_LINES = 3  # lines of a dead worker's start-up stderr its WorkerStartError quotes
 
 
 class Executor(Protocol):
@@ -52,6 +76,13 @@ class Executor(Protocol):
     def restarts(self) -> int: ...  # worker processes replaced so far (a crash, a hang, a broken context)
     def cancel(self) -> None: ...  # drop every task in flight, their results never come
     def close(self) -> None: ...
+
+
+def drop_queued(executor: Executor) -> list[Task]:
+    """Take back the tasks ``executor`` holds that have not started (their results never come);
+    the ones running go on. An executor without a queue of its own has none to give back."""
+    drop = getattr(executor, "drop_queued", None)
+    return drop() if drop is not None else []
 
 
 class WorkerStartError(RuntimeError):
@@ -153,22 +184,83 @@ def _no_core_files() -> None:
 
 
 def _worker_main(
-    conn: Connection, state: Any, device: str, redzone: bool, threads: int, table_ref: str, parent: int
+    conn: Connection,
+    state: Any,
+    device: str,
+    redzone: bool,
+    threads: int,
+    table_ref: str,
+    parent: int,
+    log: str | None = None,
 ) -> None:
     _die_with_parent(parent)
     _no_core_files()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and CI's SIGTERM are the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        _serve(conn, state, device, redzone, threads, table_ref)
+        with _start_log(log) if log is not None else contextlib.nullcontext():
+            serve = _prepare(state, device, redzone, threads, table_ref)
+    except BaseException as exc:  # SystemExit too: an import that exits must not pass for "ready"
+        _report_start_failure(conn, exc)
+        os._exit(1)
+    try:
+        conn.send(("ready", None))
+        serve(conn)
     except (EOFError, OSError, BrokenPipeError, ConnectionResetError):
         pass  # the parent went away: nothing to report to, nothing to print
     os._exit(0)
 
 
-def _serve(conn: Connection, state: Any, device: str, redzone: bool, threads: int, table_ref: str) -> None:
+@contextlib.contextmanager
+def _start_log(path: str) -> Iterator[None]:
+    """Send this process's stderr (fd 2: C libraries, the CUDA driver, Python warnings alike) to
+    ``path`` while it starts, then replay it to the real stderr: the parent reads the file back
+    only when the worker dies before it is ready, to say why."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+    try:  # started: what it said goes where it always went
+        text = Path(path).read_text(errors="replace")
+        os.unlink(path)
+    except OSError:
+        text = ""
+    if text:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
+def _report_start_failure(conn: Connection, exc: BaseException) -> None:
+    """Print the start-up error and send it, as one line, to the parent (best effort both)."""
+    if isinstance(exc, SystemExit):
+        line = f"it called sys.exit({exc.code!r}) while starting"
+    else:
+        text = str(exc).strip().splitlines()
+        line = f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+        frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ is not None else []
+        if frame:
+            line += f" (at {frame[0].filename}:{frame[0].lineno})"
+    traceback.print_exception(exc)
+    sys.stderr.flush()
+    try:
+        conn.send(("failed", line))
+    except Exception:  # noqa: BLE001 - the parent then reads the start-up log instead
+        pass
+
+
+def _prepare(state: Any, device: str, redzone: bool, threads: int, table_ref: str) -> Callable[[Connection], None]:
+    """Everything a worker does once before it is ready; returns its serving loop."""
     # TRITON_INTERPRET was decided by the parent's entry point and is inherited: nothing to set here.
     import torch
+
+    from mlafuzz.generators.rng.pool import word_pool
 
     # Share the cores: N workers each running torch's default one-thread-per-core CPU ops
     # (case generation, host-side oracle work) oversubscribe the machine N times over.
@@ -183,16 +275,35 @@ def _serve(conn: Connection, state: Any, device: str, redzone: bool, threads: in
     session = Session(table=table_from_ref(table_ref), redzone=rz)
     # Huge cases take turns on a GPU; under the red-zone allocator there is no cache to trim.
     share = GpuShare(device, caching=rz is None) if device.startswith("cuda") else None
+    # Every case reads the word pool: built here, its cost is start-up's, not the first case's
+    # (on a loaded machine it alone could run past a short --timeout).
+    word_pool(device)
+
+    def serve(conn: Connection) -> None:
+        _serve(conn, state, device, session, share)
+
+    return serve
+
+
+def _serve(conn: Connection, state: Any, device: str, session: Session, share: GpuShare | None) -> None:
     held: frozenset[tuple[str, str, str]] = frozenset()
     queue: collections.deque[Task] = collections.deque()
+
+    loaded: set[tuple[str, str]] = set()
 
     def phase(part: str) -> None:
         state[1] = PHASES.get(part, CONTRACT)
 
-    conn.send(("ready", None))
+    def publish(index: int, part: int) -> None:
+        # The start time first, the part last: the parent reads "running since" only once the
+        # part says a task runs, so it never pairs this task with the last one's start.
+        state[2] = time.monotonic()
+        state[0] = float(index)
+        state[1] = part
+
     while True:
-        # Read everything the parent sent, so a quarantine that arrived behind queued tasks
-        # applies to them; block only when there is nothing to run.
+        # Read everything the parent sent, so a quarantine or a drop that arrived behind queued
+        # tasks applies to them; block only when there is nothing to run.
         while conn.poll() or not queue:
             message = conn.recv()
             if message is None:
@@ -202,8 +313,16 @@ def _serve(conn: Connection, state: Any, device: str, redzone: bool, threads: in
                 queue.append(payload)
             elif tag == "quarantine":
                 held = payload
+            elif tag == "drop":
+                queue = collections.deque(t for t in queue if t.index not in payload)
+        if not queue:
+            continue
         task = strip_quarantined(queue.popleft(), held)
-        state[0], state[1], state[2] = float(task.index), VALID, time.monotonic()
+        if (task.op, task.impl_ref) not in loaded:
+            loaded.add((task.op, task.impl_ref))
+            publish(task.index, LOADING)
+            _load(session, task)
+        publish(task.index, VALID)
         result = execute(task, session, on_phase=phase, hold=share.case if share is not None else None)
         broken = _cuda_broken(device) if device.startswith("cuda") else None
         if broken is not None:
@@ -216,6 +335,16 @@ def _serve(conn: Connection, state: Any, device: str, redzone: bool, threads: in
             # would fail here. Exit; the pool replaces this worker with a fresh process.
             conn.close()
             os._exit(3)
+
+
+def _load(session: Session, task: Task) -> None:
+    """Load ``task``'s implementation ahead of its first case (the session keeps it); a failure is
+    left for the case to meet and report as it always does."""
+    try:
+        entry = session.entry(task.op, task.impl_ref, rejects=task.rejects)
+        session.load(entry, task.device, revision=entry.judged_under(task.revision or NEWEST_REVISION))
+    except Exception:  # noqa: BLE001, S110 - execute() raises it again and makes it a finding
+        pass
 
 
 def _cuda_broken(device: str) -> str | None:
@@ -275,8 +404,28 @@ class _Worker:
     process: mp.process.BaseProcess
     conn: Connection
     state: Any  # shared doubles: [task index, part (IDLE/VALID/CONTRACT), monotonic start]
+    log: str  # where it writes its stderr while it starts (see _start_log)
     ready: bool = False
+    failed: str | None = None  # the start-up error it sent, one line
     queue: collections.deque[Task] = field(default_factory=collections.deque)  # sent, no result yet
+
+    def start_error(self) -> str:
+        """Why it died before it was ready: the error it sent, else the last lines of its
+        start-up stderr, else its exit status alone."""
+        status = _death_message(self.process.exitcode)
+        if self.failed:
+            return f"{status}: {self.failed}"
+        try:
+            lines = [ln.strip() for ln in Path(self.log).read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            lines = []
+        if lines:
+            return f"{status}; its stderr ended: {' | '.join(lines[-START_LOG_LINES:])[:400]}"
+        return f"{status}, having printed nothing"
+
+    def forget_log(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.log)
 
     def running(self) -> Task | None:
         """The task the worker is in now, as it published it (None: between tasks)."""
@@ -311,21 +460,36 @@ class WorkerPool:
         self._held: frozenset[tuple[str, str, str]] = frozenset()
         self._orphans: collections.deque[Task] = collections.deque()  # queued on a worker that died
         self._restarts = 0
+        if redzone and any(d.startswith("cuda") for d in devices):
+            # Built here, once, before any worker starts: N workers starting on a cold cache each
+            # compiled it at once, into one shared temporary file (memory/redzone.py), and the
+            # losers of that race died at start-up.
+            from mlafuzz.harness.memory import redzone as rzmod
+
+            try:
+                rzmod.build()
+            except Exception as exc:  # noqa: BLE001 - nvcc missing or failing: one line, exit 2
+                text = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines()
+                raise WorkerStartError(
+                    f"--redzone: cannot build the red-zone allocator: {type(exc).__name__}: {text[-1] if text else ''}"
+                ) from None
         self._workers = [self._start(d) for d in devices]
 
     def _start(self, device: str) -> _Worker:
         parent, child = self._ctx.Pipe()
         state = self._ctx.RawArray("d", 3)
         threads = max(1, (os.cpu_count() or 1) // max(1, self._size))
+        fd, log = tempfile.mkstemp(prefix="mlafuzz-worker-", suffix=".log")
+        os.close(fd)
         proc = self._ctx.Process(
             target=_worker_main,
-            args=(child, state, device, self._redzone, threads, self._table_ref, os.getpid()),
+            args=(child, state, device, self._redzone, threads, self._table_ref, os.getpid(), log),
             daemon=True,
             name=f"mlafuzz-{device}",
         )
         proc.start()
         child.close()
-        worker = _Worker(device=device, process=proc, conn=parent, state=state)
+        worker = _Worker(device=device, process=proc, conn=parent, state=state, log=log)
         if self._held:
             self._send(worker, ("quarantine", self._held))
         return worker
@@ -358,6 +522,20 @@ class WorkerPool:
         for w in self._workers:
             self._send(w, ("quarantine", classes))
 
+    def drop_queued(self) -> list[Task]:
+        """Take back every task no worker has started (the orphans too); the running ones go on.
+        A task a worker starts just as it is taken back runs, and its result is ignored."""
+        dropped = list(self._orphans)
+        self._orphans.clear()
+        for worker in self._workers:
+            running = worker.running()
+            queued = [t for t in worker.queue if t is not running]
+            if queued:
+                worker.queue = collections.deque(t for t in worker.queue if t is running)
+                self._send(worker, ("drop", frozenset(t.index for t in queued)))
+                dropped += queued
+        return dropped
+
     def cancel(self) -> None:
         """Drop every task in flight: a worker holding one is replaced (a shrink out of time must
         not wait for a case that hangs)."""
@@ -373,6 +551,7 @@ class WorkerPool:
             worker.process.kill()
         worker.process.join(timeout=5)
         worker.conn.close()
+        worker.forget_log()
         self._orphans.extend(t for t in worker.queue if t is not lost)
         self._workers[self._workers.index(worker)] = self._start(worker.device)
         self._restarts += 1
@@ -387,6 +566,9 @@ class WorkerPool:
         if part == CONTRACT and task.contract:
             cause = f"contract:{task.contract}:{kind.value.lower()}"
             message = f"{message} (in its error input {task.contract})"
+        elif part == LOADING:
+            cause = f"load:{kind.value.lower()}"
+            message = f"{message} (loading the implementation, before the case)"
         else:
             cause = kind.value.lower()
         finding = resolved.context().finding(
@@ -412,6 +594,8 @@ class WorkerPool:
                 if tag == "ready":
                     worker.ready = True
                     self._start_failures = 0
+                elif tag == "failed":
+                    worker.failed = payload
                 elif tag == "result":
                     index, wire, retire = payload
                     task = next((t for t in worker.queue if t.index == index), None)
@@ -458,23 +642,25 @@ class WorkerPool:
             if not worker.ready:
                 self._start_failures += 1
                 if self._start_failures >= MAX_START_FAILURES:
+                    why = worker.start_error()
+                    worker.forget_log()
                     raise WorkerStartError(
                         f"worker processes on {worker.device} die before they are ready "
-                        f"({_death_message(worker.process.exitcode)}, {self._start_failures} times); "
-                        "their error is printed above; --in-process shows it directly"
+                        f"({self._start_failures} times; the last: {why}); --in-process shows it directly"
                     )
             self._replace(worker)  # died while idle or starting: bring up another
         now = time.monotonic()
         for worker in list(self._workers):
-            running = worker.running()
-            if running is not None and now - worker.state[2] > self._timeout:
+            running, part = worker.running(), int(worker.state[1])
+            limit = max(self._timeout, LOAD_SECONDS) if part == LOADING else self._timeout
+            if running is not None and now - worker.state[2] > limit:
                 out.append(
                     self._lost(
                         worker,
                         running,
-                        int(worker.state[1]),
+                        part,
                         Kind.TIMEOUT,
-                        f"no result after {self._timeout:.0f} s on {worker.device}; worker killed",
+                        f"no result after {limit:.0f} s on {worker.device}; worker killed",
                         worker.state[2],
                     )
                 )
@@ -485,11 +671,14 @@ class WorkerPool:
             self._send(w, None)
         deadline = time.monotonic() + 3
         for w in self._workers:
+            if not w.ready:  # still starting (a replacement): it holds no work and reads no message yet
+                w.process.kill()
             w.process.join(timeout=max(0.0, deadline - time.monotonic()))
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join(timeout=2)
             w.conn.close()
+            w.forget_log()
         self._workers = []
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -32,8 +33,6 @@ class Violation:
 
 
 def cache_dir() -> Path:
-    import os
-
     return Path(os.environ.get("MLAFUZZ_CACHE", Path.home() / ".cache" / "mlafuzz"))
 
 
@@ -46,7 +45,9 @@ def build(*, nvcc: str | None = None) -> Path:
     out = cache_dir() / f"redzone-{digest}" / "libmlafuzz_redzone.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp.so")
+        # A temporary name of this process's own: builds running at once (the workers of a run,
+        # or runs side by side) must not write, rename or load one another's half-written file.
+        tmp = out.with_suffix(f".{os.getpid()}.tmp.so")
         subprocess.run(
             [nvcc, "-O2", "-shared", "-Xcompiler", "-fPIC", "-o", str(tmp), str(SOURCE), "-lcudart"],
             check=True,

@@ -55,7 +55,7 @@ def test_plugin_adds_nothing_without_a_budget(pytester):
     result.assert_outcomes()  # collect-only: nothing ran, and nothing failed to collect
 
 
-def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_rerun_command_under_xdist(pytester):
+def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_bundle_replay_under_xdist(pytester):
     result = pytester.runpytest_subprocess(
         *_plugin_args(),
         "-n",
@@ -79,13 +79,8 @@ def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_rerun_comma
     assert "PASSED mlafuzz::gather[torch]" in out
     assert "FAILED mlafuzz::gather[gather_from_zero.py:gather]" in out
     assert "VALUE_MISMATCH cause=dst:value" in out and "Mismatched elements" in out
-    # No bundles (shrinking off): the replay is a re-run of this worker's shard of the case space.
-    result.stdout.fnmatch_lines(
-        [
-            "*replay: mlafuzz fuzz --op gather --impl gather=*gather_from_zero.py:gather"
-            " --device cpu --seed 7 --cases * --shard [01]/2 --out *"
-        ]
-    )
+    # Shrinking off still bundles each bucket as found: the replay is that bundle's.
+    result.stdout.fnmatch_lines(["*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-gw[01]/bundles/*"])
     dirs = sorted(p.name for p in (pytester.path / "out").iterdir())
     assert len(dirs) == 2 and all(d.rsplit("-", 1)[1] in ("gw0", "gw1") for d in dirs)
     assert all((pytester.path / "out" / d / "summary.json").is_file() for d in dirs)

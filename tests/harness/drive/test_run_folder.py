@@ -93,7 +93,10 @@ def test_overwrite_replaces_the_earlier_run_so_lines_and_summary_agree(tmp_path)
     assert _fuzz(tmp_path, "--overwrite", cases=4, seed=1) == 1
     summary = _summary(tmp_path)
     assert summary["cases"] == 4 and len(_lines(tmp_path)) == summary["findings"]
-    assert not (tmp_path / "bundles").exists()  # the earlier run's bundles went with it
+    assert not (tmp_path / "bundles" / "old").exists()  # the earlier run's bundles went with it
+    assert sorted(p.name for p in (tmp_path / "bundles").iterdir()) == sorted(
+        Path(b["path"]).name for b in summary["bundles"]
+    )  # this run's own, each bucket bundled as found (--shrink-budget 0)
     assert (tmp_path / "notes.txt").read_text() == "the user's own file"  # nothing else did
 
 

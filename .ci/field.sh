@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# What a user's run gets on a GPU runner, measured as issue 29 asks (the device tool, one call):
+#   bash .ci/field.sh STAGE...     stages: cold warm ops lookalike bench basebench surfaces knee redzone
+# cold: every cache removed (listed in the log), then the README's main job as printed
+#   (bash .ci/setup && .venv/bin/mlafuzz fuzz --budget 60): its "first case done" line and case count.
+# warm: the same command again. ops: each op with default flags. lookalike: the constexpr-specializing
+# Triton convert (tests/support/planted/vllm_like_convert.py) beside ours. bench/basebench: bench --fuzz
+# of this tree and of BASELINE (a `git archive` tarball), one machine. Logs go to $OUT/field.log.
+set -u
+OUT=${OUT:-/tmp/mlafuzz-field}; W=${W:-/tmp/mlafuzz-field-work}; mkdir -p "$OUT" "$W"
+export PYTHONUNBUFFERED=1
+M=.venv/bin/mlafuzz
+L=tests/support/planted/vllm_like_convert.py
+CACHES="$HOME/.triton/cache $HOME/.cache/mlafuzz $HOME/.cache/torch_extensions $HOME/.nv/ComputeCache ${TRITON_CACHE_DIR:-} ${MLAFUZZ_CACHE:-} ${TORCH_EXTENSIONS_DIR:-} .venv"
+LOG="$OUT/field.log"
+say() { echo "== $* ($(date +%T))" | tee -a "$LOG"; }
+run() {  # run NAME LIMIT CMD...: the command's stderr+stdout to $W/NAME.log, its last lines to the log
+  local name=$1 limit=$2; shift 2
+  local t0=$EPOCHREALTIME
+  timeout "$limit" "$@" >"$W/$name.log" 2>&1
+  local rc=$?
+  printf '%s rc=%s %.1fs\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{print b-a}')" >>"$LOG"
+  grep -E "first case|workers on|summary|cases|seed|finding|OOB|ACCEPTED|busy|error|Error|built|build" "$W/$name.log" \
+    | grep -v "^\s*$" | tail -n "${TAIL:-8}" | sed 's/^/    /' >>"$LOG"
+}
+pack() { wait; tar czf "$OUT/field-logs.tgz" -C "$W" . 2>/dev/null; }
+trap pack EXIT
+for s in "$@"; do
+  case "$s" in
+    cold)
+      say "cold: removing $CACHES"; rm -rf $CACHES
+      run setup 300 bash .ci/setup
+      run cold 150 $M fuzz --budget 60 ;;
+    warm) run warm 150 $M fuzz --budget 60 ;;
+    ops) for op in convert gather writer; do run "op-$op" 90 $M fuzz --op "$op" --budget 20 --out "$W/op-$op"; done ;;
+    lookalike)
+      run ours-convert 90 $M fuzz --op convert --budget 30 --out "$W/oc"
+      run lookalike 120 $M fuzz --op convert --impl "convert=$L:convert" --budget 30 --out "$W/vl" ;;
+    bench) TAIL=8 run bench 300 $M bench --fuzz --seconds "${BENCH_SECONDS:-15}" --workers 8 ;;
+    basebench)
+      mkdir -p "$W/base" && tar xf "${BASELINE:?BASELINE=FILE.tar}" -C "$W/base"
+      run base_install 180 .venv/bin/python -m pip install -q --no-deps --no-build-isolation --target "$W/basepkg" "$W/base"
+      TAIL=8 run basebench 300 env PYTHONPATH="$W/basepkg" .venv/bin/python -m mlafuzz.harness.cli bench --fuzz \
+        --seconds "${BENCH_SECONDS:-15}" --workers 8 ;;
+    surfaces)
+      for op in plan dcp dcp_peer; do run "surf-$op" 60 $M fuzz --op "$op" --budget 15 --out "$W/s-$op"; done
+      run surf-step-2026-10 90 $M fuzz --op step --revision 2026-10 --budget 20 --out "$W/s-step" ;;
+    knee) for n in 4 8 12 15; do run "knee-$n" 60 $M fuzz --op gather --workers "$n" --budget 15 --shrink-budget 0 --out "$W/k$n"; done ;;
+    redzone)
+      run redzone 150 $M fuzz --op convert --impl "convert=$L:convert_prefix_bug" --redzone --workers 8 --budget 30 \
+        --shrink-budget 0 --out "$W/rz" ;;
+    mutants) TAIL=40 run mutants "${MUTANT_LIMIT:-400}" $M mutants --device cuda --budget-per-mutant 10 --shrink-budget 3 --out "$W/mutants" ;;
+    gputests) TAIL=12 run gputests "${TESTS_LIMIT:-400}" .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider -n 8 tests ;;
+    *) echo "unknown stage $s" >>"$LOG" ;;
+  esac
+done
+cat "$LOG"
