@@ -88,7 +88,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         rejects=DCP_REJECTS,
         requires=("triton",),
         capabilities=frozenset(),
-        description="our Triton convert kernel with DCP rank filtering (SPEC 9.4)",
+        description="our Triton convert kernel with DCP rank filtering",
     ),
     _entry(
         op="dcp",
@@ -108,7 +108,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         devices=("cpu", "cuda"),
         rejects=DCP_PEER_REJECTS,
         capabilities=frozenset({"caller_out"}),
-        description="torch DCP peer-slot map (SPEC 9.4), caller-owned outputs",
+        description="torch DCP peer-slot map, caller-owned outputs",
     ),
     _entry(
         op="gather",

@@ -134,6 +134,6 @@ def _entry(name: str, description: str) -> ImplEntry:
 
 
 PLAN_ENTRIES: tuple[ImplEntry, ...] = (
-    _entry("ours", "our packing chunk planner (pure Python, written from SPEC 9.1)"),
-    _entry("python", "our packing chunk planner (pure Python, written from SPEC 9.1); the same as ours"),
+    _entry("ours", "our packing chunk planner (pure Python, written from docs/contract.md's plan)"),
+    _entry("python", "our packing chunk planner (pure Python, written from docs/contract.md's plan); the same as ours"),
 )

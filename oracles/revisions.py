@@ -128,7 +128,7 @@ def _table() -> RevisionTable:
     r07 = _row(
         None,
         name="2026-07",
-        change="vLLM PR #48642 (fp8_ds_mla dense prefill, seq_starts): SPEC sections 1-6 as written",
+        change="vLLM PR #48642 (fp8_ds_mla dense prefill, seq_starts): docs/contract.md's op sections as written",
         source="csrc/libtorch_stable/cache_kernels.cu @ 00eb0c874eb5",
         rules={"writer_scale": "flt_min", "context_chunks": "equal_width"},
     )

@@ -130,7 +130,7 @@ class StepSpec:
                 "StepSpec",
                 "workspace_rows",
                 self.workspace_rows,
-                f"is below the DCP chunk alignment lcm(block_size, D*I)={align} (SPEC 9.1)",
+                f"is below the DCP chunk alignment lcm(block_size, D*I)={align} (docs/contract.md, step)",
             )
         self._check_order()
         self._check_metadata()

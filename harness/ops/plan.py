@@ -145,8 +145,8 @@ def _first_difference(got: list[tuple], want: list[tuple]) -> str:
     for i, (a, b) in enumerate(zip(got, want)):
         if a != b:
             show = lambda c: dict(zip(FIELDS, (c[0], c[1], list(c[2]), list(c[3]), c[4])))  # noqa: E731
-            return f"chunk {i} is {show(a)}, SPEC 9.1's rule gives {show(b)}"
-    return f"{len(got)} chunks, SPEC 9.1's rule gives {len(want)}"
+            return f"chunk {i} is {show(a)}, the rule (docs/contract.md, plan) gives {show(b)}"
+    return f"{len(got)} chunks, the rule (docs/contract.md, plan) gives {len(want)}"
 
 
 def review_plan(case: Case, call: Any, findings: list[Finding], ctx: Any) -> list[Finding]:
@@ -167,7 +167,7 @@ def review_plan(case: Case, call: Any, findings: list[Finding], ctx: Any) -> lis
                     kind=Kind.METADATA_MISMATCH,
                     cause=f"plan:{n}",
                     mismatches=(),
-                    message=f"plan invariant {n} broken (SPEC 9.1): {w}",
+                    message=f"plan invariant {n} broken (docs/contract.md, plan): {w}",
                 )
                 for n, w in why
             ]
