@@ -174,9 +174,10 @@ def _at_call(fn: Callable) -> Callable:
 # --- a folder of bundles: a regression suite, a fuzz run's corpus -------------------------------
 
 
-def bundle_dirs(path: Path) -> list[Path]:
+def bundle_dirs(path: Path, *, empty_ok: bool = False) -> list[Path]:
     """The bundles ``path`` names: itself (a bundle), a run folder's bundles/, or the bundle folders
-    in it; BundleError when there are none."""
+    in it; BundleError when there are none, unless ``empty_ok`` and ``path`` is a folder (a corpus
+    after a clean night: a run folder without bundles/, or an empty one)."""
     path = Path(path)
     if (path / "case.json").is_file():
         return [path]
@@ -185,7 +186,7 @@ def bundle_dirs(path: Path) -> list[Path]:
     inner = path / "bundles"
     where = inner if inner.is_dir() and not (path / "case.json").exists() else path
     found = sorted(p for p in where.iterdir() if p.is_dir() and (p / "case.json").is_file())
-    if not found:
+    if not found and not empty_ok:
         raise BundleError(f"{str(path)!r} holds no repro bundle (a folder with case.json)")
     return found
 
@@ -211,7 +212,7 @@ def corpus_tasks(
     tasks: list[Task] = []
     notes: list[str] = []
     index, count = shard
-    for d in bundle_dirs(path)[index::count]:
+    for d in bundle_dirs(path, empty_ok=True)[index::count]:
         try:
             b = read_bundle(d)
         except BundleError as exc:

@@ -65,6 +65,33 @@ def test_a_nightly_job_can_replay_its_own_last_run_folder_into_itself(found, tmp
     assert len(list((out / "bundles").iterdir())) == 1
 
 
+def test_a_corpus_folder_without_bundles_a_clean_night_runs_nothing_first_and_fuzzes(tmp_path, capsys):
+    clean = tmp_path / "merged"  # merge of a clean night: a run folder with no bundles/
+    clean.mkdir()
+    out = tmp_path / "run"
+    assert main([*GATHER, "--impl", "gather=torch", "--cases", "2", "--out", str(out), "--corpus", str(clean)]) == 0
+    assert "replaying 0 corpus bundles from" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["cases"] == 2
+    # A corpus that is not there at all is a mistake (a typo in the path): one line, exit 2.
+    assert (
+        main(
+            [
+                *GATHER,
+                "--impl",
+                "gather=torch",
+                "--cases",
+                "2",
+                "--out",
+                str(out),
+                "--overwrite",
+                "--corpus",
+                str(tmp_path / "nope"),
+            ]
+        )
+        == 2
+    )
+
+
 def test_max_findings_stops_the_run_after_n_failing_buckets(tmp_path, capsys):
     out = tmp_path / "run"
     args = [*GATHER, "--impl", BUGGY, "--cases", "200", "--out", str(out), "--shrink-budget", "0", "--quiet"]
