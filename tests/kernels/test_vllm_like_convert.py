@@ -46,8 +46,13 @@ def test_the_vllm_like_convert_with_the_length_check_draws_no_finding(tmp_path):
 
 def test_the_vllm_like_launch_before_pr_48642_is_caught_accepting_a_longer_req_id(tmp_path):
     # Case 1 is the run's first error input, length_mismatch (fuzz.py's rotation); case 2 would
-    # run in a worker whose heap that input's write past ``out`` may have broken.
+    # run in a worker whose heap that input's write past ``out`` may have broken. Under the CPU
+    # interpreter that write lands in the worker's own heap: it either runs on (the input was
+    # accepted) or takes the worker down first (a crash charged to the same input class).
     rc, found = _fuzz(tmp_path, "convert_prefix_bug", 2)
     errors = [(f["kind"], f["cause"]) for f in found if f["severity"] == "error"]
     assert rc == 1
-    assert errors == [("ACCEPTED_INVALID_INPUT", "contract:length_mismatch")]
+    assert errors in (
+        [("ACCEPTED_INVALID_INPUT", "contract:length_mismatch")],
+        [("CRASH", "contract:length_mismatch:crash")],
+    ), errors
