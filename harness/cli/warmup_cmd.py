@@ -68,8 +68,9 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     w.add_argument(
         "--seed",
         type=nonneg_int,
-        default=0,
-        help="the run seed the fuzz run will use: its deployments' kernel variants are compiled (default 0)",
+        default=None,
+        help="the run seed the fuzz run will use: its deployments' kernel variants are compiled (default"
+        " $MLAFUZZ_SEED, as fuzz reads it, else 0)",
     )
     w.add_argument("--workers", type=positive_int, default=None, help="worker processes (default: as fuzz)")
     w.add_argument("--quiet", action="store_true", help="only the NAME=PATH lines")
@@ -92,6 +93,13 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"mlafuzz warmup: {line}", file=sys.stderr, flush=True)
 
+    if args.seed is None:  # the seed a fuzz run in this job will take ($MLAFUZZ_SEED), else 0
+        import os
+
+        from mlafuzz.harness.cli.fuzz_choices import SEED_ENV
+
+        text = os.environ.get(SEED_ENV, "").strip()
+        args.seed = nonneg_int(text) if text.isdigit() else 0
     device = args.device
     table = table_from_ref(DEFAULT_TABLE)
     ops = list(dict.fromkeys(args.op or table.names))

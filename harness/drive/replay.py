@@ -24,6 +24,7 @@ import collections
 import dataclasses
 import functools
 import pdb
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ def replay(
         raise ImplError(
             f"replay: {bundle.path} names an external implementation, {bundle.op}={bundle.impl}, and "
             f"replay imports no code on a bundle's word: name it yourself (--impl "
-            f"{bundle.op}={bundle.impl}) or pass --trust-bundle"
+            f"{shlex.quote(f'{bundle.op}={bundle.impl}')}) or pass --trust-bundle"
         )
     if device is None:
         device = "cuda" if bundle.device.startswith("cuda") and torch.cuda.is_available() else "cpu"
