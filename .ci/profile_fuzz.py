@@ -1,0 +1,61 @@
+"""Device diagnostics: where a default fuzz run's case time goes, per op, in one process.
+Runs the same tasks a `mlafuzz fuzz` run draws (default knobs, our implementations) through
+``execute`` here, times each op's steady state and prints cProfile's hot spots.
+Run on the GPU:  python .ci/profile_fuzz.py [--cases N] [OP ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+from mlafuzz.generators.draw import Knobs
+from mlafuzz.harness.check.session import Session
+from mlafuzz.harness.drive.fuzz import FuzzConfig
+from mlafuzz.harness.drive.tasks import execute
+from mlafuzz.harness.ops.table import OPS
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("ops", nargs="*")
+    p.add_argument("--cases", type=int, default=200)
+    p.add_argument("--top", type=int, default=25)
+    a = p.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    session = Session(table=OPS)
+    ops = a.ops or list(OPS.names)
+    for op in ops:
+        cfg = FuzzConfig(
+            ops=(op,), impls={op: session.default_ref(op, device)}, device=device, cases=a.cases, knobs=Knobs()
+        )
+        for i in range(20):  # warm: compiles, pools
+            execute(cfg.task(i), session)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(20, 20 + a.cases):
+            execute(cfg.task(i), session)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        print(f"=== {op}: {a.cases / dt:.0f} cases/s in one process ({1e3 * dt / a.cases:.2f} ms/case)", flush=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(1000, 1000 + a.cases):
+            execute(cfg.task(i), session)
+        prof.disable()
+        s = io.StringIO()
+        st = pstats.Stats(prof, stream=s)
+        st.sort_stats("cumulative").print_stats(a.top)
+        st.sort_stats("tottime").print_stats(a.top)
+        print(s.getvalue().replace("/opt/torch/.venv/lib/python3.11/site-packages/", ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
