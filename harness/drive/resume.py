@@ -99,20 +99,23 @@ def load_resume(out_dir: Path, run: Mapping[str, Any]) -> Resume:
             f"mlafuzz); use --overwrite to start afresh"
         )
     mine = _normal(dict(run))
-    if "shares" not in before:  # made before ops had shares: every op took one case per round
+    old = "shares" not in before  # made before ops had shares: every op took one case per round
+    if old:
         before = {**before, "shares": dict.fromkeys(before.get("ops") or (), 1)}
-        if _normal(before["shares"]) != mine.get("shares"):
+    for key in CASE_KEYS:  # "shares" last: a run with other options is told those first
+        if _normal(before.get(key)) == mine.get(key):
+            continue
+        if key == "shares":
+            made = "an older mlafuzz, which gave each op the same number of cases" if old else "another mlafuzz"
             raise ResumeError(
-                f"--resume: {out_dir} was made by an older mlafuzz, which gave each op the same number "
-                f"of cases; this one gives them shares of the run's time ({_shares(mine.get('shares'))}): "
-                f"resume it with that mlafuzz, or use --overwrite or another --out"
+                f"--resume: {out_dir} was made by {made}; this one gives the ops shares of the run's time "
+                f"({_shares(mine.get(key))}, not {_shares(before.get(key))}): resume it with that mlafuzz, "
+                f"or use --overwrite or another --out"
             )
-    for key in CASE_KEYS:
-        if _normal(before.get(key)) != mine.get(key):
-            raise ResumeError(
-                f"--resume: {out_dir} holds another run: its {key} is {before.get(key)!r}, this one's "
-                f"{mine.get(key)!r}; resume with the same options, or use --overwrite or another --out"
-            )
+        raise ResumeError(
+            f"--resume: {out_dir} holds another run: its {key} is {before.get(key)!r}, this one's "
+            f"{mine.get(key)!r}; resume with the same options, or use --overwrite or another --out"
+        )
     findings_path = out_dir / FINDINGS_FILE
     try:
         findings = tuple(read_findings(findings_path)) if findings_path.is_file() else ()

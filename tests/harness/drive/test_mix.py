@@ -143,6 +143,18 @@ def test_a_run_from_before_shares_resumes_where_its_mix_is_unchanged_and_is_refu
     assert "older mlafuzz" in message and "convert 3, writer 4" in message and "\n" not in message
     equal = _config(ops, out_dir=mixed.out_dir, shares=dict.fromkeys(ops, 2))
     assert load_resume(equal.out_dir, equal.run_json()).next_case == 3
+    with pytest.raises(ResumeError, match="its ops is"):  # another run is told as such, shares or not
+        load_resume(mixed.out_dir, _config(("convert", "gather")).run_json())
+
+
+def test_a_run_resumed_by_an_mlafuzz_with_other_shares_is_refused_saying_so(tmp_path):
+    ops = ("convert", "writer")
+    made = _config(ops, out_dir=tmp_path, shares={"convert": 1, "writer": 2})
+    fuzz_dir = made.out_dir
+    (fuzz_dir / "run.json").write_text(json.dumps(made.run_json()))
+    (fuzz_dir / "summary.json").write_text(json.dumps({"cases": 3, "next_case": 3}))
+    with pytest.raises(ResumeError, match=r"another mlafuzz; .*\(convert 3, writer 4, not convert 1, writer 2\)"):
+        load_resume(fuzz_dir, _config(ops, out_dir=tmp_path).run_json())
 
 
 def test_a_share_that_is_not_a_whole_number_above_zero_is_refused():
