@@ -150,6 +150,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
                         knobs=KNOB_PRESETS[size],
                         shrink_budget=0.0,
                         table=table,
+                        shares=dict.fromkeys(ops, 1),  # --cases is per op: each op its cases, whatever its share
                     ),
                     executor=executor,
                     on_progress=progress,

@@ -1,10 +1,11 @@
 """The fuzz driver: hand out tasks, run them on an executor, record, shrink, bundle.
 
-Case i of a run is a pure function of (seed, i): its op (``i % len(ops)``), its
-spec and its tensors, and whether it also runs an error input or a second run.
-That makes a run reproducible from its seed and lets ``--shard K/N`` split the
-case space into disjoint, deterministic slices: shard K owns the rounds of
-``len(ops)`` consecutive cases numbered K mod N, so every shard fuzzes every op
+Case i of a run is a pure function of (seed, i): its op (the run's mix, mix.py:
+rounds of sum(shares) cases, each op taking its share, so each op gets about an
+equal share of the run's time), its spec and its tensors, and whether it also
+runs an error input or a second run. That makes a run reproducible from its seed
+and lets ``--shard K/N`` split the case space into disjoint, deterministic
+slices: shard K owns the rounds numbered K mod N, so every shard fuzzes every op
 in the unsharded mix, and the shards together are the unsharded run.
 Findings are appended to findings.jsonl as they arrive. After the main loop each
 new bucket's first failing case is written as a repro bundle at once (so a stop
@@ -29,6 +30,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -42,6 +44,7 @@ from typing import Any, Callable, Iterator, Mapping
 from mlafuzz.generators.draw import Knobs
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.check.compare import Policy
+from mlafuzz.harness.drive.mix import Mix
 from mlafuzz.harness.drive.resume import Resume
 from mlafuzz.harness.drive.shrink import ShrinkResult, evaluate_sync, shrink
 from mlafuzz.harness.drive.tasks import HARNESS_ERROR, Task, TaskResult
@@ -79,9 +82,10 @@ class Shard:
         if not (self.count >= 1 and 0 <= self.index < self.count):
             raise ValueError(f"shard={self.index}/{self.count} must satisfy 0 <= K < N")
 
-    def owns(self, i: int, *, ops: int = 1) -> bool:
-        """Case i is this shard's: its round of ``ops`` consecutive cases (one per op) is."""
-        return (i // max(ops, 1)) % self.count == self.index
+    def owns(self, i: int, *, size: int = 1) -> bool:
+        """Case i is this shard's: its round of ``size`` consecutive cases (the run's mix, a
+        whole number of each op's) is."""
+        return (i // max(size, 1)) % self.count == self.index
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +108,7 @@ class FuzzConfig:
     table: OpTable = OPS
     revision: str = NEWEST_REVISION  # the contract revision (SPEC 7) cases are judged under; an entry's pin wins
     timeout: float | None = None  # the executor's per-case limit: recorded in bundles, bounds TIMEOUT shrinks
+    shares: Mapping[str, int] | None = None  # op -> its slots per round (mix.py); None, or an op left out: its row's
 
     def __post_init__(self) -> None:
         if self.cases is None and self.budget is None:
@@ -111,6 +116,13 @@ class FuzzConfig:
         missing = [op for op in self.ops if op not in self.impls]
         if missing:
             raise ValueError(f"FuzzConfig: ops={missing!r} have no implementation selected")
+        self.mix  # noqa: B018 -- a bad share is refused here, not at the first case
+
+    @functools.cached_property
+    def mix(self) -> Mix:
+        """Which op case i is, and its count among that op's cases (computed once per config)."""
+        given = self.shares or {}
+        return Mix.of(self.ops, {op: given[op] if op in given else self.table.get(op).share for op in self.ops})
 
     def run_json(self) -> dict[str, Any]:
         """run.json: the run's configuration; resume.CASE_KEYS of it decide what case i is."""
@@ -130,15 +142,17 @@ class FuzzConfig:
             "contract_every": self.contract_every,
             "timeout": self.timeout,
             "revision": self.revision,
+            "shares": self.mix.to_json(),
         }
 
     def task(self, i: int, *, held: frozenset[tuple[str, str, str]] = frozenset()) -> Task:
         """Case i: its op, seed, error-input class and re-run are pure functions of (seed, i), the
-        last two counted in the op's own cases (round r = i // len(ops)), so every op gets its
-        share; its spec is drawn from them where it runs (``Task.spec_obj``), unless the run has a
-        fixed one. ``held``: quarantined (op, impl, class) triples, whose turn goes to the next class."""
-        op = self.ops[i % len(self.ops)]
-        r = i // len(self.ops)
+        last two counted in the op's own cases (r: how many of its op come before it), so every op
+        gets error inputs and re-runs at the same rate whatever its share; its spec is drawn from
+        them where it runs (``Task.spec_obj``), unless the run has a fixed one. ``held``:
+        quarantined (op, impl, class) triples, whose turn goes to the next class."""
+        op = self.mix.op(i)
+        r = self.mix.own(i)
         seed = case_seed(self.seed, op, i)
         spec = spec_to_dict(self.fixed_spec) if self.fixed_spec is not None else None
         contract = None
@@ -354,13 +368,13 @@ def fuzz(
                 ):
                     if pending:
                         i = pending.popleft()
-                    elif deferred and config.ops[deferred[0] % len(config.ops)] not in waiting:
+                    elif deferred and config.mix.op(deferred[0]) not in waiting:
                         i = deferred.popleft()
                     else:
-                        while not config.shard.owns(index, ops=len(config.ops)):
+                        while not config.shard.owns(index, size=config.mix.size):
                             index += 1
                         i, index = index, index + 1
-                        if config.ops[i % len(config.ops)] in waiting:
+                        if config.mix.op(i) in waiting:
                             deferred.append(i)
                             continue
                     in_flight.add(i)

@@ -5,7 +5,9 @@ stopped: the resumed session starts with the cases the last one left in flight
 (``unfinished`` in summary.json), then continues the numbering at
 ``next_case``. Nothing is re-run and every count adds up. That holds only for
 the same run: the fields of run.json that decide what case i is (``CASE_KEYS``)
-must match, else the resume is refused in one line.
+must match, else the resume is refused in one line. A run.json from before ops had shares
+(mix.py) gave each op one case per round: it resumes where that is still the mix (one op, or
+ops of equal shares) and is refused, saying why, where it is not.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ CASE_KEYS = (
     "rerun_every",
     "contract_every",
     "revision",
+    "shares",
 )
 
 
@@ -75,6 +78,10 @@ def _read(path: Path) -> dict[str, Any]:
     return data
 
 
+def _shares(value: Any) -> str:
+    return ", ".join(f"{op} {n}" for op, n in value.items()) if isinstance(value, Mapping) else repr(value)
+
+
 def load_resume(out_dir: Path, run: Mapping[str, Any]) -> Resume:
     """The earlier sessions of the run ``run`` (run.json's dict) in ``out_dir``; ResumeError when
     the folder holds no resumable run or another run (a different seed, op, implementation...)."""
@@ -92,12 +99,23 @@ def load_resume(out_dir: Path, run: Mapping[str, Any]) -> Resume:
             f"mlafuzz); use --overwrite to start afresh"
         )
     mine = _normal(dict(run))
-    for key in CASE_KEYS:
-        if _normal(before.get(key)) != mine.get(key):
+    old = "shares" not in before  # made before ops had shares: every op took one case per round
+    if old:
+        before = {**before, "shares": dict.fromkeys(before.get("ops") or (), 1)}
+    for key in CASE_KEYS:  # "shares" last: a run with other options is told those first
+        if _normal(before.get(key)) == mine.get(key):
+            continue
+        if key == "shares":
+            made = "an older mlafuzz, which gave each op the same number of cases" if old else "another mlafuzz"
             raise ResumeError(
-                f"--resume: {out_dir} holds another run: its {key} is {before.get(key)!r}, this one's "
-                f"{mine.get(key)!r}; resume with the same options, or use --overwrite or another --out"
+                f"--resume: {out_dir} was made by {made}; this one gives the ops shares of the run's time "
+                f"({_shares(mine.get(key))}, not {_shares(before.get(key))}): resume it with that mlafuzz, "
+                f"or use --overwrite or another --out"
             )
+        raise ResumeError(
+            f"--resume: {out_dir} holds another run: its {key} is {before.get(key)!r}, this one's "
+            f"{mine.get(key)!r}; resume with the same options, or use --overwrite or another --out"
+        )
     findings_path = out_dir / FINDINGS_FILE
     try:
         findings = tuple(read_findings(findings_path)) if findings_path.is_file() else ()

@@ -257,6 +257,7 @@ def _realistic() -> gen.ConvertSpec:
 
 CONVERT = Op(
     name="convert",
+    share=6,  # from the H200 cost ratios in docs/performance.md: 691 cases/s, step 116
     generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),

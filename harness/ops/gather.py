@@ -107,6 +107,7 @@ def _realistic() -> gen.GatherSpec:
 
 GATHER = Op(
     name="gather",
+    share=6,  # from the H200 cost ratios in docs/performance.md: 773 cases/s, step 116
     generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),

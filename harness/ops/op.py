@@ -128,6 +128,9 @@ class Op:
     vllm_devices: frozenset[str] = frozenset({"cuda"})  # where vLLM's runs (a pure Python one: anywhere)
     # What ``mlafuzz bench`` measures of the op (None: bench leaves it out).
     bench: Bench | None = None
+    # The op's slots in each round of a run's cases (drive/mix.py), about its cases per second
+    # relative to the other ops', so each op gets about an equal share of a run's time.
+    share: int = 1
 
     @property
     def spec_type(self) -> type:

@@ -489,6 +489,7 @@ def _folding(f: Finding, folded: list[Finding]) -> Finding:
 
 STEP = Op(
     name="step",
+    share=1,  # the slowest op: 116 cases/s on the H200 (docs/performance.md), the unit of the shares
     generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),

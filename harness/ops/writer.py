@@ -155,6 +155,7 @@ def _realistic() -> gen.WriterSpec:
 
 WRITER = Op(
     name="writer",
+    share=8,  # from the H200 cost ratios in docs/performance.md: 1,214 cases/s, step 116
     generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),

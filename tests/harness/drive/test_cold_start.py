@@ -27,6 +27,7 @@ def _config(tmp_path, **kw) -> FuzzConfig:
         out_dir=tmp_path,
         contract_every=0,
         rerun_every=0,
+        shares={"writer": 1, "gather": 1},  # alternating, so the order below is easy to read
         **kw,
     )
 

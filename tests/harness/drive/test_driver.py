@@ -239,6 +239,7 @@ def test_a_fault_that_broke_the_cuda_context_is_one_crash_not_also_a_launch_erro
 
 
 def test_each_of_4_shards_fuzzes_every_op_in_the_unsharded_mix(tmp_path):
+    mix = FuzzConfig(ops=OPS.names, impls=dict.fromkeys(OPS.names, "torch"), cases=1).mix
     for k in range(4):
         out = tmp_path / f"shard{k}"
         assert (
@@ -248,7 +249,7 @@ def test_each_of_4_shards_fuzzes_every_op_in_the_unsharded_mix(tmp_path):
                     "--device",
                     "cpu",
                     "--cases",
-                    str(2 * len(OPS.names)),
+                    str(mix.size),  # one round: each op its share
                     "--shard",
                     f"{k}/4",
                     "--in-process",
@@ -262,7 +263,7 @@ def test_each_of_4_shards_fuzzes_every_op_in_the_unsharded_mix(tmp_path):
             == 0
         )
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["per_op"] == dict.fromkeys(OPS.names, 2), (k, summary["per_op"])
+        assert summary["per_op"] == mix.to_json(), (k, summary["per_op"])
 
 
 def test_the_shards_of_a_run_together_are_the_unsharded_run():
@@ -270,10 +271,11 @@ def test_the_shards_of_a_run_together_are_the_unsharded_run():
     config = FuzzConfig(ops=ops, impls={op: "torch" for op in ops}, cases=1, seed=11)
 
     def first_tasks(shard: Shard, n: int) -> list:
-        owned = (i for i in range(10_000) if shard.owns(i, ops=len(ops)))
+        owned = (i for i in range(10_000) if shard.owns(i, size=config.mix.size))
         return [config.task(next(owned)) for _ in range(n)]
 
-    unsharded = first_tasks(Shard(), 4 * 12)
-    shards = [first_tasks(Shard(index=k, count=4), 12) for k in range(4)]
+    size = config.mix.size  # shards own whole rounds: 4 shards' first round each are the run's first 4
+    unsharded = first_tasks(Shard(), 4 * size)
+    shards = [first_tasks(Shard(index=k, count=4), size) for k in range(4)]
     assert sorted(t.index for s in shards for t in s) == [t.index for t in unsharded]
     assert {t for s in shards for t in s} == set(unsharded)
