@@ -16,6 +16,14 @@ sums over the oracle's valid values. Equal multisets always pass; one changed
 value always moves both sums (the mix is a bijection, the sums do not wrap);
 several changed values pass only if they cancel in both sums by chance (about
 2**-64), the one way this filter can miss what the comparator would see.
+
+Caller-owned outputs (SPEC 9.2: ``out=`` / ``valid_counts_out=``, row slices of guarded buffers,
+one or two steps): ``prefill`` fills them before each call so that no element holds a value its
+row expects, in any order, nor a count its own or the count added into it; a pass of the last
+step's outputs then means every element was written right, as the full path's two-run write map
+and comparator establish. The path checks the guard zones (the buffer's other rows); ``check``
+holds each returned tensor to being the buffer the call was given (on the host), and a re-run's
+compacted rows to the first run's bytes (the write map's NONDETERMINISM).
 """
 
 from __future__ import annotations
@@ -166,13 +174,7 @@ def _check_convert(
 
 def _launch(
     *,
-    req_id: torch.Tensor,
-    block_table: torch.Tensor,
-    token_indices: torch.Tensor,
-    block_size: int,
-    has_prefill_workspace: bool,
-    prefill_workspace_request_ids,
-    prefill_workspace_starts,
+    inputs: Mapping[str, Any],
     out: torch.Tensor,
     valid_counts: torch.Tensor | None,
     bad: torch.Tensor,
@@ -181,7 +183,12 @@ def _launch(
     compact: bool,
     prefill: bool,
 ) -> None:
-    """One launch of ``_check_convert`` over out's rows (n > 0 and k > 0, a layout it reads)."""
+    """One launch of ``_check_convert`` over out's rows (n > 0 and k > 0, a layout it reads);
+    ``inputs``: the call's, as ``convert_rows_flag`` takes them."""
+    req_id, block_table, token_indices = inputs["req_id"], inputs["block_table"], inputs["token_indices"]
+    block_size, has_prefill_workspace = inputs["block_size"], inputs["has_prefill_workspace"]
+    prefill_workspace_request_ids = inputs["prefill_workspace_request_ids"]
+    prefill_workspace_starts = inputs["prefill_workspace_starts"]
     n, k = token_indices.shape
     tile = min(triton.next_power_of_2(k), 1024)
     pw = prefill_workspace_request_ids if has_prefill_workspace else req_id
@@ -256,7 +263,7 @@ def convert_rows_flag(
         return flag
     bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=out.device)
     _launch(
-        **inputs,
+        inputs=inputs,
         out=out.contiguous(),
         valid_counts=valid_counts,
         bad=bad,
@@ -277,14 +284,11 @@ def convert_prefill(
     block_stride_rows: int | None = None,
     **inputs: Any,
 ) -> bool:
-    """Fill the caller's ``out`` so that no element already holds its expected value, in either
-    order of a compacted row (each row one value that is neither -1 nor any of the row's slots),
-    and ``valid_counts`` so that it holds neither the count nor, the count added into it, the
-    count again. Then an ``out`` (and counts) that ``convert_rows_flag`` passes was written at
-    every element by the call, which is what the guards' two-run write map establishes.
-    ``undecided`` (a zeroed device int tensor): its element 0 set to 2 where a row expects both
-    int32 extremes, with no such value to fill it with. False (nothing written): a layout it does
-    not write. No host synchronization."""
+    """Fill the caller's ``out`` with a value per row that is neither -1 nor any slot the row
+    expects, and ``valid_counts`` with -1 - count (neither the count nor, the count added into it,
+    the count again): outputs ``convert_rows_flag`` then passes were written at every element.
+    ``undecided`` (a zeroed device int tensor): element 0 set to 2 where a row expects both int32
+    extremes (no such value). False (nothing written): a layout it does not write. No sync."""
     ti = inputs["token_indices"]
     if not _reads(ti, inputs["block_table"], out, valid_counts) or (out.numel() and out.stride(1) != 1):
         return False
@@ -295,7 +299,7 @@ def convert_prefill(
             valid_counts.fill_(-1)  # no columns: every count is 0 (no rows: nothing to fill)
         return True
     _launch(
-        **inputs,
+        inputs=inputs,
         out=out,
         valid_counts=valid_counts,
         bad=undecided,
