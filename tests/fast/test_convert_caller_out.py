@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")  # Triton kernels: without triton (an optional extra) this module skips
 
-from mlafuzz.generators.draw import SMALL  # noqa: E402
+from mlafuzz.generators.draw import SMALL, Knobs  # noqa: E402
 from mlafuzz.harness.check.compare import Context  # noqa: E402
 from mlafuzz.harness.drive.run import fast_resources  # noqa: E402
 from mlafuzz.harness.fast.convert import convert_prefill  # noqa: E402
@@ -37,12 +37,12 @@ MUTANTS = sorted(
 )
 
 
-def _caller_cases(capabilities: frozenset[str], count: int) -> list:
+def _caller_cases(capabilities: frozenset[str], count: int, knobs: Knobs = SMALL) -> list:
     """The first ``count`` drawn cases with caller-owned outputs, as the fuzz loop gives them to an
     implementation with these capabilities (harness: Op.fit)."""
     found = []
     for seed in range(2000):
-        spec = CONVERT.fit(OPS.draw_spec("convert", seed=seed, knobs=SMALL), capabilities)
+        spec = CONVERT.fit(OPS.draw_spec("convert", seed=seed, knobs=knobs), capabilities)
         if spec.caller_out is not None:
             found.append(OPS.materialize(spec, seed, DEV))
             if len(found) == count:
@@ -193,3 +193,15 @@ def test_a_compacted_row_in_another_order_on_the_re_run_is_not_clear(tmp_path):
     assert not isinstance(_fast(case, ref, rerun=True), Clear)
     result = run_case(case=case, entry=entry, rerun=True, fast=True)
     assert result.skipped is None and "NONDETERMINISM" in {f.kind.value for f in result.findings}
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_our_triton_convert_is_clear_on_caller_owned_cases_of_a_default_run():
+    """The sizes a default run draws (Knobs()), compiled: each case judged by the fast path itself
+    (Clear, so the full path never runs), and the full path agreeing on a few."""
+    entry = resolve("convert", "triton")
+    for i, case in enumerate(_caller_cases(entry.capabilities, 60, Knobs())):
+        result = _fast(case, "triton", rerun=i % 2 == 0)
+        assert isinstance(result, Clear), (case.case_id, result)
+        if i < 6:
+            assert run_case(case=case, entry=entry, rerun=True, fast=False).findings == ()
