@@ -16,9 +16,20 @@ sums over the oracle's valid values. Equal multisets always pass; one changed
 value always moves both sums (the mix is a bijection, the sums do not wrap);
 several changed values pass only if they cancel in both sums by chance (about
 2**-64), the one way this filter can miss what the comparator would see.
+
+Caller-owned outputs (SPEC 9.2: ``out=`` / ``valid_counts_out=``, row slices of guarded buffers,
+one or two steps): ``prefill`` fills them before each call so that no element holds a value its
+row expects, in any order, nor a count its own or the count added into it; a pass of the last
+step's outputs then means every element was written right, as the full path's two-run write map
+and comparator establish. The path checks the guard zones (the buffer's other rows); ``check``
+holds each returned tensor to being the buffer the call was given (on the host), and a re-run's
+compacted rows to the first run's bytes (the write map's NONDETERMINISM).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
 import triton
@@ -27,6 +38,9 @@ import triton.language as tl
 from mlafuzz.generators.case import Case
 from mlafuzz.harness.fast.launch import Launchers
 from mlafuzz.harness.fast.state import CaseState
+from mlafuzz.harness.memory.bits import differ_flag
+from mlafuzz.harness.memory.guards import Guarded
+from mlafuzz.harness.ops.convert import is_view_of
 from mlafuzz.harness.ops.op import Outputs
 
 _KEYS = (0x2545F491, 0x6C8E9CF5)  # the two mixes' keys: any two distinct 32-bit values
@@ -88,6 +102,7 @@ def _check_convert(
     COMPACT: tl.constexpr,
     KEY1: tl.constexpr,
     KEY2: tl.constexpr,
+    PREFILL: tl.constexpr,  # write the prefill instead of checking (``convert_prefill``)
 ):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_ptr + row).to(tl.int64)
@@ -102,6 +117,8 @@ def _check_convert(
     valid_n = 0
     sig1 = row * 0  # compacted rows: the oracle's valid values' signatures (int64 sums)
     sig2 = row * 0
+    lo = row * 0 - 1  # prefill: the least and the greatest of -1 and the row's expected values
+    hi = row * 0 - 1
     for c0 in tl.range(0, K, TILE):
         c = c0 + cols
         tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1).to(tl.int64)
@@ -120,79 +137,69 @@ def _check_convert(
         ).to(tl.int64)  # noqa: E712 (a bool mask: see above)
         value = tl.where(is_pf, start + tok, base * block_stride + off)
         expected = tl.where(valid, value.to(tl.int32), -1)
-        if COMPACT:
+        if PREFILL:
+            lo = tl.minimum(lo, tl.min(expected.to(tl.int64), axis=0))
+            hi = tl.maximum(hi, tl.max(expected.to(tl.int64), axis=0))
+        elif COMPACT:
             sig1 += tl.sum(tl.where(valid, _mix(expected, KEY1), 0), axis=0)
             sig2 += tl.sum(tl.where(valid, _mix(expected, KEY2), 0), axis=0)
         else:
             actual = tl.load(out_ptr + row * out_s0 + c)
             bad += tl.sum((expected != actual).to(tl.int32), axis=0)
         valid_n += tl.sum(valid.to(tl.int32), axis=0)
-    if COMPACT:  # the row's first valid_n values against the signatures, -1 after them
+    if PREFILL:
+        # One value for the whole row that is neither -1 nor any of its expected values: below the
+        # least of them when that fits in int32, else above the greatest. Neither fits only when
+        # the row expects both int32 extremes: then "cannot tell" (2) instead of a weaker prefill.
+        fill = tl.where(lo > -2147483648, lo - 1, hi + 1).to(tl.int32)
         for c0 in tl.range(0, K, TILE):
-            c = c0 + cols
-            actual = tl.load(out_ptr + row * out_s0 + c)
-            front = c < valid_n
-            sig1 -= tl.sum(tl.where(front, _mix(actual, KEY1), 0), axis=0)
-            sig2 -= tl.sum(tl.where(front, _mix(actual, KEY2), 0), axis=0)
-            bad += tl.sum((~front & (actual != -1)).to(tl.int32), axis=0)
-        bad += ((sig1 != 0) | (sig2 != 0)).to(tl.int32)
-    counted = tl.load(counts_ptr + row, mask=has_counts != 0, other=0)
-    bad += ((has_counts != 0) & (counted != valid_n)).to(tl.int32)
-    tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
+            tl.store(out_ptr + row * out_s0 + c0 + cols, tl.zeros([TILE], dtype=tl.int32) + fill)
+        # -1 - n: not the count, nor what adding the count into it leaves (the zeroing forgotten)
+        tl.store(counts_ptr + row, -1 - valid_n, mask=has_counts != 0)
+        tl.store(bad_ptr, 2, mask=(lo == -2147483648) & (hi == 2147483647))
+    else:
+        if COMPACT:  # the row's first valid_n values against the signatures, -1 after them
+            for c0 in tl.range(0, K, TILE):
+                c = c0 + cols
+                actual = tl.load(out_ptr + row * out_s0 + c)
+                front = c < valid_n
+                sig1 -= tl.sum(tl.where(front, _mix(actual, KEY1), 0), axis=0)
+                sig2 -= tl.sum(tl.where(front, _mix(actual, KEY2), 0), axis=0)
+                bad += tl.sum((~front & (actual != -1)).to(tl.int32), axis=0)
+            bad += ((sig1 != 0) | (sig2 != 0)).to(tl.int32)
+        counted = tl.load(counts_ptr + row, mask=has_counts != 0, other=0)
+        bad += ((has_counts != 0) & (counted != valid_n)).to(tl.int32)
+        tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
 
 
-def convert_rows_flag(
+def _launch(
     *,
-    req_id: torch.Tensor,
-    block_table: torch.Tensor,
-    token_indices: torch.Tensor,
-    block_size: int,
-    has_prefill_workspace: bool,
-    prefill_workspace_request_ids,
-    prefill_workspace_starts,
+    inputs: Mapping[str, Any],
     out: torch.Tensor,
     valid_counts: torch.Tensor | None,
-    flag: torch.Tensor | None = None,
-    launchers: Launchers | None = None,
-    block_stride_rows: int | None = None,
-    compact: bool = False,
-) -> torch.Tensor | None:
-    """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
-    check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization.
-    ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one.
-    ``block_stride_rows``: SPEC 7's stride (None: block_size); ``compact``: rows compacted to the
-    front (SPEC 7), judged as multisets with a -1 tail (the module docstring)."""
+    bad: torch.Tensor,
+    launchers: Launchers | None,
+    block_stride_rows: int | None,
+    compact: bool,
+    prefill: bool,
+) -> None:
+    """One launch of ``_check_convert`` over out's rows (n > 0 and k > 0, a layout it reads);
+    ``inputs``: the call's, as ``convert_rows_flag`` takes them."""
+    req_id, block_table, token_indices = inputs["req_id"], inputs["block_table"], inputs["token_indices"]
+    block_size, has_prefill_workspace = inputs["block_size"], inputs["has_prefill_workspace"]
+    prefill_workspace_request_ids = inputs["prefill_workspace_request_ids"]
+    prefill_workspace_starts = inputs["prefill_workspace_starts"]
     n, k = token_indices.shape
-    if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
-        return None
-    if valid_counts is not None and (
-        valid_counts.shape != (n,) or valid_counts.dtype != torch.int32 or valid_counts.device != token_indices.device
-    ):
-        return None
-    if n == 0 or k == 0:
-        if valid_counts is None:
-            return flag if flag is not None else torch.zeros((), dtype=torch.bool, device=out.device)
-        nonzero = (valid_counts != 0).any()
-        if flag is None:
-            return nonzero
-        flag[:1].copy_(nonzero.reshape(1))
-        return flag
-    if block_table.numel() == 0:
-        return None  # nothing to index: let the full path decide
     tile = min(triton.next_power_of_2(k), 1024)
-    if k % tile:
-        return None
     pw = prefill_workspace_request_ids if has_prefill_workspace else req_id
     ps = prefill_workspace_starts if has_prefill_workspace and prefill_workspace_starts.numel() else req_id
     num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
-    bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=out.device)
-    outc = out.contiguous()
     args = (
         req_id.contiguous(),
         block_table,
         token_indices,
-        outc,
-        valid_counts if valid_counts is not None else outc,
+        out,
+        valid_counts if valid_counts is not None else out,
         pw.contiguous(),
         ps.contiguous(),
         bad,
@@ -203,48 +210,199 @@ def convert_rows_flag(
         block_table.stride(1),
         token_indices.stride(0),
         token_indices.stride(1),
-        outc.stride(0),
+        out.stride(0),
         block_size,
         block_size if block_stride_rows is None else block_stride_rows,
         int(bool(has_prefill_workspace)),
         int(valid_counts is not None),
     )
-    (launchers or Launchers())(_check_convert)(
-        n, args, {"K": k, "TILE": tile, "COMPACT": bool(compact), "KEY1": _KEYS[0], "KEY2": _KEYS[1]}
+    consts = {"K": k, "TILE": tile, "COMPACT": bool(compact), "KEY1": _KEYS[0], "KEY2": _KEYS[1], "PREFILL": prefill}
+    (launchers or Launchers())(_check_convert)(n, args, consts)
+
+
+def _reads(token_indices: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, valid_counts) -> bool:
+    """Whether the kernel reads this layout: int32 ``out`` [N, K] and ``valid_counts`` [N] on the
+    indices' device, a block table to index and K a multiple of its tile (empty rows aside)."""
+    n, k = token_indices.shape
+    if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
+        return False
+    if valid_counts is not None and (
+        valid_counts.shape != (n,) or valid_counts.dtype != torch.int32 or valid_counts.device != token_indices.device
+    ):
+        return False
+    return n == 0 or k == 0 or (block_table.numel() > 0 and k % min(triton.next_power_of_2(k), 1024) == 0)
+
+
+def convert_rows_flag(
+    *,
+    out: torch.Tensor,
+    valid_counts: torch.Tensor | None,
+    flag: torch.Tensor | None = None,
+    launchers: Launchers | None = None,
+    block_stride_rows: int | None = None,
+    compact: bool = False,
+    **inputs: Any,
+) -> torch.Tensor | None:
+    """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
+    check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization.
+    ``inputs``: the call's (``req_id``, ``block_table``, ``token_indices``, ``block_size``,
+    ``has_prefill_workspace``, ``prefill_workspace_request_ids``, ``prefill_workspace_starts``).
+    ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one.
+    ``block_stride_rows``: SPEC 7's stride (None: block_size); ``compact``: rows compacted to the
+    front (SPEC 7), judged as multisets with a -1 tail (the module docstring)."""
+    ti = inputs["token_indices"]
+    if not _reads(ti, inputs["block_table"], out, valid_counts):
+        return None
+    if out.numel() == 0:
+        if valid_counts is None:
+            return flag if flag is not None else torch.zeros((), dtype=torch.bool, device=out.device)
+        nonzero = (valid_counts != 0).any()
+        if flag is None:
+            return nonzero
+        flag[:1].copy_(nonzero.reshape(1))
+        return flag
+    bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=out.device)
+    _launch(
+        inputs=inputs,
+        out=out.contiguous(),
+        valid_counts=valid_counts,
+        bad=bad,
+        launchers=launchers,
+        block_stride_rows=block_stride_rows,
+        compact=compact,
+        prefill=False,
     )
     return bad
 
 
+def convert_prefill(
+    *,
+    out: torch.Tensor,
+    valid_counts: torch.Tensor | None,
+    undecided: torch.Tensor,
+    launchers: Launchers | None = None,
+    block_stride_rows: int | None = None,
+    **inputs: Any,
+) -> bool:
+    """Fill the caller's ``out`` with a value per row that is neither -1 nor any slot the row
+    expects, and ``valid_counts`` with -1 - count (neither the count nor, the count added into it,
+    the count again): outputs ``convert_rows_flag`` then passes were written at every element.
+    ``undecided`` (a zeroed device int tensor): element 0 set to 2 where a row expects both int32
+    extremes (no such value). False (nothing written): a layout it does not write. No sync."""
+    ti = inputs["token_indices"]
+    if not _reads(ti, inputs["block_table"], out, valid_counts) or (out.numel() and out.stride(1) != 1):
+        return False
+    if valid_counts is not None and not valid_counts.is_contiguous():
+        return False
+    if out.numel() == 0:
+        if valid_counts is not None:
+            valid_counts.fill_(-1)  # no columns: every count is 0 (no rows: nothing to fill)
+        return True
+    _launch(
+        inputs=inputs,
+        out=out,
+        valid_counts=valid_counts,
+        bad=undecided,
+        launchers=launchers,
+        block_stride_rows=block_stride_rows,
+        compact=False,
+        prefill=True,
+    )
+    return True
+
+
+# --- the fast path's adapters (harness/fast/path.py) -------------------------------
+
+_MEMO = "convert"
+
+
+@dataclass(frozen=True)
+class _Callers:
+    """What the prefills of a case's calls leave for its check: each call's caller-owned buffers
+    (in call order), and the prefill's "cannot tell" flag."""
+
+    guards: list[Mapping[str, Guarded]]
+    undecided: torch.Tensor  # int64 [1] on the case's device
+
+
+def _inputs(case: Case) -> dict[str, Any]:
+    t, p = case.tensors, case.params
+    return dict(
+        req_id=t["req_id"],
+        block_table=t["block_table"],
+        token_indices=t["token_indices"],
+        block_size=p["BLOCK_SIZE"],
+        has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
+        prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
+        prefill_workspace_starts=t["prefill_workspace_starts"],
+        block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
+    )
+
+
+def prefill(case: Case, guards: Mapping[str, Guarded], state: CaseState) -> bool:
+    """Before each call of a case with caller-owned outputs (SPEC 9.2): its ``out`` and
+    ``valid_counts_out`` prefilled (``convert_prefill``), and the buffers kept for ``check``."""
+    if "out" not in guards:
+        return False
+    counts = guards.get("valid_counts")
+    memo = state.memo.get(_MEMO)
+    if memo is None:
+        memo = state.memo[_MEMO] = _Callers(guards=[], undecided=torch.zeros(1, dtype=torch.int64, device=case.device))
+    done = convert_prefill(
+        out=guards["out"].view,
+        valid_counts=counts.view if counts is not None else None,
+        undecided=memo.undecided,
+        launchers=state.launchers,
+        **_inputs(case),
+    )
+    if done:
+        memo.guards.append(guards)
+    return done
+
+
 def takes(case: Case) -> bool:
-    """Caller-owned outputs (SPEC 9.2: guarded buffers, two steps) go to the full path: its write
-    map, guard zones and identity check are what judge them, and this check knows none of them."""
-    return "out_steps" not in case.params
+    """Every case: caller-owned outputs (SPEC 9.2) too, through ``prefill``."""
+    return True
+
+
+def _callers_own(runs: list[Outputs], memo: _Callers | None) -> bool:
+    """Each call returned the very buffers it was given (SPEC 9.2; the full path's
+    ``out:not_callers``): same address, shape, strides and dtype, read on the host."""
+    if memo is None or len(memo.guards) != len(runs):
+        return False
+    return all(is_view_of(o.get(name), g.view) for o, gs in zip(runs, memo.guards) for name, g in gs.items())
 
 
 def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
-    """The fast path's check of a convert call (convert has no guarded outputs: ``second`` is
-    never given). False: it cannot tell from the host, nothing launched."""
-    if second is not None:
+    """The fast path's check of a convert call: each run's ``out`` and ``valid_counts`` against the
+    oracle's. With caller-owned outputs (``second``: the re-run's, when one was made) also: the
+    returned tensors the caller's own, the prefill's flag, and (compacted rows, whose order is
+    free) the two runs' outputs bit-identical, as the write map holds them. The guard zones and
+    the two steps are the path's and the op's (path.py, ops/convert.py ``invoke``). False: it
+    cannot tell from the host, nothing launched."""
+    p = case.params
+    caller = "out_steps" in p
+    runs = [outputs] + ([second] if second is not None else [])
+    if (second is not None and not caller) or (caller and not _callers_own(runs, state.memo.get(_MEMO))):
         return False
-    t, p = case.tensors, case.params
-    out, counts = outputs.get("out"), outputs.get("valid_counts")
-    if not isinstance(out, torch.Tensor) or (p["return_valid_counts"] and not isinstance(counts, torch.Tensor)):
+    wants = ("out", "valid_counts") if p["return_valid_counts"] else ("out",)
+    if not all(isinstance(o.get(name), torch.Tensor) for o in runs for name in wants):
         return False
-    return (
-        convert_rows_flag(
-            req_id=t["req_id"],
-            block_table=t["block_table"],
-            token_indices=t["token_indices"],
-            block_size=p["BLOCK_SIZE"],
-            has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
-            prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-            prefill_workspace_starts=t["prefill_workspace_starts"],
-            out=out,
-            valid_counts=counts if p["return_valid_counts"] else None,
+    compact = bool(p.get("COMPACT_TO_FRONT"))
+    for o in runs:
+        checked = convert_rows_flag(
+            out=o["out"],
+            valid_counts=o["valid_counts"] if p["return_valid_counts"] else None,
             flag=flag,
             launchers=state.launchers,
-            block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
-            compact=bool(p.get("COMPACT_TO_FRONT")),
+            compact=compact,
+            **_inputs(case),
         )
-        is not None
-    )
+        if checked is None:
+            return False
+    if caller:
+        slot = state.memo[_MEMO].undecided
+        if compact and second is not None:  # the write map's NONDETERMINISM: written twice, differently
+            slot = torch.maximum(slot, differ_flag(outputs["out"], second["out"]).reshape(1).to(torch.int64))
+        flag[1:2].copy_(slot)
+    return True

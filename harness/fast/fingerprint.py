@@ -128,7 +128,10 @@ def add_words(
         for w, slot in chunk:
             programs += -(-w.numel() // BLOCK)  # not triton.cdiv: ~5 us a call from the host
             args += [w, w.numel(), slot]
-        args += [out, 0, 0] * (PER_LAUNCH - len(chunk))  # unused: no program reaches them
+        # Unused slots (no program reaches them) repeat the last tensor: Triton keys the variant
+        # by each pointer's dtype, so 3 words and 5 words of int32 share one, where padding with
+        # out (int64) compiled one per count (a caller-owned convert has 1 to 14).
+        args += [chunk[-1][0], 0, 0] * (PER_LAUNCH - len(chunk))
         launch(programs, args, {"SIGN": sign, "BLOCK": BLOCK})
 
 

@@ -12,7 +12,7 @@ gather's ``dst``): row slices of buffers with rows before and after them, filled
 byte pattern. The write map then finds an element never written (MISSING_WRITE) and a write
 past the slice (OOB_WRITE); with two steps the first call's values must not survive the second
 (a stale slot reads as a VALUE_MISMATCH). ``review`` holds the returned tensors to being the
-caller's own (cause ``out:not_callers``). The GPU fast path leaves these cases to the full path.
+caller's own (cause ``out:not_callers``). The GPU fast path judges them with a prefill instead (harness/fast/convert.py).
 """
 
 from __future__ import annotations
@@ -91,7 +91,9 @@ def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], 
     return outputs(res, p["return_valid_counts"])
 
 
-def _is_view_of(returned: Any, given: torch.Tensor) -> bool:
+def is_view_of(returned: Any, given: torch.Tensor) -> bool:
+    """``returned`` is the tensor ``given`` (its address, shape, strides and dtype): the caller's
+    own buffer, as SPEC 9.2 returns it (also the GPU fast path's check, harness/fast/convert.py)."""
     return (
         isinstance(returned, torch.Tensor)
         and returned.data_ptr() == given.data_ptr()
@@ -112,7 +114,7 @@ def _not_callers(call: Any, ctx: Any) -> list[Finding]:
             f" ({'valid_counts_out' if name == 'valid_counts' else name}=, a row slice of a persistent buffer)",
         )
         for name, g in call.guards.items()
-        if not _is_view_of(call.outputs.get(name), g.view)
+        if not is_view_of(call.outputs.get(name), g.view)
     ]
 
 

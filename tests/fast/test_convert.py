@@ -135,8 +135,8 @@ _PTX_SCRIPT = """
 from mlafuzz.harness.fast.convert import _KEYS, _check_convert
 sig = {p.name: "*i32" if p.name.endswith("_ptr") else "constexpr" if p.is_constexpr else "i32"
        for p in _check_convert.params}
-for compact in (False, True):
-    consts = dict(K=2048, TILE=1024, COMPACT=compact, KEY1=_KEYS[0], KEY2=_KEYS[1])
+for compact, prefill in ((False, False), (True, False), (False, True)):
+    consts = dict(K=2048, TILE=1024, COMPACT=compact, KEY1=_KEYS[0], KEY2=_KEYS[1], PREFILL=prefill)
     try:
         triton.compile(ASTSource(fn=_check_convert, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
     except ImportError as exc:

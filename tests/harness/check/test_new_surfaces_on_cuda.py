@@ -1,5 +1,5 @@
 """SPEC 9.2 and 9.4 on the GPU (run on the H200: ``pytest -m gpu``): our Triton convert with
-caller-owned outputs, which the fast path hands to the full path before calling, our Triton DCP
+caller-owned outputs, which the fast path judges itself (its prefill: harness/fast/convert.py), our Triton DCP
 filter and the torch peer-slot map, 0 findings; the new mutants killed on CUDA."""
 
 from __future__ import annotations
