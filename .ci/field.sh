@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a user's run gets on a GPU runner, measured as issue 29 asks (the device tool, one call):
-#   bash .ci/field.sh STAGE...     stages: cold warm ops lookalike bench basebench surfaces knee redzone
+#   bash .ci/field.sh STAGE...     stages: cold warm ops startup profile lookalike bench basebench surfaces knee redzone
 # cold: every cache removed (listed in the log), then the README's main job as printed
 #   (bash .ci/setup && .venv/bin/mlafuzz fuzz --budget 60): its "first case done" line and case count.
 # warm: the same command again. ops: each op with default flags. lookalike: the constexpr-specializing
@@ -32,7 +32,11 @@ for s in "$@"; do
       run setup 300 bash .ci/setup
       run cold 150 $M fuzz --budget 60 ;;
     warm) run warm 150 $M fuzz --budget 60 ;;
-    ops) for op in convert gather writer; do run "op-$op" 90 $M fuzz --op "$op" --budget 20 --out "$W/op-$op"; done ;;
+    ops) for op in ${OPS:-convert gather writer}; do run "op-$op" 120 $M fuzz --op "$op" --out "$W/op-$op"; done ;;  # default flags: 60 s
+    startup)  # where a warm start's seconds go: torch import, CUDA context, then a short run's first case
+      run startup-torch 60 .venv/bin/python -c "import time; t=time.time(); import torch; a=time.time(); torch.zeros(1, device='cuda'); b=time.time(); import triton; c=time.time(); print(f'build import torch {a-t:.2f}s, cuda init {b-a:.2f}s, import triton {c-b:.2f}s')"
+      run startup-run 90 $M fuzz --cases 400 --out "$W/startup" ;;
+    profile) TAIL=20 run profile 300 .venv/bin/python .ci/profile_fuzz.py --cases 300 --top 20 ;;
     lookalike)
       run ours-convert 90 $M fuzz --op convert --budget 30 --out "$W/oc"
       run lookalike 120 $M fuzz --op convert --impl "convert=$L:convert" --budget 30 --out "$W/vl" ;;
