@@ -124,6 +124,13 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help="run only shard K of N (0-based); auto (the default): MLAFUZZ_SHARD=K/N, else Buildkite's"
         " BUILDKITE_PARALLEL_JOB/BUILDKITE_PARALLEL_JOB_COUNT, else 0/1",
     )
+    _add_run_options(f)
+    _add_judging_options(f)
+    f.set_defaults(func=cmd_fuzz)
+
+
+def _add_run_options(f: argparse.ArgumentParser) -> None:
+    """How the cases run: workers, isolation, limits, memory checks, what is printed."""
     f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
     f.add_argument(
         "--workers",
@@ -164,6 +171,10 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help="GPU exact mode: run cases under compute-sanitizer memcheck with the caching allocator "
         "off; its reports become findings (slow)",
     )
+
+
+def _add_judging_options(f: argparse.ArgumentParser) -> None:
+    """What the run is judged against, and what it replays or stops on."""
     f.add_argument(
         "--contract",
         action="append",
@@ -190,7 +201,6 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
         "entries that matched nothing are printed as stale",
     )
-    f.set_defaults(func=cmd_fuzz)
 
 
 def _say(line: str) -> None:

@@ -74,52 +74,18 @@ def run_mutants(
     for entry in session.registry.entries(mutants=True):
         if entry.op not in ops or kind not in entry.devices or entry.missing():
             continue
-        expected = entry.expected_kind or ""
-        try:  # its extension or library built here, untimed: its budget is for cases
-            entry.build(device)
-        except Exception:  # the run reports it: its first case fails to load the same way
-            pass
-        runner = isolated() if isolated is not None and expected in ISOLATED_KINDS else executor
-        campaign = Campaign(
-            ops=(entry.op,),
-            impls=(f"{entry.op}={entry.name}",),
-            device=device,
-            budget=budget,
-            cases=cases,
-            seed=seed,
-            out_dir=out / entry.name,  # cleared first: a catalog run replaces the last one
-            knobs=KNOB_PRESETS[entry.size],
-            timeout=None,
-        )
-        start = time.monotonic()
-        try:  # the executor (and its warm workers) is shared by every mutant
-            result = run_campaign(campaign, session=session, executor=runner, stop_when=lambda s: expected in s.by_kind)
-        except CampaignError as exc:  # it cannot even load here: it survives, and the row says why
-            results.append(_unloaded(entry, expected, str(exc), time.monotonic() - start))
-            if on_result is not None:
-                on_result(results[-1])
-            continue
-        summary = result.summary
-        seconds = time.monotonic() - start
-        size = ""
-        if expected in summary.by_kind and shrink_budget > 0:
-            summary.buckets = {key: v for key, v in summary.buckets.items() if key[0] == expected}
-            shrink_and_bundle(dataclasses.replace(result.config, shrink_budget=shrink_budget), summary, runner)
-            shrunk = [b for b in summary.bundles if b["bucket"][0] == expected]  # each bucket is bundled as found too
-            if shrunk:
-                size = ", ".join(f"{k} {v}" for k, v in shrunk[0]["size"].items())
+        runner = isolated() if isolated is not None and entry.expected_kind in ISOLATED_KINDS else executor
         results.append(
-            MutantResult(
-                op=entry.op,
-                name=entry.name,
-                expected=expected,
-                killed=expected in summary.by_kind,
-                found=tuple(sorted(summary.by_kind)),
-                cases=summary.cases,
-                seconds=seconds,
-                size=size,
-                awaits=entry.awaits,
-                group=entry.group,
+            _run_mutant(
+                entry,
+                session=session,
+                device=device,
+                budget=budget,
+                cases=cases,
+                out=out,
+                seed=seed,
+                shrink_budget=shrink_budget,
+                executor=runner,
             )
         )
         if on_result is not None:
@@ -164,6 +130,63 @@ def _unloaded(entry: Any, expected: str, why: str, seconds: float) -> MutantResu
         cases=0,
         seconds=seconds,
         size="",
+        awaits=entry.awaits,
+        group=entry.group,
+    )
+
+
+def _run_mutant(
+    entry: Any,
+    *,
+    session: Session,
+    device: str,
+    budget: float | None,
+    cases: int | None,
+    out: Path,
+    seed: int,
+    shrink_budget: float,
+    executor: Executor,
+) -> MutantResult:
+    """Fuzz one mutant until it draws its expected kind or its budget ends; shrink the kill."""
+    expected = entry.expected_kind or ""
+    try:  # its extension or library built here, untimed: its budget is for cases
+        entry.build(device)
+    except Exception:  # noqa: BLE001 - the campaign reports it: loading it fails the same way
+        pass
+    campaign = Campaign(
+        ops=(entry.op,),
+        impls=(f"{entry.op}={entry.name}",),
+        device=device,
+        budget=budget,
+        cases=cases,
+        seed=seed,
+        out_dir=out / entry.name,  # cleared first: a catalog run replaces the last one
+        knobs=KNOB_PRESETS[entry.size],
+        timeout=None,
+    )
+    start = time.monotonic()
+    try:  # the executor (and its warm workers) is shared by every mutant
+        result = run_campaign(campaign, session=session, executor=executor, stop_when=lambda s: expected in s.by_kind)
+    except CampaignError as exc:  # it cannot even load here: it survives, and the row says why
+        return _unloaded(entry, expected, str(exc), time.monotonic() - start)
+    summary = result.summary
+    seconds = time.monotonic() - start
+    size = ""
+    if expected in summary.by_kind and shrink_budget > 0:
+        summary.buckets = {key: v for key, v in summary.buckets.items() if key[0] == expected}
+        shrink_and_bundle(dataclasses.replace(result.config, shrink_budget=shrink_budget), summary, executor)
+        shrunk = [b for b in summary.bundles if b["bucket"][0] == expected]  # each bucket is bundled as found too
+        if shrunk:
+            size = ", ".join(f"{k} {v}" for k, v in shrunk[0]["size"].items())
+    return MutantResult(
+        op=entry.op,
+        name=entry.name,
+        expected=expected,
+        killed=expected in summary.by_kind,
+        found=tuple(sorted(summary.by_kind)),
+        cases=summary.cases,
+        seconds=seconds,
+        size=size,
         awaits=entry.awaits,
         group=entry.group,
     )
