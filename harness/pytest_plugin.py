@@ -119,7 +119,7 @@ def shard_of(worker: Worker, environ: Any = None) -> tuple[int, int]:
     """This process's slice of the case space: the CI job's (``--shard auto``'s variables:
     MLAFUZZ_SHARD, Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT) split again among the xdist
     workers, so copy K of N with W workers each runs shard K * W + w of N * W."""
-    from mlafuzz.harness.drive.ci_shard import ShardError, shard_from_env
+    from mlafuzz.harness.drive.campaign import ShardError, shard_from_env
 
     try:
         k, n, _ = shard_from_env(environ)
@@ -240,6 +240,10 @@ class FuzzSession:
             raise pytest.UsageError(f"--mlafuzz-ledger: {exc}") from None
 
     def _resolve(self, texts: list[str]) -> list[tuple[str, str, ImplEntry]]:
+        """(op, ref, entry) per item: each --mlafuzz-impl (an op may come more than once: an item
+        each), else every op's default here; each resolved and loaded once, as ``mlafuzz fuzz``
+        does (drive/campaign.py ``select_impls``), so a mistake is the same one line here."""
+        from mlafuzz.harness.drive.campaign import CampaignError, select_impls
         from mlafuzz.kernels.entry import ImplError
         from mlafuzz.kernels.registry import parse_impl_arg
 
@@ -248,8 +252,11 @@ class FuzzSession:
             pairs = [parse_impl_arg(t, ops=s.table.names) for t in texts] or [
                 (op, s.default_ref(op, self.device)) for op in s.table.names
             ]
-            return [(op, ref, s.entry(op, ref)) for op, ref in dict.fromkeys(pairs)]
-        except ImplError as exc:
+            pairs = list(dict.fromkeys(pairs))
+            for op, ref in pairs:
+                select_impls(s, [f"{op}={ref}"], [op], self.device)
+            return [(op, ref, s.entry(op, ref)) for op, ref in pairs]
+        except (ImplError, CampaignError) as exc:
             raise pytest.UsageError(f"mlafuzz: {exc}") from None
 
     # --- collection ---------------------------------------------------------
@@ -282,62 +289,57 @@ class FuzzSession:
             x for x in (f"{self.cases} cases" if self.cases else "", f"{self.budget:g} s" if self.budget else "") if x
         )
 
-    def _executor(self, device: str):
-        from mlafuzz.harness.drive.workers import InProcess, WorkerPool
-
-        if not self.isolate:
-            return InProcess(session=self.session)
-        slot = device if device == "cpu" else f"cuda:{gpu_for(self.worker, self._device_count())}"
-        return WorkerPool(devices=[slot], timeout=self.timeout)
-
-    @staticmethod
-    def _device_count() -> int:
+    def _slots(self, device: str) -> tuple[str, ...]:
+        """The worker's device when items run in a worker process: this xdist worker's GPU."""
+        if not self.isolate or device == "cpu":
+            return ()
         import torch
 
-        return torch.cuda.device_count()
+        return (f"cuda:{gpu_for(self.worker, torch.cuda.device_count())}",)
 
     def run_item(self, item: FuzzItem) -> None:
-        from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard, fuzz
-        from mlafuzz.harness.ledger import judge
+        from mlafuzz.harness.drive.campaign import Campaign, CampaignError, run_campaign
         from mlafuzz.reports import console
-        from mlafuzz.reports.model import group_buckets
 
         device = self._device_for_worker()
         shard = shard_of(self.worker)
-        self.session.load(item.entry, device)  # an impl that can't run here fails the item with one line
-        from mlafuzz.reports.rundir import clear_run
-
         out = self.item_dir(item)
-        clear_run(out)  # this item's previous run: replaced, never appended to
-        found: list = []
-        config = FuzzConfig(
+        campaign = Campaign(
             ops=(item.op,),
-            impls={item.op: item.ref},
+            impls=(f"{item.op}={item.ref}",),
             device=device,
             budget=self.budget,
             cases=self.cases,
             seed=self.seed,
-            out_dir=out,
-            shard=Shard(index=shard[0], count=shard[1]),
+            out_dir=out,  # this item's previous run there is replaced, never appended to
+            shard=shard,
             shrink_budget=self.shrink_budget,
-            table=self.session.table,
-            timeout=self.timeout if self.isolate else None,
+            timeout=self.timeout,
+            isolate=self.isolate,
+            slots=self._slots(device),
+            ledger=self.ledger,
         )
-        executor = self._executor(device)
         try:
-            summary = fuzz(config, executor=executor, on_finding=found.append)
-        finally:
-            executor.close()
+            result = run_campaign(campaign, session=self.session)
+        except CampaignError as exc:  # an impl that can't run here fails the item with one line
+            raise FuzzFailure(f"mlafuzz: {exc}") from None
+        summary, judgement = result.summary, result.judgement
         if summary.interrupted:
             raise KeyboardInterrupt
         totals = summary.to_json()
         item.add_report_section("call", "mlafuzz", f"{console.summary_line(totals)}\nfindings: {out}")
         item.user_properties.append(("mlafuzz_item", [item.op, item.ref]))
-        judgement = judge(found, ledger=self.ledger)
         if self.ledger is not None:
             item.user_properties.append(("mlafuzz_ledger_matched", list(judgement.matched)))
-        if judgement.passed:
-            return
+        if not judgement.passed:
+            raise self._failure(item, result, device=device, shard=shard, out=out)
+
+    def _failure(self, item: FuzzItem, result: Any, *, device: str, shard: tuple[int, int], out: Path) -> FuzzFailure:
+        """The item's report of its unexpected findings: the first buckets, each with its replay."""
+        from mlafuzz.reports import console
+        from mlafuzz.reports.model import group_buckets
+
+        summary, judgement, found = result.summary, result.judgement, result.found
         failing = set(judgement.failing())
         unexpected = [f for f in found if f.dedup_key in failing]
         expected = [f for f in found if judgement.statuses.get(f.dedup_key) == "expected"]
@@ -358,10 +360,10 @@ class FuzzSession:
             f" {console.plural(len(buckets), 'bucket')}"
             + (f", {len(expected)} expected per ledger" if expected else "")
         )
-        raise FuzzFailure(
+        return FuzzFailure(
             console.plugin_failure(
                 title=title,
-                summary=totals,
+                summary=summary.to_json(),
                 buckets=buckets,
                 shown=MAX_BUCKETS_SHOWN,
                 replay_for=lambda b: b.first.repro or bundles.get(b.key) or rerun,

@@ -43,6 +43,7 @@ def _entry(
     requires: tuple[str, ...] = (),
     capabilities: frozenset[str] = frozenset({"seq_starts"}),
     revisions: frozenset[str] | None = None,
+    extension: bool = False,
 ) -> ImplEntry:
     return ImplEntry(
         op=op,
@@ -54,6 +55,7 @@ def _entry(
         requires=requires,
         capabilities=capabilities,
         revisions=revisions,
+        extension=extension,
     )
 
 
@@ -124,6 +126,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         op="gather",
         name="cuda",
         module="mlafuzz.kernels.cuda_ext",
+        extension=True,
         attr="gather",
         devices=("cuda",),
         rejects=CUDA_GATHER_REJECTS,
@@ -144,6 +147,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         op="writer",
         name="cuda",
         module="mlafuzz.kernels.cuda_ext",
+        extension=True,
         attr="writer",
         devices=("cuda",),
         rejects=CUDA_WRITER_REJECTS,

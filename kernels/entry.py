@@ -40,6 +40,9 @@ class ImplEntry:
     # What it compiles on its first call (an extension, a helper library), built ahead of time for
     # a device kind: a timed run (``mutants``) then charges no build to its first cases.
     prepare: Callable[[str], None] | None = None
+    # Whether it calls our CUDA extension (kernels/cuda_ext.py) on a GPU: a cold run builds that in
+    # the background first, and only this entry's cases wait for it.
+    extension: bool = False
 
     def __post_init__(self) -> None:
         if self.revision is not None and self.revisions is not None:

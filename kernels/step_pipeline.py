@@ -560,7 +560,7 @@ _MUTANTS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _entry(name: str, attr: str, description: str, kind: str | None = None) -> ImplEntry:
+def _entry(name: str, attr: str, description: str, kind: str | None = None, *, extension: bool = False) -> ImplEntry:
     # Look-alikes of reported bugs (SPEC 9.5) recall as their own group in `mutants`.
     group = ("vllm-reports" if "look-alike" in description else "core") if kind is not None else None
     return ImplEntry(
@@ -574,6 +574,7 @@ def _entry(name: str, attr: str, description: str, kind: str | None = None) -> I
         expected_kind=kind,
         revisions=frozenset(revisions.names()),  # the harness binds the case's revision= (context_chunks)
         group=group,
+        extension=extension,  # on a GPU its gather is our CUDA kernel (unless MLAFUZZ_STEP_GATHER says otherwise)
     )
 
 
@@ -583,6 +584,7 @@ STEP_ENTRIES: tuple[ImplEntry, ...] = (
         "step",
         "our step pipeline (split once, fp8 and chunked-context metadata, decode-subset convert, chunked"
         " gather); its convert/gather sub-impls chosen by the step op",
+        extension=True,
     ),
     *(_entry(name, attr, text, kind) for name, (attr, kind, text) in _MUTANTS.items()),
 )

@@ -29,7 +29,7 @@ def bench_fuzz(
     from mlafuzz.generators.draw import LARGE
     from mlafuzz.harness.bench.busy import sample_gpu
     from mlafuzz.harness.check.session import Session
-    from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
+    from mlafuzz.harness.drive.campaign import Campaign, run_campaign
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, WorkerPool, device_slots, table_from_ref
 
     table = table_from_ref(DEFAULT_TABLE)
@@ -48,24 +48,21 @@ def bench_fuzz(
     try:
         with tempfile.TemporaryDirectory(prefix="mlafuzz-bench-") as tmp:
             for op in ops:
-                impls = {op: session.default_ref(op, device)}
-                common = dict(ops=(op,), impls=impls, device=device, knobs=knobs, shrink_budget=0.0, table=table)
-                fuzz(
-                    FuzzConfig(
-                        cases=WARM_CASES_PER_WORKER * len(devices),
-                        seed=seed + 1,
-                        out_dir=Path(tmp) / f"{op}-warm",
-                        **common,
-                    ),
-                    executor=pool,
+                # Our default implementation, no shrinking; each campaign runs on the one warm pool,
+                # kept across ops (a pool per campaign would time its start-up).
+                common = dict(ops=(op,), device=device, knobs=knobs, shrink_budget=0.0, timeout=None)
+                warm = Campaign(
+                    cases=WARM_CASES_PER_WORKER * len(devices),
+                    seed=seed + 1,
+                    out_dir=Path(tmp) / f"{op}-warm",
+                    **common,
                 )
+                run_campaign(warm, session=session, executor=pool)
                 found: list = []
                 with sample_gpu(devices) as sampler:  # NVML, in a thread: the timed part only
-                    summary = fuzz(
-                        FuzzConfig(budget=seconds, seed=seed, out_dir=Path(tmp) / op, **common),
-                        executor=pool,
-                        on_finding=found.append,
-                    )
+                    timed = Campaign(budget=seconds, seed=seed, out_dir=Path(tmp) / op, **common)
+                    result = run_campaign(timed, session=session, executor=pool, on_finding=found.append)
+                summary, impls = result.summary, result.impls
                 busy = sampler.result()
                 lines.append(
                     f"{op:<8} {summary.rate:>9.1f} {summary.cases:>7} {summary.seconds:>8.1f}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from mlafuzz.harness.drive.ci_shard import ShardError, parse_shard, shard_from_env
+from mlafuzz.harness.drive.campaign import ShardError, parse_shard, shard_from_env
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # Ctrl-C; SIGTERM (what CI sends on cancel)

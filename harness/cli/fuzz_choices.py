@@ -1,6 +1,6 @@
 """What ``mlafuzz fuzz`` decides for the user before a case runs: the run seed (a fresh one
-unless told), the header's word on a default that stands in for a missing one, the corpus to
-replay first, and when to stop early (--max-findings)."""
+unless told), the header's word on a default that stands in for a missing one, and the lines
+about the corpus replayed first."""
 
 from __future__ import annotations
 
@@ -55,34 +55,10 @@ def default_notes(session: Any, refs: dict[str, str], texts: list[str] | None, d
     return notes
 
 
-def read_corpus(args: argparse.Namespace, config: Any) -> tuple[list, list[str]]:
-    """--corpus DIR: its bundles as the run's first tasks (drive/replay.py ``corpus_tasks``), read
-    before the run folder is cleared (the corpus may be the last run's own bundles), and the lines
-    to print: one per bundle left out, one saying how many run first."""
-    from mlafuzz.harness.drive.replay import corpus_tasks
-    from mlafuzz.reports.bundle import BundleError
-
-    try:
-        tasks, notes = corpus_tasks(
-            Path(args.corpus),
-            impls=config.impls,
-            device=config.device,
-            ulp=config.policy.ulp,
-            revision=config.revision,
-            rejects=config.rejects,
-            shard=(config.shard.index, config.shard.count),
-        )
-    except BundleError as exc:
-        raise UsageError(f"mlafuzz: --corpus {args.corpus}: {exc}") from None
-    lines = [f"mlafuzz: --corpus: {note}" for note in notes]
+def corpus_lines(prepared: Any, corpus: str) -> list[str]:
+    """--corpus DIR's lines: one per bundle left out, one saying how many run first."""
+    config = prepared.config
+    lines = [f"mlafuzz: --corpus: {note}" for note in prepared.corpus_notes]
     mine = f" (shard {config.shard.index}/{config.shard.count}'s share)" if config.shard.count > 1 else ""
-    lines.append(f"mlafuzz: replaying {plural(len(tasks), 'corpus bundle')} from {args.corpus}{mine} first")
-    return tasks, lines
-
-
-def stop_after(max_findings: int | None):
-    """fuzz()'s ``stop_when`` for --max-findings: N error buckets, this session's and a resumed
-    run's earlier ones together."""
-    if max_findings is None:
-        return None
-    return lambda summary: len(set(summary.buckets) | summary.known) >= max_findings
+    lines.append(f"mlafuzz: replaying {plural(len(prepared.corpus), 'corpus bundle')} from {corpus}{mine} first")
+    return lines

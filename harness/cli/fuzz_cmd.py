@@ -34,7 +34,7 @@ from mlafuzz.harness.cli.args import (
     positive_seconds,
     shard,
 )
-from mlafuzz.harness.cli.fuzz_choices import SEED_ENV, default_notes, read_corpus, run_seed, stop_after
+from mlafuzz.harness.cli.fuzz_choices import SEED_ENV, corpus_lines, default_notes, run_seed
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.oracles import revisions
 
@@ -124,6 +124,13 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help="run only shard K of N (0-based); auto (the default): MLAFUZZ_SHARD=K/N, else Buildkite's"
         " BUILDKITE_PARALLEL_JOB/BUILDKITE_PARALLEL_JOB_COUNT, else 0/1",
     )
+    _add_run_options(f)
+    _add_judging_options(f)
+    f.set_defaults(func=cmd_fuzz)
+
+
+def _add_run_options(f: argparse.ArgumentParser) -> None:
+    """How the cases run: workers, isolation, limits, memory checks, what is printed."""
     f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
     f.add_argument(
         "--workers",
@@ -164,6 +171,10 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help="GPU exact mode: run cases under compute-sanitizer memcheck with the caching allocator "
         "off; its reports become findings (slow)",
     )
+
+
+def _add_judging_options(f: argparse.ArgumentParser) -> None:
+    """What the run is judged against, and what it replays or stops on."""
     f.add_argument(
         "--contract",
         action="append",
@@ -190,73 +201,10 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
         "entries that matched nothing are printed as stale",
     )
-    f.set_defaults(func=cmd_fuzz)
 
 
 def _say(line: str) -> None:
     print(f"mlafuzz: {line}", file=sys.stderr, flush=True)
-
-
-def executor_for(args: argparse.Namespace, *, table_ref: str, on_workers: Any = None):
-    """The run's executor; ``on_workers(line)`` hears the worker line of a pool (the header's)."""
-    from mlafuzz.harness.drive.workers import InProcess, WorkerPool, device_slots, slot_plan
-
-    if (args.redzone or args.sanitizer) and args.device != "cuda":
-        raise UsageError("mlafuzz: --redzone and --sanitizer check GPU memory: use them with --device cuda")
-    if args.sanitizer:
-        from mlafuzz.harness.drive.sanitizer import SanitizerExecutor
-
-        try:
-            return SanitizerExecutor(device=args.device)
-        except RuntimeError as exc:
-            raise UsageError(f"mlafuzz: {exc}") from None
-    if args.in_process:
-        return InProcess(redzone=args.redzone)
-    plan = slot_plan(device=args.device, workers=args.workers)
-    slots = device_slots(device=args.device, workers=args.workers, plan=plan)
-    if on_workers is not None:
-        on_workers(plan.line(slots))
-    return WorkerPool(
-        devices=slots,
-        timeout=args.timeout,
-        redzone=args.redzone,
-        table_ref=table_ref,
-    )
-
-
-def select_impls(session: Any, texts: list[str] | None, ops: list[str], device: str) -> dict[str, str]:
-    """op -> --impl reference, each resolved and loaded once here (its signature checked against
-    the op's call) so mistakes surface as one line before any worker starts."""
-    from mlafuzz.kernels.entry import ImplError
-    from mlafuzz.kernels.registry import parse_impl_arg
-
-    chosen: dict[str, str] = {}
-    for text in texts or ():
-        op, ref = parse_impl_arg(text, ops=session.table.names)
-        if op not in ops:
-            raise ImplError(f"--impl {text}: op {op!r} is not fuzzed in this run (ops: {', '.join(ops)})")
-        if chosen.get(op, ref) != ref:  # a run fuzzes one implementation per op: never drop one silently
-            raise ImplError(
-                f"--impl {op}={chosen[op]} and --impl {text}: a run fuzzes one implementation per op;"
-                f" fuzz each in its own run (its own --out), or both at once with the pytest plugin"
-            )
-        chosen[op] = ref
-    refs = {}
-    for op in ops:
-        ref = chosen.get(op) or session.default_ref(op, device)
-        entry = session.entry(op, ref)
-        try:
-            session.load(entry, device)
-        except ImplError:
-            raise
-        except Exception as exc:  # e.g. the CUDA extension failed to build: one line, exit 2
-            text = str(exc).strip()
-            raise ImplError(
-                f"--impl {op}={ref}: cannot load on {device}: {type(exc).__name__}: "
-                f"{text.splitlines()[0] if text else ''}"
-            ) from None
-        refs[op] = ref
-    return refs
 
 
 def parse_contracts(texts: list[str] | None, table: Any) -> dict[str, tuple[str, ...]]:
@@ -324,147 +272,169 @@ def prepare_out(args: argparse.Namespace) -> tuple[Path, bool]:
     return out, used
 
 
-def cmd_fuzz(args: argparse.Namespace) -> int:
-    started = time.monotonic()  # for the cold-start line: the command's start, imports included
+def campaign_of(args: argparse.Namespace) -> tuple[Any, bool, bool]:
+    """(the Campaign the options ask for, whether its seed was drawn fresh, whether --out holds an
+    earlier run); every option checked here, before anything runs."""
     from mlafuzz.generators.draw import KNOB_PRESETS
-    from mlafuzz.harness.check.compare import Policy
-    from mlafuzz.harness.check.session import Session
-    from mlafuzz.harness.cli.builds import built_or_not_needed, start_builds
-    from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard, fuzz
-    from mlafuzz.harness.drive.resume import ResumeError, load_resume
+    from mlafuzz.harness.drive.campaign import Campaign
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
-    from mlafuzz.harness.ledger import LedgerError, judge, load_ledger
-    from mlafuzz.kernels.registry import parse_impl_arg
-    from mlafuzz.reports import console
-    from mlafuzz.reports.progress import Progress, ShrinkProgress
-    from mlafuzz.reports.rundir import clear_run
+    from mlafuzz.harness.ledger import LedgerError, load_ledger
 
     out, used = prepare_out(args)
     seed, drawn = run_seed(args, out, used)
     table = table_from_ref(DEFAULT_TABLE)
-    fixed_spec = None
-    if args.spec:
-        fixed_spec = read_spec(args.spec, table)
-        ops = [fixed_spec.op]
-        other = [op for op in args.op or () if op != fixed_spec.op]
-        if other:
-            raise UsageError(f"mlafuzz: --op {other[0]} does not apply: --spec {args.spec} is a {fixed_spec.op} case")
-    elif args.op:
-        ops = list(dict.fromkeys(args.op))
-    elif args.impl:
-        ops = list(dict.fromkeys(parse_impl_arg(t, ops=table.names)[0] for t in args.impl))
-    else:
-        ops = list(table.names)
-    cases, budget = args.cases, args.budget
-    if cases is None and budget is None:
-        budget = 60.0
+    ops, fixed_spec = fuzzed_ops(args, table)
     try:
         ledger = load_ledger(args.ledger) if args.ledger else None
     except LedgerError as exc:
         raise UsageError(f"mlafuzz: --ledger: {exc}") from None
-    rejects = parse_contracts(args.contract, table)
-    session = Session(table=table)
-    config = FuzzConfig(
+    campaign = Campaign(
         ops=tuple(ops),
-        impls=select_impls(session, args.impl, ops, args.device),
+        impls=tuple(args.impl or ()),
         device=args.device,
-        cases=cases,
-        budget=budget,
+        cases=args.cases,
+        budget=60.0 if args.cases is None and args.budget is None else args.budget,
         seed=seed,
         out_dir=out,
         knobs=KNOB_PRESETS[args.size],
-        policy=Policy(ulp=args.ulp),
+        ulp=args.ulp,
         fixed_spec=fixed_spec,
-        shard=Shard(index=args.shard[0], count=args.shard[1]),
+        shard=args.shard,
         shrink_budget=args.shrink_budget,
-        rejects=rejects,
-        table=table,
+        rejects=parse_contracts(args.contract, table),
         revision=args.revision,
-        timeout=None if args.in_process or args.sanitizer else args.timeout,
+        timeout=args.timeout,
+        isolate=not args.in_process,
+        workers=args.workers,
+        redzone=args.redzone,
+        sanitizer=args.sanitizer,
+        resume=args.resume,
+        corpus=Path(args.corpus) if args.corpus else None,
+        ledger=ledger,
+        max_findings=args.max_findings,
     )
-    corpus, corpus_lines = read_corpus(args, config) if args.corpus else ([], [])
-    # A cold GPU start: the CUDA extension builds in the background, said in a line (builds.py).
-    build = start_builds(device=args.device, impls=config.impls, say=lambda line: args.quiet or _say(line))
-    resume = None
-    if used and args.resume:
-        try:
-            resume = load_resume(out, config.run_json())
-        except ResumeError as exc:
-            raise UsageError(f"mlafuzz: {exc}") from None
-    elif used:
-        removed = clear_run(out)
-        if not args.overwrite and not args.quiet:
-            print(console.cleared_line(out=str(out), removed=removed), file=sys.stderr)
-    if not args.quiet:
+    return campaign, drawn, used
+
+
+def fuzzed_ops(args: argparse.Namespace, table: Any) -> tuple[list[str], Any]:
+    """(the ops to fuzz, the --spec to run or None): --spec's op, else --op, else the ops of
+    --impl, else every op."""
+    from mlafuzz.kernels.registry import parse_impl_arg
+
+    if args.spec:
+        fixed_spec = read_spec(args.spec, table)
+        other = [op for op in args.op or () if op != fixed_spec.op]
+        if other:
+            raise UsageError(f"mlafuzz: --op {other[0]} does not apply: --spec {args.spec} is a {fixed_spec.op} case")
+        return [fixed_spec.op], fixed_spec
+    if args.op:
+        return list(dict.fromkeys(args.op)), None
+    if args.impl:
+        return list(dict.fromkeys(parse_impl_arg(t, ops=table.names)[0] for t in args.impl)), None
+    return list(table.names), None
+
+
+class Reporter:
+    """What ``mlafuzz fuzz`` prints while a campaign runs: the header, a line per new bucket, the
+    workers, the first case's time and the progress line (none of it with --quiet but the last)."""
+
+    def __init__(
+        self, args: argparse.Namespace, *, session: Any, budget: float | None, started: float, drawn: bool, used: bool
+    ) -> None:
+        from mlafuzz.reports.progress import Progress, ShrinkProgress
+
+        self.args, self.session, self.started, self.drawn, self.used = args, session, started, drawn, used
+        self.quiet = bool(args.quiet)
+        self.progress = Progress(budget=budget, quiet=self.quiet)
+        self.shrinking = ShrinkProgress(quiet=self.quiet)
+        self.seen: set = set()
+        self.first_case: float | None = None
+
+    def say(self, line: str) -> None:
+        if not self.quiet:
+            _say(line)
+
+    def start(self, prepared: Any) -> None:
+        from mlafuzz.reports import console
+
+        config, resume = prepared.config, prepared.resume
+        if self.quiet:
+            return
+        if self.used and resume is None and not self.args.overwrite:
+            print(console.cleared_line(out=str(config.out_dir), removed=prepared.removed), file=sys.stderr)
         print(
             console.start_line(
                 impls=config.impls,
-                device=args.device,
-                seed=seed,
-                drawn=drawn,
-                notes=default_notes(session, dict(config.impls), args.impl, args.device),
-                cases=cases,
-                budget=budget,
+                device=config.device,
+                seed=config.seed,
+                drawn=self.drawn,
+                notes=default_notes(self.session, dict(config.impls), self.args.impl, config.device),
+                cases=config.cases,
+                budget=config.budget,
                 out=str(config.out_dir),
                 revision=config.revision,
                 resumed=resume.summary if resume else None,
             ),
             file=sys.stderr,
         )
-    for line in corpus_lines if not args.quiet else ():
-        print(line, file=sys.stderr)
-    seen: set = set()
-    found: list = list(resume.findings) if resume is not None else []  # the verdict is the whole run's
+        for line in corpus_lines(prepared, self.args.corpus) if self.args.corpus else ():
+            print(line, file=sys.stderr)
 
-    def show(finding) -> None:
-        found.append(finding)
-        if not args.quiet and finding.dedup_key not in seen:  # one line per new bucket
-            seen.add(finding.dedup_key)
+    def workers(self, line: str) -> None:
+        shard = self.args.shard
+        self.say(f"{line}; shard {shard[0]}/{shard[1]}" if shard != (0, 1) else line)
+
+    def finding(self, finding: Any) -> None:
+        from mlafuzz.reports import console
+
+        if not self.quiet and finding.dedup_key not in self.seen:  # one line per new bucket
+            self.seen.add(finding.dedup_key)
             print(console.finding_line(finding), file=sys.stderr)
 
-    def worker_line(line: str) -> None:
-        if not args.quiet:
-            where = f"; shard {args.shard[0]}/{args.shard[1]}" if args.shard != (0, 1) else ""
-            print(f"mlafuzz: {line}{where}", file=sys.stderr)
+    def tick(self, totals: dict, elapsed: float) -> None:
+        if self.first_case is None and totals.get("cases", 0) + totals.get("skipped", 0) > 0:
+            self.first_case = time.monotonic() - self.started
+            self.say(f"first case done {self.first_case:.1f} s after the start")  # builds, start-up, compiles
+        self.progress(totals, elapsed)
 
-    executor = executor_for(args, table_ref=DEFAULT_TABLE, on_workers=worker_line)
-    if corpus:
-        from mlafuzz.harness.drive.replay import CorpusFirst
+    def shrink(self, event: str, facts: dict) -> None:
+        self.progress.close()
+        self.shrinking(event, facts)
 
-        executor = CorpusFirst(executor, corpus)
-    progress = Progress(budget=budget, quiet=args.quiet)
-    first_case: list[float] = []
 
-    def on_progress(totals: dict, elapsed: float) -> None:
-        if not first_case and totals.get("cases", 0) + totals.get("skipped", 0) > 0:
-            first_case.append(time.monotonic() - started)
-            if not args.quiet:  # how long the start took: builds, worker start-up, compiles
-                _say(f"first case done {first_case[0]:.1f} s after the start")
-        progress(totals, elapsed)
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # for the cold-start line: the command's start, imports included
+    from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.drive.campaign import CampaignError, run_campaign
+    from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
+    from mlafuzz.reports import console
 
-    shrinking = ShrinkProgress(quiet=args.quiet)
+    campaign, drawn, used = campaign_of(args)
+    session = Session(table=table_from_ref(DEFAULT_TABLE))  # the header's notes read its registry
+    report = Reporter(args, session=session, budget=campaign.budget, started=started, drawn=drawn, used=used)
     with terminate_like_interrupt():
         try:
-            summary = fuzz(
-                config,
-                executor=executor,
-                on_finding=show,
-                on_progress=on_progress,
-                stop_when=stop_after(args.max_findings),
-                resume=resume,
-                on_shrink=lambda event, facts: (progress.close(), shrinking(event, facts)),
-                ready=None if build is None else built_or_not_needed(build[0], config.impls),
+            result = run_campaign(
+                campaign,
+                session=session,
+                say=report.say,
+                on_start=report.start,
+                on_workers=report.workers,
+                on_finding=report.finding,
+                on_progress=report.tick,
+                on_shrink=report.shrink,
             )
+        except CampaignError as exc:
+            raise UsageError(f"mlafuzz: error: {exc}") from None
         finally:
-            progress.close()
-            executor.close()
+            report.progress.close()
+    summary = result.summary
     for line in console.bundle_lines(summary.bundles):
         print(line)
     print(console.summary_line(summary.to_json()))
-    judgement = judge(found, ledger=ledger, ran=config.impls.items())
-    for line in console.verdict_lines(judgement, found):
+    for line in console.verdict_lines(result.judgement, result.found):
         print(line, file=sys.stderr)
-    if not judgement.passed:
+    if not result.judgement.passed:
         return EXIT_FINDINGS
     if summary.interrupted:
         return EXIT_TERMINATED if summary.terminated else EXIT_INTERRUPTED

@@ -138,11 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except Exception as exc:
         from mlafuzz.generators.spec import SpecError
+        from mlafuzz.harness.drive.campaign import CampaignError
         from mlafuzz.harness.drive.workers import WorkerStartError
         from mlafuzz.kernels.entry import ImplError
         from mlafuzz.reports.bundle import BundleError
 
-        if isinstance(exc, (ImplError, SpecError, BundleError, WorkerStartError)):
+        if isinstance(exc, (CampaignError, ImplError, SpecError, BundleError, WorkerStartError)):
             print(f"mlafuzz: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         raise

@@ -17,7 +17,7 @@ on-disk caches, so a job that keeps those folders between runs starts warm. ``wa
 On the CPU nothing compiles (Triton runs interpreted, the extension needs a GPU): warmup loads
 the implementations, runs a few cases of each op, and prints the same folders.
 
-``builds.start_builds`` is the same background build for a cold ``mlafuzz fuzz``, with a line
+``drive/campaign.py``'s ``start_builds`` is the same background build for a cold ``mlafuzz fuzz``, with a line
 saying what is being built.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mlafuzz.harness.cli.args import EXIT_OK, EXIT_USAGE, nonneg_int, positive_int
-from mlafuzz.harness.cli.builds import cache_folders, first_line, needs_extension, start_builds
+from mlafuzz.harness.drive.campaign import cache_folders, first_line, needs_extension, select_impls, start_builds
 
 SIZES = ("small", "large")
 DEFAULT_CASES = {"cuda": 64, "cpu": 2}  # per op and size: enough for the variants the draws meet
@@ -85,7 +85,6 @@ def _triton_cached(folder: str) -> int:
 def cmd_warmup(args: argparse.Namespace) -> int:
     from mlafuzz.generators.draw import KNOB_PRESETS
     from mlafuzz.harness.check.session import Session
-    from mlafuzz.harness.cli.fuzz_cmd import select_impls
     from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, InProcess, WorkerPool, device_slots, table_from_ref
 
@@ -118,8 +117,9 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     else:
         before = _triton_cached(folders[0][1])
         say(f"Triton's cache {folders[0][1]} holds {before} kernel folders before this warmup")
-    build = start_builds(device=device, impls=impls, say=say) if device != "cpu" else None
-    if device != "cpu" and build is None and needs_extension(impls):
+    entries = {op: session.entry(op, ref) for op, ref in impls.items()}
+    build = start_builds(device=device, entries=entries, say=say) if device != "cpu" else None
+    if device != "cpu" and build is None and needs_extension(entries):
         say("the CUDA extension is built already (loading it takes about a second)")
     slots = device_slots(device=device, workers=args.workers)
     executor = InProcess() if device == "cpu" else WorkerPool(devices=slots, timeout=600.0, table_ref=DEFAULT_TABLE)

@@ -20,14 +20,14 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from mlafuzz.generators.draw import KNOB_PRESETS, SMALL
 from mlafuzz.harness.check.session import Session
-from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz, shrink_and_bundle
+from mlafuzz.harness.drive.campaign import Campaign, CampaignError, run_campaign
+from mlafuzz.harness.drive.fuzz import shrink_and_bundle
 from mlafuzz.harness.drive.workers import Executor
 from mlafuzz.harness.ops.names import NEWEST_REVISION, REVISIONS
-from mlafuzz.reports.rundir import clear_run
 
 ISOLATED_KINDS = frozenset({"CRASH", "TIMEOUT"})  # what a mutant can only show by taking its process down
 
@@ -74,48 +74,18 @@ def run_mutants(
     for entry in session.registry.entries(mutants=True):
         if entry.op not in ops or kind not in entry.devices or entry.missing():
             continue
-        expected = entry.expected_kind or ""
-        try:  # its extension or library built here, untimed: its budget is for cases
-            entry.build(device)
-        except Exception:  # the run reports it: its first case fails to load the same way
-            pass
-        runner = isolated() if isolated is not None and expected in ISOLATED_KINDS else executor
-        config = FuzzConfig(
-            ops=(entry.op,),
-            impls={entry.op: entry.name},
-            device=device,
-            budget=budget,
-            cases=cases,
-            seed=seed,
-            out_dir=out / entry.name,
-            knobs=KNOB_PRESETS[entry.size],
-            shrink_budget=0.0,
-            table=session.table,
-        )
-        clear_run(config.out_dir)
-        start = time.monotonic()
-        # The executor (and its warm workers) is shared by every mutant.
-        summary = fuzz(config, executor=runner, stop_when=lambda s: expected in s.by_kind)
-        seconds = time.monotonic() - start
-        size = ""
-        if expected in summary.by_kind and shrink_budget > 0:
-            summary.buckets = {key: v for key, v in summary.buckets.items() if key[0] == expected}
-            shrink_and_bundle(dataclasses.replace(config, shrink_budget=shrink_budget), summary, runner)
-            shrunk = [b for b in summary.bundles if b["bucket"][0] == expected]  # each bucket is bundled as found too
-            if shrunk:
-                size = ", ".join(f"{k} {v}" for k, v in shrunk[0]["size"].items())
+        runner = isolated() if isolated is not None and entry.expected_kind in ISOLATED_KINDS else executor
         results.append(
-            MutantResult(
-                op=entry.op,
-                name=entry.name,
-                expected=expected,
-                killed=expected in summary.by_kind,
-                found=tuple(sorted(summary.by_kind)),
-                cases=summary.cases,
-                seconds=seconds,
-                size=size,
-                awaits=entry.awaits,
-                group=entry.group,
+            _run_mutant(
+                entry,
+                session=session,
+                device=device,
+                budget=budget,
+                cases=cases,
+                out=out,
+                seed=seed,
+                shrink_budget=shrink_budget,
+                executor=runner,
             )
         )
         if on_result is not None:
@@ -128,23 +98,95 @@ def run_mutants(
         revisions = [r for r in REVISIONS if entry.revisions and r in entry.revisions] or [NEWEST_REVISION]
         for revision in revisions:
             name = f"correct-{op}" if len(revisions) == 1 else f"correct-{op}-{revision}"
-            config = FuzzConfig(
+            campaign = Campaign(
                 ops=(op,),
-                impls={op: ref},
+                impls=(f"{op}={ref}",),
                 device=device,
                 budget=budget,
                 cases=cases,
                 seed=seed,
                 out_dir=out / name,
                 knobs=SMALL,
-                table=session.table,
                 revision=revision,
+                timeout=None,
             )
-            clear_run(config.out_dir)
-            summary = fuzz(config, executor=executor)
+            summary = run_campaign(campaign, session=session, executor=executor).summary
             if summary.findings:
                 clean_problems.append(
                     f"{op}={ref} (revision {revision}): {summary.findings} findings"
                     f" ({', '.join(sorted(summary.by_kind))})"
                 )
     return results, clean_problems
+
+
+def _unloaded(entry: Any, expected: str, why: str, seconds: float) -> MutantResult:
+    """The result of a mutant that cannot load here: not killed, its reason in the found column."""
+    return MutantResult(
+        op=entry.op,
+        name=entry.name,
+        expected=expected,
+        killed=False,
+        found=(f"cannot load: {why}",),
+        cases=0,
+        seconds=seconds,
+        size="",
+        awaits=entry.awaits,
+        group=entry.group,
+    )
+
+
+def _run_mutant(
+    entry: Any,
+    *,
+    session: Session,
+    device: str,
+    budget: float | None,
+    cases: int | None,
+    out: Path,
+    seed: int,
+    shrink_budget: float,
+    executor: Executor,
+) -> MutantResult:
+    """Fuzz one mutant until it draws its expected kind or its budget ends; shrink the kill."""
+    expected = entry.expected_kind or ""
+    try:  # its extension or library built here, untimed: its budget is for cases
+        entry.build(device)
+    except Exception:  # noqa: BLE001 - the campaign reports it: loading it fails the same way
+        pass
+    campaign = Campaign(
+        ops=(entry.op,),
+        impls=(f"{entry.op}={entry.name}",),
+        device=device,
+        budget=budget,
+        cases=cases,
+        seed=seed,
+        out_dir=out / entry.name,  # cleared first: a catalog run replaces the last one
+        knobs=KNOB_PRESETS[entry.size],
+        timeout=None,
+    )
+    start = time.monotonic()
+    try:  # the executor (and its warm workers) is shared by every mutant
+        result = run_campaign(campaign, session=session, executor=executor, stop_when=lambda s: expected in s.by_kind)
+    except CampaignError as exc:  # it cannot even load here: it survives, and the row says why
+        return _unloaded(entry, expected, str(exc), time.monotonic() - start)
+    summary = result.summary
+    seconds = time.monotonic() - start
+    size = ""
+    if expected in summary.by_kind and shrink_budget > 0:
+        summary.buckets = {key: v for key, v in summary.buckets.items() if key[0] == expected}
+        shrink_and_bundle(dataclasses.replace(result.config, shrink_budget=shrink_budget), summary, executor)
+        shrunk = [b for b in summary.bundles if b["bucket"][0] == expected]  # each bucket is bundled as found too
+        if shrunk:
+            size = ", ".join(f"{k} {v}" for k, v in shrunk[0]["size"].items())
+    return MutantResult(
+        op=entry.op,
+        name=entry.name,
+        expected=expected,
+        killed=expected in summary.by_kind,
+        found=tuple(sorted(summary.by_kind)),
+        cases=summary.cases,
+        seconds=seconds,
+        size=size,
+        awaits=entry.awaits,
+        group=entry.group,
+    )

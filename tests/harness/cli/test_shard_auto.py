@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlafuzz.harness.cli.main import main
-from mlafuzz.harness.drive.ci_shard import shard_from_env
+from mlafuzz.harness.drive.campaign import shard_from_env
 
 PLANTED = Path(__file__).parents[2] / "support" / "planted"
 CI_VARIABLES = ("MLAFUZZ_SHARD", "BUILDKITE_PARALLEL_JOB", "BUILDKITE_PARALLEL_JOB_COUNT")

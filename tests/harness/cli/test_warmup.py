@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mlafuzz.harness.cli.builds import cache_folders, needs_extension, start_builds
 from mlafuzz.harness.cli.main import main
+from mlafuzz.harness.drive.campaign import cache_folders, needs_extension, start_builds
+from mlafuzz.kernels.registry import default_registry
 
 CACHE_VARIABLES = ("TRITON_CACHE_DIR", "MLAFUZZ_CACHE", "TORCH_EXTENSIONS_DIR")
 
@@ -45,9 +46,15 @@ def test_cache_folders_follow_each_tools_own_variables():
 
 
 def test_only_a_gpu_run_of_our_cuda_kernels_builds_the_extension():
-    assert needs_extension({"gather": "cuda"}) and needs_extension({"step": "ours"})
-    assert not needs_extension({"convert": "triton", "gather": "torch"})
-    assert start_builds(device="cpu", impls={"gather": "cuda"}, say=pytest.fail) is None
+    registry = default_registry()  # whether an entry needs the extension is its own fact
+
+    def entries(chosen: dict[str, str]) -> dict:
+        return {op: registry.get(op, name) for op, name in chosen.items()}
+
+    assert needs_extension(entries({"gather": "cuda"})) and needs_extension(entries({"step": "ours"}))
+    assert needs_extension(entries({"writer": "cuda"}))
+    assert not needs_extension(entries({"convert": "triton", "gather": "torch", "step": "step_full_req_id"}))
+    assert start_builds(device="cpu", entries=entries({"gather": "cuda"}), say=pytest.fail) is None
 
 
 def test_a_usage_mistake_in_warmup_is_one_line_and_exit_2(capsys):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from mlafuzz.harness.cli.builds import built_or_not_needed
+from mlafuzz.harness.drive.campaign import built_or_not_needed
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
 from mlafuzz.harness.drive.workers import InProcess
+from mlafuzz.kernels.registry import default_registry
 
 
 class Recording(InProcess):
@@ -61,7 +62,9 @@ def test_an_op_waits_only_while_the_build_thread_runs_and_only_if_it_needs_the_e
     release = threading.Event()
     thread = threading.Thread(target=release.wait, daemon=True)
     thread.start()
-    ready = built_or_not_needed(thread, {"convert": "triton", "gather": "cuda", "step": "ours"})
+    registry = default_registry()  # whether an entry needs the extension is its own fact
+    chosen = {"convert": "triton", "gather": "cuda", "step": "ours"}
+    ready = built_or_not_needed(thread, {op: registry.get(op, name) for op, name in chosen.items()})
     assert ready("convert") and not ready("gather") and not ready("step")
     release.set()
     thread.join()
