@@ -175,7 +175,16 @@ def _part(
     return bad & m
 
 
-@triton.jit
+# Compile churn: Triton compiles a variant per specialization key, ~0.2 s each on the H200, so every
+# key that follows the case (a row count == 1 or % 16, the board slot the flag lands in being 16-byte
+# aligned or not) was a compile in the middle of a run that ``mlafuzz warmup`` had not met. What the
+# code's speed depends on stays specialized and is the same in every case: the cache and rows are
+# 16-byte aligned (contiguous_records, guards) and a row's stride is 288 pairs. The variants left are
+# the constexprs below: MODE (3), the device's USE_ASM / USE_CVT (tests/fast/test_variants.py).
+_ROWS_LOOSE = ["total"]
+
+
+@triton.jit(do_not_specialize=_ROWS_LOOSE, do_not_specialize_on_alignment=["bad_ptr"])
 def _rows(
     cache8_ptr,
     rec_ptr,
@@ -227,7 +236,13 @@ ROWS_PER_PROGRAM = 4
 NUM_WARPS = 2
 
 
-@triton.jit
+# The map's launch takes the case's shapes (row and request counts, a table's strides, the block
+# size) and views (seq_starts and the table as slices): specialized, they made a new variant in one
+# case of six. A search over a few int32 per row gains nothing from them: none is specialized.
+_MAP_INTS = ["total", "batch_size", "ws_stride", "ss_stride", "table_s0", "table_s1", "block_size"]
+
+
+@triton.jit(do_not_specialize=_MAP_INTS, do_not_specialize_on_alignment=["ws_ptr", "ss_ptr", "table_ptr", "out_ptr"])
 def _record_map(
     ws_ptr,
     ss_ptr,
