@@ -94,7 +94,6 @@ def _by_kernel(variants: set[Variant]) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.slow
 def test_a_default_runs_gather_cases_compile_nothing_warmup_did_not():
     n_ops = len(OPS.names)
     warm = DEFAULT_CASES["cuda"] * n_ops  # warmup's small pass: the run's first tasks, the same draws
