@@ -175,9 +175,30 @@ def _part(
     return bad & m
 
 
+# Compile churn: Triton compiles a variant per specialization key, ~0.2 s each on the H200, so every
+# key that follows the case (a row count == 1 or % 16, the board slot the flag lands in being 16-byte
+# aligned or not) was a compile in the middle of a run that ``mlafuzz warmup`` had not met. What the
+# code's speed depends on stays specialized and is the same in every case: the cache and rows are
+# 16-byte aligned (contiguous_records, guards) and a row's stride is 288 pairs. The variants left are
+# the constexprs below: MODE (3), the device's USE_ASM / USE_CVT (tests/fast/test_variants.py).
+_ROWS_LOOSE = ["total"]
+
+
 @triton.jit
+def _words(dev_ptr, host_ptr, offs, on_dev, on_host, HAS_HOST: tl.constexpr):
+    """The words at ``offs`` of each row's record: from the device cache (dev_ptr) where on_dev,
+    the host tier's records (host_ptr) where on_host (HAS_HOST only), 0 where neither. A row is in
+    one tier: the other load is masked off whole and reads nothing."""
+    words = tl.load(dev_ptr + offs, mask=on_dev, other=0)
+    if HAS_HOST:
+        words = words | tl.load(host_ptr + offs, mask=on_host, other=0)
+    return words
+
+
+@triton.jit(do_not_specialize=_ROWS_LOOSE, do_not_specialize_on_alignment=["bad_ptr"])
 def _rows(
     cache8_ptr,
+    host8_ptr,
     rec_ptr,
     dst_bf16_ptr,
     dst2_bf16_ptr,
@@ -189,30 +210,49 @@ def _rows(
     ROWS: tl.constexpr,
     USE_ASM: tl.constexpr,
     USE_CVT: tl.constexpr,
+    HAS_HOST: tl.constexpr,
 ):
-    """ROWS dst rows per program, each rebuilt from its record (rec: byte offsets) two elements
-    at a time: one 128-code scale tile at a time (the tile's scale loaded once per row), then
-    the 64 RoPE patterns as they are; each slice filled or checked by _part (MODE 0 / 1 / 2).
-    dst_stride, dst2_stride: in element pairs. A mismatch sets bad[0] = 1 with a masked store:
-    nothing counted, nothing synchronized across warps."""
-    # The cache's bytes read as 16- and 32-bit words, the rows as element pairs: pointer casts
+    """ROWS dst rows per program, each rebuilt from its record (rec: byte offsets into the device
+    cache; with HAS_HOST, -1 - the offset into the host tier's records for a row read from there)
+    two elements at a time: one 128-code scale tile at a time (the tile's scale loaded once per
+    row), then the 64 RoPE patterns as they are; each slice filled or checked by _part (MODE 0 /
+    1 / 2). dst_stride, dst2_stride: in element pairs. A mismatch sets bad[0] = 1 with a masked
+    store: nothing counted, nothing synchronized across warps."""
+    # The records' bytes read as 16- and 32-bit words, the rows as element pairs: pointer casts
     # here rather than typed views on the host (a view costs a few us there).
     cache16_ptr = cache8_ptr.to(tl.pointer_type(tl.int16))
     cache32_ptr = cache8_ptr.to(tl.pointer_type(tl.uint32))
+    host16_ptr = host8_ptr.to(tl.pointer_type(tl.int16))
+    host32_ptr = host8_ptr.to(tl.pointer_type(tl.uint32))
     dst_ptr = dst_bf16_ptr.to(tl.pointer_type(tl.uint32))
     dst2_ptr = dst2_bf16_ptr.to(tl.pointer_type(tl.uint32))
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < total
+    raw = tl.load(rec_ptr + rows, mask=live, other=0)
+    on_dev = live
+    on_host = live & (raw < 0)
+    if HAS_HOST:
+        on_dev = live & (raw >= 0)
+        raw = tl.where(raw < 0, -1 - raw, raw)
     # Byte offset of each row's record: multiples of 16 (656 = 41 x 16), said so loads vectorize.
-    rec = tl.multiple_of(tl.load(rec_ptr + rows, mask=live, other=0), 16)
+    rec = tl.multiple_of(raw, 16)
     pairs = tl.arange(0, 64)
     nope_bad = tl.zeros((ROWS, 64), dtype=tl.int1)  # the 4 tiles' mismatches, or-ed elementwise
     for t in tl.static_range(4):
-        codes = tl.load(cache16_ptr + rec[:, None] // 2 + t * 64 + pairs[None, :], mask=live[:, None], other=0)
-        scale = tl.load(cache32_ptr + rec // 4 + 128 + t, mask=live, other=0).to(tl.float32, bitcast=True)
+        codes = _words(
+            cache16_ptr,
+            host16_ptr,
+            rec[:, None] // 2 + t * 64 + pairs[None, :],
+            on_dev[:, None],
+            on_host[:, None],
+            HAS_HOST,
+        )
+        scale = _words(cache32_ptr, host32_ptr, rec // 4 + 128 + t, on_dev, on_host, HAS_HOST)
+        scale = scale.to(tl.float32, bitcast=True)
         expected = _expected_pairs(codes, tl.broadcast_to(scale[:, None], (ROWS, 64)), USE_ASM, USE_CVT)
         nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 64, expected, 64, MODE)
-    rope = tl.load(cache32_ptr + rec[:, None] // 4 + 132 + tl.arange(0, 32)[None, :], mask=live[:, None], other=0)
+    rope_at = rec[:, None] // 4 + 132 + tl.arange(0, 32)[None, :]
+    rope = _words(cache32_ptr, host32_ptr, rope_at, on_dev[:, None], on_host[:, None], HAS_HOST)
     rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 256, rope, 32, MODE)
     if MODE != 0:
         # Reduced within each row (a row lies in one warp: shuffles, no barrier), so the flag's
@@ -227,11 +267,22 @@ ROWS_PER_PROGRAM = 4
 NUM_WARPS = 2
 
 
-@triton.jit
+# The map's launch takes the case's shapes (row and request counts, a table's strides, the block
+# size) and views (seq_starts and the table as slices): specialized, they made a new variant in one
+# case of six. A search over a few int32 per row gains nothing from them: none is specialized.
+_MAP_INTS = ["total", "batch_size", "ws_stride", "ss_stride", "table_s0", "table_s1", "block_size"]
+
+
+_MAP_PTRS = ["ws_ptr", "ss_ptr", "table_ptr", "dmap_ptr", "hmap_ptr", "out_ptr"]
+
+
+@triton.jit(do_not_specialize=_MAP_INTS, do_not_specialize_on_alignment=_MAP_PTRS)
 def _record_map(
     ws_ptr,
     ss_ptr,
     table_ptr,
+    dmap_ptr,
+    hmap_ptr,
     out_ptr,
     total,
     batch_size,
@@ -241,12 +292,15 @@ def _record_map(
     table_s1,
     block_size,
     HAS_SS: tl.constexpr,
+    HAS_HOST: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """out[row] = byte offset of the record dst row ``row`` reads: row_records, per row. The owner
     is the last request b < batch_size with ws[b] <= row (a right-sided binary search over the
     non-decreasing ws[:B]: past empty requests), its position seq_starts[b] + row - ws[b], then
-    the block table."""
+    the block table. HAS_HOST (SPEC 9.3): the table's slot s picks the tier, the device cache's
+    row dmap[s] when that is >= 0, else host row hmap[s], whose offset is stored as -1 - offset
+    (read by _rows)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = rows < total
     lo = tl.zeros((BLOCK,), dtype=tl.int64)  # invariant: ws[:lo] <= row < ws[hi:]
@@ -266,7 +320,13 @@ def _record_map(
         pos += tl.load(ss_ptr + owner * ss_stride, mask=live, other=0).to(tl.int64)
     blk = pos // block_size
     block = tl.load(table_ptr + owner * table_s0 + blk * table_s1, mask=live, other=0).to(tl.int64)
-    tl.store(out_ptr + rows, (block * block_size + pos - blk * block_size) * 656, mask=live)
+    slot = block * block_size + pos - blk * block_size
+    if HAS_HOST:
+        d = tl.load(dmap_ptr + slot, mask=live, other=0).to(tl.int64)
+        h = tl.load(hmap_ptr + slot, mask=live, other=0).to(tl.int64)
+        tl.store(out_ptr + rows, tl.where(d >= 0, d * 656, -1 - h * 656), mask=live)
+    else:
+        tl.store(out_ptr + rows, slot * 656, mask=live)
 
 
 def record_offsets(
@@ -277,24 +337,33 @@ def record_offsets(
     batch_size: int,
     seq_starts: torch.Tensor | None,
     total: int,
+    host_row_ids: torch.Tensor | None = None,
+    device_row_ids: torch.Tensor | None = None,
     launchers: Launchers | None = None,
 ) -> torch.Tensor:
     """Byte offset, int64 [total], of the record each dst row reads in the contiguous cache:
     ``oracles.gather.row_records``'s mapping in one launch (its ten-odd torch ops cost more host
-    time than the rest of a fast-path gather check), held equal to it by tests. Valid cases only
-    (non-decreasing ws from 0). A case's offsets are computed once and passed to both
-    ``gather_prefill`` and ``gather_rows_flag`` (``rec=``)."""
+    time than the rest of a fast-path gather check), held equal to it by tests. With the host
+    tier's maps (SPEC 9.3, on the cache's device), the oracle's choice of tier per slot: a row
+    read from host row h gets -1 - h x 656. Valid cases only (non-decreasing ws from 0, every slot
+    read inside the maps, its host row inside the host cache). A case's offsets are computed once
+    and passed to both ``gather_prefill`` and ``gather_rows_flag`` (``rec=``)."""
     dev = src_cache.device
     out = torch.empty(total, dtype=torch.int64, device=dev)
     if total == 0 or batch_size <= 0:
         return out
     ws = workspace_starts.reshape(-1)
     ss = seq_starts.reshape(-1) if seq_starts is not None else ws
+    tiered = host_row_ids is not None and device_row_ids is not None
+    dmap = device_row_ids.reshape(-1) if tiered else ws  # type: ignore[union-attr]
+    hmap = host_row_ids.reshape(-1) if tiered else ws  # type: ignore[union-attr]
     block = 1024
     args = (
         ws,
         ss,
         block_table,
+        dmap,
+        hmap,
         out,
         total,
         batch_size,
@@ -307,7 +376,7 @@ def record_offsets(
     (launchers or Launchers())(_record_map)(
         -(-total // block),
         args,  # not triton.cdiv: ~5 us a call
-        {"HAS_SS": seq_starts is not None, "BLOCK": block},
+        {"HAS_SS": seq_starts is not None, "HAS_HOST": tiered, "BLOCK": block},
     )
     return out
 
@@ -316,20 +385,24 @@ def _launch(
     *,
     mode: int,
     cache: torch.Tensor,
+    host: torch.Tensor | None,
     dst: torch.Tensor,
     dst2: torch.Tensor | None,
     rec: torch.Tensor,
     bad: torch.Tensor,
     launchers: Launchers | None,
 ) -> None:
+    """``host``: the host tier's records on the device (``host_records``), None without the tier."""
     other = dst2 if dst2 is not None else dst
     total = dst.shape[0]
+    dev = dst.device
     with quiet():
-        args = (cache, rec, dst, other, bad, total, dst.stride(0) // 2, other.stride(0) // 2)
+        args = (cache, host if host is not None and host.numel() else cache, rec, dst, other, bad, total)
+        constexprs = {"MODE": mode, "ROWS": ROWS_PER_PROGRAM, "USE_ASM": use_asm(dev), "USE_CVT": use_cvt(dev)}
         (launchers or Launchers())(_rows)(
             -(-total // ROWS_PER_PROGRAM),
-            args,
-            {"MODE": mode, "ROWS": ROWS_PER_PROGRAM, "USE_ASM": use_asm(dst.device), "USE_CVT": use_cvt(dst.device)},
+            (*args, dst.stride(0) // 2, other.stride(0) // 2),
+            {**constexprs, "HAS_HOST": host is not None},
             num_warps=NUM_WARPS,
         )
 
@@ -344,6 +417,43 @@ def contiguous_records(src_cache: torch.Tensor) -> torch.Tensor | None:
     if not cache.is_contiguous() or cache.data_ptr() % 16:
         cache = cache.clone(memory_format=torch.contiguous_format)
     return cache
+
+
+def host_records(host_cache: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """The host tier's records (SPEC 9.3: uint8 [rows, 656]) on ``device``, contiguous and 16-byte
+    aligned as the kernel reads them; None without a host tier or for another shape. From pinned
+    memory the copy is asynchronous: made before the first call (the prefill's), it holds what the
+    host cache held then, unless the call wrote the host cache, which the input check sees."""
+    if host_cache is None:
+        return None
+    host = host_cache.view(torch.uint8) if host_cache.dtype != torch.uint8 else host_cache
+    if host.dim() != 2 or host.shape[1] != 656:
+        return None
+    host = host.to(device, non_blocking=True)
+    if not host.is_contiguous() or host.data_ptr() % 16:
+        host = host.clone(memory_format=torch.contiguous_format)
+    return host
+
+
+def _tier(
+    cache: torch.Tensor | None,
+    host_cache: torch.Tensor | None,
+    host_row_ids: torch.Tensor | None,
+    device_row_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor | None] | None:
+    """(the host tier's records on the cache's device, or None without a host tier), or None when
+    this check does not read the tier as given: given in part, maps of unequal sizes or elsewhere
+    than the cache (the kernels read them there), a host cache not [rows, 656]."""
+    given = [x is not None for x in (host_cache, host_row_ids, device_row_ids)]
+    if cache is None or not any(given):
+        return (None,)
+    if not all(given):
+        return None
+    assert host_row_ids is not None and device_row_ids is not None
+    if host_row_ids.numel() != device_row_ids.numel() or {host_row_ids.device, device_row_ids.device} != {cache.device}:
+        return None
+    host = host_records(host_cache, cache.device)
+    return (host,) if host is not None else None
 
 
 def _usable(cache: torch.Tensor | None, *dsts: torch.Tensor | None) -> bool:
@@ -373,15 +483,20 @@ def gather_prefill(
     workspace_starts: torch.Tensor,
     batch_size: int,
     seq_starts: torch.Tensor | None,
+    host_cache: torch.Tensor | None = None,
+    host_row_ids: torch.Tensor | None = None,
+    device_row_ids: torch.Tensor | None = None,
     rec: torch.Tensor | None = None,
     launchers: Launchers | None = None,
 ) -> bool:
     """Fill dst so that no byte of it already holds what SPEC section 4 puts there: each element
     is ``_unlike_pairs`` its expected value. Then a dst that ``gather_rows_flag`` finds equal to the
     oracle's was written at every byte, which is what the guards' two-run write map establishes;
-    one run and one fill do it. False (nothing written) when the layout is not one it handles."""
+    one run and one fill do it. False (nothing written) when the layout is not one it handles.
+    The host tier's three arguments (SPEC 9.3) as the gather takes them, or none of them."""
     cache = contiguous_records(src_cache)
-    if batch_size <= 0 or not _usable(cache, dst):
+    tier = _tier(cache, host_cache, host_row_ids, device_row_ids)
+    if batch_size <= 0 or tier is None or not _usable(cache, dst):
         return False
     total = dst.shape[0]
     if total == 0:
@@ -394,9 +509,11 @@ def gather_prefill(
             batch_size=batch_size,
             seq_starts=seq_starts,
             total=total,
+            host_row_ids=host_row_ids,
+            device_row_ids=device_row_ids,
             launchers=launchers,
         )
-    _launch(mode=0, cache=cache, dst=dst, dst2=None, rec=rec, bad=rec, launchers=launchers)
+    _launch(mode=0, cache=cache, host=tier[0], dst=dst, dst2=None, rec=rec, bad=rec, launchers=launchers)
     return True
 
 
@@ -409,6 +526,9 @@ def gather_rows_flag(
     batch_size: int,
     seq_starts: torch.Tensor | None,
     dst2: torch.Tensor | None = None,
+    host_cache: torch.Tensor | None = None,
+    host_row_ids: torch.Tensor | None = None,
+    device_row_ids: torch.Tensor | None = None,
     rec: torch.Tensor | None = None,
     flag: torch.Tensor | None = None,
     launchers: Launchers | None = None,
@@ -418,9 +538,13 @@ def gather_rows_flag(
     every row is; None when this check cannot tell (a layout it does not read). SPEC section 4's
     preconditions are assumed to hold (the fuzz loop calls it on valid cases only). No host
     synchronization: the caller reads the flag together with its other checks. ``flag``: a zeroed
-    int tensor on dst's device to set (its element 0) instead of a new one."""
+    int tensor on dst's device to set (its element 0) instead of a new one. The host tier's three
+    arguments (SPEC 9.3) as the gather takes them, or none of them."""
     cache = contiguous_records(src_cache)
-    if batch_size <= 0 or (dst2 is not None and dst2.shape != dst.shape) or not _usable(cache, dst, dst2):
+    tier = _tier(cache, host_cache, host_row_ids, device_row_ids)
+    if batch_size <= 0 or tier is None or (dst2 is not None and dst2.shape != dst.shape):
+        return None
+    if not _usable(cache, dst, dst2):
         return None
     total = dst.shape[0]
     bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=dst.device)
@@ -434,9 +558,12 @@ def gather_rows_flag(
             batch_size=batch_size,
             seq_starts=seq_starts,
             total=total,
+            host_row_ids=host_row_ids,
+            device_row_ids=device_row_ids,
             launchers=launchers,
         )
-    _launch(mode=1 if dst2 is None else 2, cache=cache, dst=dst, dst2=dst2, rec=rec, bad=bad, launchers=launchers)
+    mode = 1 if dst2 is None else 2
+    _launch(mode=mode, cache=cache, host=tier[0], dst=dst, dst2=dst2, rec=rec, bad=bad, launchers=launchers)
     return bad
 
 
@@ -445,7 +572,8 @@ def gather_rows_flag(
 
 def _args(state: CaseState) -> dict[str, Any]:
     """The fused check's arguments, prepared once per case for its prefill and its checks: the
-    cache contiguous and aligned (a copy only when it is not), and the row -> record map."""
+    cache contiguous and aligned (a copy only when it is not), the host tier's records copied to
+    the device (before the first call: the prefill comes first), and the row -> record map."""
     case = state.case
     t = case.tensors
     args = dict(
@@ -453,34 +581,24 @@ def _args(state: CaseState) -> dict[str, Any]:
         workspace_starts=t["workspace_starts"],
         batch_size=case.params["batch_size"],
         seq_starts=t["seq_starts"],
+        host_row_ids=t.get("host_row_ids"),
+        device_row_ids=t.get("device_row_ids"),
     )
     if "gather" not in state.memo:
         cache = contiguous_records(t["src_cache"])
+        tier = _tier(cache, t.get("host_cache"), args["host_row_ids"], args["device_row_ids"])
         rec = (
             record_offsets(src_cache=cache, total=case.params["total"], launchers=state.launchers, **args)
-            if cache is not None
+            if cache is not None and tier is not None
             else None
-        )  # a cache of another shape: prefill and check decline it themselves
-        state.memo["gather"] = (cache if cache is not None else t["src_cache"], rec)
-    cache, rec = state.memo["gather"]
-    return {**args, "src_cache": cache, "rec": rec, "launchers": state.launchers}
-
-
-def _host_tier(case: Case) -> bool:
-    """The fused check recomputes rows from the device cache alone: a case with the host tier
-    (SPEC 9.3) is never judged here, so a kernel that ignores the tier cannot pass as clean (path.py
-    already sends such cases to the full path; this keeps the check honest on its own)."""
-    return any(case.tensors.get(k) is not None for k in ("host_cache", "host_row_ids", "device_row_ids"))
-
-
-def takes(case: Case) -> bool:
-    """The cases this check judges: not the host tier's (they go to the full path before any call)."""
-    return not _host_tier(case)
+        )  # a layout it does not read: prefill and check decline it themselves
+        host = tier[0] if tier is not None else t.get("host_cache")
+        state.memo["gather"] = (cache if cache is not None else t["src_cache"], host, rec)
+    cache, host, rec = state.memo["gather"]
+    return {**args, "src_cache": cache, "host_cache": host, "rec": rec, "launchers": state.launchers}
 
 
 def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
-    if _host_tier(case):
-        return False
     dst = outputs.get("dst")
     dst2 = second.get("dst") if second is not None else None
     if not isinstance(dst, torch.Tensor) or (second is not None and not isinstance(dst2, torch.Tensor)):
@@ -489,6 +607,4 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
 
 
 def prefill(case: Case, guards: Mapping[str, Guarded], state: CaseState) -> bool:
-    if _host_tier(case):
-        return False
     return gather_prefill(dst=guards["dst"].view, **_args(state))

@@ -197,19 +197,24 @@ def _trouble(call: Call | None, prefilled: bool, label: str) -> str | None:
     return None if prefilled else ""
 
 
-def _restore(op: Op, case: Case, snap: Snapshot) -> bool:
+def _restore(op: Op, case: Case, snap: Snapshot, held: Mapping[str, torch.Tensor]) -> bool:
     """Rebuild the case's input tensors in place from its spec and seed (a call changed them) and
     say whether they hold what they held before, fingerprints and copies agreeing."""
     try:
         fresh = op.materialize(case.spec, seed=case.seed, device=case.device)
     except Exception:  # a hand-built case: nothing to rebuild it from
         return False
-    for name in snap.names:
+    for name in [*snap.names, *held]:
         t, f = case.tensors[name], fresh.tensors.get(name)
         if f is None or f.shape != t.shape or f.dtype != t.dtype:
             return False
         t.copy_(f)
-    return not snap.changed()
+    return not snap.changed() and not _moved(case, held)
+
+
+def _moved(case: Case, held: Mapping[str, torch.Tensor]) -> list[str]:
+    """The inputs held as copies (``fast_path``) that no longer equal their copy."""
+    return [k for k, v in held.items() if not torch.equal(case.tensors[k], v)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -335,11 +340,11 @@ def fast_path(
     if fast.takes is not None and not fast.takes(case):
         return Undecided(seen="")  # nothing called yet: the full path judges it alone
     state = CaseState(case=case, res=res)
-    snap = Snapshot(
-        {k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace},
-        device=case.device,
-        launchers=res.launchers,
-    )
+    inputs = {k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace}
+    # An input off the case's device (a GPU gather's pinned host cache, SPEC 9.3) is held as a copy
+    # and compared on the host: the fingerprint kernels read the device's memory.
+    held = {k: v.clone() for k, v in inputs.items() if v.device.type != torch.device(case.device).type}
+    snap = Snapshot({k: v for k, v in inputs.items() if k not in held}, device=case.device, launchers=res.launchers)
     calls = _run(op=op, fast=fast, fn=fn, state=state, rerun=rerun, sub=sub, wait=wait, redzone=redzone)
     b = _fill_board(op=op, fast=fast, calls=calls, snap=snap, state=state)
     try:  # the one sync
@@ -348,10 +353,12 @@ def fast_path(
     except RuntimeError:  # an asynchronous error of a call (no sync after it): the full path syncs each
         return Undecided(seen="")
     changed, flagged = _flagged(b, values, snap, res)
+    moved = _moved(case, held)
+    changed, flagged = changed + moved, flagged + [f"changed its input {k}" for k in moved]
     seen = [t for t in calls.troubles + flagged if t]
     if not calls.troubles and not flagged:
         return Clear()
-    if changed and not _restore(op, case, snap):
+    if changed and not _restore(op, case, snap, held):
         return Found(
             tuple(
                 ctx.finding(

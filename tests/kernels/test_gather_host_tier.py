@@ -1,11 +1,10 @@
-"""The gather's host tier (SPEC 9.3) in our torch gather, the capability detection and the fast
-path's routing, on the CPU: fuzzing finds nothing, each host error input is refused by name, a
-gather whose signature names the three arguments gets host-tier cases (one that does not never
-does), and host-tier cases never reach the device-only fused check."""
+"""The gather's host tier (SPEC 9.3) in our torch gather and the capability detection, on the
+CPU: fuzzing finds nothing, each host error input is refused by name, a gather whose signature
+names the three arguments gets host-tier cases (one that does not never does).
+The fast path's own judgement of host-tier cases: tests/fast/test_host_tier.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -83,19 +82,6 @@ def test_our_torch_gather_refuses_each_host_error_input_by_name(klass):
         with pytest.raises(InvalidInputError) as err:
             _call(bad)
         assert err.value.reason == klass.name
-
-
-def test_host_tier_cases_take_the_full_path_not_the_fused_check():
-    pytest.importorskip("triton")
-    from mlafuzz.harness.fast import gather as fast_gather
-    from mlafuzz.harness.fast.path import fast_op
-    from mlafuzz.harness.ops.table import OPS
-
-    case = gen.materialize(draw_with_seed(gen.draw, seed=HOST_SEED), seed=HOST_SEED, device="cpu")
-    takes = fast_op(OPS.get("gather")).takes
-    assert fast_gather._host_tier(case) and not takes(case)
-    plain = dataclasses.replace(case, tensors={**case.tensors, **dict.fromkeys(gen.HOST_ARGS)})
-    assert takes(plain) and not fast_gather._host_tier(plain)
 
 
 def _writes_to_its_inputs(
