@@ -224,7 +224,9 @@ def _rows(t: torch.Tensor, width: int) -> torch.Tensor | None:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
-@triton.jit
+# Counts vary per case: specialized (== 1, % 16), each new combination would be a compile that
+# warmup's cases never met.
+@triton.jit(do_not_specialize=["n", "num_slots"])
 def _scatter_owners(slots_ptr, n, num_slots, inv_ptr, BLOCK: tl.constexpr):
     """inv[slot] = token for each token with a slot in [0, num_slots); inv[num_slots] = 1 when a
     slot is past the cache or taken twice (the exchange returns the earlier token: not -1)."""
