@@ -40,7 +40,7 @@ for s in "$@"; do
     lookalike)
       run ours-convert 90 $M fuzz --op convert --budget 30 --out "$W/oc"
       run lookalike 120 $M fuzz --op convert --impl "convert=$L:convert" --budget 30 --out "$W/vl" ;;
-    bench) TAIL=8 run bench 300 $M bench --fuzz --seconds "${BENCH_SECONDS:-15}" --workers 8 ;;
+    bench) TAIL=8 run bench 300 $M bench --fuzz --seconds "${BENCH_SECONDS:-15}" --workers 8 $(for o in ${BENCH_OPS:-}; do echo --op $o; done) ;;
     basebench)
       mkdir -p "$W/base" && tar xf "${BASELINE:?BASELINE=FILE.tar}" -C "$W/base"
       run base_install 180 .venv/bin/python -m pip install -q --no-deps --no-build-isolation --target "$W/basepkg" "$W/base"
