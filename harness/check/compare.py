@@ -26,7 +26,7 @@ from typing import Mapping
 
 import torch
 
-from mlafuzz.harness.memory.bits import differ_flag, read_flags
+from mlafuzz.harness.memory.bits import differ_flag, host_copies, read_flags
 from mlafuzz.oracles.convert import rows_as_sets_equal
 from mlafuzz.reports.findings import Context, Finding, Kind, Mismatch
 
@@ -277,6 +277,7 @@ def compare(
     row_sets = row_sets or {}
     skip = skip or {}
     origin = origin or {}
+    actual = _beside(expected, actual)
     differs, row_ok = _differs(expected, actual, row_sets)
     findings: list[Finding] = []
     for name, exp in expected.items():
@@ -304,6 +305,24 @@ def compare(
         else:
             findings.extend(_exact_findings(ctx, name, exp, act, skip.get(name), origin.get(name, 0)))
     return findings
+
+
+def _beside(
+    expected: Mapping[str, torch.Tensor | None], actual: Mapping[str, torch.Tensor | None]
+) -> Mapping[str, torch.Tensor | None]:
+    """The actual outputs that a host oracle's expected ones are compared with, copied to the host
+    together in one sync (``host_copies``), not one each as comparing them one by one would."""
+    names = [
+        name
+        for name, exp in expected.items()
+        if isinstance(exp, torch.Tensor)
+        and isinstance(act := actual.get(name), torch.Tensor)
+        and exp.device.type == "cpu"
+        and act.device.type != "cpu"
+    ]
+    if not names:
+        return actual
+    return {**actual, **dict(zip(names, host_copies(*(actual[name] for name in names))))}
 
 
 def _differs(

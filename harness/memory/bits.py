@@ -6,6 +6,9 @@ from typing import Sequence
 
 import torch
 
+# The oracles' one-sync host copy, shared: the harness's checks read metadata the same way.
+from mlafuzz.oracles._seq import host_copies as host_copies
+
 
 def as_bits(t: torch.Tensor) -> torch.Tensor:
     """A flat view to compare bit for bit (floats as bytes, so NaN payloads and -0 count)."""

@@ -82,7 +82,9 @@ class SyncCount(TorchDispatchMode):
         host = bool(inputs) and all(map(on_host, inputs))
         if not self.paused and not host:
             kind = _SYNC_OPS.get(func)
-            if kind is None and func in (aten.index.Tensor, aten.index_put_.default) and _bool_index(args):
+            if func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is not None:
+                kind = None  # its size is given: nothing is read back
+            elif kind is None and func in (aten.index.Tensor, aten.index_put_.default) and _bool_index(args):
                 kind = "bool_index"
             if kind is not None:
                 self.add(kind)
