@@ -5,7 +5,10 @@ take their turns, so a case's sync count, not its kernel time, decides whether a
 workers (issue 29). Nothing syncs on the CPU, so the count is of the calls that would: the aten ops
 that read a device value back (``item``/``int``/``bool`` -> ``_local_scalar_dense``,
 ``torch.equal``, ``nonzero``, a bool-mask index, ...) seen by a dispatch mode, and the Python
-methods that copy to the host without an aten op of their own (``tolist``, ``cpu``, ``numpy``).
+methods that copy to the host without an aten op of their own (``tolist``, ``cpu``, ``numpy``),
+and ``torch.tensor(data, device=...)``: a blocking host-to-device copy waits for the stream too.
+Not seen: ``x.to(device)`` of a host tensor (also a sync on a GPU; on the CPU it cannot be told
+from a move within the host).
 Calls inside a kernel run by Triton's CPU interpreter are not counted: on the GPU that is one
 launch.
 """
@@ -43,6 +46,7 @@ def _ours(filename: str) -> bool:
     return filename.startswith(_ROOT) and not filename.startswith(_TESTS) and "site-packages" not in filename
 
 
+_FROM_DATA = (torch.tensor, torch.as_tensor)
 _HOST_METHODS = ("tolist", "cpu", "numpy")
 
 
@@ -99,8 +103,14 @@ class SyncCount(TorchDispatchMode):
 class _Factories(TorchFunctionMode):
     """Tags what a factory made: on the host unless the call named a device."""
 
+    def __init__(self, count: SyncCount) -> None:
+        super().__init__()
+        self.count = count
+
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
+        if func in _FROM_DATA and kwargs.get("device") is not None and not self.count.paused:
+            self.count.add("upload")  # torch.tensor(data, device=...): a host-to-device copy
         out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor) and not any(
             isinstance(t, torch.Tensor) for t in pytree.tree_leaves((args, kwargs))
@@ -150,8 +160,8 @@ def counting() -> Iterator[SyncCount]:
     to = torch.Tensor.to
 
     def moved(self: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
-        out = to(self, *a, **k)
         named = "device" in k or any(isinstance(x, (str, torch.device)) for x in a)
+        out = to(self, *a, **k)
         return _tagged(out, self, host=False) if named else out
 
     patches = [(torch.Tensor, name, host(name)) for name in _HOST_METHODS] + [(torch.Tensor, "to", moved)]
@@ -175,7 +185,7 @@ def counting() -> Iterator[SyncCount]:
     try:
         for owner, name, fn in patches:
             setattr(owner, name, fn)
-        with count, _Factories():
+        with count, _Factories(count):
             yield count
     finally:
         for owner, name, fn in saved:
