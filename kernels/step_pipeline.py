@@ -115,9 +115,18 @@ def _chunk_fields(chunk: object) -> tuple[int, int, list[int], list[int]]:
     )
 
 
-def _i32(values: object, device: torch.device, shape: tuple[int, ...] | None = None) -> Tensor:
+def _i32(values: object, device: torch.device | None, shape: tuple[int, ...] | None = None) -> Tensor:
     t = torch.tensor(values, dtype=torch.int32, device=device)
     return t.reshape(shape) if shape is not None else t
+
+
+def _uploaded(host: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    """Host int32 tensors moved to ``device`` in one copy, as views of it: a blocking host-to-device
+    copy waits for the stream (a host sync), and the step's metadata is 17 small tensors; a sync
+    each stops a run with several workers on one GPU scaling (issue 29)."""
+    flat = torch.cat([t.reshape(-1) for t in host.values()]).to(device)
+    parts = flat.split([t.numel() for t in host.values()])
+    return {name: part.reshape(t.shape) for (name, t), part in zip(host.items(), parts)}
 
 
 class StepPipeline:
@@ -318,14 +327,17 @@ class StepPipeline:
             context_rows = self._gather_context(kv_cache, workspace, prefill_table, ctx_plan, n_pre, gather)
         else:
             pdt = sep.split.num_decode_tokens
+            ids, starts = _uploaded(
+                {"ids": _i32(sep.prefill_request_ids[pdt:], None), "starts": _i32(sep.workspace_starts, None)}, dev
+            ).values()
             prefill_slots = convert(
                 req_id_per_token[pdt:],
                 block_table,
                 topk_indices[pdt:],
                 **convert_kw,
                 HAS_PREFILL_WORKSPACE=True,
-                prefill_workspace_request_ids=_i32(sep.prefill_request_ids[pdt:], dev),
-                prefill_workspace_starts=_i32(sep.workspace_starts, dev),
+                prefill_workspace_request_ids=ids,
+                prefill_workspace_starts=starts,
             )
             seq_rows = self._gather_sequences(kv_cache, workspace, prefill_table, sep, gather)
         return self._outputs(
@@ -350,14 +362,10 @@ class StepPipeline:
         for i, total in enumerate(plan.seq_tot):
             rs, re_ = plan.requests[i]
             dst = workspace[:total]
-            gather(
-                cache,
-                dst,
-                self.context_table(table, rs, re_),
-                _i32(plan.cu_seq_lens[i][rs : re_ + 1], dev),
-                re_ - rs,
-                self.context_seq_starts(_i32(plan.starts[i][rs:re_], dev)),
-            )
+            cu, starts = _uploaded(
+                {"cu": _i32(plan.cu_seq_lens[i][rs : re_ + 1], None), "starts": _i32(plan.starts[i][rs:re_], None)}, dev
+            ).values()
+            gather(cache, dst, self.context_table(table, rs, re_), cu, re_ - rs, self.context_seq_starts(starts))
             for r in range(rs, re_):
                 lo = plan.cu_seq_lens[i][r]
                 per_request[r].append(dst[lo : lo + plan.lens[i][r]].clone())
@@ -384,13 +392,14 @@ class StepPipeline:
             ranks = []
             for k in range(world):
                 dst = workspace[: cu[-1]]
+                cu_dev, starts_dev = _uploaded({"cu": _i32(cu, None), "starts": _i32(local_starts, None)}, dev).values()
                 gather(
                     dcp.cache,
                     dst,
                     self.context_table(tables[k], rs, re_),
-                    _i32(cu, dev),
+                    cu_dev,
                     re_ - rs,
-                    self.context_seq_starts(_i32(local_starts, dev)),
+                    self.context_seq_starts(starts_dev),
                 )
                 ranks.append(dst.clone())  # each rank has a workspace of its own
             stacked = torch.stack(ranks) if ranks else workspace[:0]
@@ -420,26 +429,26 @@ class StepPipeline:
     ) -> dict[str, Tensor]:
         s = sep.split
         n_ctx = len(plan.seq_tot)
-        return {
-            "num_decodes": _i32(s.num_decodes, dev),
-            "num_prefills": _i32(s.num_prefills, dev),
-            "num_decode_tokens": _i32(s.num_decode_tokens, dev),
-            "num_prefill_tokens": _i32(s.num_prefill_tokens, dev),
-            "decode_query_len": _i32(sep.decode_query_len, dev),
-            "num_active_decodes": _i32(sep.num_active_decodes, dev),
-            "dense_route": _i32(int(dense), dev),
-            "prefill_request_ids": _i32(sep.prefill_request_ids, dev),
-            "prefill_chunks": _i32(sep.chunks, dev, (len(sep.chunks), 2)),
-            "workspace_starts": _i32(sep.workspace_starts, dev),
-            "prefill_chunk_seq_tot": _i32(sep.chunk_seq_tot, dev),
-            "context_chunk": _i32(plan.chunk, dev),
-            "context_starts": _i32(plan.starts, dev, (n_ctx, n_pre)),
-            "context_lens": _i32(plan.lens, dev, (n_ctx, n_pre)),
-            "context_cu_seq_lens": _i32(plan.cu_seq_lens, dev, (n_ctx, n_pre + 1)),
-            "context_seq_tot": _i32(plan.seq_tot, dev),
-            "context_requests": _i32(plan.requests, dev, (n_ctx, 2)),
-            **tensors,
+        host = {
+            "num_decodes": _i32(s.num_decodes, None),
+            "num_prefills": _i32(s.num_prefills, None),
+            "num_decode_tokens": _i32(s.num_decode_tokens, None),
+            "num_prefill_tokens": _i32(s.num_prefill_tokens, None),
+            "decode_query_len": _i32(sep.decode_query_len, None),
+            "num_active_decodes": _i32(sep.num_active_decodes, None),
+            "dense_route": _i32(int(dense), None),
+            "prefill_request_ids": _i32(sep.prefill_request_ids, None),
+            "prefill_chunks": _i32(sep.chunks, None, (len(sep.chunks), 2)),
+            "workspace_starts": _i32(sep.workspace_starts, None),
+            "prefill_chunk_seq_tot": _i32(sep.chunk_seq_tot, None),
+            "context_chunk": _i32(plan.chunk, None),
+            "context_starts": _i32(plan.starts, None, (n_ctx, n_pre)),
+            "context_lens": _i32(plan.lens, None, (n_ctx, n_pre)),
+            "context_cu_seq_lens": _i32(plan.cu_seq_lens, None, (n_ctx, n_pre + 1)),
+            "context_seq_tot": _i32(plan.seq_tot, None),
+            "context_requests": _i32(plan.requests, None, (n_ctx, 2)),
         }
+        return {**_uploaded(host, dev), **tensors}
 
 
 # --- planted bugs (the catalog of step mutants) ----------------------------

@@ -1,9 +1,11 @@
-"""Small shared input helper for the metadata oracles."""
+"""Small shared input helpers for the oracles (and the harness's checks, through harness.memory.bits)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+import torch
 from torch import Tensor
 
 IntSeq = Tensor | Sequence[int]
@@ -16,3 +18,26 @@ def ints(x: IntSeq, name: str) -> list[int]:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise TypeError(f"{name}={values[:8]}: must hold integers")
     return values
+
+
+def host_copies(*values: Any) -> tuple[Any, ...]:
+    """Each value with its tensors copied to the host, all those of one device in one host sync
+    together (their bytes as one buffer): a sync per tensor stops a run with several workers on
+    a GPU scaling (issue 29). A non-tensor is left for its reader to reject. Host tensors take the
+    same path (a copy of a few small tensors), so a CPU run makes the calls a GPU run makes (tests
+    count them: tests/support/syncs.py)."""
+    out = list(values)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            by_device.setdefault(v.device, []).append(i)
+    for idx in by_device.values():
+        if len(idx) == 1:
+            out[idx[0]] = values[idx[0]].cpu()
+            continue
+        parts = [values[i].contiguous().reshape(-1).view(torch.uint8) for i in idx]
+        flat = torch.cat(parts).cpu()
+        for i, part in zip(idx, flat.split([p.numel() for p in parts])):
+            # A copy of its own: a slice at an odd byte offset cannot be viewed as a wider dtype.
+            out[i] = part.clone().view(values[i].dtype).reshape(values[i].shape)
+    return tuple(out)

@@ -52,6 +52,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from mlafuzz.oracles._seq import host_copies
 from mlafuzz.oracles.codec import ROW_DIM, as_record_bytes, dequant_records, dequant_records_loop
 from mlafuzz.oracles.convert import convert, convert_loop
 from mlafuzz.oracles.metadata import (
@@ -161,10 +162,13 @@ def step_oracle(
     conv_fn: Callable = convert_loop if loop else convert
     rows_fn: Callable = sequence_rows_loop if loop else sequence_rows
 
-    qsl = query_start_loc.tolist()
-    sl = seq_lens.tolist()
+    # The step's metadata crosses to the host in one sync, and the cache in one more (issue 29).
+    q_host, sl_host, table, req_id, idx = host_copies(
+        query_start_loc, seq_lens, block_table, req_id_per_token, topk_indices
+    )
+    qsl, sl = q_host.tolist(), sl_host.tolist()
+    kv_cache = kv_cache.cpu()
     bs = as_record_bytes(kv_cache).shape[1]
-    table = block_table.cpu()
     nd, n_pre, ndt, npt = split_fn(
         query_start_loc=qsl, threshold=threshold, require_uniform=require_uniform, num_tokens=num_tokens
     )
@@ -187,8 +191,6 @@ def step_oracle(
     requests = getattr(plan, "requests", [(0, len(ctx))] * plan.n_chunks)
     dense = all(sl[r] <= topk for r in prefills)
 
-    req_id = req_id_per_token.cpu()
-    idx = topk_indices.cpu()
     decode_slots, _ = conv_fn(req_id=req_id[:ndt], block_table=table, token_indices=idx[:ndt], block_size=bs)
     empty_rows = torch.empty((0, ROW_DIM), dtype=torch.bfloat16)
     if dense:

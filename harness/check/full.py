@@ -24,6 +24,7 @@ from mlafuzz.harness.check.detectors import input_mutations
 from mlafuzz.harness.check.narrow import narrow
 from mlafuzz.harness.check.pipeline import DETECTORS, Detector, Evidence, run_detectors
 from mlafuzz.harness.check.stages import stage
+from mlafuzz.harness.memory.bits import differing
 from mlafuzz.harness.memory.guards import PATTERNS, never_written
 from mlafuzz.harness.memory.redzone import RedZone
 from mlafuzz.harness.ops.op import Op
@@ -76,10 +77,14 @@ def gather(
             ev.second, _ = narrow(op, case, second, ctx)  # the first run's writes there are reported
     if ev.second is not None and ev.second.error is None:
         with stage("guards"):
+            # Which outputs the two runs left differently, for all of them in one sync (issue 29).
+            names = list(ev.second.guards)
+            pairs = [(ev.first.guards[name].region(), ev.second.guards[name].region()) for name in names]
+            ev.rewritten = dict(zip(names, differing(pairs)))
             ev.unwritten = {
                 name: m
                 for name, g in ev.second.guards.items()
-                if (m := never_written(ev.first.guards[name], g)) is not None
+                if (m := never_written(ev.first.guards[name], g, differ=ev.rewritten[name])) is not None
             }
     return ev
 

@@ -43,7 +43,8 @@ class Evidence:
     ``first``: the call held to the oracle; ``second``: the re-run over the other fill (None when
     none was made); ``mutated``: the first call's input mutations (read before the re-run, which
     reuses unchanged inputs); ``head``: writes into in-place outputs' zero blocks (check/narrow.py);
-    ``unwritten``: the write map's never-written elements per guarded output; ``prior``: the
+    ``unwritten``: the write map's never-written elements per guarded output; ``rewritten``: per
+    guarded output, whether the two runs left its bytes different; ``prior``: the
     findings of the steps already run (a step that must not file a cause twice reads it)."""
 
     op: Op
@@ -55,6 +56,7 @@ class Evidence:
     mutated: list[Finding] = field(default_factory=list)
     head: list[Finding] = field(default_factory=list)
     unwritten: dict[str, Any] = field(default_factory=dict)
+    rewritten: dict[str, bool] = field(default_factory=dict)
     oracle: Callable[[Case], Mapping[str, Any]] | None = None
     prior: list[Finding] = field(default_factory=list)
 
@@ -149,7 +151,9 @@ def _write_map(ev: Evidence) -> list[Finding]:
     for name, g in ev.second.guards.items():
         seen = {f.dedup_key for f in ev.prior + out}
         out += [f for f in oob_findings(name=name, g=g, ctx=ev.ctx) if f.dedup_key not in seen]
-        out += write_map_findings(name=name, run_a=ev.first.guards[name], run_b=g, ctx=ev.ctx)
+        out += write_map_findings(
+            name=name, run_a=ev.first.guards[name], run_b=g, ctx=ev.ctx, differ=ev.rewritten.get(name)
+        )
     return out
 
 

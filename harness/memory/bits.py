@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
+
+# The oracles' one-sync host copy, shared: the harness's checks read metadata the same way.
+from mlafuzz.oracles._seq import host_copies as host_copies
 
 
 def as_bits(t: torch.Tensor) -> torch.Tensor:
@@ -58,6 +63,26 @@ def differ_flag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.ones((), dtype=torch.bool, device=a.device)
     wa, wb = _alike(a, b)
     return (wa != wb).any()
+
+
+def read_flags(flags: Sequence[torch.Tensor]) -> list[bool]:
+    """Device bools read to the host in one sync per device (not one per flag): with several
+    worker processes on a GPU each sync waits for the others' turns, so a case's checks are
+    decided together (issue 29). Flags already on the CPU cost no sync."""
+    out: list[bool | None] = [None] * len(flags)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, f in enumerate(flags):
+        by_device.setdefault(f.device, []).append(i)
+    for idx in by_device.values():
+        values = torch.stack([flags[i].reshape(()) for i in idx]).tolist()
+        for i, v in zip(idx, values):
+            out[i] = bool(v)
+    return [bool(v) for v in out]
+
+
+def differing(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """Per pair, ``not same_bits(a, b)``, all read in one host sync (``read_flags``)."""
+    return read_flags([differ_flag(a, b) for a, b in pairs])
 
 
 def nonzero_bytes(t: torch.Tensor) -> int:

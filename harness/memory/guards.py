@@ -140,24 +140,29 @@ def oob_findings(*, name: str, g: Guarded, ctx: Context) -> list[Finding]:
     ]
 
 
-def never_written(run_a: Guarded, run_b: Guarded) -> torch.Tensor | None:
+def never_written(run_a: Guarded, run_b: Guarded, *, differ: bool | None = None) -> torch.Tensor | None:
     """Per element of the output (flat, bool): some byte of it was never written (it holds each
-    run's fill); None when every byte was written."""
+    run's fill); None when every byte was written. ``differ``: whether the two regions' bytes
+    differ, where the caller read it already (with other checks, in one sync)."""
     a, b = run_a.region(), run_b.region()
-    if same_bits(a, b):  # one pass: fills differ, so equal runs wrote every byte, identically
+    if not (not same_bits(a, b) if differ is None else differ):  # fills differ: equal runs wrote every byte
         return None
     missing = (a == run_a.fill) & (b == run_b.fill)
     per_element = missing.reshape(-1, run_a.view.element_size()).any(dim=1)
     return per_element if bool(per_element.any()) else None
 
 
-def write_map_findings(*, name: str, run_a: Guarded, run_b: Guarded, ctx: Context) -> list[Finding]:
-    """MISSING_WRITE and NONDETERMINISM from the two runs' output regions."""
+def write_map_findings(
+    *, name: str, run_a: Guarded, run_b: Guarded, ctx: Context, differ: bool | None = None
+) -> list[Finding]:
+    """MISSING_WRITE and NONDETERMINISM from the two runs' output regions (``differ``: as for
+    ``never_written``)."""
     a, b = run_a.region(), run_b.region()
-    if same_bits(a, b):  # one pass: fills differ, so equal runs wrote every byte, identically
+    differ = not same_bits(a, b) if differ is None else differ
+    if not differ:  # one pass: fills differ, so equal runs wrote every byte, identically
         return []
     out: list[Finding] = []
-    unwritten = never_written(run_a, run_b)
+    unwritten = never_written(run_a, run_b, differ=True)
     if unwritten is not None:
         elems = int(unwritten.sum())
         first = _byte_to_element(int(unwritten.nonzero()[0]) * run_a.view.element_size(), run_a.view)

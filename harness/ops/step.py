@@ -51,6 +51,7 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import step as gen
+from mlafuzz.harness.memory.bits import host_copies
 from mlafuzz.harness.ops.op import CallShape, Op, Outputs
 from mlafuzz.oracles import revisions
 from mlafuzz.reports.findings import Finding, Kind
@@ -111,6 +112,23 @@ DATA_OUTPUTS: dict[str, tuple[str, ...]] = {
 }
 _COMPARED = (Kind.VALUE_MISMATCH, Kind.NAN_MISMATCH, Kind.SUBNORMAL_FLUSH)  # the comparator's kinds
 REPORT_KEY = "_step_report"  # non-tensor output: invariant name -> why it broke (None: holds)
+
+
+# The outputs the invariants read by value (the rest by shape only).
+_READ_BY_VALUE = (
+    "num_decodes",
+    "num_decode_tokens",
+    "num_prefill_tokens",
+    "dense_route",
+    "context_starts",
+    "context_lens",
+    "context_cu_seq_lens",
+    "context_requests",
+    "context_seq_tot",
+    "workspace_starts",
+    "prefill_chunks",
+    "prefill_chunk_seq_tot",
+)
 
 
 class StepCallError(RuntimeError):
@@ -188,8 +206,11 @@ class SubCallRecorder:
         from mlafuzz.oracles.gather import gather_preconditions
 
         b = int(batch_size)
-        ws = tuple(workspace_starts.reshape(-1)[:b].tolist())
-        ss = None if seq_starts is None else tuple(seq_starts.reshape(-1)[:b].tolist())
+        # The call's metadata crosses to the host once (a sync per read stops a run scaling with
+        # workers: issue 29); the checks below read the same values from there.
+        host_ws, host_ss, host_table = host_copies(workspace_starts, seq_starts, block_table)
+        ws = tuple(host_ws.reshape(-1)[:b].tolist())
+        ss = None if host_ss is None else tuple(host_ss.reshape(-1)[:b].tolist())
         where = (
             f"(batch_size={b}, dst rows={dst.shape[0]}, workspace_starts={list(ws)}, seq_starts="
             f"{None if ss is None else list(ss)})"
@@ -197,10 +218,10 @@ class SubCallRecorder:
         try:
             bad = gather_preconditions(
                 src_cache=src_cache,
-                block_table=block_table,
-                workspace_starts=workspace_starts,
+                block_table=host_table,
+                workspace_starts=host_ws,
                 batch_size=b,
-                seq_starts=seq_starts,
+                seq_starts=host_ss,
                 total=int(dst.shape[0]),
             )
         except (TypeError, ValueError) as exc:
@@ -209,7 +230,7 @@ class SubCallRecorder:
             ) from None
         if bad:
             raise StepCallError(f"gather:{bad[0]}", f"step called gather breaking its preconditions {bad} {where}")
-        rows = tuple(tuple(r) for r in block_table[:b].tolist())
+        rows = tuple(tuple(r) for r in host_table[:b].tolist())
         self.gathers.append(GatherCall(total=int(dst.shape[0]), batch_size=b, ws=ws, seq_starts=ss, table=rows))
         return self.gather_fn(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts)
 
@@ -222,6 +243,7 @@ class SubCallRecorder:
             "gather_calls": self._gather_calls,
             "gathered_rows": self._gathered_rows,
         }
+        out = self._on_host(out)
         result: dict[str, str | None] = {}
         for name in INVARIANTS:
             try:
@@ -229,6 +251,16 @@ class SubCallRecorder:
             except (KeyError, TypeError, ValueError, IndexError, RuntimeError):
                 result[name] = None  # an output is missing or malformed: the comparator reports that one
         return result
+
+    def _on_host(self, out: Mapping[str, Any]) -> dict[str, Any]:
+        """``out`` with the metadata the checks read by value, and the tables they slice, copied to
+        the host in one sync (issue 29); data outputs, read by shape only, stay where they are."""
+        names = [n for n in _READ_BY_VALUE if isinstance(out.get(n), torch.Tensor)]
+        world, inter, dcp_table = self.dcp if self.dcp is not None else (None, None, None)
+        *values, self.block_table, dcp_table = host_copies(*(out[n] for n in names), self.block_table, dcp_table)
+        if self.dcp is not None:
+            self.dcp = (world, inter, dcp_table)
+        return {**out, **dict(zip(names, values))}
 
     @staticmethod
     def _int(out: Mapping[str, Any], name: str) -> int:
