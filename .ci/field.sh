@@ -38,8 +38,8 @@ for s in "$@"; do
       run startup-run 90 $M fuzz --cases 400 --out "$W/startup" ;;
     profile) TAIL=20 run profile 300 .venv/bin/python .ci/profile_fuzz.py --cases 300 --top 20 ;;
     lookalike)
-      run ours-convert 90 $M fuzz --op convert --budget 30 --out "$W/oc"
-      run lookalike 120 $M fuzz --op convert --impl "convert=$L:convert" --budget 30 --out "$W/vl" ;;
+      run ours-convert 90 $M fuzz --op convert --budget "${LOOK_SECONDS:-30}" --out "$W/oc"
+      run lookalike 120 $M fuzz --op convert --impl "convert=$L:convert" --budget "${LOOK_SECONDS:-30}" --out "$W/vl" ;;
     bench) TAIL=8 run bench 300 $M bench --fuzz --seconds "${BENCH_SECONDS:-15}" --workers 8 $(for o in ${BENCH_OPS:-}; do echo --op $o; done) ;;
     basebench)
       mkdir -p "$W/base" && tar xf "${BASELINE:?BASELINE=FILE.tar}" -C "$W/base"
@@ -53,7 +53,7 @@ for s in "$@"; do
     redzone)
       run redzone 150 $M fuzz --op convert --impl "convert=$L:convert_prefix_bug" --redzone --workers 8 --budget 30 \
         --shrink-budget 0 --out "$W/rz" ;;
-    mutants) TAIL=40 run mutants "${MUTANT_LIMIT:-400}" $M mutants --device cuda --budget-per-mutant 10 --shrink-budget 3 --out "$W/mutants" ;;
+    mutants) TAIL=40 run mutants "${MUTANT_LIMIT:-400}" $M mutants --device cuda $(for o in ${MUTANT_OPS:-}; do echo --op $o; done) --budget-per-mutant 10 --shrink-budget 3 --out "$W/mutants" ;;
     gputests) TAIL=12 run gputests "${TESTS_LIMIT:-400}" .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider -n 8 tests ;;
     *) echo "unknown stage $s" >>"$LOG" ;;
   esac

@@ -8,6 +8,7 @@ as awaiting when it survives, and does not fail the run.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from mlafuzz.harness.cli.args import (
@@ -106,7 +107,20 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     if budget is None and args.cases_per_mutant is None:
         budget = 30.0
     ops = list(dict.fromkeys(args.op or table.names))
-    print(console.MUTANTS_HEADER, flush=True)
+    print(
+        "mlafuzz: the correct implementations first (they must stay clean, and they compile what each"
+        " op's cases need before any mutant's clock starts)",
+        file=sys.stderr,
+        flush=True,
+    )
+    header: list[str] = []
+
+    def row(r) -> None:
+        if not header:
+            header.append(console.MUTANTS_HEADER)
+            print(console.MUTANTS_HEADER, flush=True)
+        print(console.mutant_row(r), flush=True)
+
     try:  # one warm executor for the whole catalog; a dead worker is replaced
         results, clean = run_mutants(
             session=session,
@@ -119,7 +133,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
             shrink_budget=args.shrink_budget,
             executor=executor,
             isolated=isolated,
-            on_result=lambda r: print(console.mutant_row(r), flush=True),
+            on_result=row,
+            on_clean=lambda line: print(f"mlafuzz:   {line}", file=sys.stderr, flush=True),
         )
     finally:
         for e in (executor, *pools):

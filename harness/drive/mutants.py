@@ -64,11 +64,46 @@ def run_mutants(
     executor: Executor,
     isolated: Callable[[], Executor] | None = None,
     on_result: Callable[[MutantResult], None] | None = None,
+    on_clean: Callable[[str], None] | None = None,
 ) -> tuple[list[MutantResult], list[str]]:
     """(one result per mutant that runs here, the problems of the correct implementations).
     ``isolated``: the executor for mutants expected to crash or hang, asked for when the first one
     runs (None: ``executor`` isolates its cases already). ``on_result`` hears each mutant's result
-    as soon as it is done (the CLI prints its row then: a run cut short still shows its part)."""
+    as soon as it is done (the CLI prints its row then: a run cut short still shows its part);
+    ``on_clean`` hears a line per correct implementation's run, as each ends."""
+    # The correct implementations first, same run, same budget per revision: they must stay clean,
+    # and on a fresh machine they compile what every case of their op needs (generation, the fast
+    # path's checks), which the first mutant of each op would otherwise pay inside its budget (on
+    # the H200 a cold convert mutant ran 1 case in a 10 s budget and survived).
+    clean_problems = []
+    for op in ops:
+        ref = session.default_ref(op, device)
+        entry = session.entry(op, ref)
+        revisions = [r for r in REVISIONS if entry.revisions and r in entry.revisions] or [NEWEST_REVISION]
+        for revision in revisions:
+            name = f"correct-{op}" if len(revisions) == 1 else f"correct-{op}-{revision}"
+            campaign = Campaign(
+                ops=(op,),
+                impls=(f"{op}={ref}",),
+                device=device,
+                budget=budget,
+                cases=cases,
+                seed=seed,
+                out_dir=out / name,
+                knobs=SMALL,
+                revision=revision,
+                timeout=None,
+            )
+            summary = run_campaign(campaign, session=session, executor=executor).summary
+            if on_clean is not None:
+                on_clean(
+                    f"{name} ({op}={ref}, revision {revision}): {summary.cases} cases, {summary.findings} findings"
+                )
+            if summary.findings:
+                clean_problems.append(
+                    f"{op}={ref} (revision {revision}): {summary.findings} findings"
+                    f" ({', '.join(sorted(summary.by_kind))})"
+                )
     results = []
     kind = device.split(":")[0]
     for entry in session.registry.entries(mutants=True):
@@ -90,32 +125,6 @@ def run_mutants(
         )
         if on_result is not None:
             on_result(results[-1])
-    # The correct implementations, same run, same budget per revision: they must stay clean.
-    clean_problems = []
-    for op in ops:
-        ref = session.default_ref(op, device)
-        entry = session.entry(op, ref)
-        revisions = [r for r in REVISIONS if entry.revisions and r in entry.revisions] or [NEWEST_REVISION]
-        for revision in revisions:
-            name = f"correct-{op}" if len(revisions) == 1 else f"correct-{op}-{revision}"
-            campaign = Campaign(
-                ops=(op,),
-                impls=(f"{op}={ref}",),
-                device=device,
-                budget=budget,
-                cases=cases,
-                seed=seed,
-                out_dir=out / name,
-                knobs=SMALL,
-                revision=revision,
-                timeout=None,
-            )
-            summary = run_campaign(campaign, session=session, executor=executor).summary
-            if summary.findings:
-                clean_problems.append(
-                    f"{op}={ref} (revision {revision}): {summary.findings} findings"
-                    f" ({', '.join(sorted(summary.by_kind))})"
-                )
     return results, clean_problems
 
 

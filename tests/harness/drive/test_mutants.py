@@ -122,7 +122,10 @@ def test_a_survivor_fails_the_run_unless_the_catalog_marks_it_as_awaiting_inputs
     assert ("  awaiting: gather_unkillable needs huge caches" in lines) is (awaits is not None)
 
 
-def test_each_mutant_is_reported_as_soon_as_it_is_done_before_the_correct_implementations_run(tmp_path):
+def test_each_mutant_is_reported_as_soon_as_it_is_done_after_the_correct_implementations_warmed_up(tmp_path):
+    # The correct implementations run first: on a fresh GPU they compile what their op's cases
+    # need, which the first mutant would otherwise pay inside its budget (a cold convert mutant on
+    # the H200 ran 1 case in its 10 s and survived).
     session = _session_with_mutant()
     heard = []
 
@@ -130,8 +133,7 @@ def test_each_mutant_is_reported_as_soon_as_it_is_done_before_the_correct_implem
         heard.append((row.name, (tmp_path / "correct-gather").exists()))
 
     results, _ = _gather_catalog(session, tmp_path, cases=2, on_result=on_result)
-    assert heard == [("gather_unkillable", False)] and [r.name for r in results] == ["gather_unkillable"]
-    assert (tmp_path / "correct-gather").exists()
+    assert heard == [("gather_unkillable", True)] and [r.name for r in results] == ["gather_unkillable"]
 
 
 def test_what_a_mutant_builds_on_first_use_is_built_before_its_clock_starts(tmp_path):
@@ -147,7 +149,8 @@ def test_what_a_mutant_builds_on_first_use_is_built_before_its_clock_starts(tmp_
 
     session.load = load
     _gather_catalog(session, tmp_path, cases=2)
-    assert events[0] == "build cpu" and events.count("build cpu") == 1 and "load" in events
+    # (the correct implementation's own load comes first: it runs before the mutants)
+    assert events.count("build cpu") == 1 and "load" in events[events.index("build cpu") + 1 :]
 
 
 def test_a_killed_mutant_still_marked_as_awaiting_is_called_stale(tmp_path):
