@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from mlafuzz.reports.findings import Finding, Kind
+from mlafuzz.reports.findings import Finding, Kind, Severity
 from mlafuzz.reports.model import Bucket, Judgement, Waiver, bucket_counts, group_buckets, plural, replay_command
 
 __all__ = ["plural"]  # re-exported: the CLI and the plugin word counts through console
@@ -21,7 +21,10 @@ def finding_line(f: Finding) -> str:
     """One new bucket's first finding, as the fuzz loop announces it (an exception's, with the
     implementation's line that raised it)."""
     where = raised_at(f)
-    return f"  {f.kind.value} {f.op}={f.impl} {f.case_id}: {f.message}" + (f" (at {where})" if where else "")
+    # An info (an error input outside the implementation's contract that ran) never fails the run:
+    # said so on its line, since a default GPU run of our own gather prints one every time.
+    info = "info, not failing: " if f.severity is not Severity.ERROR else ""
+    return f"  {info}{f.kind.value} {f.op}={f.impl} {f.case_id}: {f.message}" + (f" (at {where})" if where else "")
 
 
 def raised_at(f: Finding) -> str:
