@@ -41,6 +41,7 @@ from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.memory.bits import differ_flag
 from mlafuzz.harness.memory.guards import Guarded
 from mlafuzz.harness.ops.convert import is_view_of
+from mlafuzz.harness.ops.convert import oracle_inputs as _inputs
 from mlafuzz.harness.ops.op import Outputs
 
 _KEYS = (0x2545F491, 0x6C8E9CF5)  # the two mixes' keys: any two distinct 32-bit values
@@ -323,20 +324,6 @@ class _Callers:
 
     guards: list[Mapping[str, Guarded]]
     undecided: torch.Tensor  # int64 [1] on the case's device
-
-
-def _inputs(case: Case) -> dict[str, Any]:
-    t, p = case.tensors, case.params
-    return dict(
-        req_id=t["req_id"],
-        block_table=t["block_table"],
-        token_indices=t["token_indices"],
-        block_size=p["BLOCK_SIZE"],
-        has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
-        prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-        prefill_workspace_starts=t["prefill_workspace_starts"],
-        block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
-    )
 
 
 def prefill(case: Case, guards: Mapping[str, Guarded], state: CaseState) -> bool:

@@ -188,13 +188,10 @@ def caller_review(
     return review
 
 
-def _both(case: Case, *, loop: bool) -> tuple[Any, Any]:
-    """The oracle's (out, valid_counts) for the case, its options included."""
-    from mlafuzz.oracles import convert as oc
-
-    fn = oc.convert_loop if loop else oc.convert
+def oracle_inputs(case: Case) -> dict[str, Any]:
+    """The case's inputs as the oracle (and the fast path's fused check) take them."""
     t, p = case.tensors, case.params
-    return fn(
+    return dict(
         req_id=t["req_id"],
         block_table=t["block_table"],
         token_indices=t["token_indices"],
@@ -203,8 +200,15 @@ def _both(case: Case, *, loop: bool) -> tuple[Any, Any]:
         prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
         prefill_workspace_starts=t["prefill_workspace_starts"],
         block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
-        compact_to_front=bool(p.get("COMPACT_TO_FRONT")),
     )
+
+
+def _both(case: Case, *, loop: bool) -> tuple[Any, Any]:
+    """The oracle's (out, valid_counts) for the case, its options included."""
+    from mlafuzz.oracles import convert as oc
+
+    fn = oc.convert_loop if loop else oc.convert
+    return fn(**oracle_inputs(case), compact_to_front=bool(case.params.get("COMPACT_TO_FRONT")))
 
 
 def _oracle(loop: bool) -> Callable[[Case], Outputs]:
