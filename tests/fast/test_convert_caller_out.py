@@ -21,6 +21,7 @@ from mlafuzz.harness.check.compare import Context  # noqa: E402
 from mlafuzz.harness.drive.run import fast_resources  # noqa: E402
 from mlafuzz.harness.fast.convert import convert_prefill  # noqa: E402
 from mlafuzz.harness.fast.path import Clear, FastResult, fast_path  # noqa: E402
+from mlafuzz.harness.ops.convert import oracle_inputs  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.registry import default_registry  # noqa: E402
 from mlafuzz.oracles import convert as oc  # noqa: E402
@@ -65,31 +66,12 @@ def _fast(case, impl: str, *, rerun: bool) -> FastResult:
 
 
 def _oracle(case):
-    t, p = case.tensors, case.params
-    return oc.convert(
-        req_id=t["req_id"],
-        block_table=t["block_table"],
-        token_indices=t["token_indices"],
-        block_size=p["BLOCK_SIZE"],
-        has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
-        prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-        prefill_workspace_starts=t["prefill_workspace_starts"],
-        block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
-        compact_to_front=bool(p.get("COMPACT_TO_FRONT")),
-    )
+    return oc.convert(**oracle_inputs(case), compact_to_front=bool(case.params.get("COMPACT_TO_FRONT")))
 
 
 def _prefill(case, out, counts, undecided):
-    t, p = case.tensors, case.params
     return convert_prefill(
-        req_id=t["req_id"],
-        block_table=t["block_table"],
-        token_indices=t["token_indices"],
-        block_size=p["BLOCK_SIZE"],
-        has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
-        prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-        prefill_workspace_starts=t["prefill_workspace_starts"],
-        block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
+        **oracle_inputs(case),
         out=out,
         valid_counts=counts,
         undecided=undecided,
