@@ -55,7 +55,9 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         "--op",
         action="append",
         choices=names,
-        help="op to fuzz (repeatable); default: every op with an --impl, else all ops",
+        help="op to fuzz (repeatable); default: every op with an --impl, else all ops. Several ops"
+        " share the run's time about equally, not its cases: a cheap op runs more cases (each op's"
+        " share per round is in docs/contract.md)",
     )
     f.add_argument(
         "--impl",
