@@ -136,3 +136,11 @@ def test_a_value_left_from_the_step_before_is_a_missing_write_of_this_step(tmp_p
     result = run_case(session=Session(table=OPS), case=_caller_out_case(steps=2), entry=entry)
     kinds = {(f.kind.value, f.cause) for f in result.findings}
     assert kinds == {("MISSING_WRITE", "out:missing")}, result.findings
+
+
+def test_a_compacted_row_left_whole_from_the_step_before_is_a_missing_write_of_this_step():
+    # The catalog's mutant: a second compacted call through the same out= writes none of its rows.
+    entry = Session(table=OPS).entry("convert", "convert_out_stale_compacted")
+    result = run_case(session=Session(table=OPS), case=_caller_out_case(steps=2, compact=True), entry=entry)
+    kinds = {(f.kind.value, f.cause) for f in result.findings}
+    assert kinds == {("MISSING_WRITE", "out:missing")}, result.findings
