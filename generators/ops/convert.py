@@ -241,12 +241,26 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
         params["COMPACT_TO_FRONT"] = True
     params.update(caller_out_params(spec.caller_out))
     if spec.caller_out is not None and spec.caller_out.steps == 2:
-        # The step before: the same rows with their columns reversed, so that the columns invalid
-        # now were mostly valid then (a stale slot left in them shows as a value, not as -1).
-        tensors["prev_token_indices"] = indices.flip(1).contiguous()
+        tensors["prev_token_indices"] = step_before(indices, tokens=table.shape[1] * bs)
     return Case(
         op="convert", spec=spec, seed=int(seed), device=str(torch.device(device)), tensors=tensors, params=params
     )
+
+
+def step_before(indices: torch.Tensor, *, tokens: int) -> torch.Tensor:
+    """The top-k rows of the call before a two-step case's own (SPEC 9.2), a valid input too: the
+    same rows with their columns reversed, so that the columns invalid now were mostly valid then
+    (a stale slot left in them shows as a value, not as -1); and one valid column fewer (set to -1;
+    a row without one: token 0 in its first column), so that no row's valid values are the same
+    multiset in both steps and a compacted row left from the step before (any order of it is
+    right) cannot pass. A token in [0, ``tokens``) (the table's width in tokens) is valid. No sync."""
+    prev = indices.flip(1).contiguous()
+    if not prev.numel() or tokens <= 0:
+        return prev  # no column can be valid: both steps' rows are all -1
+    valid = (prev >= 0) & (prev < tokens)
+    some = valid.any(dim=1, keepdim=True)
+    column = torch.where(some, valid.to(torch.int8).argmax(dim=1, keepdim=True), 0)
+    return prev.scatter_(1, column, torch.where(some, -1, 0).to(prev.dtype))
 
 
 def caller_out_params(c: CallerOut | None) -> dict[str, int]:

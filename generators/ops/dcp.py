@@ -166,7 +166,8 @@ def materialize_peer(spec: DcpPeerSpec, *, seed: int, device: str) -> Case:
     }
     tensors = dict(case.tensors)
     if spec.caller_out is not None and spec.caller_out.steps == 2:
-        tensors["prev_token_indices"] = tensors["token_indices"].flip(1).contiguous()  # as convert's
+        # Reversed columns, as convert's step before: the peer map does not compact, so they differ.
+        tensors["prev_token_indices"] = tensors["token_indices"].flip(1).contiguous()
     return dataclasses.replace(case, params=params, tensors=tensors)
 
 

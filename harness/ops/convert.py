@@ -122,17 +122,18 @@ def _unwritten_out(
     case: Case, call: Any, both: Callable[[Case], tuple[Any, Any]], compact: bool, ctx: Any
 ) -> Finding | None:
     """Whether every difference of the caller's ``out`` is an element this call never wrote: one
-    still holding the buffer's fill, or (two steps) the step before's value. Then ``out``'s value
+    still holding the buffer's fill, or (two steps) the step before's value (a compacted row: in its
+    -1 tail, or the whole row the step before's, in any order). Then ``out``'s value
     finding is the write map's MISSING_WRITE seen again (one cause, one bucket) and is dropped;
     stale values, which the write map cannot see, become a MISSING_WRITE of their own (None:
     none, the finding is dropped alone). Raises LookupError when something else differs."""
     g, act = call.guards["out"], call.outputs["out"]
     exp, counts = both(case)
     prev = case.tensors.get("prev_token_indices")
-    before = (
-        both(dataclasses.replace(case, tensors={**case.tensors, "token_indices": prev}))[0]
+    before, before_counts = (
+        both(dataclasses.replace(case, tensors={**case.tensors, "token_indices": prev}))
         if prev is not None
-        else None
+        else (None, None)
     )
     exp, act = exp.to(act.device), act.to(torch.int32)
     fill = int.from_bytes(bytes([g.fill] * 4), "little", signed=True)
@@ -140,11 +141,17 @@ def _unwritten_out(
         (act == before.to(act.device)) & (act != exp) if before is not None else torch.zeros_like(act, dtype=torch.bool)
     )
     explained = (act == fill) | stale
-    if compact:  # the -1 tail is the only place an unwritten element can be explained
+    if compact:  # the -1 tail, or a whole row as the step before left it, can be explained
         tail = torch.arange(act.shape[1], device=act.device) >= counts.to(act.device).reshape(-1, 1)
         explained &= tail
         fixed = torch.where(explained, torch.full_like(act, -1), act)
-        ok = bool(rows_as_sets_equal(expected=exp, actual=fixed, counts=counts).all())
+        rows = rows_as_sets_equal(expected=exp, actual=fixed, counts=counts).to(act.device)
+        if before is not None:  # the step before's compacted row (in any order): none of it written now
+            left = ~rows & rows_as_sets_equal(expected=before, actual=act, counts=before_counts).to(act.device)
+            stale |= left.reshape(-1, 1) & (act != exp)
+            explained |= stale & left.reshape(-1, 1)
+            rows |= left
+        ok = bool(rows.all())
     else:
         ok = bool(torch.where(explained, exp, act).eq(exp).all())
     if not ok:

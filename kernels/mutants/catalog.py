@@ -366,6 +366,16 @@ CATALOG: tuple[Mutant, ...] = (
         description="fills the caller's out / valid_counts_out but returns copies (cause out:not_callers)",
     ),
     Mutant(
+        op="convert",
+        name="convert_out_stale_compacted",
+        bug="stale_compacted",
+        kind="MISSING_WRITE",
+        capabilities=CONVERT_OPTIONS,
+        group="caller-out",
+        description="with out= and COMPACT_TO_FRONT, a second call through the same buffer writes none of"
+        " its rows (reuse keyed on the buffer, not the step): the step before's compacted rows survive",
+    ),
+    Mutant(
         op="dcp_peer",
         name="dcp_peer_out_stale_invalid",
         bug="stale_invalid",

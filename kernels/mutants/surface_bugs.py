@@ -7,6 +7,8 @@ which finding each must draw and cites the report it resembles.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from mlafuzz.kernels.checks import check_dcp_filter_args, check_dcp_peer_args
@@ -25,6 +27,20 @@ def _before(out: torch.Tensor, row: torch.Tensor) -> None:
     flat[start - n : start] = row[row.numel() - n :]
 
 
+class LastOut:
+    """A loaded mutant's memory of the ``out=`` it was last given (weakly: it never keeps a case's
+    buffer alive, and a freed one never matches a new tensor that reuses its address)."""
+
+    def __init__(self) -> None:
+        self.ref: weakref.ref | None = None
+
+    def again(self, out: torch.Tensor) -> bool:
+        """Whether ``out`` is the very tensor of the call before; remembers it for the next."""
+        same = self.ref is not None and self.ref() is out
+        self.ref = weakref.ref(out)
+        return same
+
+
 def deliver(
     bug: str,
     res: torch.Tensor,
@@ -32,15 +48,20 @@ def deliver(
     valid: torch.Tensor,
     out: torch.Tensor | None,
     valid_counts_out: torch.Tensor | None,
+    *,
+    keep_out: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The results into the caller's buffers where given (``valid``: the output elements that hold
     a valid value), with the caller-owned output bugs:
     ``stale_invalid`` stores only the valid columns (an invalid one keeps the buffer's last value),
     ``row_minus1`` stores a row without a valid column at row -1, the padding sentinel (the
     flash-attention #2755 class), ``fresh_out`` fills the buffers but returns copies,
-    ``counts_not_zeroed`` adds the counts into valid_counts_out without zeroing it first."""
+    ``counts_not_zeroed`` adds the counts into valid_counts_out without zeroing it first.
+    ``keep_out``: the call writes no element of ``out`` (it keeps the step before's rows)."""
     if out is not None:
-        if bug == "stale_invalid":
+        if keep_out:
+            pass
+        elif bug == "stale_invalid":
             out[valid] = res[valid]
         elif bug == "row_minus1":
             empty = ~valid.reshape(res.shape[0], -1).any(dim=1) if res.numel() else torch.zeros(0, dtype=torch.bool)

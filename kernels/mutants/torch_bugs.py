@@ -57,6 +57,7 @@ def _convert(
     COMPACT_TO_FRONT=False,
     out=None,
     valid_counts_out=None,
+    last: surface_bugs.LastOut | None = None,
 ):
     if bug != "no_length_check":
         check_convert_args(
@@ -114,7 +115,11 @@ def _convert(
         filled = torch.arange(res.shape[1], device=res.device) < valid[:n].sum(dim=1, keepdim=True)
     counted = (token_indices != -1) if bug == "count_all" else valid[:n]
     counts = counted.sum(dim=1).to(torch.int32) if return_valid_counts else None
-    return surface_bugs.deliver(bug, res, counts, filled, out, valid_counts_out)
+    # stale_compacted: a compacted call through the out= of the call before writes none of its rows
+    # (a reuse check keyed on the caller's buffer, not on the step: SPEC 9.2's conversion cache)
+    again = last is not None and out is not None and last.again(out)
+    keep = bug == "stale_compacted" and again and bool(COMPACT_TO_FRONT)
+    return surface_bugs.deliver(bug, res, counts, filled, out, valid_counts_out, keep_out=keep)
 
 
 def _compact(out: torch.Tensor, valid: torch.Tensor, *, tile: int | None) -> torch.Tensor:
@@ -421,6 +426,8 @@ def load(op: str, bug: str | None, *, revision: str | None = None) -> Callable:
     ``revision``: the contract revision a writer mutant is pinned to (None: the caller binds one)."""
     if op == "gather":
         return functools.partial(_gather, bug, calls=Calls())
+    if op == "convert" and bug == "stale_compacted":
+        return functools.partial(_convert, bug, last=surface_bugs.LastOut())
     if revision is not None:
         return functools.partial(FUNCS[op], bug, revision=revision)
     return functools.partial(FUNCS[op], bug)

@@ -51,12 +51,13 @@ def test_a_signature_with_out_and_valid_counts_out_has_the_capability_and_an_old
     assert "caller_out" not in Session(table=OPS).entry("convert", OLD).capabilities
 
 
-def _caller_out_case(steps: int):
+def _caller_out_case(steps: int, compact: bool = False):
     for seed in range(400):
-        # As the fuzz loop gives it to an implementation with this one option (harness: Op.fit).
-        spec = OPS.get("convert").fit(OPS.draw_spec("convert", seed=seed, knobs=SMALL), frozenset({"caller_out"}))
+        # As the fuzz loop gives it to an implementation with these options (harness: Op.fit).
+        caps = frozenset({"caller_out", "compact_to_front"} if compact else {"caller_out"})
+        spec = OPS.get("convert").fit(OPS.draw_spec("convert", seed=seed, knobs=SMALL), caps)
         c = spec.caller_out
-        if c is not None and c.steps == steps and spec.return_valid_counts and not spec.compact:
+        if c is not None and c.steps == steps and spec.return_valid_counts and spec.compact is compact:
             return OPS.materialize(spec, seed, "cpu")
     raise AssertionError("no such case drawn")
 
@@ -68,9 +69,41 @@ def test_the_callers_out_is_a_row_slice_of_a_filled_buffer_with_guarded_rows_aro
     n, k = case.tensors["token_indices"].shape
     assert tuple(out.view.shape) == (n, k) and out.view.dtype == torch.int32
     assert bool((out.view == -1515870811).all())  # 0xA5A5A5A5: neither -1 nor a slot in both runs
-    assert "valid_counts" in guards and torch.equal(
-        case.tensors["prev_token_indices"], case.tensors["token_indices"].flip(1)
-    )
+    assert "valid_counts" in guards and case.tensors["prev_token_indices"].shape == (n, k)
+
+
+def test_no_row_of_the_step_before_holds_the_values_this_step_should_write_in_any_order():
+    """A two-step case's first call leaves, in every row that can hold a valid column, another
+    count of valid values than the second should write: a compacted row (any order is right) left
+    from the step before cannot pass for this step's. Reversed columns: an invalid column now was
+    mostly valid then."""
+    from mlafuzz.oracles.convert import convert
+
+    checked = 0
+    for seed in range(300):
+        spec = OPS.get("convert").fit(OPS.draw_spec("convert", seed=seed, knobs=SMALL), frozenset({"caller_out"}))
+        if spec.caller_out is None or spec.caller_out.steps != 2:
+            continue
+        case = OPS.materialize(spec, seed, "cpu")
+        t, p = case.tensors, case.params
+        counts = [
+            convert(
+                req_id=t["req_id"],
+                block_table=t["block_table"],
+                token_indices=ti,
+                block_size=p["BLOCK_SIZE"],
+                has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
+                prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
+                prefill_workspace_starts=t["prefill_workspace_starts"],
+            )[1]
+            for ti in (t["prev_token_indices"], t["token_indices"])
+        ]
+        can = t["block_table"].shape[1] > 0
+        assert bool((counts[0] != counts[1]).all()) if can else torch.equal(*counts), case.case_id
+        changed = (t["prev_token_indices"].flip(1) != t["token_indices"]).sum(dim=1)
+        assert bool((changed == (1 if can else 0)).all()), case.case_id  # else the same columns, reversed
+        checked += 1
+    assert checked >= 20
 
 
 def _planted(tmp_path, body: str):
@@ -101,5 +134,13 @@ def test_a_value_left_from_the_step_before_is_a_missing_write_of_this_step(tmp_p
     )
     entry = Session(table=OPS).entry("convert", ref)
     result = run_case(session=Session(table=OPS), case=_caller_out_case(steps=2), entry=entry)
+    kinds = {(f.kind.value, f.cause) for f in result.findings}
+    assert kinds == {("MISSING_WRITE", "out:missing")}, result.findings
+
+
+def test_a_compacted_row_left_whole_from_the_step_before_is_a_missing_write_of_this_step():
+    # The catalog's mutant: a second compacted call through the same out= writes none of its rows.
+    entry = Session(table=OPS).entry("convert", "convert_out_stale_compacted")
+    result = run_case(session=Session(table=OPS), case=_caller_out_case(steps=2, compact=True), entry=entry)
     kinds = {(f.kind.value, f.cause) for f in result.findings}
     assert kinds == {("MISSING_WRITE", "out:missing")}, result.findings

@@ -29,6 +29,7 @@ def test_our_kernels_on_the_new_surfaces_draw_no_findings_on_cuda(tmp_path, op, 
         ("convert", "convert_out_stale_invalid", "MISSING_WRITE"),
         ("convert", "convert_out_row_minus1", "OOB_WRITE"),
         ("convert", "convert_out_not_returned", "VALUE_MISMATCH"),
+        ("convert", "convert_out_stale_compacted", "MISSING_WRITE"),
         ("dcp", "dcp_compact_hole", "VALUE_MISMATCH"),
     ],
 )
