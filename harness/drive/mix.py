@@ -3,8 +3,9 @@
 An op's cost per case differs about 40x between ops (docs/performance.md), so equal case counts
 spent a run's time on its slowest ops. Each op row holds a ``share`` (about its cases per second
 relative to the others), and a run's case indices come in rounds of sum(shares): op j takes
-share_j of each round's slots, spread through it by smooth weighted round-robin (nginx's), so a
-short run or a budget that ends mid-round still sees every op early. The round is computed once;
+share_j of each round's slots: every op once at the round's start (so any len(ops) consecutive
+cases from a round's start see every op), the rest spread through it by smooth weighted
+round-robin (nginx's). The round is computed once;
 case i's op and its own count stay pure functions of i, which resume, shards, bundles and replay
 rely on. Shares are divided by their greatest common divisor, so one op alone, or ops of equal
 shares, give exactly the equal rounds of one case per op that runs made before shares existed.
@@ -34,11 +35,16 @@ class Mix:
             raise ValueError(f"Mix: share={bad[0][1]!r} of op {bad[0][0]!r} must be a whole number >= 1")
         divisor = math.gcd(*self.shares)
         shares = tuple(s // divisor for s in self.shares)
-        total, current, slots = sum(shares), [0] * len(shares), []
-        for _ in range(total):  # smooth weighted round-robin: op j lands share_j times, spread out
-            for j, s in enumerate(shares):
+        # Every op once first, in the table's order, so any run of len(ops) cases or more sees every
+        # op (a short --cases run, a budget that ends early); then the rest of each op's share,
+        # spread out by smooth weighted round-robin.
+        slots = list(range(len(shares)))
+        rest = [s - 1 for s in shares]
+        total, current = sum(rest), [0] * len(shares)
+        for _ in range(total):  # op j lands rest_j more times; an op with none left is never picked
+            for j, s in enumerate(rest):
                 current[j] += s
-            pick = max(range(len(shares)), key=lambda j: (current[j], -j))  # ties: the table's order
+            pick = max(range(len(rest)), key=lambda j: (current[j], -j))  # ties: the table's order
             current[pick] -= total
             slots.append(pick)
         seen = [0] * len(shares)
