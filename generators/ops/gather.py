@@ -143,7 +143,7 @@ def draw(d: Drawer, knobs: Knobs) -> GatherSpec:
 
 def _draw_host(d: Drawer, spec: GatherSpec) -> GatherSpec:
     """A host tier in a third of the cases (``fit`` takes it out for implementations without one; on
-    a GPU they take the full path, so a larger share would cost the fast path's speed); half of those
+    a GPU each costs a host cache's pinning and copies, so a larger share would cost speed); half of those
     called as vLLM's HiSparse prefill calls it, a chunk at a time: a row slice of the table and no
     seq_starts."""
     if d.integer(0, 2) != 2:
