@@ -241,9 +241,11 @@ def host_tensors(spec: GatherSpec, draws: Draws, *, num_blocks: int, device: str
     dmap[first:] = torch.where(on_host, negative, dev_rows).to(torch.int32)
     host_blocks = -(-host_rows // bs) if host_rows else 0
     records = paged_cache(draws.child("records"), spec.values, pool_blocks=host_blocks, block_size=bs, device=device)
-    host = records.view(-1, records.shape[-1])[:host_rows].cpu()
+    host = records.view(-1, records.shape[-1])[:host_rows]
     if str(device).startswith("cuda"):
-        host = host.pin_memory()
+        # Straight into pinned memory: `.cpu().pin_memory()` copied the whole host cache twice on
+        # the host (up to hundreds of MB a case at --size large).
+        host = torch.empty(host.shape, dtype=host.dtype, pin_memory=True).copy_(host)
     if tier.maps_2d:
         hmap, dmap = hmap.view(1, -1), dmap.view(1, -1)
     return {"host_cache": host, "host_row_ids": hmap, "device_row_ids": dmap}
