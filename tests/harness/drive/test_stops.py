@@ -2,7 +2,7 @@
 whatever ends the run (a SIGTERM while shrinking, --shrink-budget 0).
 
 The planted kernels mark the moment a test must act (a file they create inside the call), so no
-test guesses a delay; the only wall-clock test is the one whose promise is a wall-clock bound.
+test guesses a delay; the budget's own promise is checked on a fake clock.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ from pathlib import Path
 from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
 from mlafuzz.generators.spec import spec_to_json
 from mlafuzz.harness.cli.main import main
+from mlafuzz.harness.drive import fuzz as fuzz_module
+from mlafuzz.harness.drive.fuzz import FuzzConfig
+from mlafuzz.harness.drive.tasks import TaskResult
+from mlafuzz.harness.drive.workers import WorkerPool, drop_queued
+from mlafuzz.reports.findings import Finding, Kind
 
 PLANTED = Path(__file__).parents[2] / "support" / "planted"
 START_DEADLINE = 180.0  # spawning a worker and importing torch, on a busy 2-core machine
@@ -47,24 +52,126 @@ def _bundle_cases(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((out / "bundles").glob("*/case.json"))]
 
 
-def test_a_hanging_kernel_with_budget_20_and_timeout_10_ends_within_40_s_with_a_summary(tmp_path, monkeypatch):
-    spec = tmp_path / "two_requests.json"  # the planted kernel hangs on every 2-request batch
-    spec.write_text(spec_to_json(GatherSpec(requests=(GatherRequest(context_len=8, length=8),) * 2)))
-    mark, out = tmp_path / "inside-the-call", tmp_path / "run"
-    monkeypatch.setenv("MLAFUZZ_TEST_HANG_MARK", str(mark))
-    start = time.monotonic()
-    rc = main(
-        ["fuzz", "--spec", str(spec), "--impl", f"gather={PLANTED / 'hang_gather.py'}:gather", "--device", "cpu"]
-        + ["--budget", "20", "--timeout", "10", "--shrink-budget", "0", "--out", str(out), "--quiet"]
+def _two_request_gather(tmp_path: Path, *, cases: int | None = None, budget: float | None = None, **kw):
+    """A run of the planted kernel that hangs on every 2-request batch, on that batch only."""
+    spec = GatherSpec(requests=(GatherRequest(context_len=8, length=8),) * 2)
+    return FuzzConfig(
+        ops=("gather",),
+        impls={"gather": f"{PLANTED / 'hang_gather.py'}:gather"},
+        fixed_spec=spec,
+        cases=cases,
+        budget=budget,
+        shrink_budget=0.0,
+        out_dir=tmp_path / "run",
+        **kw,
     )
-    seconds = time.monotonic() - start
-    assert seconds < 40, f"the run took {seconds:.1f} s"
-    summary = _summary(out)
-    assert summary["dropped"] >= 1  # queued cases not started when the budget ended: counted, not run
-    assert set(summary["unfinished"]) and summary["interrupted"] is False  # a --resume runs them first
-    if mark.exists():  # a worker entered the hanging call (a machine too loaded to start one in 20 s may not)
-        assert rc == 1 and summary["by_kind"] == {"TIMEOUT": summary["findings"]}
-        assert [c["shrink"]["shrunk"] for c in _bundle_cases(out)] == [False]  # bundled as found
+
+
+def test_a_pool_gives_back_the_cases_no_worker_started_and_charges_the_hanging_one_as_timeout(tmp_path, monkeypatch):
+    # What the budget's end asks of the real pool: three cases queued on one worker, the first
+    # inside the hanging call (its mark says so: no delay guessed); the two not started come back,
+    # and the running one ends as a TIMEOUT once its --timeout is spent.
+    mark = tmp_path / "inside-the-call"
+    monkeypatch.setenv("MLAFUZZ_TEST_HANG_MARK", str(mark))
+    config = _two_request_gather(tmp_path, cases=3)
+    pool = WorkerPool(devices=["cpu"], timeout=5.0)
+    results = []
+    try:
+        deadline = time.monotonic() + START_DEADLINE  # a safety net, not the behaviour under test
+        while pool.free_slots() < 3 and time.monotonic() < deadline:  # the worker is ready
+            results += pool.wait(0.2)
+        for i in range(3):
+            pool.submit(config.task(i))
+        while not mark.exists() and time.monotonic() < deadline:
+            results += pool.wait(0.2)
+        assert mark.exists(), "no worker entered the hanging call"
+        assert sorted(t.index for t in drop_queued(pool)) == [1, 2]
+        while pool.in_flight() and time.monotonic() < deadline:
+            results += pool.wait(0.2)
+    finally:
+        pool.close()
+    assert [(t.index, [f.kind for f in r.findings]) for t, r in results] == [(0, [Kind.TIMEOUT])]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _HangingPool:
+    """An executor on a fake clock: one case runs at a time, each hangs until ``limit`` seconds
+    after it started and then ends as a TIMEOUT, as the worker pool ends a hanging call."""
+
+    def __init__(self, clock: _Clock, *, limit: float, depth: int = 3) -> None:
+        self.clock, self.limit, self.depth = clock, limit, depth
+        self.queue: list = []
+        self.started = 0.0
+        self.submitted_at: list[float] = []
+
+    def free_slots(self) -> int:
+        return self.depth - len(self.queue)
+
+    def in_flight(self) -> int:
+        return len(self.queue)
+
+    def submit(self, task) -> None:
+        if not self.queue:
+            self.started = self.clock.now
+        self.queue.append(task)
+        self.submitted_at.append(self.clock.now)
+
+    def drop_queued(self) -> list:
+        dropped, self.queue = self.queue[1:], self.queue[:1]
+        return dropped
+
+    def wait(self, timeout: float) -> list:
+        self.clock.now += timeout
+        if not self.queue or self.clock.now - self.started < self.limit:
+            return []
+        task = self.queue.pop(0)
+        self.started = self.clock.now
+        finding = Finding(
+            kind=Kind.TIMEOUT,
+            op=task.op,
+            impl=task.impl_ref,
+            case_id=f"case-{task.index}",
+            message="hung",
+            cause="hang",
+        )
+        return [(task, TaskResult(findings=(finding,)))]
+
+    def quarantine(self, classes) -> None:
+        pass
+
+    def restarts(self) -> int:
+        return 0
+
+    def cancel(self) -> None:
+        self.queue = []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_budget_of_20_with_a_timeout_of_10_against_a_hanging_kernel_ends_by_30_s_with_a_summary(
+    tmp_path, monkeypatch
+):
+    # The loop's promise on a fake clock (so no machine's speed enters): no case starts after the
+    # budget, the cases still queued are dropped and kept for a resume, and the one running gets
+    # at most its timeout.
+    clock = _Clock()
+    monkeypatch.setattr(fuzz_module, "time", clock)
+    pool = _HangingPool(clock, limit=10.0)
+    summary = fuzz_module.fuzz(_two_request_gather(tmp_path, budget=20.0, timeout=10.0), executor=pool)
+    assert clock.now <= 30.0 + 0.1 + 1e-9, clock.now
+    assert max(pool.submitted_at) < 20.0
+    assert summary.dropped == 2 and summary.by_kind == {"TIMEOUT": summary.findings} and summary.findings == 2
+    assert set(summary.unfinished) >= set(range(summary.next_case)) - {0, 1}  # dropped and running: a resume runs them
+    saved = _summary(tmp_path / "run")
+    assert saved["dropped"] == 2 and saved["interrupted"] is False
 
 
 def test_shrink_budget_0_still_writes_each_buckets_bundle_as_found(tmp_path):
