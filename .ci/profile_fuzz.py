@@ -1,7 +1,8 @@
 """Device diagnostics: where a default fuzz run's case time goes, per op, in one process.
 Runs the same tasks a `mlafuzz fuzz` run draws (default knobs, our implementations) through
 ``execute`` here, times each op's steady state and prints cProfile's hot spots.
-Run on the GPU:  python .ci/profile_fuzz.py [--cases N] [OP ...]
+Run on the GPU:  python .ci/profile_fuzz.py [--cases N] [--size large] [--gpu-top K] [OP ...]
+--gpu-top K also prints the K kernels with the most GPU time over the profiled cases (torch.profiler).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 import torch
 
-from mlafuzz.generators.draw import Knobs
+from mlafuzz.generators.draw import KNOB_PRESETS
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.fuzz import FuzzConfig
 from mlafuzz.harness.drive.tasks import execute
@@ -26,13 +27,19 @@ def main() -> None:
     p.add_argument("ops", nargs="*")
     p.add_argument("--cases", type=int, default=200)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--size", choices=sorted(KNOB_PRESETS), default="small")
+    p.add_argument("--gpu-top", type=int, default=0)
     a = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     session = Session(table=OPS)
     ops = a.ops or list(OPS.names)
     for op in ops:
         cfg = FuzzConfig(
-            ops=(op,), impls={op: session.default_ref(op, device)}, device=device, cases=a.cases, knobs=Knobs()
+            ops=(op,),
+            impls={op: session.default_ref(op, device)},
+            device=device,
+            cases=a.cases,
+            knobs=KNOB_PRESETS[a.size],
         )
         for i in range(20):  # warm: compiles, pools
             execute(cfg.task(i), session)
@@ -55,6 +62,15 @@ def main() -> None:
         st.sort_stats("cumulative").print_stats(a.top)
         st.sort_stats("tottime").print_stats(a.top)
         print(s.getvalue().replace("/opt/torch/.venv/lib/python3.11/site-packages/", ""), flush=True)
+        if a.gpu_top and device == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+                for i in range(2000, 2000 + min(a.cases, 100)):
+                    execute(cfg.task(i), session)
+                torch.cuda.synchronize()
+            table = tp.key_averages().table(sort_by="self_device_time_total", row_limit=a.gpu_top)
+            print(f"=== {op}: GPU time over {min(a.cases, 100)} cases\n{table}", flush=True)
 
 
 if __name__ == "__main__":
