@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 class Kind(str, enum.Enum):
@@ -97,7 +97,9 @@ class Context:
 
     op: str
     impl: str
-    case_id: str
+    # The id, or how to make it: a realistic spec's JSON costs a few hundred us of host time, as
+    # much as the rest of a fast-path check, and a case with no finding never needs its id.
+    case_id: str | Callable[[], str]
     seed: int | None = None
     spec: dict[str, Any] | None = None
     revision: str | None = None
@@ -112,7 +114,7 @@ class Context:
             kind=kind,
             op=self.op,
             impl=self.impl,
-            case_id=self.case_id,
+            case_id=self.case_id() if callable(self.case_id) else self.case_id,
             tensor=tensor,
             cause=f"{tensor}:{tag}" if tensor is not None else tag,
             **{**known, **rest},

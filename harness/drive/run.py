@@ -31,10 +31,14 @@ FAST_SWITCH = "MLAFUZZ_FAST"  # "0": the fast path is off (the detector suite ru
 
 @dataclass(frozen=True, kw_only=True)
 class CaseResult:
-    case_id: str
+    case: Case
     findings: tuple[Finding, ...] = ()
     skipped: str | None = None  # why the case was not run (a capability the impl lacks)
     seconds: float = 0.0
+
+    @property
+    def case_id(self) -> str:
+        return self.case.case_id  # made on demand: a clean case never needs it
 
 
 def fast_room() -> ModuleType | None:
@@ -77,7 +81,7 @@ def check_call(
     """Findings of one case. ``fast``: take the fast path where the op has one (default: on the GPU
     only; under Triton's CPU interpreter it is slower than the oracle); an explicit ``oracle``
     always takes the full path."""
-    ctx = Context(op=op.name, impl=entry.name, case_id=case.case_id)
+    ctx = Context(op=op.name, impl=entry.name, case_id=lambda: case.case_id)
     sub = session.sub(case.device)
     if fast is None:
         fast = case.device.startswith("cuda")
@@ -146,7 +150,7 @@ def run_case(
     op = session.table.get(case.op)
     missing = op.needs(case) - entry.capabilities
     if missing:
-        return CaseResult(case_id=case.case_id, skipped=f"impl lacks capability: {', '.join(sorted(missing))}")
+        return CaseResult(case=case, skipped=f"impl lacks capability: {', '.join(sorted(missing))}")
     revision = case.params.get("revision")  # set by drive/tasks.py execute
     if revision is None:  # a bare case (a test's, bench's): judged as a run under the newest would judge it
         revision = entry.judged_under(NEWEST_REVISION)
@@ -166,4 +170,4 @@ def run_case(
     if findings:  # the spec as a dict only when a finding carries it (thousands of calls at realistic sizes)
         spec = spec_to_dict(case.spec)
         findings = [dataclasses.replace(f, seed=case.seed, spec=spec, revision=revision) for f in findings]
-    return CaseResult(case_id=case.case_id, findings=tuple(findings), seconds=time.perf_counter() - start)
+    return CaseResult(case=case, findings=tuple(findings), seconds=time.perf_counter() - start)

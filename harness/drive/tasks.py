@@ -199,11 +199,14 @@ def execute(
                     fn=session.load(entry, task.device, revision=revision),
                     klass=op.invalid_class(task.contract),
                     sub=session.sub(task.device),
-                    ctx=Context(op=op.name, impl=entry.name, case_id=case.case_id),
+                    ctx=Context(op=op.name, impl=entry.name, case_id=lambda: case.case_id),
                     redzone=session.redzone,
                 )
-                spec_dict = spec_to_dict(spec)
-                findings += [dataclasses.replace(f, seed=task.seed, spec=spec_dict, revision=revision) for f in extra]
+                if extra:  # the spec as a dict only for a finding that carries it
+                    spec_dict = spec_to_dict(spec)
+                    findings += [
+                        dataclasses.replace(f, seed=task.seed, spec=spec_dict, revision=revision) for f in extra
+                    ]
             return TaskResult(
                 findings=tuple(findings),
                 skipped=result.skipped,
