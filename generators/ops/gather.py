@@ -32,7 +32,7 @@ from mlafuzz.generators.rng.fill import block_table, plan_table, upload
 from mlafuzz.generators.rng.hashing import Stream, mix
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.rng.records import paged_cache
-from mlafuzz.generators.rng.shuffle import permute
+from mlafuzz.generators.rng.shuffle import permutation
 from mlafuzz.generators.spec import Paging, ValueMode, View, WsForm, check_int, coerce_enum, coerce_tuple, fail
 from mlafuzz.generators.views import table_view
 from mlafuzz.oracles.gather import row_records
@@ -228,9 +228,10 @@ def host_tensors(spec: GatherSpec, draws: Draws, *, num_blocks: int, device: str
     idx = torch.arange(n_pool, dtype=torch.int64, device=device)
     word = mix(idx, k0=key.k0, k1=key.k1)
     on_host = (word % 100) < tier.host_pct
-    host_rows_of = permute(idx, draws.perm(host_rows)) if n_pool else idx
+    # Whole orders with no host sync (a walked permutation synced twenty-odd times a case).
+    host_rows_of = permutation(draws.perm(host_rows), device=device)[:n_pool] if n_pool else idx
     if tier.remap and n_pool:
-        dev_rows = first + permute(idx, draws.child("device").perm(n_pool))
+        dev_rows = first + permutation(draws.child("device").perm(n_pool), device=device)
         dev_rows = torch.where(((word >> 8) & 3) == 0, 0, dev_rows)
     else:
         dev_rows = first + idx

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from mlafuzz.generators.rng.hashing import C1, C2
 
-__all__ = ["ROUNDS", "PermKey", "perm_key", "permute", "permute_reference"]
+__all__ = ["ROUNDS", "PermKey", "perm_key", "permutation", "permute", "permute_reference"]
 
 ROUNDS = 8
 MAX_N = (1 << 31) - 1  # a fused kernel's int32 scalar
@@ -128,6 +128,30 @@ def _walk(x: Any, key: PermKey, nonzero: Callable[[Any], Any], arange: Callable[
         y[left] = walked
         left = left[walked >= key.n]
     return y
+
+
+def permutation(key: PermKey, *, device: str | torch.device) -> Tensor:
+    """int64 [n]: a whole random order of [0, n), made with no host sync: the network's values
+    over [0, 2**bits) that fall below n, in their order there (a bijection, as the network is one).
+    Another order than ``permute``'s (which walks each value back into range, a host sync per
+    walking step on a GPU: twenty-odd for a host tier's millions of rows); for a caller that needs
+    every value and never one entry alone."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        table = _network(np.arange(1 << key.bits, dtype=np.int64), key)
+        return torch.from_numpy(np.ascontiguousarray(table[table < key.n]))
+    return _scattered(key, device)
+
+
+def _scattered(key: PermKey, device: torch.device) -> Tensor:
+    """``permutation`` in torch ops with no host sync (any device; the CPU takes numpy)."""
+    table = _network(torch.arange(1 << key.bits, dtype=torch.int64, device=device), key)
+    keep = table < key.n
+    # The kept values' places by a running count; the others go to one spare slot, dropped
+    # (a bool-mask index would read the count back on the host).
+    at = torch.where(keep, torch.cumsum(keep, 0) - 1, key.n)
+    out = torch.empty(key.n + 1, dtype=torch.int64, device=device)
+    return out.scatter_(0, at, table)[: key.n]
 
 
 def permute_reference(i: int, key: PermKey) -> int:

@@ -214,7 +214,17 @@ def _restore(op: Op, case: Case, snap: Snapshot, held: Mapping[str, torch.Tensor
 
 def _moved(case: Case, held: Mapping[str, torch.Tensor]) -> list[str]:
     """The inputs held as copies (``fast_path``) that no longer equal their copy."""
-    return [k for k, v in held.items() if not torch.equal(case.tensors[k], v)]
+    return [k for k, v in held.items() if not _same_bytes(case.tensors[k], v)]
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two host tensors of one shape and dtype hold the same bytes (compared as 8-byte
+    words where they can be: a few MB of uint8 host cache compare six times faster so)."""
+    if a.is_contiguous() and b.is_contiguous() and a.nbytes % 8 == 0 and a.shape == b.shape and a.dtype == b.dtype:
+        return torch.equal(
+            a.reshape(-1).view(torch.uint8).view(torch.int64), b.reshape(-1).view(torch.uint8).view(torch.int64)
+        )
+    return torch.equal(a, b)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -343,7 +353,7 @@ def fast_path(
     inputs = {k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace}
     # An input off the case's device (a GPU gather's pinned host cache, SPEC 9.3) is held as a copy
     # and compared on the host: the fingerprint kernels read the device's memory.
-    held = {k: v.clone() for k, v in inputs.items() if v.device.type != torch.device(case.device).type}
+    held = {k: res.hold(k, v) for k, v in inputs.items() if v.device.type != torch.device(case.device).type}
     snap = Snapshot({k: v for k, v in inputs.items() if k not in held}, device=case.device, launchers=res.launchers)
     calls = _run(op=op, fast=fast, fn=fn, state=state, rerun=rerun, sub=sub, wait=wait, redzone=redzone)
     b = _fill_board(op=op, fast=fast, calls=calls, snap=snap, state=state)

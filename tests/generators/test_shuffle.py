@@ -9,7 +9,7 @@ import collections
 import pytest
 import torch
 
-from mlafuzz.generators.rng.shuffle import perm_key, permute, permute_reference
+from mlafuzz.generators.rng.shuffle import _scattered, perm_key, permutation, permute, permute_reference
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 63, 64, 65, 1000, 4097, 65536 + 640, 1 << 20])
@@ -56,3 +56,15 @@ def test_a_permutation_beyond_int31_is_refused() -> None:
     for bad in (0, 1 << 31):
         with pytest.raises(ValueError, match="1..2"):
             perm_key(0, "x", bad)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64, 65, 1000, 65536 + 640])
+def test_a_whole_order_is_a_bijection_and_the_same_in_numpy_and_in_sync_free_torch(n: int) -> None:
+    # The sync-free torch form (what a GPU runs) and the CPU's numpy form give one order: a case
+    # made on a laptop holds the host tier a GPU case held.
+    key = perm_key(5, "whole", n)
+    order = permutation(key, device="cpu")
+    assert torch.equal(torch.sort(order).values, torch.arange(n))
+    assert torch.equal(_scattered(key, torch.device("cpu")), order)
+    if n >= 64:  # not left in order
+        assert not torch.equal(order, torch.arange(n))
