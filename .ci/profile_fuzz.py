@@ -2,7 +2,8 @@
 Runs the same tasks a `mlafuzz fuzz` run draws (default knobs, our implementations) through
 ``execute`` here, times each op's steady state and prints cProfile's hot spots.
 Run on the GPU:  python .ci/profile_fuzz.py [--cases N] [--size large] [--gpu-top K] [OP ...]
---gpu-top K also prints the K kernels with the most GPU time over the profiled cases (torch.profiler).
+--gpu-top K also prints the K kernels with the most GPU time over the profiled cases (torch.profiler);
+--syncs the CUDA syncs per case and where they come from (torch's sync debug mode).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--size", choices=sorted(KNOB_PRESETS), default="small")
     p.add_argument("--gpu-top", type=int, default=0)
+    p.add_argument("--syncs", action="store_true")
     a = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     session = Session(table=OPS)
@@ -62,6 +64,8 @@ def main() -> None:
         st.sort_stats("cumulative").print_stats(a.top)
         st.sort_stats("tottime").print_stats(a.top)
         print(s.getvalue().replace("/opt/torch/.venv/lib/python3.11/site-packages/", ""), flush=True)
+        if a.syncs and device == "cuda":
+            _syncs(op, cfg, session, cases=min(a.cases, 100))
         if a.gpu_top and device == "cuda":
             from torch.profiler import ProfilerActivity, profile
 
@@ -71,6 +75,37 @@ def main() -> None:
                 torch.cuda.synchronize()
             table = tp.key_averages().table(sort_by="self_device_time_total", row_limit=a.gpu_top)
             print(f"=== {op}: GPU time over {min(a.cases, 100)} cases\n{table}", flush=True)
+
+
+def _syncs(op: str, cfg: FuzzConfig, session: Session, *, cases: int) -> None:
+    import collections
+    import traceback
+    import warnings
+
+    sites: collections.Counter[str] = collections.Counter()
+
+    def seen(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+        if "synchroniz" in str(message):
+            ours = [f for f in traceback.extract_stack()[:-1] if "mlafuzz" in f.filename]
+            where = ours[-1] if ours else None
+            sites[f"{where.filename.split('mlafuzz/')[-1]}:{where.lineno} {where.name}" if where else filename] += 1
+
+    old = warnings.showwarning
+    warnings.showwarning = seen
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                for i in range(3000, 3000 + cases):
+                    execute(cfg.task(i), session)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = old
+    print(f"=== {op}: {sum(sites.values()) / cases:.1f} CUDA syncs per case; top sites:", flush=True)
+    for site, n in sites.most_common(12):
+        print(f"  {n / cases:6.2f}  {site}", flush=True)
 
 
 if __name__ == "__main__":
