@@ -145,17 +145,31 @@ def _quietly(res: Resources, op: str, fn: Callable[[], object], default: object)
         return default
 
 
-def _untouched(res: Resources, g: Guarded) -> int:
-    """The summed fingerprints of g's two guard zones while every byte holds the fill, cached per
-    layout as a host int (the one sync is the first use of a layout's)."""
+def _layout(g: Guarded) -> tuple:
+    """What a guard zone's fingerprint while untouched depends on: device, fill, sizes and word_view's widths."""
     a, b = g.zones()
-    key = (str(a.device), g.fill, a.numel(), a.data_ptr() % 4, b.numel(), b.data_ptr() % 4)  # word_view's widths
-    if key not in res.untouched:
-        res.untouched[key] = int(
-            filled_fingerprint(a, g.fill, launchers=res.launchers)
-            + filled_fingerprint(b, g.fill, launchers=res.launchers)
-        )
-    return res.untouched[key]
+    return (str(a.device), g.fill, a.numel(), a.data_ptr() % 4, b.numel(), b.data_ptr() % 4)
+
+
+def _untouched(res: Resources, g: Guarded) -> int:
+    """The summed fingerprints of g's two guard zones while every byte holds the fill: a host int
+    cached per layout, read with the case's board (``_fill_board`` launches a new layout's)."""
+    return res.untouched[_layout(g)]
+
+
+def _fills(res: Resources, guards: list[tuple[str, Guarded]]) -> list[tuple[tuple, torch.Tensor]]:
+    """(layout, its untouched fingerprint on the device) of each guard layout not yet cached:
+    launched with the checks and read in the case's one sync (at --size large a third of the
+    cases met a new layout, each a sync of its own)."""
+    new: dict[tuple, torch.Tensor] = {}
+    for _, g in guards:
+        key = _layout(g)
+        if key not in res.untouched and key not in new:
+            a, b = g.zones()
+            new[key] = filled_fingerprint(a, g.fill, launchers=res.launchers) + filled_fingerprint(
+                b, g.fill, launchers=res.launchers
+            )
+    return list(new.items())
 
 
 def _call(
@@ -271,6 +285,7 @@ class _Board:
     guards: list[tuple[str, Guarded]]  # (what a changed zone says, the guarded output), from zones_at on
     extra: list[tuple[str, torch.Tensor]]  # (what a raised flag says, the flag), read after the board
     judged: bool  # whether the fused check ran on the outputs
+    fills: list[tuple[tuple, torch.Tensor]]  # new guard layouts' untouched fingerprints, read last
 
     @property
     def zones_at(self) -> int:
@@ -305,7 +320,8 @@ def _fill_board(*, op: Op, fast: FastOp, calls: _Calls, snap: Snapshot, state: C
         if second is not None and second.error is None
         else []
     )  # outputs the impl allocated
-    return _Board(board=board, at=at, guards=guards, extra=extra, judged=judged)
+    fills = _fills(res, guards)
+    return _Board(board=board, at=at, guards=guards, extra=extra, judged=judged, fills=fills)
 
 
 def _flagged(b: _Board, values: list[int], snap: Snapshot, res: Resources) -> tuple[list[str], list[str]]:
@@ -358,10 +374,12 @@ def fast_path(
     calls = _run(op=op, fast=fast, fn=fn, state=state, rerun=rerun, sub=sub, wait=wait, redzone=redzone)
     b = _fill_board(op=op, fast=fast, calls=calls, snap=snap, state=state)
     try:  # the one sync
-        flags = [f.reshape(1).to(torch.int64) for _, f in b.extra]
+        flags = [f.reshape(1).to(torch.int64) for _, f in b.extra] + [fp.reshape(1) for _, fp in b.fills]
         values = (torch.cat([b.board, *flags]) if flags else b.board).tolist()
     except RuntimeError:  # an asynchronous error of a call (no sync after it): the full path syncs each
         return Undecided(seen="")
+    for (key, _), v in zip(b.fills, values[len(values) - len(b.fills) :]):
+        res.untouched[key] = v
     changed, flagged = _flagged(b, values, snap, res)
     moved = _moved(case, held)
     changed, flagged = changed + moved, flagged + [f"changed its input {k}" for k in moved]
