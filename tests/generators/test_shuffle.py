@@ -68,3 +68,10 @@ def test_a_whole_order_is_a_bijection_and_the_same_in_numpy_and_in_sync_free_tor
     assert torch.equal(_scattered(key, torch.device("cpu")), order)
     if n >= 64:  # not left in order
         assert not torch.equal(order, torch.arange(n))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 65, 1000, 65536 + 640, (1 << 22) + 3])
+def test_a_whole_order_made_on_the_gpu_is_the_cpus(n: int) -> None:
+    key = perm_key(9, "gpu", n)
+    assert torch.equal(permutation(key, device="cuda").cpu(), permutation(key, device="cpu"))
