@@ -200,3 +200,26 @@ def test_gpu_every_new_mutant_is_killed_by_fuzzing_with_its_kind(tmp_path, capsy
     assert {n for n, r in rows.items() if r[1] == "awaiting"} == AWAITING_ON_CUDA, out
     assert "SURVIVED" not in out and "no findings" in out, out
     assert rc == 0
+
+
+def test_a_correct_run_whose_budget_went_to_building_still_runs_enough_cases_to_vouch_for_it(tmp_path):
+    # On a fresh H200 the CUDA extension took the correct gather's whole 10 s budget: it ran 0
+    # cases and was printed as "no findings". Such a run is topped up by count before its line.
+    from mlafuzz.harness.drive.mutants import CLEAN_FLOOR
+
+    session = _session_with_mutant()
+    lines = []
+    run_mutants(
+        session=session,
+        ops=["plan"],
+        device="cpu",
+        budget=1e-6,  # over before a case is done
+        cases=None,
+        out=tmp_path,
+        seed=0,
+        shrink_budget=0.0,
+        executor=InProcess(session=session),
+        on_clean=lines.append,
+    )
+    (line,) = lines
+    assert line.startswith("correct-plan") and int(line.split(": ")[1].split()[0]) >= CLEAN_FLOOR, line
