@@ -52,3 +52,21 @@ def test_every_error_input_class_is_refused_on_the_host_by_our_implementations(o
 
 def _guards(row, case):
     return row.guarded(case, 0xA5) if row.guarded else {}
+
+
+@pytest.mark.parametrize("counts", [False, True])
+def test_our_torch_peer_map_is_the_loop_oracle_on_inputs_the_generator_never_draws(counts):
+    from mlafuzz.kernels.torch_impl import dcp_peer_slots_torch
+    from mlafuzz.oracles import dcp as od
+    from tests.oracles.test_dcp import hostile_inputs
+
+    for seed in range(300):
+        a = hostile_inputs(seed)
+        want = od.dcp_peer_slots_loop(**a)
+        got = dcp_peer_slots_torch(
+            a["req_id"], a["block_table"], a["token_indices"], a["dcp_size"], a["blocks_per_peer"],
+            cp_kv_cache_interleave_size=a["interleave"], block_size=a["block_size"], BLOCK_N=16,
+            return_valid_counts=counts,
+        )  # fmt: skip
+        assert torch.equal(got[0] if counts else got, want[0]), seed
+        assert not counts or torch.equal(got[1], want[1]), seed
