@@ -214,12 +214,12 @@ def dcp_peer_slots_torch(
         req_id, block_table, token_indices, dcp_size, blocks_per_peer, cp_kv_cache_interleave_size, block_size,
         BLOCK_N, out, valid_counts_out,
     )  # fmt: skip
-    # Few, whole-tensor ops (each is a launch on a GPU, and this op's cost is its launches). The
-    # interleave divides the block size (checked), so a local block holds bs // I whole groups of a
-    # rank's I tokens: token t's local block is t // (D * bs), and its owner and row in that block
-    # depend on u = t % (D * bs) alone. A negative token gives a negative block.
-    d, i, bs = dcp_size, cp_kv_cache_interleave_size, block_size
-    t = token_indices.long()
+    # Few, whole-tensor ops (each is a launch on a GPU, and this op's cost is its launches), all in
+    # int32. The interleave divides the block size (checked), so a local block holds bs // I whole
+    # groups of a rank's I tokens: token t's local block is t // (D * bs), and its owner and row in
+    # that block depend on u = t % (D * bs) alone. A negative token gives a negative block.
+    d, i, bs, p = dcp_size, cp_kv_cache_interleave_size, block_size, blocks_per_peer
+    t = token_indices
     lb = torch.div(t, d * bs, rounding_mode="floor")
     u = t % (d * bs)
     group = torch.div(u, i, rounding_mode="floor")
@@ -229,12 +229,11 @@ def dcp_peer_slots_torch(
     # outside [0, blocks_per_peer).
     num_reqs, max_blocks = block_table.shape
     padded = torch.nn.functional.pad(block_table, (0, 1, 0, 1), value=-1)
-    req = req_id.long().clamp(-1, num_reqs)[:, None]
-    entry = padded[req, lb.clamp(-1, max_blocks)].long()
-    ok = (entry >= 0) & (entry < blocks_per_peer)
-    # (owner * blocks_per_peer + entry) * bs + row; fits int32 where ok: checked.
-    slot = torch.add(row, entry, alpha=bs).add_(group % d, alpha=blocks_per_peer * bs)
-    res = torch.where(ok, slot, -1).to(torch.int32)
+    entry = padded[req_id.clamp(-1, num_reqs)[:, None], lb.clamp(-1, max_blocks)]
+    kept = entry.clamp(0, p - 1)
+    ok = kept == entry
+    # (owner * p + entry) * bs + row from the kept entry: below d * p * bs, so int32 (checked).
+    res = torch.where(ok, torch.add(row, kept, alpha=bs).add_(group % d, alpha=p * bs), -1)
     return _into(res, ok.sum(dim=1, dtype=torch.int32) if return_valid_counts else None, out, valid_counts_out)
 
 

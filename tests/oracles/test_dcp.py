@@ -74,10 +74,15 @@ def hostile_inputs(seed: int) -> dict:
     bs = i * int(ints(1, 4, ()))
     r, m, n, k = int(ints(0, 4, ())), int(ints(0, 4, ())), int(ints(1, 5, ())), int(ints(1, 9, ()))
     peer = int(ints(1, 12, ()))
+    table, tokens = ints(-3, peer + 3, (r, m + 2)), ints(-3, d * bs * (m + 2), (n, k))
+    if seed % 3 == 0:  # the int32 extremes, where arithmetic in int32 would wrap
+        every_third = table.view(-1)[::3]
+        every_third.copy_(torch.tensor([-(2**31), 2**31 - 1], dtype=I32)[torch.arange(every_third.numel()) % 2])
+        tokens[:, -1] = 2**31 - 1 - int(ints(0, 2 * d * bs, ()))
     return {
         "req_id": ints(-2, r + 2, (n,)),
-        "block_table": ints(-3, peer + 3, (r, m + 2))[:, :m],  # a column slice, as a rank's share is
-        "token_indices": ints(-3, d * bs * (m + 2), (n, k)),
+        "block_table": table[:, :m],  # a column slice, as a rank's share is
+        "token_indices": tokens,
         "block_size": bs,
         "dcp_size": d,
         "interleave": i,
