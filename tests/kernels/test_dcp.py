@@ -109,3 +109,23 @@ def test_a_dcp_case_launches_few_ops_in_our_peer_map_and_the_oracles():
                 call(case)
             launches += count.n
         assert launches / runs <= LAUNCHES[name], (name, launches / runs)
+
+
+def test_a_dcp_case_runs_the_filter_oracle_once_even_compacted_without_counts(monkeypatch):
+    from mlafuzz.harness.drive.tasks import execute
+    from mlafuzz.oracles import dcp as od
+
+    runs = []
+    real = od.dcp_filter
+    monkeypatch.setattr(od, "dcp_filter", lambda **kw: runs.append(1) or real(**kw))
+    session = Session(table=OPS)
+    config = FuzzConfig(ops=("dcp",), impls={"dcp": "torch"}, device="cpu", cases=40, seed=3)
+    uncounted = 0
+    for i in range(40):
+        task = config.task(i)
+        spec = task.spec_obj(OPS)
+        uncounted += spec.compact and not spec.batch.return_valid_counts
+        runs.clear()
+        assert not execute(task, session).findings
+        assert len(runs) == 1, (i, len(runs))
+    assert uncounted  # the cases whose row_sets ask for the counts again
