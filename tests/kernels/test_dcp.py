@@ -55,8 +55,11 @@ def _guards(row, case):
     return row.guarded(case, 0xA5) if row.guarded else {}
 
 
-@pytest.mark.parametrize("counts", [False, True])
-def test_our_torch_peer_map_is_the_loop_oracle_on_inputs_the_generator_never_draws(counts):
+@pytest.mark.parametrize(
+    "counts, device", [(False, "cpu"), (True, "cpu"), pytest.param(True, "cuda", marks=pytest.mark.gpu)]
+)
+def test_our_torch_peer_map_is_the_loop_oracle_on_inputs_the_generator_never_draws(counts, device):
+    # On CUDA too: its int32 and negative (-1: the pad) table indices.
     from mlafuzz.kernels.torch_impl import dcp_peer_slots_torch
     from mlafuzz.oracles import dcp as od
     from tests.oracles.test_dcp import hostile_inputs
@@ -64,13 +67,14 @@ def test_our_torch_peer_map_is_the_loop_oracle_on_inputs_the_generator_never_dra
     for seed in range(300):
         a = hostile_inputs(seed)
         want = od.dcp_peer_slots_loop(**a)
+        t = {k: v.to(device) for k, v in a.items() if isinstance(v, torch.Tensor)}
         got = dcp_peer_slots_torch(
-            a["req_id"], a["block_table"], a["token_indices"], a["dcp_size"], a["blocks_per_peer"],
+            t["req_id"], t["block_table"], t["token_indices"], a["dcp_size"], a["blocks_per_peer"],
             cp_kv_cache_interleave_size=a["interleave"], block_size=a["block_size"], BLOCK_N=16,
             return_valid_counts=counts,
         )  # fmt: skip
-        assert torch.equal(got[0] if counts else got, want[0]), seed
-        assert not counts or torch.equal(got[1], want[1]), seed
+        assert torch.equal((got[0] if counts else got).cpu(), want[0]), seed
+        assert not counts or torch.equal(got[1].cpu(), want[1]), seed
 
 
 class _Launches(TorchDispatchMode):

@@ -90,13 +90,16 @@ def hostile_inputs(seed: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("compact", [False, True])
-def test_the_vectorized_oracles_are_the_loop_ones_on_inputs_the_generator_never_draws(compact):
+@pytest.mark.parametrize(
+    "compact, device", [(False, "cpu"), (True, "cpu"), pytest.param(True, "cuda", marks=pytest.mark.gpu)]
+)
+def test_the_vectorized_oracles_are_the_loop_ones_on_inputs_the_generator_never_draws(compact, device):
     for seed in range(300):
         a = hostile_inputs(seed)
-        fast, slow = od.dcp_peer_slots(**a), od.dcp_peer_slots_loop(**a)
-        assert all(torch.equal(f, s) for f, s in zip(fast, slow)), seed
+        on = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in a.items()}
+        fast, slow = od.dcp_peer_slots(**on), od.dcp_peer_slots_loop(**a)
+        assert all(torch.equal(f.cpu(), s) for f, s in zip(fast, slow)), seed
         f = {**a, "dcp_rank": seed % a["dcp_size"], "compact": compact}
         del f["blocks_per_peer"]
-        fast, slow = od.dcp_filter(**f), od.dcp_filter_loop(**f)
-        assert all(torch.equal(x, y) for x, y in zip(fast, slow)), seed
+        fast, slow = od.dcp_filter(**{k: on.get(k, v) for k, v in f.items()}), od.dcp_filter_loop(**f)
+        assert all(torch.equal(x.cpu(), y) for x, y in zip(fast, slow)), seed
