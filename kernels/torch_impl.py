@@ -214,18 +214,26 @@ def dcp_peer_slots_torch(
         req_id, block_table, token_indices, dcp_size, blocks_per_peer, cp_kv_cache_interleave_size, block_size,
         BLOCK_N, out, valid_counts_out,
     )  # fmt: skip
-    owner, local = _owner_local(token_indices, dcp_size, cp_kv_cache_interleave_size)
-    lb = torch.div(local, block_size, rounding_mode="floor")
+    # Few, whole-tensor ops (each is a launch on a GPU, and this op's cost is its launches), all in
+    # int32. The interleave divides the block size (checked), so a local block holds bs // I whole
+    # groups of a rank's I tokens: token t's local block is t // (D * bs), and its owner and row in
+    # that block depend on u = t % (D * bs) alone. A negative token gives a negative block.
+    d, i, bs, p = dcp_size, cp_kv_cache_interleave_size, block_size, blocks_per_peer
+    t = token_indices
+    lb = torch.div(t, d * bs, rounding_mode="floor")
+    u = t % (d * bs)
+    group = torch.div(u, i, rounding_mode="floor")
+    row = torch.add(u % i, torch.div(group, d, rounding_mode="floor"), alpha=i)  # local % bs
+    # The table with a row and a column of -1 after it: a request or local block outside the table
+    # reads -1 there (index -1 wraps to the pad too), so every invalid reason ends as an entry
+    # outside [0, blocks_per_peer).
     num_reqs, max_blocks = block_table.shape
-    req = req_id.long()[:, None]
-    ok = (token_indices >= 0) & (req >= 0) & (req < num_reqs) & (lb < max_blocks)
-    if num_reqs and max_blocks:
-        entry = block_table[torch.where(ok, req, 0), torch.where(ok, lb, 0)].long()
-    else:
-        entry = torch.zeros_like(lb)
-    ok &= (entry >= 0) & (entry < blocks_per_peer)
-    slot = (owner * blocks_per_peer + entry) * block_size + local % block_size  # fits int32: checked
-    res = torch.where(ok, slot, -1).to(torch.int32)
+    padded = torch.nn.functional.pad(block_table, (0, 1, 0, 1), value=-1)
+    entry = padded[req_id.clamp(-1, num_reqs)[:, None], lb.clamp(-1, max_blocks)]
+    kept = entry.clamp(0, p - 1)
+    ok = kept == entry
+    # (owner * p + entry) * bs + row from the kept entry: below d * p * bs, so int32 (checked).
+    res = torch.where(ok, torch.add(row, kept, alpha=bs).add_(group % d, alpha=p * bs), -1)
     return _into(res, ok.sum(dim=1, dtype=torch.int32) if return_valid_counts else None, out, valid_counts_out)
 
 

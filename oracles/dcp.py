@@ -139,23 +139,24 @@ def dcp_peer_slots_loop(
     )
 
 
+# Past every int32: the entry a read outside the table gives (the table holds int32 block ids).
+_OUTSIDE = -(1 << 40)
+
+
 def _parts(req_id: Tensor, block_table: Tensor, token_indices: Tensor, block_size: int, dcp_size: int, interleave: int):
-    """Vectorized: (tok, owner, local, lb, the table entry at lb (clamped read), valid so far)."""
+    """Vectorized, in int64: (owner, local, the table entry at [req, local // bs], or ``_OUTSIDE``
+    where that is not in the table). A negative token has a negative local index (floor division),
+    so it reads outside too. Whole-tensor ops, few (each is a launch on a GPU): the table gets a
+    row and a column of ``_OUTSIDE`` after it, and every read outside lands there (index -1 too)."""
     dev = token_indices.device
-    n, k = token_indices.shape
     r, m = block_table.shape
     tok = token_indices.to(torch.int64)
-    req = req_id.to(dev, torch.int64).reshape(n, 1).expand(n, k)
-    t = tok.clamp(min=0)
-    owner = torch.div(t, interleave, rounding_mode="floor") % dcp_size
-    local = torch.div(t, dcp_size * interleave, rounding_mode="floor") * interleave + t % interleave
+    owner = torch.div(tok, interleave, rounding_mode="floor") % dcp_size
+    local = torch.add(tok % interleave, torch.div(tok, dcp_size * interleave, rounding_mode="floor"), alpha=interleave)
     lb = torch.div(local, block_size, rounding_mode="floor")
-    ok = (tok >= 0) & (req >= 0) & (req < r) & (lb < m)
-    if r and m:
-        entry = block_table.to(dev, torch.int64)[req.clamp(0, r - 1), lb.clamp(0, m - 1)]
-    else:
-        entry = torch.zeros_like(tok)
-    return owner, local, entry, ok
+    padded = torch.nn.functional.pad(block_table.to(dev, torch.int64), (0, 1, 0, 1), value=_OUTSIDE)
+    req = req_id.to(dev, torch.int64).clamp(-1, r)[:, None]
+    return owner, local, padded[req, lb.clamp(-1, m)]
 
 
 def dcp_filter(
@@ -170,13 +171,13 @@ def dcp_filter(
     compact: bool,
 ) -> tuple[Tensor, Tensor]:
     """Vectorized ``dcp_filter_loop``, on token_indices' device; bit-identical to it."""
-    owner, local, entry, ok = _parts(req_id, block_table, token_indices, block_size, dcp_size, interleave)
-    valid = ok & (owner == dcp_rank)
-    value = _wrap_int32_tensor(entry * block_size + local % block_size)
-    out = torch.where(valid, value, torch.full_like(value, -1))
+    owner, local, entry = _parts(req_id, block_table, token_indices, block_size, dcp_size, interleave)
+    valid = (entry != _OUTSIDE) & (owner == dcp_rank)
+    value = _wrap_int32_tensor(torch.add(local % block_size, entry, alpha=block_size))
+    out = torch.where(valid, value, -1)
     if compact:
         out = _compact(out, valid)
-    return out.to(torch.int32), valid.sum(dim=1).to(torch.int32)
+    return out.to(torch.int32), valid.sum(dim=1, dtype=torch.int32)
 
 
 def dcp_peer_slots(
@@ -190,8 +191,9 @@ def dcp_peer_slots(
     blocks_per_peer: int,
 ) -> tuple[Tensor, Tensor]:
     """Vectorized ``dcp_peer_slots_loop``, on token_indices' device; bit-identical to it."""
-    owner, local, entry, ok = _parts(req_id, block_table, token_indices, block_size, dcp_size, interleave)
-    valid = ok & (entry >= 0) & (entry < blocks_per_peer)
-    value = _wrap_int32_tensor((owner * blocks_per_peer + entry) * block_size + local % block_size)
-    out = torch.where(valid, value, torch.full_like(value, -1))
-    return out.to(torch.int32), valid.sum(dim=1).to(torch.int32)
+    owner, local, entry = _parts(req_id, block_table, token_indices, block_size, dcp_size, interleave)
+    valid = (entry >= 0) & (entry < blocks_per_peer)  # _OUTSIDE is negative
+    block = torch.add(entry, owner, alpha=blocks_per_peer)  # owner * blocks_per_peer + entry
+    value = _wrap_int32_tensor(torch.add(local % block_size, block, alpha=block_size))
+    out = torch.where(valid, value, -1)
+    return out.to(torch.int32), valid.sum(dim=1, dtype=torch.int32)

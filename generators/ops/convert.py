@@ -32,7 +32,7 @@ from mlafuzz.generators.reduce import (
     with_request,
 )
 from mlafuzz.generators.rng.batch import convert_batch
-from mlafuzz.generators.rng.fill import plan_table
+from mlafuzz.generators.rng.fill import TablePlan, plan_table
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.spec import (
     Paging,
@@ -182,6 +182,19 @@ def draw_caller_out(d: Drawer) -> CallerOut | None:
 # --- materializing -----------------------------------------------------------
 
 
+def table_plan(spec: ConvertSpec) -> TablePlan:
+    """The block table's host plan (its pool: every block id is below base_block + pool)."""
+    seq = np.array([r.seq_len for r in spec.requests], dtype=np.int64)
+    bs, paging = spec.paging.block_size, spec.paging
+    return plan_table(
+        need=(seq + bs - 1) // bs,
+        layout=paging.layout,
+        spare_blocks=paging.spare_blocks,
+        extra_cols=paging.extra_table_cols,
+        base_block=paging.base_block,
+    )
+
+
 def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
     """The call's tensors on ``device``, from the spec's numbers and the streams of ``seed``.
 
@@ -191,13 +204,7 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
     reqs, bs, k = spec.requests, spec.paging.block_size, spec.topk
     # The requests' numbers as columns (numpy: vector ops, not a Python loop per request).
     seq, tokens, prefill = np.array([(r.seq_len, r.num_tokens, r.prefill) for r in reqs], dtype=np.int64).T
-    plan = plan_table(
-        need=(seq + bs - 1) // bs,
-        layout=spec.paging.layout,
-        spare_blocks=spec.paging.spare_blocks,
-        extra_cols=spec.paging.extra_table_cols,
-        base_block=spec.paging.base_block,
-    )
+    plan = table_plan(spec)
     before, after, _ = slack(spec.rows_view, draws=draws, width=k)  # the step's other rows around the batch's
     batch = convert_batch(
         draws,

@@ -154,10 +154,14 @@ def materialize(spec: DcpSpec, *, seed: int, device: str) -> Case:
 def materialize_peer(spec: DcpPeerSpec, *, seed: int, device: str) -> Case:
     case = _base(spec, seed=seed, device=device)
     table = case.tensors["block_table"]
-    top = int(table.max()) + 1 if table.numel() else 1  # one host read: every id below it is valid
+    if spec.cut:  # one host read (a sync on a GPU): this rank's largest id + 1, then its half
+        top = int(table.max()) + 1 if table.numel() else 1
+        blocks_per_peer = max(1, (top + 1) // 2)
+    else:  # every id is below the pool's top, known on the host: no read, and every id valid
+        blocks_per_peer = spec.batch.paging.base_block + cv.table_plan(spec.batch).pool
     params = {
         "dcp_size": spec.dcp_size,
-        "blocks_per_peer": max(1, (top + 1) // 2) if spec.cut else top,
+        "blocks_per_peer": blocks_per_peer,
         "cp_kv_cache_interleave_size": spec.interleave,
         "block_size": spec.batch.paging.block_size,
         "BLOCK_N": spec.block_n,

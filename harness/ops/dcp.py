@@ -56,11 +56,20 @@ def invoke_peer(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[s
     return cv.outputs(res, p["return_valid_counts"])
 
 
+# The vectorized filter's last case and result: a compacted case whose call returns no counts asks
+# for them again (``row_sets``) right after the oracle ran, and each run is ~30 launches on a GPU.
+# One tuple, swapped whole; a hit is the same case object, so it is never another case's result.
+_last: tuple[Case | None, Any] = (None, None)
+
+
 def _filter(case: Case, *, loop: bool) -> tuple[Any, Any]:
+    global _last
+    if not loop and _last[0] is case:
+        return _last[1]
     from mlafuzz.oracles import dcp as od
 
     t, p = case.tensors, case.params
-    return (od.dcp_filter_loop if loop else od.dcp_filter)(
+    res = (od.dcp_filter_loop if loop else od.dcp_filter)(
         req_id=t["req_id"],
         block_table=t["block_table"],
         token_indices=t["token_indices"],
@@ -70,6 +79,9 @@ def _filter(case: Case, *, loop: bool) -> tuple[Any, Any]:
         interleave=p["cp_kv_cache_interleave_size"],
         compact=p["compact_valid_to_front"],
     )
+    if not loop:
+        _last = (case, res)
+    return res
 
 
 def _peer(case: Case, *, loop: bool) -> tuple[Any, Any]:

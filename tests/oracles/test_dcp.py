@@ -59,3 +59,47 @@ def test_the_loop_and_vectorized_oracles_agree_bit_for_bit_on_drawn_cases(op):
         assert fast.keys() == slow.keys()
         for name in fast:
             assert torch.equal(fast[name], slow[name]), (op, seed, name)
+
+
+def hostile_inputs(seed: int) -> dict:
+    """Inputs past what the generator draws: requests outside the table (negative too), table
+    entries negative or past any peer, tokens negative or past the table, tables of no rows or
+    columns; the layout within vLLM's host checks (the interleave divides the block size)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ints(lo: int, hi: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randint(lo, hi, shape, generator=g, dtype=I32)
+
+    d, i = (int(v) for v in ints(1, 5, (2,)))
+    bs = i * int(ints(1, 4, ()))
+    r, m, n, k = int(ints(0, 4, ())), int(ints(0, 4, ())), int(ints(1, 5, ())), int(ints(1, 9, ()))
+    peer = int(ints(1, 12, ()))
+    table, tokens = ints(-3, peer + 3, (r, m + 2)), ints(-3, d * bs * (m + 2), (n, k))
+    if seed % 3 == 0:  # the int32 extremes, where arithmetic in int32 would wrap
+        every_third = table.view(-1)[::3]
+        every_third.copy_(torch.tensor([-(2**31), 2**31 - 1], dtype=I32)[torch.arange(every_third.numel()) % 2])
+        tokens[:, -1] = 2**31 - 1 - int(ints(0, 2 * d * bs, ()))
+    return {
+        "req_id": ints(-2, r + 2, (n,)),
+        "block_table": table[:, :m],  # a column slice, as a rank's share is
+        "token_indices": tokens,
+        "block_size": bs,
+        "dcp_size": d,
+        "interleave": i,
+        "blocks_per_peer": peer,
+    }
+
+
+@pytest.mark.parametrize(
+    "compact, device", [(False, "cpu"), (True, "cpu"), pytest.param(True, "cuda", marks=pytest.mark.gpu)]
+)
+def test_the_vectorized_oracles_are_the_loop_ones_on_inputs_the_generator_never_draws(compact, device):
+    for seed in range(300):
+        a = hostile_inputs(seed)
+        on = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in a.items()}
+        fast, slow = od.dcp_peer_slots(**on), od.dcp_peer_slots_loop(**a)
+        assert all(torch.equal(f.cpu(), s) for f, s in zip(fast, slow)), seed
+        f = {**a, "dcp_rank": seed % a["dcp_size"], "compact": compact}
+        del f["blocks_per_peer"]
+        fast, slow = od.dcp_filter(**{k: on.get(k, v) for k, v in f.items()}), od.dcp_filter_loop(**f)
+        assert all(torch.equal(x.cpu(), y) for x, y in zip(fast, slow)), seed

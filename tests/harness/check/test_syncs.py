@@ -32,7 +32,7 @@ CEILING = {
     "step": 56.0,  # 46.6 (154.4)
     "plan": 3.0,  # 2.2 (6.0)
     "dcp": 4.5,  # 3.5 (7.1)
-    "dcp_peer": 9.0,  # 6.9 (12.0)
+    "dcp_peer": 8.0,  # 6.1 (12.0); 6.9 before an uncut case took its peer bound from the host
 }
 
 
