@@ -38,7 +38,6 @@ import triton.language as tl
 from mlafuzz.generators.case import Case
 from mlafuzz.harness.fast.launch import Launchers
 from mlafuzz.harness.fast.state import CaseState
-from mlafuzz.harness.memory.bits import differ_flag
 from mlafuzz.harness.memory.guards import Guarded
 from mlafuzz.harness.ops.convert import is_view_of
 from mlafuzz.harness.ops.convert import oracle_inputs as _inputs
@@ -74,8 +73,10 @@ def _mix(v, key):
         "block_stride",
         "has_prefill",
         "has_counts",
+        "has_second",
+        "same",
     ],
-    do_not_specialize_on_alignment=["req_ptr", "table_ptr", "counts_ptr", "pw_ptr", "ps_ptr", "bad_ptr"],
+    do_not_specialize_on_alignment=["req_ptr", "table_ptr", "counts_ptr", "counts2_ptr", "pw_ptr", "ps_ptr", "bad_ptr"],
 )
 def _check_convert(
     req_ptr,
@@ -83,6 +84,8 @@ def _check_convert(
     ti_ptr,
     out_ptr,
     counts_ptr,
+    out2_ptr,  # a re-run's outputs, checked in the same pass (has_second; else out's again)
+    counts2_ptr,
     pw_ptr,
     ps_ptr,
     bad_ptr,
@@ -94,10 +97,13 @@ def _check_convert(
     ti_s0,
     ti_s1,
     out_s0,
+    out2_s0,
     block_size,
     block_stride,
     has_prefill,  # 0 / 1: prefill rows exist only with a prefill workspace
     has_counts,  # 0 / 1: valid_counts is checked too
+    has_second,  # 0 / 1: a re-run's out (and valid_counts) are checked too
+    same,  # 0 / 1: a compacted row of the re-run must be the first run's bit for bit (a caller's buffer)
     K: tl.constexpr,
     TILE: tl.constexpr,
     COMPACT: tl.constexpr,
@@ -118,6 +124,8 @@ def _check_convert(
     valid_n = 0
     sig1 = row * 0  # compacted rows: the oracle's valid values' signatures (int64 sums)
     sig2 = row * 0
+    # The re-run's lanes (all or none); `!= False`: a bool mask under the interpreter (see below)
+    two = ((cols >= 0) & (has_second != 0)) != False  # noqa: E712
     lo = row * 0 - 1  # prefill: the least and the greatest of -1 and the row's expected values
     hi = row * 0 - 1
     for c0 in tl.range(0, K, TILE):
@@ -146,7 +154,9 @@ def _check_convert(
             sig2 += tl.sum(tl.where(valid, _mix(expected, KEY2), 0), axis=0)
         else:
             actual = tl.load(out_ptr + row * out_s0 + c)
+            actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two, other=0)
             bad += tl.sum((expected != actual).to(tl.int32), axis=0)
+            bad += tl.sum((two & (expected != actual2)).to(tl.int32), axis=0)
         valid_n += tl.sum(valid.to(tl.int32), axis=0)
     if PREFILL:
         # One value for the whole row that is neither -1 nor any of its expected values: below the
@@ -160,16 +170,26 @@ def _check_convert(
         tl.store(bad_ptr, 2, mask=(lo == -2147483648) & (hi == 2147483647))
     else:
         if COMPACT:  # the row's first valid_n values against the signatures, -1 after them
+            sig1b = sig1  # the re-run's row against the same signatures
+            sig2b = sig2
             for c0 in tl.range(0, K, TILE):
                 c = c0 + cols
                 actual = tl.load(out_ptr + row * out_s0 + c)
+                actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two, other=-1)
                 front = c < valid_n
                 sig1 -= tl.sum(tl.where(front, _mix(actual, KEY1), 0), axis=0)
                 sig2 -= tl.sum(tl.where(front, _mix(actual, KEY2), 0), axis=0)
+                sig1b -= tl.sum(tl.where(front, _mix(actual2, KEY1), 0), axis=0)
+                sig2b -= tl.sum(tl.where(front, _mix(actual2, KEY2), 0), axis=0)
                 bad += tl.sum((~front & (actual != -1)).to(tl.int32), axis=0)
+                bad += tl.sum((~front & (actual2 != -1)).to(tl.int32), axis=0)
+                bad += tl.sum((two & (same != 0) & (actual != actual2)).to(tl.int32), axis=0)
             bad += ((sig1 != 0) | (sig2 != 0)).to(tl.int32)
+            bad += ((has_second != 0) & ((sig1b != 0) | (sig2b != 0))).to(tl.int32)
         counted = tl.load(counts_ptr + row, mask=has_counts != 0, other=0)
         bad += ((has_counts != 0) & (counted != valid_n)).to(tl.int32)
+        counted2 = tl.load(counts2_ptr + row, mask=(has_counts != 0) & (has_second != 0), other=0)
+        bad += ((has_counts != 0) & (has_second != 0) & (counted2 != valid_n)).to(tl.int32)
         tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
 
 
@@ -183,9 +203,11 @@ def _launch(
     block_stride_rows: int | None,
     compact: bool,
     prefill: bool,
+    second: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    same: bool = False,
 ) -> None:
     """One launch of ``_check_convert`` over out's rows (n > 0 and k > 0, a layout it reads);
-    ``inputs``: the call's, as ``convert_rows_flag`` takes them."""
+    ``inputs``: the call's, as ``convert_rows_flag`` takes them; ``second``, ``same``: as there."""
     req_id, block_table, token_indices = inputs["req_id"], inputs["block_table"], inputs["token_indices"]
     block_size, has_prefill_workspace = inputs["block_size"], inputs["has_prefill_workspace"]
     prefill_workspace_request_ids = inputs["prefill_workspace_request_ids"]
@@ -195,12 +217,16 @@ def _launch(
     pw = prefill_workspace_request_ids if has_prefill_workspace else req_id
     ps = prefill_workspace_starts if has_prefill_workspace and prefill_workspace_starts.numel() else req_id
     num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
+    counts = valid_counts if valid_counts is not None else out
+    out2, counts2 = second if second is not None else (out, counts)
     args = (
         req_id.contiguous(),
         block_table,
         token_indices,
         out,
-        valid_counts if valid_counts is not None else out,
+        counts,
+        out2,
+        counts2 if counts2 is not None else counts,
         pw.contiguous(),
         ps.contiguous(),
         bad,
@@ -212,10 +238,13 @@ def _launch(
         token_indices.stride(0),
         token_indices.stride(1),
         out.stride(0),
+        out2.stride(0),
         block_size,
         block_size if block_stride_rows is None else block_stride_rows,
         int(bool(has_prefill_workspace)),
         int(valid_counts is not None),
+        int(second is not None),
+        int(same),
     )
     consts = {"K": k, "TILE": tile, "COMPACT": bool(compact), "KEY1": _KEYS[0], "KEY2": _KEYS[1], "PREFILL": prefill}
     (launchers or Launchers())(_check_convert)(n, args, consts)
@@ -242,6 +271,8 @@ def convert_rows_flag(
     launchers: Launchers | None = None,
     block_stride_rows: int | None = None,
     compact: bool = False,
+    second: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    same: bool = False,
     **inputs: Any,
 ) -> torch.Tensor | None:
     """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
@@ -250,14 +281,19 @@ def convert_rows_flag(
     ``has_prefill_workspace``, ``prefill_workspace_request_ids``, ``prefill_workspace_starts``).
     ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one.
     ``block_stride_rows``: SPEC 7's stride (None: block_size); ``compact``: rows compacted to the
-    front (SPEC 7), judged as multisets with a -1 tail (the module docstring)."""
+    front (SPEC 7), judged as multisets with a -1 tail (the module docstring). ``second``: a
+    re-run's (out, valid_counts), judged in the same launch; ``same``: its compacted rows must
+    also be the first run's bit for bit (a caller's buffer: the write map's NONDETERMINISM)."""
     ti = inputs["token_indices"]
-    if not _reads(ti, inputs["block_table"], out, valid_counts):
+    runs = [(out, valid_counts)] + ([second] if second is not None else [])
+    if any(not _reads(ti, inputs["block_table"], o, c) or (c is None) != (valid_counts is None) for o, c in runs):
         return None
     if out.numel() == 0:
         if valid_counts is None:
             return flag if flag is not None else torch.zeros((), dtype=torch.bool, device=out.device)
         nonzero = (valid_counts != 0).any()
+        if second is not None:
+            nonzero |= (second[1] != 0).any()
         if flag is None:
             return nonzero
         flag[:1].copy_(nonzero.reshape(1))
@@ -272,6 +308,8 @@ def convert_rows_flag(
         block_stride_rows=block_stride_rows,
         compact=compact,
         prefill=False,
+        second=(second[0].contiguous(), second[1]) if second is not None else None,
+        same=same,
     )
     return bad
 
@@ -317,28 +355,32 @@ def convert_prefill(
 _MEMO = "convert"
 
 
+# The fast path hands this check a re-run's outputs (plain cases too) and needs no bit-for-bit
+# comparison of the two runs beside it: both are judged against the oracle in one launch.
+RERUNS = True
+
+
 @dataclass(frozen=True)
 class _Callers:
     """What the prefills of a case's calls leave for its check: each call's caller-owned buffers
-    (in call order), and the prefill's "cannot tell" flag."""
+    (in call order)."""
 
     guards: list[Mapping[str, Guarded]]
-    undecided: torch.Tensor  # int64 [1] on the case's device
 
 
 def prefill(case: Case, guards: Mapping[str, Guarded], state: CaseState) -> bool:
     """Before each call of a case with caller-owned outputs (SPEC 9.2): its ``out`` and
-    ``valid_counts_out`` prefilled (``convert_prefill``), and the buffers kept for ``check``."""
+    ``valid_counts_out`` prefilled (``convert_prefill``), and the buffers kept for ``check``. The
+    prefill's "cannot tell" goes straight into the check's second slot on the board (made before
+    the calls: ``CaseState.slots``), no flag and copy of its own."""
     if "out" not in guards:
         return False
     counts = guards.get("valid_counts")
-    memo = state.memo.get(_MEMO)
-    if memo is None:
-        memo = state.memo[_MEMO] = _Callers(guards=[], undecided=torch.zeros(1, dtype=torch.int64, device=case.device))
+    memo = state.memo.setdefault(_MEMO, _Callers(guards=[]))
     done = convert_prefill(
         out=guards["out"].view,
         valid_counts=counts.view if counts is not None else None,
-        undecided=memo.undecided,
+        undecided=state.slots[1:2],
         launchers=state.launchers,
         **_inputs(case),
     )
@@ -361,35 +403,31 @@ def _callers_own(runs: list[Outputs], memo: _Callers | None) -> bool:
 
 
 def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
-    """The fast path's check of a convert call: each run's ``out`` and ``valid_counts`` against the
-    oracle's. With caller-owned outputs (``second``: the re-run's, when one was made) also: the
-    returned tensors the caller's own, the prefill's flag, and (compacted rows, whose order is
-    free) the two runs' outputs bit-identical, as the write map holds them. The guard zones and
-    the two steps are the path's and the op's (path.py, ops/convert.py ``invoke``). False: it
-    cannot tell from the host, nothing launched."""
+    """The fast path's check of a convert call: each run's ``out`` and ``valid_counts`` (``second``:
+    the re-run's, when one was made) against the oracle's, in one launch. With caller-owned
+    outputs also: the returned tensors the caller's own, the prefill's flag (already in
+    ``flag[1]``), and (compacted rows, whose order is free) the two runs' outputs bit-identical,
+    as the write map holds them. A plain case's compacted rows need only each be the oracle's
+    multiset, as the full path's re-run compares them (row sets). The guard zones and the two
+    steps are the path's and the op's (path.py, ops/convert.py ``invoke``). False: it cannot
+    tell from the host, nothing launched."""
     p = case.params
     caller = "out_steps" in p
     runs = [outputs] + ([second] if second is not None else [])
-    if (second is not None and not caller) or (caller and not _callers_own(runs, state.memo.get(_MEMO))):
+    if caller and not _callers_own(runs, state.memo.get(_MEMO)):
         return False
     wants = ("out", "valid_counts") if p["return_valid_counts"] else ("out",)
     if not all(isinstance(o.get(name), torch.Tensor) for o in runs for name in wants):
         return False
-    compact = bool(p.get("COMPACT_TO_FRONT"))
-    for o in runs:
-        checked = convert_rows_flag(
-            out=o["out"],
-            valid_counts=o["valid_counts"] if p["return_valid_counts"] else None,
-            flag=flag,
-            launchers=state.launchers,
-            compact=compact,
-            **_inputs(case),
-        )
-        if checked is None:
-            return False
-    if caller:
-        slot = state.memo[_MEMO].undecided
-        if compact and second is not None:  # the write map's NONDETERMINISM: written twice, differently
-            slot = torch.maximum(slot, differ_flag(outputs["out"], second["out"]).reshape(1).to(torch.int64))
-        flag[1:2].copy_(slot)
-    return True
+    counts = [o["valid_counts"] if p["return_valid_counts"] else None for o in runs]
+    checked = convert_rows_flag(
+        out=outputs["out"],
+        valid_counts=counts[0],
+        second=(second["out"], counts[1]) if second is not None else None,
+        same=caller,
+        flag=flag,
+        launchers=state.launchers,
+        compact=bool(p.get("COMPACT_TO_FRONT")),
+        **_inputs(case),
+    )
+    return checked is not None

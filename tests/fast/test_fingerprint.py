@@ -100,15 +100,21 @@ def test_every_board_of_a_snapshot_starts_from_its_negated_fingerprints_and_zero
 
 
 @pytest.mark.parametrize("start, nbytes", [(0, 4096), (4, 4100), (1, 4096), (0, 1001)])
-def test_a_filled_zone_fingerprint_is_what_the_kernel_gives_that_zone_and_a_write_moves_it(start, nbytes):
-    """The guard zones' expected fingerprint, for each word width an address and size give."""
-    from mlafuzz.harness.fast.fingerprint import filled_fingerprint
-
-    zone = torch.full((nbytes + 8,), 0xA5, dtype=torch.uint8, device=DEV)[start : start + nbytes]
-    expected = filled_fingerprint(zone, 0xA5)
-    assert expected.tolist() == fingerprints([zone]).tolist()
-    zone[nbytes // 2] = 0xA4
-    assert expected.tolist() != fingerprints([zone]).tolist()
+@pytest.mark.parametrize("fill", [0xA5, 0x5A, 0x00, 0xFF])
+def test_a_guard_zone_counts_zero_while_it_holds_its_fill_and_any_written_byte_moves_it(start, nbytes, fill):
+    """A zone's slot counts its words that no longer hold the fill (each word width an address and
+    size give): 0 untouched, whatever its layout, and not 0 after one byte changed, beside a
+    fingerprinted tensor in the same launch that keeps its own slot."""
+    zone = torch.full((nbytes + 8,), fill, dtype=torch.uint8, device=DEV)[start : start + nbytes]
+    other = torch.arange(5, dtype=torch.int32, device=DEV)
+    out = torch.zeros(2, dtype=torch.int64, device=DEV)
+    add_words(out, [(word_view(other), 0), (word_view(zone), 1, fill)])
+    assert out.tolist() == [fingerprints([other]).item(), 0]
+    zone[nbytes // 2] = fill ^ 1
+    zone[0] = fill ^ 0x80
+    out.zero_()
+    add_words(out, [(word_view(zone), 1, fill), (word_view(other), 0)])
+    assert out.tolist() == [fingerprints([other]).item(), 2]  # two words (or bytes) apart
 
 
 def _launch_variants(sign: str, words: list) -> set:
