@@ -42,9 +42,10 @@ PER_LAUNCH = 8
 
 
 @triton.jit
-def _fold(words_ptr, n, block, out_ptr, fill, SIGN: tl.constexpr, BLOCK: tl.constexpr):
-    """Adds SIGN x (this block's share of the fingerprint of the n words at words_ptr) to out[0];
-    with ``fill`` >= 0 (a guard zone) instead the count of its words other than that byte repeated."""
+def _fold(words_ptr, n, block, out_ptr, fill, mirror, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Adds SIGN x (this block's share of the fingerprint of the n words at words_ptr) to out[0]
+    (and to out[mirror] too where mirror != 0); with ``fill`` >= 0 (a guard zone) instead the count
+    of its words other than that byte repeated."""
     offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
     raw = tl.load(words_ptr + offs, mask=inside, other=0)
@@ -59,6 +60,8 @@ def _fold(words_ptr, n, block, out_ptr, fill, SIGN: tl.constexpr, BLOCK: tl.cons
     x = tl.where(inside, x, 0)
     share = tl.sum(x, axis=0).to(tl.int64, bitcast=True) * SIGN
     tl.atomic_add(out_ptr, share)
+    if mirror != 0:
+        tl.atomic_add(out_ptr + mirror, share)
 
 
 # The launch's scalars (sizes, slots) change with every case: specializing on them (Triton's
@@ -66,23 +69,24 @@ def _fold(words_ptr, n, block, out_ptr, fill, SIGN: tl.constexpr, BLOCK: tl.cons
 # the tensors' addresses (16-byte aligned or not). A variant per combination of word widths is left.
 # Each argument also costs host time at every launch (~1 us): the programs' split is computed here
 # from the sizes rather than passed, and the sign is a constexpr.
-_SCALARS = [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
+_SCALARS = ["mirror"] + [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
 
 
 @triton.jit
-def _share(words_ptr, n, code, out_ptr, pid, start, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+def _share(words_ptr, n, code, out_ptr, mirror, pid, start, SIGN: tl.constexpr, BLOCK: tl.constexpr):
     """The programs [start, start + cdiv(n, BLOCK)) fold the n words at words_ptr into out's slot
     ``code`` % 2**16 (a guard zone's fill byte + 1 above it: see ``_code``); returns where the
     next tensor's programs start (n = 0: an unused slot, no programs)."""
     stop = start + tl.cdiv(n, BLOCK)
     if (pid >= start) & (pid < stop):
-        _fold(words_ptr, n, pid - start, out_ptr + (code & 0xFFFF), (code >> 16) - 1, SIGN, BLOCK)
+        _fold(words_ptr, n, pid - start, out_ptr + (code & 0xFFFF), (code >> 16) - 1, mirror, SIGN, BLOCK)
     return stop
 
 
 @triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=[f"p{j}" for j in range(PER_LAUNCH)])
 def _fingerprints(
     out_ptr,
+    mirror,
     p0,
     n0,
     s0,
@@ -111,16 +115,17 @@ def _fingerprints(
     BLOCK: tl.constexpr,
 ):
     """Tensor j (n_j words at p_j) owns the programs after tensor j - 1's and adds SIGN x its
-    fingerprint into out[s_j]. A program's branch is uniform (one scalar compare per tensor)."""
+    fingerprint into out[s_j] (and out[s_j + mirror], mirror != 0). A program's branch is uniform
+    (one scalar compare per tensor)."""
     pid = tl.program_id(0)
-    end = _share(p0, n0, s0, out_ptr, pid, 0, SIGN, BLOCK)
-    end = _share(p1, n1, s1, out_ptr, pid, end, SIGN, BLOCK)
-    end = _share(p2, n2, s2, out_ptr, pid, end, SIGN, BLOCK)
-    end = _share(p3, n3, s3, out_ptr, pid, end, SIGN, BLOCK)
-    end = _share(p4, n4, s4, out_ptr, pid, end, SIGN, BLOCK)
-    end = _share(p5, n5, s5, out_ptr, pid, end, SIGN, BLOCK)
-    end = _share(p6, n6, s6, out_ptr, pid, end, SIGN, BLOCK)
-    _share(p7, n7, s7, out_ptr, pid, end, SIGN, BLOCK)
+    end = _share(p0, n0, s0, out_ptr, mirror, pid, 0, SIGN, BLOCK)
+    end = _share(p1, n1, s1, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p2, n2, s2, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p3, n3, s3, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p4, n4, s4, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p5, n5, s5, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p6, n6, s6, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    _share(p7, n7, s7, out_ptr, mirror, pid, end, SIGN, BLOCK)
 
 
 def _code(slot: int, fill: int | None) -> int:
@@ -135,16 +140,18 @@ def add_words(
     *,
     sign: int = 1,
     launchers: Launchers | None = None,
+    mirror: int = 0,
 ) -> None:
     """out[slot] += sign x fingerprint for each (words, slot) of ``items`` (``word_view``s, on
     out's device; out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up.
     An item (words, slot, fill) is a guard zone: out[slot] += sign x the count of its words that
-    are not the byte ``fill`` repeated (0 while untouched, exactly), in the same launch."""
+    are not the byte ``fill`` repeated (0 while untouched, exactly), in the same launch.
+    ``mirror``: each also added into out[slot + mirror] (a snapshot's board, made in one pass)."""
     launch = (launchers or Launchers())(_fingerprints)
     work = [(item[0], _code(item[1], item[2] if len(item) > 2 else None)) for item in items if item[0].numel()]
     for at in range(0, len(work), PER_LAUNCH):
         chunk = work[at : at + PER_LAUNCH]
-        args: list = [out]
+        args: list = [out, mirror]
         programs = 0
         for w, code in chunk:
             programs += -(-w.numel() // BLOCK)  # not triton.cdiv: ~5 us a call from the host
@@ -167,9 +174,11 @@ class Snapshot:
     """What a case's inputs held before a call: the negated fingerprint of each (in ``names``
     order), int64 on their device. Add the fingerprints of the same input tensors after a call
     into a board (``board``, then ``add_words(board, snap.items())``): a nonzero slot is an input
-    the call changed. ``slots``: that many more (zeroed) slots after the fingerprints, copied
-    into every board (``Snapshot.slots``): a check may set them during the calls, before any
-    board is made, with no flag and copy of its own."""
+    the call changed. ``slots``: that many more (zeroed) slots after the fingerprints on the
+    board (``Snapshot.slots``): a check may set them during the calls, before the board is
+    handed out, with no flag and copy of its own. ``room``: the first board, with up to that many
+    extra slots, is made by the snapshot's own launch (its fingerprints written twice), not
+    copied afterwards."""
 
     def __init__(
         self,
@@ -178,6 +187,7 @@ class Snapshot:
         device: str | torch.device,
         launchers: Launchers | None = None,
         slots: int = 0,
+        room: int = 0,
     ) -> None:
         self.names = list(inputs)
         self._launchers = launchers
@@ -185,15 +195,24 @@ class Snapshot:
         # tensors, so the same views (a non-contiguous input's copy is taken again in changed()).
         self._words = [word_view(t) if t.is_contiguous() else None for t in inputs.values()]
         self._strided = {k: t for k, t in inputs.items() if not t.is_contiguous()}
-        self._store = torch.zeros(len(self.names) + slots, dtype=torch.int64, device=device)
-        self.neg = self._store[: len(self.names)]
-        self.slots = self._store[len(self.names) :]
-        add_words(self.neg, self.items(), sign=-1, launchers=launchers)
+        n = len(self.names)
+        # [the negated fingerprints | the first board: them again, the slots, the room]
+        self._store = torch.zeros(2 * n + slots + room, dtype=torch.int64, device=device)
+        self.neg = self._store[:n]
+        self.slots = self._store[2 * n : 2 * n + slots]
+        self._room = room
+        self._lent = False
+        add_words(self._store, self.items(), sign=-1, launchers=launchers, mirror=n)
 
     def board(self, extra: int) -> torch.Tensor:
-        """A fresh int64 [len(names) + slots + extra] on the device: the negated fingerprints, the
-        slots as set so far, then ``extra`` zeros."""
-        return torch.nn.functional.pad(self._store, (0, extra))  # one op: a copy, zeros after it
+        """An int64 [len(names) + slots + extra] on the device: the negated fingerprints, the slots
+        as set so far, then ``extra`` zeros. The first within the room is the snapshot's own (no
+        copy: it is handed out once); any other a fresh copy."""
+        n = len(self.names)
+        if not self._lent and extra <= self._room:
+            self._lent = True
+            return self._store[n : 2 * n + self.slots.numel() + extra]
+        return torch.nn.functional.pad(torch.cat([self.neg, self.slots]), (0, extra))
 
     def items(self, *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
         """(words, slot) pairs of the snapshot's input tensors now, for add_words, slots from ``at``."""

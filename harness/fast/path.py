@@ -60,6 +60,11 @@ COVERED = frozenset(
 )
 
 
+# Board slots made with the snapshot for the calls' guarded outputs (convert: out and valid_counts
+# of two calls); a case with more gets a copy of the board (one more device op).
+_ROOM = 4
+
+
 @dataclass(frozen=True)
 class FastOp:
     """An op's fused check, the prefill of its guarded outputs (None: it has none), and the
@@ -344,7 +349,11 @@ def fast_path(
     # and compared on the host: the fingerprint kernels read the device's memory.
     held = {k: res.hold(k, v) for k, v in inputs.items() if v.device.type != torch.device(case.device).type}
     snap = Snapshot(
-        {k: v for k, v in inputs.items() if k not in held}, device=case.device, launchers=res.launchers, slots=2
+        {k: v for k, v in inputs.items() if k not in held},
+        device=case.device,
+        launchers=res.launchers,
+        slots=2,  # the fused check's
+        room=_ROOM,
     )
     state = CaseState(case=case, res=res, slots=snap.slots)
     calls = _run(op=op, fast=fast, fn=fn, state=state, rerun=rerun, sub=sub, wait=wait, redzone=redzone)

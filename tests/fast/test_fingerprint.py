@@ -81,6 +81,22 @@ def test_a_snapshot_names_each_changed_input_large_or_small():
     assert snap.changed() == ["big", "b", "strided"]
 
 
+def test_a_snapshots_own_board_holds_what_a_copy_would_and_writing_it_leaves_the_snapshot_whole():
+    """The first board within the room is written by the snapshot's own launch (no copy after it):
+    the negated fingerprints, the slots as a check set them during the calls, zeros; the snapshot
+    and any later board are untouched by what is added into it."""
+    inputs = {"a": torch.arange(5000, dtype=torch.int32, device=DEV), "b": torch.ones(7, device=DEV)}
+    snap = Snapshot(inputs, device=DEV, slots=2, room=3)
+    neg = [-v for v in fingerprints(list(inputs.values())).tolist()]
+    snap.slots[1] = 2  # a prefill's flag, set before the board is handed out
+    own = snap.board(3)
+    assert own.tolist() == neg + [0, 2, 0, 0, 0] and snap.neg.tolist() == neg
+    add_words(own, snap.items())
+    assert own.tolist() == [0, 0, 0, 2, 0, 0, 0]
+    assert snap.neg.tolist() == neg and snap.changed() == []
+    assert snap.board(1).tolist() == neg + [0, 2, 0]  # a copy from here on
+
+
 def test_every_board_of_a_snapshot_starts_from_its_negated_fingerprints_and_zeros():
     """Every board is a copy of the negated fingerprints, zeros after them, and a check writing
     into one changes neither the snapshot nor the next board."""
