@@ -194,3 +194,24 @@ def test_equal_bytes_at_addresses_of_different_alignment_are_the_same_bits():
     assert same_bits(aligned, odd) and not bool(differ_flag(aligned, odd))
     odd[3] ^= 1
     assert not same_bits(aligned, odd) and bool(differ_flag(aligned, odd))
+
+
+_PTX_SCRIPT = """
+from mlafuzz.harness.fast.fingerprint import _fingerprints
+for words in ("*i32", "*u8"):
+    sig = {p.name: "*i64" if p.name == "out_ptr" else words if p.name[0] == "p" else "constexpr"
+           if p.is_constexpr else "i32" for p in _fingerprints.params}
+    for sign in (1, -1):
+        src = ASTSource(fn=_fingerprints, signature=sig, constexprs={"SIGN": sign, "BLOCK": 4096})
+        triton.compile(src, target=GPUTarget("cuda", 90, 32))
+print("OK")
+"""
+
+
+@pytest.mark.slow
+def test_the_gpu_build_of_the_fingerprint_launch_compiles_offline_for_sm90():
+    """The guard zones' exact count (a truncating cast to the words' own width) and the snapshot's
+    second slot (``mirror``) are runtime branches the interpreter runs as Python: compiled here."""
+    from mlafuzz.tests.support.offline import compile_offline
+
+    compile_offline(_PTX_SCRIPT)
