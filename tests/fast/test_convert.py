@@ -160,7 +160,7 @@ def test_a_stride_is_judged_and_a_compacted_row_is_a_multiset_with_a_minus_one_t
 
 
 _PTX_SCRIPT = """
-from mlafuzz.harness.fast.convert import _KEYS, _check_convert
+from mlafuzz.harness.fast.convert_rows import _KEYS, _check_convert
 sig = {p.name: "*i32" if p.name.endswith("_ptr") else "constexpr" if p.is_constexpr else "i32"
        for p in _check_convert.params}
 for compact, prefill in ((False, False), (True, False), (False, True)):
