@@ -1,21 +1,5 @@
-"""A fused fast path for checking convert: recompute each row's slots and valid count, compare, one pass.
-
-Like harness/fast/gather.py, a filter: ``convert_rows_flag`` says "the
-oracle's" only when ``out`` (and ``valid_counts``, when given) are exactly
-what SPEC section 3 (as oracles.convert reads it) gives; anything else sends
-the harness to the oracle and comparator. Integer arithmetic only: int64,
-wrapped to int32 like the oracle.
-
-SPEC section 7's options: a block stride (``block_stride_rows``) is one more
-runtime multiplier. A compacted row (compact-to-front) is a multiset: the full
-path's comparator takes the oracle's valid count n of the row, then compares
-the first n values as a multiset and wants -1 in every later column. Here the
-same row passes when its tail is exactly -1, valid_counts is exact, and two
-sums over its first n values of a bijective 32-bit mix (two keys) equal the
-sums over the oracle's valid values. Equal multisets always pass; one changed
-value always moves both sums (the mix is a bijection, the sums do not wrap);
-several changed values pass only if they cancel in both sums by chance (about
-2**-64), the one way this filter can miss what the comparator would see.
+"""The fast path's check of convert (the op row's ``fast``): both runs' outputs through the fused
+kernel of harness/fast/convert_rows.py (recomputed slots and valid counts, one pass, one launch).
 
 Caller-owned outputs (SPEC 9.2: ``out=`` / ``valid_counts_out=``, row slices of guarded buffers,
 one or two steps): ``prefill`` fills them before each call so that no element holds a value its
@@ -29,316 +13,49 @@ compacted rows to the first run's bytes (the write map's NONDETERMINISM).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
-import triton
-import triton.language as tl
 
 from mlafuzz.generators.case import Case
-from mlafuzz.harness.fast.launch import Launchers
+from mlafuzz.harness.fast.convert_rows import convert_prefill, convert_rows_flag
 from mlafuzz.harness.fast.state import CaseState
-from mlafuzz.harness.memory.bits import differ_flag
 from mlafuzz.harness.memory.guards import Guarded
 from mlafuzz.harness.ops.convert import is_view_of
 from mlafuzz.harness.ops.convert import oracle_inputs as _inputs
 from mlafuzz.harness.ops.op import Outputs
 
-_KEYS = (0x2545F491, 0x6C8E9CF5)  # the two mixes' keys: any two distinct 32-bit values
-
-
-@triton.jit
-def _mix(v, key):
-    """A bijection of the 32 bits of int32 ``v``, as int64 in [0, 2**32) (lowbias32 with a key, in
-    int64 so no product wraps): summed over a row, a multiset's signature."""
-    x = (v.to(tl.int64) & 0xFFFFFFFF) ^ key
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & 0xFFFFFFFF
-    x ^= x >> 15
-    x = (x * 0x046CA68B) & 0xFFFFFFFF
-    return x ^ (x >> 16)
-
-
-# One compile serves every case of a run (as in the kernel under test, kernels/triton_convert.py):
-# the per-case scalars and flags are runtime values, not specialized on, and the pointers read a
-# scalar per row (or gathered) are not specialized on alignment; the column strides and the rows
-# of token_indices and out are (their == 1 and alignment vectorize the loads). K stays a
-# constexpr, as in the kernel.
-@triton.jit(
-    do_not_specialize=[
-        "num_reqs",
-        "max_blocks",
-        "num_starts",
-        "table_s0",
-        "block_size",
-        "block_stride",
-        "has_prefill",
-        "has_counts",
-    ],
-    do_not_specialize_on_alignment=["req_ptr", "table_ptr", "counts_ptr", "pw_ptr", "ps_ptr", "bad_ptr"],
-)
-def _check_convert(
-    req_ptr,
-    table_ptr,
-    ti_ptr,
-    out_ptr,
-    counts_ptr,
-    pw_ptr,
-    ps_ptr,
-    bad_ptr,
-    num_reqs,
-    max_blocks,
-    num_starts,
-    table_s0,
-    table_s1,
-    ti_s0,
-    ti_s1,
-    out_s0,
-    block_size,
-    block_stride,
-    has_prefill,  # 0 / 1: prefill rows exist only with a prefill workspace
-    has_counts,  # 0 / 1: valid_counts is checked too
-    K: tl.constexpr,
-    TILE: tl.constexpr,
-    COMPACT: tl.constexpr,
-    KEY1: tl.constexpr,
-    KEY2: tl.constexpr,
-    PREFILL: tl.constexpr,  # write the prefill instead of checking (``convert_prefill``)
-):
-    row = tl.program_id(0).to(tl.int64)
-    req = tl.load(req_ptr + row).to(tl.int64)
-    row_ok = (req >= 0) & (req < num_reqs)
-    pw = tl.load(pw_ptr + row, mask=has_prefill != 0, other=-1).to(tl.int64)
-    is_pf = pw >= 0
-    pf_ok = pw < num_starts
-    start = tl.load(ps_ptr + tl.where(is_pf & pf_ok, pw, 0), mask=is_pf & pf_ok, other=0).to(tl.int64)
-    row_ok = tl.where(is_pf, pf_ok, row_ok)
-    cols = tl.arange(0, TILE)
-    bad = 0
-    valid_n = 0
-    sig1 = row * 0  # compacted rows: the oracle's valid values' signatures (int64 sums)
-    sig2 = row * 0
-    lo = row * 0 - 1  # prefill: the least and the greatest of -1 and the row's expected values
-    hi = row * 0 - 1
-    for c0 in tl.range(0, K, TILE):
-        c = c0 + cols
-        tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1).to(tl.int64)
-        nonneg = tok >= 0
-        t0 = tl.where(nonneg, tok, 0)
-        blk = t0 // block_size
-        off = t0 - blk * block_size
-        valid = nonneg & (blk < max_blocks) & row_ok
-        # `!= False`: a bool mask under the CPU interpreter, where the scalars row_ok and is_pf  # noqa: E712 (a bool mask: see above)
-        # broadcast into integer arrays, which Triton >= 3.7's interpreter rejects as a mask;
-        # compiled, the i1 compare folds away.
-        base = tl.load(
-            table_ptr + tl.where(row_ok & ~is_pf, req, 0) * table_s0 + blk * table_s1,
-            mask=(valid & ~is_pf) != False,
-            other=0,
-        ).to(tl.int64)  # noqa: E712 (a bool mask: see above)
-        value = tl.where(is_pf, start + tok, base * block_stride + off)
-        expected = tl.where(valid, value.to(tl.int32), -1)
-        if PREFILL:
-            lo = tl.minimum(lo, tl.min(expected.to(tl.int64), axis=0))
-            hi = tl.maximum(hi, tl.max(expected.to(tl.int64), axis=0))
-        elif COMPACT:
-            sig1 += tl.sum(tl.where(valid, _mix(expected, KEY1), 0), axis=0)
-            sig2 += tl.sum(tl.where(valid, _mix(expected, KEY2), 0), axis=0)
-        else:
-            actual = tl.load(out_ptr + row * out_s0 + c)
-            bad += tl.sum((expected != actual).to(tl.int32), axis=0)
-        valid_n += tl.sum(valid.to(tl.int32), axis=0)
-    if PREFILL:
-        # One value for the whole row that is neither -1 nor any of its expected values: below the
-        # least of them when that fits in int32, else above the greatest. Neither fits only when
-        # the row expects both int32 extremes: then "cannot tell" (2) instead of a weaker prefill.
-        fill = tl.where(lo > -2147483648, lo - 1, hi + 1).to(tl.int32)
-        for c0 in tl.range(0, K, TILE):
-            tl.store(out_ptr + row * out_s0 + c0 + cols, tl.zeros([TILE], dtype=tl.int32) + fill)
-        # -1 - n: not the count, nor what adding the count into it leaves (the zeroing forgotten)
-        tl.store(counts_ptr + row, -1 - valid_n, mask=has_counts != 0)
-        tl.store(bad_ptr, 2, mask=(lo == -2147483648) & (hi == 2147483647))
-    else:
-        if COMPACT:  # the row's first valid_n values against the signatures, -1 after them
-            for c0 in tl.range(0, K, TILE):
-                c = c0 + cols
-                actual = tl.load(out_ptr + row * out_s0 + c)
-                front = c < valid_n
-                sig1 -= tl.sum(tl.where(front, _mix(actual, KEY1), 0), axis=0)
-                sig2 -= tl.sum(tl.where(front, _mix(actual, KEY2), 0), axis=0)
-                bad += tl.sum((~front & (actual != -1)).to(tl.int32), axis=0)
-            bad += ((sig1 != 0) | (sig2 != 0)).to(tl.int32)
-        counted = tl.load(counts_ptr + row, mask=has_counts != 0, other=0)
-        bad += ((has_counts != 0) & (counted != valid_n)).to(tl.int32)
-        tl.store(bad_ptr, 1, mask=bad != 0)  # a flag, no array to reduce afterwards
-
-
-def _launch(
-    *,
-    inputs: Mapping[str, Any],
-    out: torch.Tensor,
-    valid_counts: torch.Tensor | None,
-    bad: torch.Tensor,
-    launchers: Launchers | None,
-    block_stride_rows: int | None,
-    compact: bool,
-    prefill: bool,
-) -> None:
-    """One launch of ``_check_convert`` over out's rows (n > 0 and k > 0, a layout it reads);
-    ``inputs``: the call's, as ``convert_rows_flag`` takes them."""
-    req_id, block_table, token_indices = inputs["req_id"], inputs["block_table"], inputs["token_indices"]
-    block_size, has_prefill_workspace = inputs["block_size"], inputs["has_prefill_workspace"]
-    prefill_workspace_request_ids = inputs["prefill_workspace_request_ids"]
-    prefill_workspace_starts = inputs["prefill_workspace_starts"]
-    n, k = token_indices.shape
-    tile = min(triton.next_power_of_2(k), 1024)
-    pw = prefill_workspace_request_ids if has_prefill_workspace else req_id
-    ps = prefill_workspace_starts if has_prefill_workspace and prefill_workspace_starts.numel() else req_id
-    num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
-    args = (
-        req_id.contiguous(),
-        block_table,
-        token_indices,
-        out,
-        valid_counts if valid_counts is not None else out,
-        pw.contiguous(),
-        ps.contiguous(),
-        bad,
-        block_table.shape[0],
-        block_table.shape[1],
-        num_starts,
-        block_table.stride(0),
-        block_table.stride(1),
-        token_indices.stride(0),
-        token_indices.stride(1),
-        out.stride(0),
-        block_size,
-        block_size if block_stride_rows is None else block_stride_rows,
-        int(bool(has_prefill_workspace)),
-        int(valid_counts is not None),
-    )
-    consts = {"K": k, "TILE": tile, "COMPACT": bool(compact), "KEY1": _KEYS[0], "KEY2": _KEYS[1], "PREFILL": prefill}
-    (launchers or Launchers())(_check_convert)(n, args, consts)
-
-
-def _reads(token_indices: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, valid_counts) -> bool:
-    """Whether the kernel reads this layout: int32 ``out`` [N, K] and ``valid_counts`` [N] on the
-    indices' device, a block table to index and K a multiple of its tile (empty rows aside)."""
-    n, k = token_indices.shape
-    if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
-        return False
-    if valid_counts is not None and (
-        valid_counts.shape != (n,) or valid_counts.dtype != torch.int32 or valid_counts.device != token_indices.device
-    ):
-        return False
-    return n == 0 or k == 0 or (block_table.numel() > 0 and k % min(triton.next_power_of_2(k), 1024) == 0)
-
-
-def convert_rows_flag(
-    *,
-    out: torch.Tensor,
-    valid_counts: torch.Tensor | None,
-    flag: torch.Tensor | None = None,
-    launchers: Launchers | None = None,
-    block_stride_rows: int | None = None,
-    compact: bool = False,
-    **inputs: Any,
-) -> torch.Tensor | None:
-    """A device flag, nonzero when out (or valid_counts) differ from the oracle's; None when this
-    check cannot tell (odd shapes or dtypes: the full check decides). No host synchronization.
-    ``inputs``: the call's (``req_id``, ``block_table``, ``token_indices``, ``block_size``,
-    ``has_prefill_workspace``, ``prefill_workspace_request_ids``, ``prefill_workspace_starts``).
-    ``flag``: a zeroed int tensor on out's device to set (its element 0) instead of a new one.
-    ``block_stride_rows``: SPEC 7's stride (None: block_size); ``compact``: rows compacted to the
-    front (SPEC 7), judged as multisets with a -1 tail (the module docstring)."""
-    ti = inputs["token_indices"]
-    if not _reads(ti, inputs["block_table"], out, valid_counts):
-        return None
-    if out.numel() == 0:
-        if valid_counts is None:
-            return flag if flag is not None else torch.zeros((), dtype=torch.bool, device=out.device)
-        nonzero = (valid_counts != 0).any()
-        if flag is None:
-            return nonzero
-        flag[:1].copy_(nonzero.reshape(1))
-        return flag
-    bad = flag if flag is not None else torch.zeros(1, dtype=torch.int32, device=out.device)
-    _launch(
-        inputs=inputs,
-        out=out.contiguous(),
-        valid_counts=valid_counts,
-        bad=bad,
-        launchers=launchers,
-        block_stride_rows=block_stride_rows,
-        compact=compact,
-        prefill=False,
-    )
-    return bad
-
-
-def convert_prefill(
-    *,
-    out: torch.Tensor,
-    valid_counts: torch.Tensor | None,
-    undecided: torch.Tensor,
-    launchers: Launchers | None = None,
-    block_stride_rows: int | None = None,
-    **inputs: Any,
-) -> bool:
-    """Fill the caller's ``out`` with a value per row that is neither -1 nor any slot the row
-    expects, and ``valid_counts`` with -1 - count (neither the count nor, the count added into it,
-    the count again): outputs ``convert_rows_flag`` then passes were written at every element.
-    ``undecided`` (a zeroed device int tensor): element 0 set to 2 where a row expects both int32
-    extremes (no such value). False (nothing written): a layout it does not write. No sync."""
-    ti = inputs["token_indices"]
-    if not _reads(ti, inputs["block_table"], out, valid_counts) or (out.numel() and out.stride(1) != 1):
-        return False
-    if valid_counts is not None and not valid_counts.is_contiguous():
-        return False
-    if out.numel() == 0:
-        if valid_counts is not None:
-            valid_counts.fill_(-1)  # no columns: every count is 0 (no rows: nothing to fill)
-        return True
-    _launch(
-        inputs=inputs,
-        out=out,
-        valid_counts=valid_counts,
-        bad=undecided,
-        launchers=launchers,
-        block_stride_rows=block_stride_rows,
-        compact=False,
-        prefill=True,
-    )
-    return True
-
-
-# --- the fast path's adapters (harness/fast/path.py) -------------------------------
+__all__ = ["RERUNS", "check", "convert_prefill", "convert_rows_flag", "prefill", "takes"]
 
 _MEMO = "convert"
+
+
+# The fast path hands this check a re-run's outputs (plain cases too) and needs no bit-for-bit
+# comparison of the two runs beside it: both are judged against the oracle in one launch.
+RERUNS = True
 
 
 @dataclass(frozen=True)
 class _Callers:
     """What the prefills of a case's calls leave for its check: each call's caller-owned buffers
-    (in call order), and the prefill's "cannot tell" flag."""
+    (in call order)."""
 
     guards: list[Mapping[str, Guarded]]
-    undecided: torch.Tensor  # int64 [1] on the case's device
 
 
 def prefill(case: Case, guards: Mapping[str, Guarded], state: CaseState) -> bool:
     """Before each call of a case with caller-owned outputs (SPEC 9.2): its ``out`` and
-    ``valid_counts_out`` prefilled (``convert_prefill``), and the buffers kept for ``check``."""
+    ``valid_counts_out`` prefilled (``convert_prefill``), and the buffers kept for ``check``. The
+    prefill's "cannot tell" goes straight into the check's second slot on the board (made before
+    the calls: ``CaseState.slots``), no flag and copy of its own."""
     if "out" not in guards:
         return False
     counts = guards.get("valid_counts")
-    memo = state.memo.get(_MEMO)
-    if memo is None:
-        memo = state.memo[_MEMO] = _Callers(guards=[], undecided=torch.zeros(1, dtype=torch.int64, device=case.device))
+    memo = state.memo.setdefault(_MEMO, _Callers(guards=[]))
     done = convert_prefill(
         out=guards["out"].view,
         valid_counts=counts.view if counts is not None else None,
-        undecided=memo.undecided,
+        undecided=state.slots[1:2],
         launchers=state.launchers,
         **_inputs(case),
     )
@@ -361,35 +78,31 @@ def _callers_own(runs: list[Outputs], memo: _Callers | None) -> bool:
 
 
 def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
-    """The fast path's check of a convert call: each run's ``out`` and ``valid_counts`` against the
-    oracle's. With caller-owned outputs (``second``: the re-run's, when one was made) also: the
-    returned tensors the caller's own, the prefill's flag, and (compacted rows, whose order is
-    free) the two runs' outputs bit-identical, as the write map holds them. The guard zones and
-    the two steps are the path's and the op's (path.py, ops/convert.py ``invoke``). False: it
-    cannot tell from the host, nothing launched."""
+    """The fast path's check of a convert call: each run's ``out`` and ``valid_counts`` (``second``:
+    the re-run's, when one was made) against the oracle's, in one launch. With caller-owned
+    outputs also: the returned tensors the caller's own, the prefill's flag (already in
+    ``flag[1]``), and (compacted rows, whose order is free) the two runs' outputs bit-identical,
+    as the write map holds them. A plain case's compacted rows need only each be the oracle's
+    multiset, as the full path's re-run compares them (row sets). The guard zones and the two
+    steps are the path's and the op's (path.py, ops/convert.py ``invoke``). False: it cannot
+    tell from the host, nothing launched."""
     p = case.params
     caller = "out_steps" in p
     runs = [outputs] + ([second] if second is not None else [])
-    if (second is not None and not caller) or (caller and not _callers_own(runs, state.memo.get(_MEMO))):
+    if caller and not _callers_own(runs, state.memo.get(_MEMO)):
         return False
     wants = ("out", "valid_counts") if p["return_valid_counts"] else ("out",)
     if not all(isinstance(o.get(name), torch.Tensor) for o in runs for name in wants):
         return False
-    compact = bool(p.get("COMPACT_TO_FRONT"))
-    for o in runs:
-        checked = convert_rows_flag(
-            out=o["out"],
-            valid_counts=o["valid_counts"] if p["return_valid_counts"] else None,
-            flag=flag,
-            launchers=state.launchers,
-            compact=compact,
-            **_inputs(case),
-        )
-        if checked is None:
-            return False
-    if caller:
-        slot = state.memo[_MEMO].undecided
-        if compact and second is not None:  # the write map's NONDETERMINISM: written twice, differently
-            slot = torch.maximum(slot, differ_flag(outputs["out"], second["out"]).reshape(1).to(torch.int64))
-        flag[1:2].copy_(slot)
-    return True
+    counts = [o["valid_counts"] if p["return_valid_counts"] else None for o in runs]
+    checked = convert_rows_flag(
+        out=outputs["out"],
+        valid_counts=counts[0],
+        second=(second["out"], counts[1]) if second is not None else None,
+        same=caller,
+        flag=flag,
+        launchers=state.launchers,
+        compact=bool(p.get("COMPACT_TO_FRONT")),
+        **_inputs(case),
+    )
+    return checked is not None

@@ -5,8 +5,7 @@ own input tensors instead of copies. Before the first call it takes a
 fingerprint of every input (one read of each); after a call, the same again.
 Equal fingerprints say the input is unchanged; a changed one sends the case to
 the full path, which copies every input as before, after the case's tensors are
-rebuilt from its spec and seed. The guard zones around a guarded output are
-fingerprinted the same way, against the fingerprint of their fill pattern.
+rebuilt from its spec and seed.
 
 The fingerprint of a tensor's bytes, read as 4-byte words w_i (bytes when its
 size or address does not allow 4), is the wrapping 64-bit sum of
@@ -15,7 +14,9 @@ bijection of w_i (xor with a constant, multiply by an odd constant and an xor
 shift are each invertible mod 2^64), so a change to any single word always
 changes the sum; changes to several words cancel only by a 2^-64 coincidence
 of pseudo-random terms. Exact comparison stays with the full path, which runs
-whenever the fingerprint moves.
+whenever the fingerprint moves. A guard zone, whose every byte must still hold its fill, is
+counted instead (its words that are not the fill): exact, and 0 while untouched whatever the
+zone's size and address, in the same launch as the fingerprints.
 
 Host time, not the GPU's, is what a fast-path check spends most on (a Triton
 launch costs ~30 us of Python, a torch op ~8), so: up to PER_LAUNCH tensors are
@@ -41,16 +42,26 @@ PER_LAUNCH = 8
 
 
 @triton.jit
-def _fold(words_ptr, n, block, out_ptr, SIGN: tl.constexpr, BLOCK: tl.constexpr):
-    """Adds SIGN x (this block's share of the fingerprint of the n words at words_ptr) to out[0]."""
+def _fold(words_ptr, n, block, out_ptr, fill, mirror, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Adds SIGN x (this block's share of the fingerprint of the n words at words_ptr) to out[0]
+    (and to out[mirror] too where mirror != 0); with ``fill`` >= 0 (a guard zone) instead the count
+    of its words other than that byte repeated."""
     offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    w = tl.load(words_ptr + offs, mask=offs < n, other=0).to(tl.int64).to(tl.uint64, bitcast=True)
+    inside = offs < n
+    raw = tl.load(words_ptr + offs, mask=inside, other=0)
+    w = raw.to(tl.int64).to(tl.uint64, bitcast=True)
     idx = offs.to(tl.uint64, bitcast=True)
     x = (w ^ (idx * 0x9E3779B97F4A7C15)) * 0xBF58476D1CE4E5B9
     x = x ^ (x >> 32)
-    x = tl.where(offs < n, x, 0)
+    # A zone is exact: 0 while every byte holds the fill (no fingerprint of the fill to compute
+    # per zone layout), the words' width (4 bytes or 1) by the truncating cast.
+    other = (raw != (fill.to(tl.int64) * 0x01010101).to(raw.dtype)).to(tl.uint64)
+    x = tl.where(fill >= 0, other, x)
+    x = tl.where(inside, x, 0)
     share = tl.sum(x, axis=0).to(tl.int64, bitcast=True) * SIGN
     tl.atomic_add(out_ptr, share)
+    if mirror != 0:
+        tl.atomic_add(out_ptr + mirror, share)
 
 
 # The launch's scalars (sizes, slots) change with every case: specializing on them (Triton's
@@ -58,22 +69,24 @@ def _fold(words_ptr, n, block, out_ptr, SIGN: tl.constexpr, BLOCK: tl.constexpr)
 # the tensors' addresses (16-byte aligned or not). A variant per combination of word widths is left.
 # Each argument also costs host time at every launch (~1 us): the programs' split is computed here
 # from the sizes rather than passed, and the sign is a constexpr.
-_SCALARS = [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
+_SCALARS = ["mirror"] + [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
 
 
 @triton.jit
-def _share(words_ptr, n, out_ptr, pid, start, SIGN: tl.constexpr, BLOCK: tl.constexpr):
-    """The programs [start, start + cdiv(n, BLOCK)) fold the n words at words_ptr into out;
-    returns where the next tensor's programs start (n = 0: an unused slot, no programs)."""
+def _share(words_ptr, n, code, out_ptr, mirror, pid, start, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """The programs [start, start + cdiv(n, BLOCK)) fold the n words at words_ptr into out's slot
+    ``code`` % 2**16 (a guard zone's fill byte + 1 above it: see ``_code``); returns where the
+    next tensor's programs start (n = 0: an unused slot, no programs)."""
     stop = start + tl.cdiv(n, BLOCK)
     if (pid >= start) & (pid < stop):
-        _fold(words_ptr, n, pid - start, out_ptr, SIGN, BLOCK)
+        _fold(words_ptr, n, pid - start, out_ptr + (code & 0xFFFF), (code >> 16) - 1, mirror, SIGN, BLOCK)
     return stop
 
 
 @triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=[f"p{j}" for j in range(PER_LAUNCH)])
 def _fingerprints(
     out_ptr,
+    mirror,
     p0,
     n0,
     s0,
@@ -102,32 +115,47 @@ def _fingerprints(
     BLOCK: tl.constexpr,
 ):
     """Tensor j (n_j words at p_j) owns the programs after tensor j - 1's and adds SIGN x its
-    fingerprint into out[s_j]. A program's branch is uniform (one scalar compare per tensor)."""
+    fingerprint into out[s_j] (and out[s_j + mirror], mirror != 0). A program's branch is uniform
+    (one scalar compare per tensor)."""
     pid = tl.program_id(0)
-    end = _share(p0, n0, out_ptr + s0, pid, 0, SIGN, BLOCK)
-    end = _share(p1, n1, out_ptr + s1, pid, end, SIGN, BLOCK)
-    end = _share(p2, n2, out_ptr + s2, pid, end, SIGN, BLOCK)
-    end = _share(p3, n3, out_ptr + s3, pid, end, SIGN, BLOCK)
-    end = _share(p4, n4, out_ptr + s4, pid, end, SIGN, BLOCK)
-    end = _share(p5, n5, out_ptr + s5, pid, end, SIGN, BLOCK)
-    end = _share(p6, n6, out_ptr + s6, pid, end, SIGN, BLOCK)
-    _share(p7, n7, out_ptr + s7, pid, end, SIGN, BLOCK)
+    end = _share(p0, n0, s0, out_ptr, mirror, pid, 0, SIGN, BLOCK)
+    end = _share(p1, n1, s1, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p2, n2, s2, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p3, n3, s3, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p4, n4, s4, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p5, n5, s5, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p6, n6, s6, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    _share(p7, n7, s7, out_ptr, mirror, pid, end, SIGN, BLOCK)
+
+
+def _code(slot: int, fill: int | None) -> int:
+    """A tensor's slot argument: the slot, with a guard zone's fill byte + 1 above its 16 bits."""
+    assert 0 <= slot < 1 << 16, slot
+    return slot if fill is None else slot | (fill + 1) << 16
 
 
 def add_words(
-    out: torch.Tensor, items: Sequence[tuple[torch.Tensor, int]], *, sign: int = 1, launchers: Launchers | None = None
+    out: torch.Tensor,
+    items: Sequence[tuple[torch.Tensor, int] | tuple[torch.Tensor, int, int]],
+    *,
+    sign: int = 1,
+    launchers: Launchers | None = None,
+    mirror: int = 0,
 ) -> None:
     """out[slot] += sign x fingerprint for each (words, slot) of ``items`` (``word_view``s, on
-    out's device; out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up."""
+    out's device; out int64): one launch per PER_LAUNCH tensors. Tensors sharing a slot add up.
+    An item (words, slot, fill) is a guard zone: out[slot] += sign x the count of its words that
+    are not the byte ``fill`` repeated (0 while untouched, exactly), in the same launch.
+    ``mirror``: each also added into out[slot + mirror] (a snapshot's board, made in one pass)."""
     launch = (launchers or Launchers())(_fingerprints)
-    work = [(w, slot) for w, slot in items if w.numel()]
+    work = [(item[0], _code(item[1], item[2] if len(item) > 2 else None)) for item in items if item[0].numel()]
     for at in range(0, len(work), PER_LAUNCH):
         chunk = work[at : at + PER_LAUNCH]
-        args: list = [out]
+        args: list = [out, mirror]
         programs = 0
-        for w, slot in chunk:
+        for w, code in chunk:
             programs += -(-w.numel() // BLOCK)  # not triton.cdiv: ~5 us a call from the host
-            args += [w, w.numel(), slot]
+            args += [w, w.numel(), code]
         # Unused slots (no program reaches them) repeat the last tensor: Triton keys the variant
         # by each pointer's dtype, so 3 words and 5 words of int32 share one, where padding with
         # out (int64) compiled one per count (a caller-owned convert has 1 to 14).
@@ -146,10 +174,20 @@ class Snapshot:
     """What a case's inputs held before a call: the negated fingerprint of each (in ``names``
     order), int64 on their device. Add the fingerprints of the same input tensors after a call
     into a board (``board``, then ``add_words(board, snap.items())``): a nonzero slot is an input
-    the call changed."""
+    the call changed. ``slots``: that many more (zeroed) slots after the fingerprints on the
+    board (``Snapshot.slots``): a check may set them during the calls, before the board is
+    handed out, with no flag and copy of its own. ``room``: the first board, with up to that many
+    extra slots, is made by the snapshot's own launch (its fingerprints written twice), not
+    copied afterwards."""
 
     def __init__(
-        self, inputs: dict[str, torch.Tensor], *, device: str | torch.device, launchers: Launchers | None = None
+        self,
+        inputs: dict[str, torch.Tensor],
+        *,
+        device: str | torch.device,
+        launchers: Launchers | None = None,
+        slots: int = 0,
+        room: int = 0,
     ) -> None:
         self.names = list(inputs)
         self._launchers = launchers
@@ -157,13 +195,24 @@ class Snapshot:
         # tensors, so the same views (a non-contiguous input's copy is taken again in changed()).
         self._words = [word_view(t) if t.is_contiguous() else None for t in inputs.values()]
         self._strided = {k: t for k, t in inputs.items() if not t.is_contiguous()}
-        self.neg = torch.zeros(len(self.names), dtype=torch.int64, device=device)
-        add_words(self.neg, self.items(), sign=-1, launchers=launchers)
+        n = len(self.names)
+        # [the negated fingerprints | the first board: them again, the slots, the room]
+        self._store = torch.zeros(2 * n + slots + room, dtype=torch.int64, device=device)
+        self.neg = self._store[:n]
+        self.slots = self._store[2 * n : 2 * n + slots]
+        self._room = room
+        self._lent = False
+        add_words(self._store, self.items(), sign=-1, launchers=launchers, mirror=n)
 
     def board(self, extra: int) -> torch.Tensor:
-        """A fresh int64 [len(names) + extra] on the device: the negated fingerprints, then
-        ``extra`` zeros."""
-        return torch.nn.functional.pad(self.neg, (0, extra))  # one op: a copy, zeros after it
+        """An int64 [len(names) + slots + extra] on the device: the negated fingerprints, the slots
+        as set so far, then ``extra`` zeros. The first within the room is the snapshot's own (no
+        copy: it is handed out once); any other a fresh copy."""
+        n = len(self.names)
+        if not self._lent and extra <= self._room:
+            self._lent = True
+            return self._store[n : 2 * n + self.slots.numel() + extra]
+        return torch.nn.functional.pad(torch.cat([self.neg, self.slots]), (0, extra))
 
     def items(self, *, at: int = 0) -> list[tuple[torch.Tensor, int]]:
         """(words, slot) pairs of the snapshot's input tensors now, for add_words, slots from ``at``."""
@@ -177,14 +226,3 @@ class Snapshot:
         board = self.neg.clone()
         add_words(board, self.items(), launchers=self._launchers)
         return [k for k, v in zip(self.names, board.tolist()) if v]
-
-
-def filled_fingerprint(like: torch.Tensor, fill: int, *, launchers: Launchers | None = None) -> torch.Tensor:
-    """int64 [1] on like's device: the fingerprint ``like`` (a byte tensor) has when every byte
-    is ``fill``, by the same kernel (the fast path caches it per guard-zone layout)."""
-    dtype = word_view(like).dtype
-    # A start offset into a fresh (aligned) buffer that gives the same word width as like's.
-    start = {torch.int32: 0, torch.uint8: 1}[dtype]
-    ref = torch.full((like.numel() + 8,), fill, dtype=torch.uint8, device=like.device)[start : start + like.numel()]
-    assert word_view(ref).dtype == dtype
-    return fingerprints([ref], launchers=launchers)

@@ -31,7 +31,7 @@ from mlafuzz.harness.check.calls import Call, call_shared, first_line
 from mlafuzz.harness.check.compare import Context
 from mlafuzz.harness.check.detectors import rerun_pairs
 from mlafuzz.harness.check.stages import stage
-from mlafuzz.harness.fast.fingerprint import Snapshot, add_words, filled_fingerprint
+from mlafuzz.harness.fast.fingerprint import Snapshot, add_words
 from mlafuzz.harness.fast.state import CaseState, Resources
 from mlafuzz.harness.memory.bits import differ_flag, word_view
 from mlafuzz.harness.memory.guards import PATTERNS, Guarded
@@ -42,7 +42,7 @@ from mlafuzz.reports.findings import Finding, Kind
 # The detector pipeline's steps (harness/check/pipeline.py) that this path reproduces for every op
 # it judges: the call's exception, pending CUDA error and red zones (``_trouble``), its outputs
 # against the oracle's, zero blocks included (the op's fused check), its guard zones and write map
-# (the prefill, the zones' fingerprints), its inputs (fingerprints), and a re-run's own.
+# (the prefill, the zones' counts), its inputs (fingerprints), and a re-run's own.
 COVERED = frozenset(
     {
         "redzone",
@@ -60,6 +60,11 @@ COVERED = frozenset(
 )
 
 
+# Board slots made with the snapshot for the calls' guarded outputs (convert: out and valid_counts
+# of two calls); a case with more gets a copy of the board (one more device op).
+_ROOM = 4
+
+
 @dataclass(frozen=True)
 class FastOp:
     """An op's fused check, the prefill of its guarded outputs (None: it has none), and the
@@ -70,6 +75,9 @@ class FastOp:
     covers: frozenset[str] = COVERED
     # The cases this path judges (None: all): the others go to the full path before any call.
     takes: Callable[[Case], bool] | None = None
+    # Whether ``check`` judges a re-run's outputs itself (given as ``second`` for every case):
+    # then no bit-for-bit comparison of the outputs the implementation allocated is made beside it.
+    reruns: bool = False
 
 
 @functools.cache
@@ -85,6 +93,7 @@ def _fast_module(name: str) -> FastOp | None:
         prefill=getattr(mod, "prefill", None),
         covers=getattr(mod, "COVERS", COVERED),
         takes=getattr(mod, "takes", None),
+        reruns=getattr(mod, "RERUNS", False),
     )
 
 
@@ -145,33 +154,6 @@ def _quietly(res: Resources, op: str, fn: Callable[[], object], default: object)
         return default
 
 
-def _layout(g: Guarded) -> tuple:
-    """What a guard zone's fingerprint while untouched depends on: device, fill, sizes and word_view's widths."""
-    a, b = g.zones()
-    return (str(a.device), g.fill, a.numel(), a.data_ptr() % 4, b.numel(), b.data_ptr() % 4)
-
-
-def _untouched(res: Resources, g: Guarded) -> int:
-    """The summed fingerprints of g's two guard zones while every byte holds the fill: a host int
-    cached per layout, read with the case's board (``_fill_board`` launches a new layout's)."""
-    return res.untouched[_layout(g)]
-
-
-def _fills(res: Resources, guards: list[tuple[str, Guarded]]) -> list[tuple[tuple, torch.Tensor]]:
-    """(layout, its untouched fingerprint on the device) of each guard layout not yet cached:
-    launched with the checks and read in the case's one sync (at --size large a third of the
-    cases met a new layout, each a sync of its own)."""
-    new: dict[tuple, torch.Tensor] = {}
-    for _, g in guards:
-        key = _layout(g)
-        if key not in res.untouched and key not in new:
-            a, b = g.zones()
-            new[key] = filled_fingerprint(a, g.fill, launchers=res.launchers) + filled_fingerprint(
-                b, g.fill, launchers=res.launchers
-            )
-    return list(new.items())
-
-
 def _call(
     *,
     op: Op,
@@ -185,13 +167,13 @@ def _call(
 ) -> tuple[Call, bool]:
     """(the call, whether its guarded outputs were prefilled by the op's prefill)."""
     case = state.case
-    guards: dict[str, Guarded] = op.guarded(case, fill, fill_region=False) if op.guarded else {}
+    guards: dict[str, Guarded] = op.guarded(case, fill) if op.guarded else {}
     prefilled = True
     if guards:  # an op may guard outputs in some cases only (convert's caller-owned ones)
         prefilled = bool(
             fast.prefill is not None and _quietly(state.res, op.name, lambda: fast.prefill(case, guards, state), False)
         )
-        if not prefilled:
+        if not prefilled:  # filled as made, but a prefill that failed part way may have written some
             for g in guards.values():
                 g.region().fill_(g.fill)
     return call_shared(op=op, fn=fn, case=case, guards=guards, sub=sub, wait=wait, redzone=redzone), prefilled
@@ -285,7 +267,6 @@ class _Board:
     guards: list[tuple[str, Guarded]]  # (what a changed zone says, the guarded output), from zones_at on
     extra: list[tuple[str, torch.Tensor]]  # (what a raised flag says, the flag), read after the board
     judged: bool  # whether the fused check ran on the outputs
-    fills: list[tuple[tuple, torch.Tensor]]  # new guard layouts' untouched fingerprints, read last
 
     @property
     def zones_at(self) -> int:
@@ -302,36 +283,34 @@ def _fill_board(*, op: Op, fast: FastOp, calls: _Calls, snap: Snapshot, state: C
         for name, g in c.guards.items()
     ]
     at = len(snap.names)
-    board = snap.board(2 + len(guards))
+    board = snap.board(len(guards))  # the check's two slots are the snapshot's
     with stage("inputs"):  # after the calls: the inputs are the case's own tensors, shared
         # Launched before the fused check: the GPU runs it while the host prepares that one.
         add_words(
             board,
-            snap.items() + [(word_view(z), at + 2 + j) for j, (_, g) in enumerate(guards) for z in g.zones()],
+            snap.items() + [(word_view(z), at + 2 + j, g.fill) for j, (_, g) in enumerate(guards) for z in g.zones()],
             launchers=res.launchers,
         )
     with stage("oracle"):
-        both = second.outputs if second is not None and second.guards else None
+        both = second.outputs if second is not None and (second.guards or fast.reruns) else None
         judged = not calls.troubles and bool(
             _quietly(res, op.name, lambda: fast.check(case, first.outputs, both, board[at : at + 2], state), False)
         )
     extra = (
         [(f"gave {name} a second run did not", differ_flag(a, b)) for name, a, b in rerun_pairs(first, second)]
-        if second is not None and second.error is None
+        if second is not None and second.error is None and not (judged and fast.reruns)
         else []
-    )  # outputs the impl allocated
-    fills = _fills(res, guards)
-    return _Board(board=board, at=at, guards=guards, extra=extra, judged=judged, fills=fills)
+    )  # outputs the impl allocated, unless the check judged the re-run's
+    return _Board(board=board, at=at, guards=guards, extra=extra, judged=judged)
 
 
-def _flagged(b: _Board, values: list[int], snap: Snapshot, res: Resources) -> tuple[list[str], list[str]]:
+def _flagged(b: _Board, values: list[int], snap: Snapshot) -> tuple[list[str], list[str]]:
     """(the inputs whose fingerprint moved, everything the board says went wrong, in words)."""
     changed = [name for name, v in zip(snap.names, values) if v]
-    # A guarded output's zones against their fill's fingerprint (a host int, cached per layout:
-    # asked for after the sync, so a new layout's own sync cannot meet a call's pending error).
+    # A guarded output's zones: the count of their words that no longer hold the fill.
     flagged = (
         [f"changed its input {name}" for name in changed]
-        + [what for j, (what, g) in enumerate(b.guards) if values[b.zones_at + j] != _untouched(res, g)]
+        + [what for j, (what, _) in enumerate(b.guards) if values[b.zones_at + j]]
         + [what for (what, _), v in zip(b.extra, values[b.zones_at + len(b.guards) :]) if v]
     )
     verdict = max(values[b.at : b.at + 2]) if b.judged else 2  # 2: a case it does not handle, a sign of nothing
@@ -359,28 +338,32 @@ def fast_path(
 
     The board: a slot per input (starting from its negated fingerprint, the fingerprint after the
     calls added: 0 while unchanged), the fused check's two, then one per guarded output of each
-    call (its zones' fingerprint, against their fill's). Host time is what this path spends most
+    call (the count of its zones' words that no longer hold the fill). Host time is what this path spends most
     on, so: no sync between the calls and the checks, and one launch for all the fingerprints."""
     fast = fast_op(op)
     assert fast is not None, f"op {op.name!r} has no fast check (handles() says so first)"
     if fast.takes is not None and not fast.takes(case):
         return Undecided(seen="")  # nothing called yet: the full path judges it alone
-    state = CaseState(case=case, res=res)
     inputs = {k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace}
     # An input off the case's device (a GPU gather's pinned host cache, SPEC 9.3) is held as a copy
     # and compared on the host: the fingerprint kernels read the device's memory.
     held = {k: res.hold(k, v) for k, v in inputs.items() if v.device.type != torch.device(case.device).type}
-    snap = Snapshot({k: v for k, v in inputs.items() if k not in held}, device=case.device, launchers=res.launchers)
+    snap = Snapshot(
+        {k: v for k, v in inputs.items() if k not in held},
+        device=case.device,
+        launchers=res.launchers,
+        slots=2,  # the fused check's
+        room=_ROOM,
+    )
+    state = CaseState(case=case, res=res, slots=snap.slots)
     calls = _run(op=op, fast=fast, fn=fn, state=state, rerun=rerun, sub=sub, wait=wait, redzone=redzone)
     b = _fill_board(op=op, fast=fast, calls=calls, snap=snap, state=state)
     try:  # the one sync
-        flags = [f.reshape(1).to(torch.int64) for _, f in b.extra] + [fp.reshape(1) for _, fp in b.fills]
+        flags = [f.reshape(1).to(torch.int64) for _, f in b.extra]
         values = (torch.cat([b.board, *flags]) if flags else b.board).tolist()
     except RuntimeError:  # an asynchronous error of a call (no sync after it): the full path syncs each
         return Undecided(seen="")
-    for (key, _), v in zip(b.fills, values[len(values) - len(b.fills) :]):
-        res.untouched[key] = v
-    changed, flagged = _flagged(b, values, snap, res)
+    changed, flagged = _flagged(b, values, snap)
     moved = _moved(case, held)
     changed, flagged = changed + moved, flagged + [f"changed its input {k}" for k in moved]
     seen = [t for t in calls.troubles + flagged if t]

@@ -1,7 +1,7 @@
 """The fast path's state: one ``Resources`` per process, one ``CaseState`` per case checked.
 
-Resources hold what is worth keeping between cases (the compiled launches, the
-fingerprint of each guard-zone layout's fill, which ops' checks failed);
+Resources hold what is worth keeping between cases (the compiled launches, which
+ops' checks failed, the host copies' buffers);
 a CaseState what one case's calls share (its input fingerprints, the fused
 gather check's row -> record map), dropped with it.
 """
@@ -20,7 +20,6 @@ from mlafuzz.harness.fast.launch import Launchers
 class Resources:
     def __init__(self) -> None:
         self.launchers = Launchers()
-        self.untouched: dict[tuple, int] = {}  # guard-zone layout -> fingerprint of its fill (host int)
         self.failed: set[str] = set()  # ops whose fast check raised (warned once, then the full path)
         self._held: dict[str, torch.Tensor] = {}  # per input name: host bytes reused case after case
 
@@ -38,6 +37,9 @@ class Resources:
 class CaseState:
     case: Case
     res: Resources
+    # The fused check's two board slots as the snapshot holds them before the calls (int64 [2] on
+    # the device): what a prefill sets there is on the board the check later writes into.
+    slots: torch.Tensor
     memo: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -18,6 +18,7 @@ Works on any device, so CPU runs of the torch implementations are guarded too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 
@@ -56,40 +57,54 @@ def guarded_empty(
     dtype: torch.dtype,
     device: str,
     fill: int,
-    fill_region: bool = True,
     rows_before: int = 0,
     rows_after: int = 0,
 ) -> Guarded:
-    """A guarded output filled with ``fill``; with ``fill_region=False`` only its zones are, and the
-    output's own bytes are left for the caller to fill (the fast path's prefill). ``rows_before``
-    / ``rows_after``: the output is rows of a workspace with that many more rows of its width
-    before / after it (a row slice, SPEC 8): one tensor, whose other rows are zone bytes."""
+    """A guarded output filled with ``fill``, its zones and its own bytes alike (the fast path's
+    prefill then overwrites the output's: one fill of the whole buffer is one launch, its zones
+    alone were two). ``rows_before`` / ``rows_after``: the output is rows of a workspace with that
+    many more rows of its width before / after it (a row slice, SPEC 8): one tensor, whose other
+    rows are zone bytes."""
+    return guarded_set(
+        shapes={"": shape}, dtype=dtype, device=device, fill=fill, rows_before=rows_before, rows_after=rows_after
+    )[""]
+
+
+def guarded_set(
+    *,
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: torch.dtype,
+    device: str,
+    fill: int,
+    rows_before: int = 0,
+    rows_after: int = 0,
+) -> dict[str, Guarded]:
+    """Guarded outputs of one call (as ``guarded_empty``, each with its own zones and workspace
+    rows), one after another in one byte buffer made by one fill: a launch per call, not one per
+    output. Each output's bytes start 16-byte aligned (its zone after it takes the padding)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    nbytes = itemsize
-    for d in shape:
-        nbytes *= d
-    row = itemsize * _numel(shape[1:])  # bytes per row of the output (and of its workspace)
-    start, after = GUARD_BYTES + rows_before * row, GUARD_BYTES + rows_after * row
-    total = start + nbytes + after
-    if fill_region:
-        full = torch.full((total,), fill, dtype=torch.uint8, device=device)
-    else:
-        full = torch.empty((total,), dtype=torch.uint8, device=device)
-        if start == after:
-            full.as_strided((2, start), (start + nbytes, 1)).fill_(fill)  # both zones, one launch
+    pieces = []
+    total = 0
+    for name, shape in shapes.items():
+        row = itemsize * _numel(shape[1:])  # bytes per row of the output (and of its workspace)
+        nbytes = row * shape[0] if shape else itemsize
+        start, after = GUARD_BYTES + rows_before * row, GUARD_BYTES + rows_after * row
+        size = start + nbytes + after
+        size += -size % 16  # the next output's zone, and so its bytes, stay 16-byte aligned
+        pieces.append((name, shape, row, total, start, nbytes, size))
+        total += size
+    buf = torch.full((total,), fill, dtype=torch.uint8, device=device)
+    out = {}
+    for name, shape, row, at, start, nbytes, size in pieces:
+        full = buf[at : at + size]
+        if rows_before or rows_after:  # the view is rows of the workspace between the guard zones
+            rows = rows_before + shape[0] + rows_after
+            workspace = full[GUARD_BYTES : GUARD_BYTES + rows * row]
+            view = workspace.view(dtype).reshape((rows, *shape[1:]))[rows_before : rows_before + shape[0]]
         else:
-            full[:start].fill_(fill)
-            full[start + nbytes :].fill_(fill)
-    if rows_before or rows_after:  # the view is rows of the workspace between the guard zones
-        workspace = (
-            full[GUARD_BYTES : total - GUARD_BYTES]
-            .view(dtype)
-            .reshape((rows_before + shape[0] + rows_after, *shape[1:]))
-        )
-        view = workspace[rows_before : rows_before + shape[0]]
-    else:
-        view = full[start : start + nbytes].view(dtype).reshape(shape)
-    return Guarded(full=full, view=view, fill=fill, start=start)
+            view = full[start : start + nbytes].view(dtype).reshape(shape)
+        out[name] = Guarded(full=full, view=view, fill=fill, start=start)
+    return out
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -25,27 +25,29 @@ import torch
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import convert as gen
 from mlafuzz.generators.spec import Paging, TopkMode
-from mlafuzz.harness.memory.guards import Guarded, guarded_empty
+from mlafuzz.harness.memory.guards import Guarded, guarded_set
 from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
 from mlafuzz.oracles.convert import rows_as_sets_equal
 from mlafuzz.reports.findings import Finding, Kind
 
 
-def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarded]:
+def guarded(case: Case, fill: int) -> dict[str, Guarded]:
     """The caller's ``out`` (and ``valid_counts_out`` when counts are asked for: vLLM ignores it
-    otherwise) as row slices of guarded buffers; none when the case does not pass them."""
+    otherwise) as row slices of guarded buffers, both in one fill; none when the case does not
+    pass them."""
     p = case.params
     if "out_steps" not in p:
         return {}
     n, k = case.tensors["token_indices"].shape
-    rows = {"rows_before": p["out_rows_before"], "rows_after": p["out_rows_after"]}
     shapes = {"out": (n, k), **({"valid_counts": (n,)} if p["return_valid_counts"] else {})}
-    return {
-        name: guarded_empty(
-            shape=shape, dtype=torch.int32, device=case.device, fill=fill, fill_region=fill_region, **rows
-        )
-        for name, shape in shapes.items()
-    }
+    return guarded_set(
+        shapes=shapes,
+        dtype=torch.int32,
+        device=case.device,
+        fill=fill,
+        rows_before=p["out_rows_before"],
+        rows_after=p["out_rows_after"],
+    )
 
 
 def caller_outputs(t: Mapping[str, Any]) -> dict[str, Any]:

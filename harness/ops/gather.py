@@ -15,7 +15,7 @@ from mlafuzz.harness.memory.guards import Guarded, guarded_empty
 from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
 
 
-def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarded]:
+def guarded(case: Case, fill: int) -> dict[str, Guarded]:
     # dst_dtype / dst_cols exist only in error-input cases (a wrong dtype or width); dst_rows_* when
     # dst is a row slice of a larger workspace (GatherSpec.dst_view), whose other rows it must not write.
     p = case.params
@@ -26,7 +26,6 @@ def guarded(case: Case, fill: int, fill_region: bool = True) -> dict[str, Guarde
             dtype=dtype,
             device=case.device,
             fill=fill,
-            fill_region=fill_region,
             rows_before=p.get("dst_rows_before", 0),
             rows_after=p.get("dst_rows_after", 0),
         )

@@ -101,8 +101,7 @@ class Op:
     defaults: Mapping[str, tuple[str, ...]]
     contract: frozenset[str]  # the classes SPEC says any implementation must refuse
     # Outputs the harness allocates, inside guard zones, filled with a byte pattern:
-    # (case, fill, fill_region=True) -> guards; fill_region=False leaves the outputs' own bytes
-    # unfilled, for the fast path's prefill.
+    # (case, fill) -> guards, the outputs' own bytes filled too (the fast path's prefill overwrites them).
     guarded: Callable[..., dict[str, Guarded]] | None = None
     inplace: frozenset[str] = frozenset()  # inputs the op writes by design (not INPUT_MUTATION)
     needs: Callable[[Case], frozenset[str]] = no_needs  # capabilities a case needs of the implementation

@@ -27,7 +27,7 @@ from mlafuzz.tests.support.offline import compile_offline
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _check(case, out, counts) -> bool:
+def _check(case, out, counts, *, second=None, same=False) -> bool:
     t, p = case.tensors, case.params
     return matches(
         convert_rows_flag(
@@ -42,6 +42,8 @@ def _check(case, out, counts) -> bool:
             valid_counts=counts,
             block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
             compact=bool(p.get("COMPACT_TO_FRONT")),
+            second=second,
+            same=same,
         )
     )
 
@@ -89,6 +91,32 @@ def test_yes_on_the_oracles_outputs_and_no_after_any_single_change(spec, seed, w
         assert not _check(case, out, bad_counts)
 
 
+@given(spec=specs("convert"), seed=st.integers(0, 2**32 - 1), where=st.integers(0, 2**31), delta=st.integers(1, 9))
+@settings(max_examples=20, deadline=None)
+def test_a_rerun_judged_in_the_same_launch_passes_only_where_both_runs_are_the_oracles(spec, seed, where, delta):
+    """A re-run's outputs are checked beside the first run's (one launch): any single change in
+    either run is seen; a compacted re-run in another order passes (each run a multiset, as the
+    full path's re-run compares rows) unless it must be the first run's bits (a caller's buffer)."""
+    case = materialize(spec, seed, DEV)
+    out, counts = _oracle(case)
+    assert _check(case, out, counts, second=(out.clone(), counts.clone()), same=True)
+    assert _check(case, out, None, second=(out.clone(), None))
+    if case.params.get("COMPACT_TO_FRONT"):
+        shuffled = _shuffled_prefixes(out, counts, seed)
+        assert _check(case, out, counts, second=(shuffled, counts))
+        assert _check(case, out, counts, second=(shuffled, counts), same=True) == torch.equal(shuffled, out)
+    if out.numel():
+        bad = out.clone()
+        bad.view(-1)[where % out.numel()] += delta
+        assert not _check(case, out, counts, second=(bad, counts))
+        assert not _check(case, bad, counts, second=(out, counts))
+        bad_counts = counts.clone()
+        bad_counts[where % counts.numel()] += delta
+        assert not _check(case, out, counts, second=(out, bad_counts))
+    elif counts.numel():
+        assert not _check(case, out, counts, second=(out, counts + 1))
+
+
 def test_a_stride_is_judged_and_a_compacted_row_is_a_multiset_with_a_minus_one_tail():
     from mlafuzz.generators.ops.convert import ConvertRequest, ConvertSpec
     from mlafuzz.generators.spec import Paging, TopkMode
@@ -132,7 +160,7 @@ def test_a_stride_is_judged_and_a_compacted_row_is_a_multiset_with_a_minus_one_t
 
 
 _PTX_SCRIPT = """
-from mlafuzz.harness.fast.convert import _KEYS, _check_convert
+from mlafuzz.harness.fast.convert_rows import _KEYS, _check_convert
 sig = {p.name: "*i32" if p.name.endswith("_ptr") else "constexpr" if p.is_constexpr else "i32"
        for p in _check_convert.params}
 for compact, prefill in ((False, False), (True, False), (False, True)):

@@ -81,6 +81,22 @@ def test_a_snapshot_names_each_changed_input_large_or_small():
     assert snap.changed() == ["big", "b", "strided"]
 
 
+def test_a_snapshots_own_board_holds_what_a_copy_would_and_writing_it_leaves_the_snapshot_whole():
+    """The first board within the room is written by the snapshot's own launch (no copy after it):
+    the negated fingerprints, the slots as a check set them during the calls, zeros; the snapshot
+    and any later board are untouched by what is added into it."""
+    inputs = {"a": torch.arange(5000, dtype=torch.int32, device=DEV), "b": torch.ones(7, device=DEV)}
+    snap = Snapshot(inputs, device=DEV, slots=2, room=3)
+    neg = [-v for v in fingerprints(list(inputs.values())).tolist()]
+    snap.slots[1] = 2  # a prefill's flag, set before the board is handed out
+    own = snap.board(3)
+    assert own.tolist() == neg + [0, 2, 0, 0, 0] and snap.neg.tolist() == neg
+    add_words(own, snap.items())
+    assert own.tolist() == [0, 0, 0, 2, 0, 0, 0]
+    assert snap.neg.tolist() == neg and snap.changed() == []
+    assert snap.board(1).tolist() == neg + [0, 2, 0]  # a copy from here on
+
+
 def test_every_board_of_a_snapshot_starts_from_its_negated_fingerprints_and_zeros():
     """Every board is a copy of the negated fingerprints, zeros after them, and a check writing
     into one changes neither the snapshot nor the next board."""
@@ -100,15 +116,21 @@ def test_every_board_of_a_snapshot_starts_from_its_negated_fingerprints_and_zero
 
 
 @pytest.mark.parametrize("start, nbytes", [(0, 4096), (4, 4100), (1, 4096), (0, 1001)])
-def test_a_filled_zone_fingerprint_is_what_the_kernel_gives_that_zone_and_a_write_moves_it(start, nbytes):
-    """The guard zones' expected fingerprint, for each word width an address and size give."""
-    from mlafuzz.harness.fast.fingerprint import filled_fingerprint
-
-    zone = torch.full((nbytes + 8,), 0xA5, dtype=torch.uint8, device=DEV)[start : start + nbytes]
-    expected = filled_fingerprint(zone, 0xA5)
-    assert expected.tolist() == fingerprints([zone]).tolist()
-    zone[nbytes // 2] = 0xA4
-    assert expected.tolist() != fingerprints([zone]).tolist()
+@pytest.mark.parametrize("fill", [0xA5, 0x5A, 0x00, 0xFF])
+def test_a_guard_zone_counts_zero_while_it_holds_its_fill_and_any_written_byte_moves_it(start, nbytes, fill):
+    """A zone's slot counts its words that no longer hold the fill (each word width an address and
+    size give): 0 untouched, whatever its layout, and not 0 after one byte changed, beside a
+    fingerprinted tensor in the same launch that keeps its own slot."""
+    zone = torch.full((nbytes + 8,), fill, dtype=torch.uint8, device=DEV)[start : start + nbytes]
+    other = torch.arange(5, dtype=torch.int32, device=DEV)
+    out = torch.zeros(2, dtype=torch.int64, device=DEV)
+    add_words(out, [(word_view(other), 0), (word_view(zone), 1, fill)])
+    assert out.tolist() == [fingerprints([other]).item(), 0]
+    zone[nbytes // 2] = fill ^ 1
+    zone[0] = fill ^ 0x80
+    out.zero_()
+    add_words(out, [(word_view(zone), 1, fill), (word_view(other), 0)])
+    assert out.tolist() == [fingerprints([other]).item(), 2]  # two words (or bytes) apart
 
 
 def _launch_variants(sign: str, words: list) -> set:
@@ -172,3 +194,24 @@ def test_equal_bytes_at_addresses_of_different_alignment_are_the_same_bits():
     assert same_bits(aligned, odd) and not bool(differ_flag(aligned, odd))
     odd[3] ^= 1
     assert not same_bits(aligned, odd) and bool(differ_flag(aligned, odd))
+
+
+_PTX_SCRIPT = """
+from mlafuzz.harness.fast.fingerprint import _fingerprints
+for words in ("*i32", "*u8"):
+    sig = {p.name: "*i64" if p.name == "out_ptr" else words if p.name[0] == "p" else "constexpr"
+           if p.is_constexpr else "i32" for p in _fingerprints.params}
+    for sign in (1, -1):
+        src = ASTSource(fn=_fingerprints, signature=sig, constexprs={"SIGN": sign, "BLOCK": 4096})
+        triton.compile(src, target=GPUTarget("cuda", 90, 32))
+print("OK")
+"""
+
+
+@pytest.mark.slow
+def test_the_gpu_build_of_the_fingerprint_launch_compiles_offline_for_sm90():
+    """The guard zones' exact count (a truncating cast to the words' own width) and the snapshot's
+    second slot (``mirror``) are runtime branches the interpreter runs as Python: compiled here."""
+    from mlafuzz.tests.support.offline import compile_offline
+
+    compile_offline(_PTX_SCRIPT)

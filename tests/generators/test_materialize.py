@@ -187,3 +187,27 @@ def test_views_are_checked_per_tensor():
         GatherSpec(requests=(GatherRequest(context_len=1),), dst_view="columns")
     with pytest.raises(SpecError, match="inputs_view"):
         WriterSpec(num_tokens=1, inputs_view="rows")
+
+
+def test_the_step_before_reverses_each_row_and_sets_its_first_valid_column_to_minus_one():
+    """A two-step caller-out case's first top-k rows (SPEC 9.2), row by row as step_before says:
+    columns reversed, the first valid one (a token in [0, tokens)) set to -1; a row without one
+    gets token 0 in its first column."""
+    from mlafuzz.generators.ops.convert import step_before
+
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randint(-3, 12, (40, 16), generator=g, dtype=torch.int32)
+    rows[5] = -1  # no valid column
+    rows[6] = 11  # none below tokens either
+    tokens = 10
+    expected = []
+    for row in rows.tolist():
+        prev = row[::-1]
+        valid = [j for j, v in enumerate(prev) if 0 <= v < tokens]
+        if valid:
+            prev[valid[0]] = -1
+        else:
+            prev[0] = 0
+        expected.append(prev)
+    assert step_before(rows, tokens=tokens).tolist() == expected
+    assert step_before(rows[:, :0], tokens=tokens).shape == (40, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mlafuzz.harness.memory.guards import GUARD_BYTES, guarded_empty, never_written, oob_findings
+from mlafuzz.harness.memory.guards import GUARD_BYTES, guarded_empty, guarded_set, never_written, oob_findings
 from mlafuzz.reports.findings import Context
 
 
@@ -29,3 +29,24 @@ def test_never_written_marks_each_element_with_a_byte_left_at_both_fills():
     for g in (a, b):
         g.view.zero_()
     assert never_written(a, b) is None
+
+
+def test_outputs_guarded_together_each_keep_their_own_zones_aligned_and_filled():
+    """One buffer, one fill, for a call's outputs (convert's out and valid_counts): each output's
+    bytes 16-byte aligned and filled, its zones (and workspace rows) its own, so a write past one
+    output is that output's OOB_WRITE alone and the other's zones stay whole."""
+    gs = guarded_set(shapes={"out": (3, 5), "counts": (3,)}, dtype=torch.int32, device="cpu", fill=0xA5, rows_after=2)
+    assert gs["out"].full.data_ptr() == gs["counts"].full.data_ptr() - gs["out"].full.numel()  # one buffer
+    ctx = Context(op="convert", impl="x", case_id="c")
+    for name, g in gs.items():
+        assert g.view.data_ptr() % 16 == 0 and g.view.is_contiguous()
+        assert bool((g.full == 0xA5).all()) and g.region().data_ptr() == g.view.data_ptr()
+        assert not oob_findings(name=name, g=g, ctx=ctx)
+    shapes = [tuple(g.view.shape) for g in gs.values()]
+    assert shapes == [(3, 5), (3,)]
+    gs["out"].view.zero_()
+    gs["counts"].view.zero_()
+    gs["out"].full[gs["out"].start + gs["out"].nbytes] = 0  # the workspace row right after out
+    (f,) = oob_findings(name="out", g=gs["out"], ctx=ctx)
+    assert f.cause == "out:oob_after" and f.count == 1
+    assert not oob_findings(name="counts", g=gs["counts"], ctx=ctx)
