@@ -133,8 +133,11 @@ def _float_findings(
     # of the same wrong values (data read from the wrong place holds NaN codes too), so they are
     # counted in the VALUE_MISMATCH; NAN_MISMATCH is for a tensor whose only fault is NaN handling.
     nan_bad_mask = e_nan != a_nan
-    dist = (_ordered(e_bits, width) - _ordered(a_bits, width)).abs()
-    bad_mask = ~(e_nan | a_nan) & (dist > policy.ulp)
+    # Bit-exact (ulp 0), any other pattern is a mismatch (``_ordered`` is one-to-one): distances
+    # are worked out only for an ulp budget, or for a finding's greatest one (most outputs that get
+    # here differ only in NaN payloads, which are no mismatch).
+    dist = (_ordered(e_bits, width) - _ordered(a_bits, width)).abs() if policy.ulp else None
+    bad_mask = ~(e_nan | a_nan) & ((dist > policy.ulp) if dist is not None else (e_bits != a_bits))
     if keep is not None:
         nan_bad_mask &= ~keep
         bad_mask &= ~keep
@@ -156,6 +159,8 @@ def _float_findings(
                 f"{note}",
             )
         ]
+    if dist is None:
+        dist = (_ordered(e_bits, width) - _ordered(a_bits, width)).abs()
     masked = torch.where(bad_mask, dist, torch.zeros_like(dist))
     worst = int(masked.argmax())
     worst_dist = int(masked[worst])
