@@ -26,7 +26,7 @@ from typing import Mapping
 
 import torch
 
-from mlafuzz.harness.memory.bits import differ_flag, host_copies, read_flags
+from mlafuzz.harness.memory.bits import TOGETHER_BYTES, differ_flag, differ_flag_any, host_copies, read_flags
 from mlafuzz.oracles.convert import rows_as_sets_equal
 from mlafuzz.reports.findings import Context, Finding, Kind, Mismatch
 
@@ -330,11 +330,6 @@ def _beside(
     return {**actual, **dict(zip(names, host_copies(*(actual[name] for name in names))))}
 
 
-# Outputs of at most this many bytes (metadata: counts, ids, plans) are compared together, their
-# bytes side by side in one differ per device, not one differ each: a step has seventeen of them.
-_TOGETHER_BYTES = 1 << 16
-
-
 def _differs(
     expected: Mapping[str, torch.Tensor | None],
     actual: Mapping[str, torch.Tensor | None],
@@ -344,8 +339,8 @@ def _differs(
     case (most cases differ nowhere, and a sync per output stops a run scaling with workers: issue
     29); and each row-set output's per-row verdict. Bytes are compared: for floats that is the
     bit-exact test (same bits, same NaNs), and an output that differs only within ``Policy.ulp``
-    is then judged by its own check. Small outputs share one flag per device (``_TOGETHER_BYTES``);
-    only where it is set are they told apart, in one more read."""
+    is then judged by its own check. Small outputs (a step's seventeen metadata tensors) share one
+    flag per device (``differ_flag_any``); only where it is set are they told apart, in one more read."""
     names, flags, row_ok = [], [], {}
     together: dict[torch.device, list[str]] = {}
     for name, exp in expected.items():
@@ -357,22 +352,16 @@ def _differs(
         if name in row_sets and exp.dim() == 2:
             row_ok[name] = rows_as_sets_equal(expected=exp, actual=act, counts=row_sets[name])
             flags.append(~row_ok[name].all())
-        elif exp.device == act.device and exp.numel() * exp.element_size() <= _TOGETHER_BYTES:
+        elif exp.device == act.device and exp.numel() * exp.element_size() <= TOGETHER_BYTES:
             together.setdefault(exp.device, []).append(name)
             continue
         else:
             flags.append(differ_flag(exp, act))
         names.append(name)
     groups = list(together.values())
-    both = [[expected[n] for n in group] for group in groups], [[actual[n] for n in group] for group in groups]
-    read = read_flags(flags + [(_bytes(e) != _bytes(a)).any() for e, a in zip(*both)])
+    read = read_flags(flags + [differ_flag_any([(expected[n], actual[n]) for n in group]) for group in groups])
     out = dict(zip(names, read))
     hit = [name for group, differs in zip(groups, read[len(names) :]) for name in group if differs]
     out.update(dict.fromkeys((n for group in groups for n in group), False))
     out.update(zip(hit, read_flags([differ_flag(expected[n], actual[n]) for n in hit])))
     return out, row_ok
-
-
-def _bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The tensors' bytes one after another, flat; a differ's flag is ``(_bytes(a) != _bytes(b)).any()``."""
-    return torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
