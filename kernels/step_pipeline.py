@@ -388,9 +388,10 @@ class StepPipeline:
             dst = workspace[:total]
             cu, starts = args[f"cu{i}"], args[f"starts{i}"]
             gather(cache, dst, self.context_table(table, rs, re_), cu, re_ - rs, self.context_seq_starts(starts))
+            kept = dst.clone()  # the next chunk's gather overwrites the workspace: one copy per chunk
             for r in range(rs, re_):
                 lo = plan.cu_seq_lens[i][r]
-                per_request[r].append(dst[lo : lo + plan.lens[i][r]].clone())
+                per_request[r].append(kept[lo : lo + plan.lens[i][r]])
         rows = [t for ts in per_request for t in ts]
         return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
 

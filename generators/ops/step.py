@@ -62,7 +62,7 @@ from mlafuzz.generators.spec import (
     coerce_tuple,
     fail,
 )
-from mlafuzz.oracles.metadata import split_decodes_and_prefills
+from mlafuzz.oracles.metadata import split_decodes_and_prefills_loop
 
 __all__ = ["RequestKind", "StepRequest", "StepSpec", "draw", "materialize", "features", "reduce", "size"]
 
@@ -198,9 +198,11 @@ class StepSpec:
         return self.query_start_loc[-1]
 
     def split(self) -> tuple[int, int, int, int]:
-        """SPEC 5.1 on this batch (the oracle's reading): (decodes, prefills, decode tokens, prefill tokens)."""
+        """SPEC 5.1 on this batch (the oracle's reading): (decodes, prefills, decode tokens, prefill tokens).
+        The oracle's rule-by-rule form: on a spec's few requests plain Python beats a dozen torch
+        ops, and a case asks for the split several times (validation, drawing, features)."""
         try:
-            return split_decodes_and_prefills(
+            return split_decodes_and_prefills_loop(
                 query_start_loc=list(self.query_start_loc),
                 threshold=self.threshold,
                 require_uniform=self.require_uniform,
