@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -403,8 +404,7 @@ class StepPipeline:
         put back in position order: position p is rank (p // I) % D's local row (p // (D*I)) * I +
         p % I."""
         dev = workspace.device
-        world, inter = dcp.world, dcp.interleave
-        virtual = world * inter
+        world = dcp.world
         pieces: list[list[Tensor]] = [[] for _ in range(n_pre)]
         local: dict[int, tuple[list[int], list[int]]] = {}  # chunk -> (its local starts, cu_seq_lens)
         for i, (rs, re_) in enumerate(plan.requests):
@@ -414,17 +414,19 @@ class StepPipeline:
             local[i] = local_starts, list(itertools.accumulate([0] + local_lens))
         args = _uploaded(  # every chunk's and rank's arguments in one copy (each call its own tensors)
             {
-                f"{key}{i}.{k}": (values, (-1,))
-                for i, (local_starts, cu) in local.items()
-                for k in range(world)
-                for key, values in (("cu", cu), ("starts", local_starts))
+                **{
+                    f"{key}{i}.{k}": (values, (-1,))
+                    for i, (local_starts, cu) in local.items()
+                    for k in range(world)
+                    for key, values in (("cu", cu), ("starts", local_starts))
+                },
+                **{f"order{i}": (self._position_order(dcp, plan, i, *local[i]), (-1,)) for i in local},
             },
             dev,
         )
         for i in range(len(plan.seq_tot)):
             rs, re_ = plan.requests[i]
-            starts, lens = plan.starts[i][rs:re_], plan.lens[i][rs:re_]
-            local_starts, cu = local[i]
+            lens, cu = plan.lens[i][rs:re_], local[i][1]
             ranks = []
             for k in range(world):
                 dst = workspace[: cu[-1]]
@@ -438,14 +440,26 @@ class StepPipeline:
                     self.context_seq_starts(starts_dev),
                 )
                 ranks.append(dst.clone())  # each rank has a workspace of its own
-            stacked = torch.stack(ranks) if ranks else workspace[:0]
-            for j, (s, n, ls) in enumerate(zip(starts, lens, local_starts)):
-                p = torch.arange(s, s + n, device=dev)
-                rank = (p // inter) % world
-                row = cu[j] + (p // virtual) * inter + p % inter - ls
-                pieces[rs + j].append(stacked[rank, row])
+            # The chunk's rows in position order, request after request, in one index of the ranks' rows.
+            ordered = torch.stack(ranks).reshape(-1, ROW).index_select(0, args[f"order{i}"])
+            for j, part in enumerate(ordered.split(lens)):
+                pieces[rs + j].append(part)
         rows = [t for ts in pieces for t in ts]
         return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
+
+    @staticmethod
+    def _position_order(dcp: Dcp, plan: ContextPlan, i: int, local_starts: list[int], cu: list[int]) -> list[int]:
+        """Chunk i's positions, request after request, as rows of its ranks' stacked workspaces
+        [D, cu[-1]]: position p of a request is rank (p // I) % D's local row (p // (D*I)) * I +
+        p % I, at cu[j] - padded(s) past the request's first local row."""
+        world, inter = dcp.world, dcp.interleave
+        rs, re_ = plan.requests[i]
+        order = [np.zeros(0, dtype=np.int64)]
+        for j, (s, n, ls) in enumerate(zip(plan.starts[i][rs:re_], plan.lens[i][rs:re_], local_starts)):
+            p = np.arange(s, s + n, dtype=np.int64)
+            row = cu[j] + (p // (world * inter)) * inter + p % inter - ls
+            order.append((p // inter) % world * cu[-1] + row)
+        return np.concatenate(order).tolist()
 
     def _gather_sequences(
         self, cache: Tensor, workspace: Tensor, table: Tensor, sep: Fp8Separate, gather: Callable
