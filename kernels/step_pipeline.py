@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -115,18 +116,33 @@ def _chunk_fields(chunk: object) -> tuple[int, int, list[int], list[int]]:
     )
 
 
-def _i32(values: object, device: torch.device | None, shape: tuple[int, ...] | None = None) -> Tensor:
-    t = torch.tensor(values, dtype=torch.int32, device=device)
-    return t.reshape(shape) if shape is not None else t
+def _flat(values: object) -> list[int]:
+    """An int, or (nested) lists and tuples of ints, as one flat list."""
+    if not isinstance(values, (list, tuple)):
+        return [int(values)]  # type: ignore[call-overload]
+    if not any(isinstance(v, (list, tuple)) for v in values):
+        return [int(v) for v in values]
+    return [x for v in values for x in _flat(v)]
 
 
-def _uploaded(host: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    """Host int32 tensors moved to ``device`` in one copy, as views of it: a blocking host-to-device
-    copy waits for the stream (a host sync), and the step's metadata is 17 small tensors; a sync
-    each stops a run with several workers on one GPU scaling (issue 29)."""
-    flat = torch.cat([t.reshape(-1) for t in host.values()]).to(device)
-    parts = flat.split([t.numel() for t in host.values()])
-    return {name: part.reshape(t.shape) for (name, t), part in zip(host.items(), parts)}
+def _uploaded(host: dict[str, tuple[object, tuple[int, ...]]], device: torch.device) -> dict[str, Tensor]:
+    """Host ints (name -> (values, shape)) as int32 tensors on ``device``, views of one tensor made
+    and copied once: the step's metadata is 17 small tensors and its gathers' arguments a few per
+    chunk, and a copy each stops a run with several workers on one GPU scaling (issue 29). To a
+    GPU the copy leaves from pinned memory without waiting: a copy from pageable memory waits for
+    the stream (a host sync); torch's caching host allocator keeps the pinned block until the copy
+    has read it."""
+    sizes, flat = [], []
+    for values, _ in host.values():
+        ints = _flat(values)
+        sizes.append(len(ints))
+        flat += ints
+    whole = torch.tensor(flat, dtype=torch.int32)
+    if device.type == "cuda":
+        whole = whole.pin_memory().to(device, non_blocking=True)
+    else:
+        whole = whole.to(device)
+    return {name: part.reshape(shape) for (name, (_, shape)), part in zip(host.items(), whole.split(sizes))}
 
 
 class StepPipeline:
@@ -279,8 +295,9 @@ class StepPipeline:
     ) -> dict[str, Tensor]:
         dev = topk_indices.device
         bs = kv_cache.shape[1]
-        qsl = query_start_loc.tolist()
-        sl = seq_lens.tolist()
+        # Both read to the host together (one sync on a GPU, not two).
+        both = torch.cat([query_start_loc.reshape(-1), seq_lens.reshape(-1)]).tolist()
+        qsl, sl = both[: query_start_loc.numel()], both[query_start_loc.numel() :]
         split = self.split(qsl, num_tokens, threshold, require_uniform)  # resolved once (5.1)
         sep = self.fp8_separate(
             split=split,
@@ -328,7 +345,7 @@ class StepPipeline:
         else:
             pdt = sep.split.num_decode_tokens
             ids, starts = _uploaded(
-                {"ids": _i32(sep.prefill_request_ids[pdt:], None), "starts": _i32(sep.workspace_starts, None)}, dev
+                {"ids": (sep.prefill_request_ids[pdt:], (-1,)), "starts": (sep.workspace_starts, (-1,))}, dev
             ).values()
             prefill_slots = convert(
                 req_id_per_token[pdt:],
@@ -359,16 +376,23 @@ class StepPipeline:
         cu_seq_lens from 0, its starts; request r's rows of chunk i follow its rows of chunk i-1."""
         dev = workspace.device
         per_request: list[list[Tensor]] = [[] for _ in range(n_pre)]
+        args = _uploaded(  # every chunk's arguments in one copy
+            {
+                f"{key}{i}": (values, (-1,))
+                for i, (rs, re_) in enumerate(plan.requests)
+                for key, values in (("cu", plan.cu_seq_lens[i][rs : re_ + 1]), ("starts", plan.starts[i][rs:re_]))
+            },
+            dev,
+        )
         for i, total in enumerate(plan.seq_tot):
             rs, re_ = plan.requests[i]
             dst = workspace[:total]
-            cu, starts = _uploaded(
-                {"cu": _i32(plan.cu_seq_lens[i][rs : re_ + 1], None), "starts": _i32(plan.starts[i][rs:re_], None)}, dev
-            ).values()
+            cu, starts = args[f"cu{i}"], args[f"starts{i}"]
             gather(cache, dst, self.context_table(table, rs, re_), cu, re_ - rs, self.context_seq_starts(starts))
+            kept = dst.clone()  # the next chunk's gather overwrites the workspace: one copy per chunk
             for r in range(rs, re_):
                 lo = plan.cu_seq_lens[i][r]
-                per_request[r].append(dst[lo : lo + plan.lens[i][r]].clone())
+                per_request[r].append(kept[lo : lo + plan.lens[i][r]])
         rows = [t for ts in per_request for t in ts]
         return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
 
@@ -380,19 +404,33 @@ class StepPipeline:
         put back in position order: position p is rank (p // I) % D's local row (p // (D*I)) * I +
         p % I."""
         dev = workspace.device
-        world, inter = dcp.world, dcp.interleave
-        virtual = world * inter
+        world = dcp.world
         pieces: list[list[Tensor]] = [[] for _ in range(n_pre)]
-        for i in range(len(plan.seq_tot)):
-            rs, re_ = plan.requests[i]
+        local: dict[int, tuple[list[int], list[int]]] = {}  # chunk -> (its local starts, cu_seq_lens)
+        for i, (rs, re_) in enumerate(plan.requests):
             starts, lens = plan.starts[i][rs:re_], plan.lens[i][rs:re_]
             local_starts = [dcp.padded_rows(s) for s in starts]
             local_lens = [dcp.padded_rows(s + n) - ls for s, n, ls in zip(starts, lens, local_starts)]
-            cu = list(itertools.accumulate([0] + local_lens))
+            local[i] = local_starts, list(itertools.accumulate([0] + local_lens))
+        args = _uploaded(  # every chunk's and rank's arguments in one copy (each call its own tensors)
+            {
+                **{
+                    f"{key}{i}.{k}": (values, (-1,))
+                    for i, (local_starts, cu) in local.items()
+                    for k in range(world)
+                    for key, values in (("cu", cu), ("starts", local_starts))
+                },
+                **{f"order{i}": (self._position_order(dcp, plan, i, *local[i]), (-1,)) for i in local},
+            },
+            dev,
+        )
+        for i in range(len(plan.seq_tot)):
+            rs, re_ = plan.requests[i]
+            lens, cu = plan.lens[i][rs:re_], local[i][1]
             ranks = []
             for k in range(world):
                 dst = workspace[: cu[-1]]
-                cu_dev, starts_dev = _uploaded({"cu": _i32(cu, None), "starts": _i32(local_starts, None)}, dev).values()
+                cu_dev, starts_dev = args[f"cu{i}.{k}"], args[f"starts{i}.{k}"]
                 gather(
                     dcp.cache,
                     dst,
@@ -402,14 +440,26 @@ class StepPipeline:
                     self.context_seq_starts(starts_dev),
                 )
                 ranks.append(dst.clone())  # each rank has a workspace of its own
-            stacked = torch.stack(ranks) if ranks else workspace[:0]
-            for j, (s, n, ls) in enumerate(zip(starts, lens, local_starts)):
-                p = torch.arange(s, s + n, device=dev)
-                rank = (p // inter) % world
-                row = cu[j] + (p // virtual) * inter + p % inter - ls
-                pieces[rs + j].append(stacked[rank, row])
+            # The chunk's rows in position order, request after request, in one index of the ranks' rows.
+            ordered = torch.stack(ranks).reshape(-1, ROW).index_select(0, args[f"order{i}"])
+            for j, part in enumerate(ordered.split(lens)):
+                pieces[rs + j].append(part)
         rows = [t for ts in pieces for t in ts]
         return torch.cat(rows) if rows else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
+
+    @staticmethod
+    def _position_order(dcp: Dcp, plan: ContextPlan, i: int, local_starts: list[int], cu: list[int]) -> list[int]:
+        """Chunk i's positions, request after request, as rows of its ranks' stacked workspaces
+        [D, cu[-1]]: position p of a request is rank (p // I) % D's local row (p // (D*I)) * I +
+        p % I, at cu[j] - padded(s) past the request's first local row."""
+        world, inter = dcp.world, dcp.interleave
+        rs, re_ = plan.requests[i]
+        order = [np.zeros(0, dtype=np.int64)]
+        for j, (s, n, ls) in enumerate(zip(plan.starts[i][rs:re_], plan.lens[i][rs:re_], local_starts)):
+            p = np.arange(s, s + n, dtype=np.int64)
+            row = cu[j] + (p // (world * inter)) * inter + p % inter - ls
+            order.append((p // inter) % world * cu[-1] + row)
+        return np.concatenate(order).tolist()
 
     def _gather_sequences(
         self, cache: Tensor, workspace: Tensor, table: Tensor, sep: Fp8Separate, gather: Callable
@@ -417,9 +467,10 @@ class StepPipeline:
         """Sparse route: each 5.3 chunk's prefills, whole sequences, at their workspace_starts."""
         dev = workspace.device
         out = []
-        for (s, e), total in zip(sep.chunks, sep.chunk_seq_tot):
+        starts = _uploaded({str(i): (sep.workspace_starts[s:e], (-1,)) for i, (s, e) in enumerate(sep.chunks)}, dev)
+        for i, ((s, e), total) in enumerate(zip(sep.chunks, sep.chunk_seq_tot)):
             dst = workspace[:total]
-            gather(cache, dst, table[s:e], _i32(sep.workspace_starts[s:e], dev), e - s, None)
+            gather(cache, dst, table[s:e], starts[str(i)], e - s, None)
             out.append(dst.clone())
         return torch.cat(out) if out else torch.empty((0, ROW), dtype=torch.bfloat16, device=dev)
 
@@ -430,23 +481,23 @@ class StepPipeline:
         s = sep.split
         n_ctx = len(plan.seq_tot)
         host = {
-            "num_decodes": _i32(s.num_decodes, None),
-            "num_prefills": _i32(s.num_prefills, None),
-            "num_decode_tokens": _i32(s.num_decode_tokens, None),
-            "num_prefill_tokens": _i32(s.num_prefill_tokens, None),
-            "decode_query_len": _i32(sep.decode_query_len, None),
-            "num_active_decodes": _i32(sep.num_active_decodes, None),
-            "dense_route": _i32(int(dense), None),
-            "prefill_request_ids": _i32(sep.prefill_request_ids, None),
-            "prefill_chunks": _i32(sep.chunks, None, (len(sep.chunks), 2)),
-            "workspace_starts": _i32(sep.workspace_starts, None),
-            "prefill_chunk_seq_tot": _i32(sep.chunk_seq_tot, None),
-            "context_chunk": _i32(plan.chunk, None),
-            "context_starts": _i32(plan.starts, None, (n_ctx, n_pre)),
-            "context_lens": _i32(plan.lens, None, (n_ctx, n_pre)),
-            "context_cu_seq_lens": _i32(plan.cu_seq_lens, None, (n_ctx, n_pre + 1)),
-            "context_seq_tot": _i32(plan.seq_tot, None),
-            "context_requests": _i32(plan.requests, None, (n_ctx, 2)),
+            "num_decodes": (s.num_decodes, ()),
+            "num_prefills": (s.num_prefills, ()),
+            "num_decode_tokens": (s.num_decode_tokens, ()),
+            "num_prefill_tokens": (s.num_prefill_tokens, ()),
+            "decode_query_len": (sep.decode_query_len, ()),
+            "num_active_decodes": (sep.num_active_decodes, ()),
+            "dense_route": (int(dense), ()),
+            "prefill_request_ids": (sep.prefill_request_ids, (-1,)),
+            "prefill_chunks": (sep.chunks, (len(sep.chunks), 2)),
+            "workspace_starts": (sep.workspace_starts, (-1,)),
+            "prefill_chunk_seq_tot": (sep.chunk_seq_tot, (-1,)),
+            "context_chunk": (plan.chunk, ()),
+            "context_starts": (plan.starts, (n_ctx, n_pre)),
+            "context_lens": (plan.lens, (n_ctx, n_pre)),
+            "context_cu_seq_lens": (plan.cu_seq_lens, (n_ctx, n_pre + 1)),
+            "context_seq_tot": (plan.seq_tot, (-1,)),
+            "context_requests": (plan.requests, (n_ctx, 2)),
         }
         return {**_uploaded(host, dev), **tensors}
 

@@ -35,9 +35,11 @@ def host_copies(*values: Any) -> tuple[Any, ...]:
         if len(idx) == 1:
             out[idx[0]] = values[idx[0]].cpu()
             continue
+        # Widest elements first: every part then starts at a multiple of its own element size, so
+        # each is a view of the one host buffer in its dtype, with no copy of its own.
+        idx = sorted(idx, key=lambda i: -values[i].element_size())
         parts = [values[i].contiguous().reshape(-1).view(torch.uint8) for i in idx]
         flat = torch.cat(parts).cpu()
         for i, part in zip(idx, flat.split([p.numel() for p in parts])):
-            # A copy of its own: a slice at an odd byte offset cannot be viewed as a wider dtype.
-            out[i] = part.clone().view(values[i].dtype).reshape(values[i].shape)
+            out[i] = part.view(values[i].dtype).reshape(values[i].shape)
     return tuple(out)

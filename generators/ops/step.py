@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Iterator
 
+import numpy as np
 import torch
 
 from mlafuzz.generators.case import Case
@@ -61,7 +62,7 @@ from mlafuzz.generators.spec import (
     coerce_tuple,
     fail,
 )
-from mlafuzz.oracles.metadata import split_decodes_and_prefills
+from mlafuzz.oracles.metadata import split_decodes_and_prefills_loop
 
 __all__ = ["RequestKind", "StepRequest", "StepSpec", "draw", "materialize", "features", "reduce", "size"]
 
@@ -197,9 +198,11 @@ class StepSpec:
         return self.query_start_loc[-1]
 
     def split(self) -> tuple[int, int, int, int]:
-        """SPEC 5.1 on this batch (the oracle's reading): (decodes, prefills, decode tokens, prefill tokens)."""
+        """SPEC 5.1 on this batch (the oracle's reading): (decodes, prefills, decode tokens, prefill tokens).
+        The oracle's rule-by-rule form: on a spec's few requests plain Python beats a dozen torch
+        ops, and a case asks for the split several times (validation, drawing, features)."""
         try:
-            return split_decodes_and_prefills(
+            return split_decodes_and_prefills_loop(
                 query_start_loc=list(self.query_start_loc),
                 threshold=self.threshold,
                 require_uniform=self.require_uniform,
@@ -367,42 +370,42 @@ def materialize(spec: StepSpec, *, seed: int, device: str) -> Case:
 
 
 def _dcp_caches(spec: StepSpec, cache: torch.Tensor, table: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Every rank's cache and block table (module docstring), made from the step's own records."""
+    """Every rank's cache and block table (module docstring), made from the step's own records.
+
+    Where each local slot's record comes from is a function of the spec alone, worked out on the
+    host in a few numpy ops and sent in one copy; only the step's block table (on the device) turns
+    (request, block) into a slot there: no host sync, no per-rank loop (issue 29).
+    tests/generators/test_step_spec.py holds it to the per-rank loop it replaced."""
     world, inter, bs = spec.dcp_world_size, spec.dcp_interleave, spec.paging.block_size
     virtual = world * inter
-    ctx = [r.context_len for r in spec.requests]
+    ctx = np.array([r.context_len for r in spec.requests], dtype=np.int64)
     n_req = len(ctx)
-    padded = [-(-c // virtual) * inter for c in ctx]
-    blocks = [max(1, -(-n // bs)) for n in padded]
-    width = max(blocks)
-    per_rank = sum(blocks)
-    first = [sum(blocks[:r]) for r in range(n_req)]
-    dev = cache.device
-    local_table = torch.zeros((world * n_req, width), dtype=torch.int32)
-    for k in range(world):
-        for r in range(n_req):
-            local_table[k * n_req + r, : blocks[r]] = (
-                torch.arange(blocks[r], dtype=torch.int32) + k * per_rank + first[r]
-            )
-    # Local slot (k, r, j) -> the global slot of its position, or -1 where the rank holds none.
-    src = torch.full((world * per_rank * bs,), -1, dtype=torch.int64)
-    host_table = table.cpu().to(torch.int64)
-    for k in range(world):
-        for r in range(n_req):
-            j = torch.arange(blocks[r] * bs)
-            p = (j // inter) * virtual + k * inter + j % inter
-            ok = p < ctx[r]
-            slots = host_table[r, (p[ok] // bs)] * bs + p[ok] % bs
-            base = (k * per_rank + first[r]) * bs
-            src[base + j[ok]] = slots
-    flat = cache.view(torch.uint8).reshape(-1, cache.shape[-1])
-    src_dev = src.to(dev)
-    local = torch.where(
-        (src_dev >= 0)[:, None], flat[src_dev.clamp_min(0)], torch.zeros((), dtype=torch.uint8, device=dev)
+    blocks = np.maximum(1, -(-(-(-ctx // virtual) * inter) // bs))  # ceil(padded / bs), at least one
+    per_rank = int(blocks.sum())
+    first = np.cumsum(blocks) - blocks
+    col = np.arange(int(blocks.max()))
+    rank = np.arange(world)[:, None, None]
+    # Rank k's row of request r: its blocks[r] contiguous local blocks, then zeros.
+    local_table = np.where(col < blocks[:, None], rank * per_rank + first[:, None] + col, 0).reshape(world * n_req, -1)
+    # Local slot (k, r, j), rank after rank, request after request: position p of request r, or none.
+    owner = np.repeat(np.arange(n_req), blocks * bs)
+    j = np.arange(per_rank * bs) - np.repeat(first * bs, blocks * bs)
+    p = (j // inter) * virtual + np.arange(world)[:, None] * inter + j % inter  # [world, per_rank * bs]
+    held = p < ctx[owner]
+    req, blk, off, keep, local_table_dev = upload(
+        np.broadcast_to(owner, p.shape).reshape(-1),
+        np.where(held, p // bs, 0).reshape(-1),  # block 0 where the rank holds none: masked below
+        (p % bs).reshape(-1),
+        held.reshape(-1),
+        local_table,
+        device=cache.device,
     )
+    slots = table[req.long(), blk.long()].long() * bs + off
+    flat = cache.view(torch.uint8).reshape(-1, cache.shape[-1])
+    local = torch.where(keep.bool()[:, None], flat[slots], torch.zeros((), dtype=torch.uint8, device=cache.device))
     return {
         "dcp_kv_cache": local.reshape(world * per_rank, bs, cache.shape[-1]),
-        "dcp_block_table": local_table.to(dev),
+        "dcp_block_table": local_table_dev,
     }
 
 

@@ -8,7 +8,17 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.harness.check.calls import Call
-from mlafuzz.harness.memory.bits import as_bits, differ_flag, differing, nonzero_bytes, read_flags, same_bits, word_view
+from mlafuzz.harness.memory.bits import (
+    TOGETHER_BYTES,
+    as_bits,
+    differ_flag,
+    differ_flag_any,
+    differing,
+    nonzero_bytes,
+    read_flags,
+    same_bits,
+    word_view,
+)
 from mlafuzz.reports.findings import Context, Finding, Kind
 
 
@@ -69,19 +79,30 @@ def _changed(before: torch.Tensor, after: torch.Tensor, zero_blocks: int) -> int
 def _suspects(case: Case, inputs: Mapping[str, Any], *, inplace: frozenset[str]) -> list[str]:
     """The inputs that may have changed, all decided in one host sync (a sync per input stops a
     run scaling with workers: issue 29): bytes that differ from the case's, or past a tensor's
-    zero blocks, and zero blocks holding a set byte. ``_changed`` then counts each suspect."""
+    zero blocks, and zero blocks holding a set byte; small inputs side by side, one flag per device
+    for all of them (``differ_flag_any``: all are suspects when it is set). ``_changed`` then counts
+    each suspect, so a suspect that did not change makes no finding."""
     names, flags = [], []
+    together: dict[torch.device, list[str]] = {}  # small inputs: one flag per device, all suspects if set
     for name, before in case.tensors.items():
         after = inputs.get(name)
         if before is None or after is None or name in inplace:
             continue
         zero_blocks = case.zero_blocks.get(name, 0)
-        if zero_blocks and after.shape == before.shape and after.dtype == before.dtype:
+        alike = after.shape == before.shape and after.dtype == before.dtype and after.device == before.device
+        if zero_blocks and alike:
             flags.append(differ_flag(before[zero_blocks:], after[zero_blocks:]) | word_view(after[:zero_blocks]).any())
+        elif alike and before.numel() * before.element_size() <= TOGETHER_BYTES:
+            together.setdefault(before.device, []).append(name)
+            continue
         else:
             flags.append(differ_flag(before, after))
-        names.append(name)
-    return [name for name, differs in zip(names, read_flags(flags)) if differs]
+        names.append([name])
+    for group in together.values():
+        flags.append(differ_flag_any([(case.tensors[n], inputs[n]) for n in group]))
+        names.append(group)
+    suspects = {name for group, differs in zip(names, read_flags(flags)) if differs for name in group}
+    return [name for name in case.tensors if name in suspects]
 
 
 def input_mutations(case: Case, inputs: Mapping[str, Any], ctx: Context, *, inplace: frozenset[str]) -> list[Finding]:

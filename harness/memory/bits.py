@@ -65,6 +65,20 @@ def differ_flag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (wa != wb).any()
 
 
+# Tensors of at most this many bytes are compared side by side (``differ_flag_any``): metadata,
+# tables, counts. Larger ones are compared each in place (a copy of them would cost more).
+TOGETHER_BYTES = 1 << 16
+
+
+def differ_flag_any(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """A device bool: some pair does not hold the same bytes. Each pair alike in shape and dtype,
+    all on one device; their bytes are laid side by side and compared in one op, not one (and its
+    ``any``) per pair: a case's dozen small tensors cost a few ops, not two dozen (issue 29)."""
+    a = torch.cat([x.reshape(-1).contiguous().view(torch.uint8) for x, _ in pairs])
+    b = torch.cat([y.reshape(-1).contiguous().view(torch.uint8) for _, y in pairs])
+    return (a != b).any()
+
+
 def read_flags(flags: Sequence[torch.Tensor]) -> list[bool]:
     """Device bools read to the host in one sync per device (not one per flag): with several
     worker processes on a GPU each sync waits for the others' turns, so a case's checks are

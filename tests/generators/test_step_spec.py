@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -114,3 +117,67 @@ def test_drawn_steps_cover_the_corners_the_pipeline_has():
         "sparse-prefill",
         "prefill-chunks>1",
     } <= seen
+
+
+def _dcp_caches_loop(spec, cache, table):
+    """The per-rank, per-request loop the materializer's DCP caches are held to: rank k's request r
+    owns ceil(padded / bs) contiguous local blocks; local position j holds context position
+    p = (j // I) * D*I + k*I + j % I when p < context_len, else a zero record."""
+    world, inter, bs = spec.dcp_world_size, spec.dcp_interleave, spec.paging.block_size
+    virtual = world * inter
+    ctx = [r.context_len for r in spec.requests]
+    n_req = len(ctx)
+    blocks = [max(1, -(-(-(-c // virtual) * inter) // bs)) for c in ctx]
+    per_rank = sum(blocks)
+    first = [sum(blocks[:r]) for r in range(n_req)]
+    local_table = torch.zeros((world * n_req, max(blocks)), dtype=torch.int32)
+    records = torch.zeros((world * per_rank * bs, cache.shape[-1]), dtype=torch.uint8)
+    flat = cache.reshape(-1, cache.shape[-1])
+    for k in range(world):
+        for r in range(n_req):
+            base = k * per_rank + first[r]
+            local_table[k * n_req + r, : blocks[r]] = torch.arange(blocks[r], dtype=torch.int32) + base
+            for j in range(blocks[r] * bs):
+                p = (j // inter) * virtual + k * inter + j % inter
+                if p < ctx[r]:
+                    records[base * bs + j] = flat[int(table[r, p // bs]) * bs + p % bs]
+    return records.reshape(world * per_rank, bs, cache.shape[-1]), local_table
+
+
+@pytest.mark.parametrize("world, inter, bs", [(2, 1, 1), (2, 4, 16), (3, 2, 4), (4, 64, 16), (8, 1, 2)])
+def test_every_rank_holds_its_positions_records_and_zeros_elsewhere(world, inter, bs):
+    align = math.lcm(bs, world * inter)
+    spec = StepSpec(
+        requests=(
+            R(context_len=37, query_len=1),
+            R(context_len=1, query_len=1),
+            R(context_len=200, query_len=3),
+            R(context_len=0, query_len=5),
+        ),
+        paging=Paging(block_size=bs),
+        threshold=1,
+        require_uniform=False,
+        workspace_rows=align * 4,
+        dcp_world_size=world,
+        dcp_interleave=inter,
+    )
+    t = materialize(spec, 3, "cpu").tensors
+    want_cache, want_table = _dcp_caches_loop(spec, t["kv_cache"], t["block_table"])
+    assert torch.equal(t["dcp_block_table"], want_table)
+    assert torch.equal(t["dcp_kv_cache"], want_cache)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_drawn_dcp_steps_hold_the_loops_records(seed):
+    spec = draw_spec("step", seed=seed)
+    if spec.dcp_world_size == 1:
+        spec = dataclasses.replace(
+            spec,
+            dcp_world_size=2,
+            dcp_interleave=2,
+            workspace_rows=max(spec.workspace_rows, math.lcm(spec.paging.block_size, 4)),
+        )
+    t = materialize(spec, seed, "cpu").tensors
+    want_cache, want_table = _dcp_caches_loop(spec, t["kv_cache"], t["block_table"])
+    assert torch.equal(t["dcp_block_table"], want_table)
+    assert torch.equal(t["dcp_kv_cache"], want_cache)

@@ -163,6 +163,18 @@ def test_dequant_loop_and_vectorized_agree_on_random_records(seed: int, n: int) 
     assert torch.equal(bits16(dequant_records(rec)), bits16(dequant_records_loop(rec)))
 
 
+def test_dequant_int32_rounding_is_the_int64_bit_trick_on_every_class_of_f32_pattern() -> None:
+    edges = [0, 1, 0x7FFF, 0x8000, 0x8001, 0x00017FFF, 0x00018000, 0x007FFFFF, 0x00800000, 0x3F808000]
+    edges += [0x3F818000, 0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x7F800000, 0x7F800001, 0x7FC00000, 0x7FFFFFFF]
+    patterns = edges + [b | 0x80000000 for b in edges]
+    rand = torch.randint(0, 2**32, (1 << 16,), generator=torch.Generator().manual_seed(5), dtype=torch.int64)
+    bits = torch.cat([torch.tensor(patterns, dtype=torch.int64), rand])
+    x = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32)
+    got = codec._f32_to_bf16(x).view(torch.int16).to(torch.int64) & 0xFFFF
+    assert torch.equal(got, codec._f32_to_bf16_bits(x))
+    assert got[: len(edges)].tolist()[-4:] == [0x7F80, 0x7FC0, 0x7FC0, 0x7FC0]  # inf, then NaNs canonical
+
+
 def test_dequant_accepts_float8_view_and_leading_dims() -> None:
     rec = random_records(torch.Generator().manual_seed(1), 6).reshape(2, 3, RECORD_BYTES)
     ref = dequant_records(rec)

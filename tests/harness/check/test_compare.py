@@ -103,3 +103,33 @@ def test_findings_round_trip_through_json():
 def test_policy_rejects_negative_ulp():
     with pytest.raises(ValueError, match="ulp=-1"):
         Policy(ulp=-1)
+
+
+def _metadata(**changed) -> dict[str, torch.Tensor]:
+    out = {
+        "count": torch.tensor(3, dtype=torch.int32),
+        "ids": torch.arange(7, dtype=torch.int32),
+        "plan": torch.arange(12, dtype=torch.int64).reshape(3, 4),
+        "flags": torch.tensor([True, False]),
+        "scale": torch.tensor([1.5, -0.0], dtype=torch.float32),
+        "empty": torch.zeros((0, 2), dtype=torch.int32),
+        "rows": torch.zeros((64, 576), dtype=torch.bfloat16),  # past the size compared together
+    }
+    return {**out, **changed}
+
+
+def test_many_small_outputs_report_exactly_the_one_that_differs():
+    exp = _metadata()
+    assert compare(expected=exp, actual=_metadata(), policy=Policy(), ctx=CTX) == []
+    for name, wrong in [
+        ("count", torch.tensor(4, dtype=torch.int32)),
+        ("ids", torch.tensor([0, 1, 2, 3, 4, 5, 5], dtype=torch.int32)),
+        ("plan", torch.arange(12, dtype=torch.int64).reshape(3, 4).flip(0)),
+        ("flags", torch.tensor([True, True])),
+        ("scale", torch.tensor([1.5, 0.0], dtype=torch.float32)),  # a sign flip on zero is a bit difference
+    ]:
+        (f,) = compare(expected=exp, actual=_metadata(**{name: wrong}), policy=Policy(), ctx=CTX)
+        assert f.tensor == name and f.kind is Kind.VALUE_MISMATCH, (name, f)
+    # Two wrong among them: two findings, each named.
+    both = _metadata(count=torch.tensor(0, dtype=torch.int32), rows=torch.ones((64, 576), dtype=torch.bfloat16))
+    assert sorted(f.tensor for f in compare(expected=exp, actual=both, policy=Policy(), ctx=CTX)) == ["count", "rows"]

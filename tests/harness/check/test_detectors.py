@@ -55,6 +55,23 @@ def test_planted_gather_draws_its_kind_and_the_torch_gather_does_not(mutant, val
     assert good.findings == ()
 
 
+def test_among_a_cases_small_inputs_only_the_one_a_call_changed_is_input_mutation():
+    """Small inputs are compared side by side in one check; the finding still names each changed one."""
+    from mlafuzz.harness.check.compare import Context
+    from mlafuzz.harness.check.detectors import input_mutations
+
+    case = materialize(_gather(ValueMode.ACTIVATIONS), 3, "cpu")
+    ctx = Context(op="gather", impl="planted", case_id="c0")
+    assert input_mutations(case, case.cloned_tensors(), ctx, inplace=frozenset()) == []
+    small = [n for n, t in case.tensors.items() if t is not None and t.numel() * t.element_size() <= 1 << 16]
+    assert len(small) >= 2
+    for name in small:
+        inputs = case.cloned_tensors()
+        inputs[name].view(torch.uint8).reshape(-1)[-1] ^= 1
+        (f,) = input_mutations(case, inputs, ctx, inplace=frozenset())
+        assert f.kind is Kind.INPUT_MUTATION and f.tensor == name and f.count == 1, (name, f.message)
+
+
 def test_an_impl_that_skips_a_promised_check_is_accepted_invalid_input_and_a_checking_one_is_not():
     case = materialize(_gather(ValueMode.ACTIVATIONS), 3, "cpu")
     klass = next(k for k in INVALID_CLASSES["gather"] if k.name == "ws0_nonzero")

@@ -29,7 +29,7 @@ CEILING = {
     "convert": 6.0,  # 4.2 (9.5)
     "gather": 28.0,  # 24.4 (29.4)
     "writer": 10.0,  # 8.5 (12.2)
-    "step": 56.0,  # 46.6 (154.4)
+    "step": 52.0,  # 44.3 (154.4)
     "plan": 3.0,  # 2.2 (6.0)
     "dcp": 4.5,  # 3.5 (7.1)
     "dcp_peer": 8.0,  # 6.1 (12.0); 6.9 before an uncut case took its peer bound from the host
