@@ -20,7 +20,6 @@ and its sync count is kept beside this one (``Work.syncs``).
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections import Counter
 from typing import Any, Iterator
 
@@ -29,9 +28,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.support.syncs import SyncCount, _ours, counting, on_host
+from tests.support.syncs import SyncCount, counting, on_host, our_site
 
-_ROOT_LEN = len(str(__import__("pathlib").Path(__file__).resolve().parents[2])) + 1
 # Ops with an aliasing schema that still write nothing a kernel must (or with none, allocate only).
 _NO_LAUNCH = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "set_"}
 _TRANSFERS = ("tolist", "cpu", "numpy", "upload")
@@ -59,11 +57,9 @@ class Work(TorchDispatchMode):
 
     def add(self, kind: str, what: str) -> None:
         self.kinds[kind] += 1
-        frame = sys._getframe(1)
-        while frame is not None and not _ours(frame.f_code.co_filename):
-            frame = frame.f_back
-        if frame is not None:
-            self.sites[f"{frame.f_code.co_filename[_ROOT_LEN:]}:{frame.f_lineno} {what}"] += 1
+        site = our_site()
+        if site is not None:
+            self.sites[f"{site} {what}"] += 1
 
     @property
     def transfers(self) -> int:

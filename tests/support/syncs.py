@@ -46,6 +46,15 @@ def _ours(filename: str) -> bool:
     return filename.startswith(_ROOT) and not filename.startswith(_TESTS) and "site-packages" not in filename
 
 
+def our_site() -> str | None:
+    """ "file:line" of the innermost mlafuzz frame above the caller of the caller (a counter's
+    ``add``), None when none is ours."""
+    frame = sys._getframe(2)
+    while frame is not None and not _ours(frame.f_code.co_filename):
+        frame = frame.f_back
+    return None if frame is None else f"{frame.f_code.co_filename[len(_ROOT) :]}:{frame.f_lineno}"
+
+
 _FROM_DATA = (torch.tensor, torch.as_tensor)
 _HOST_METHODS = ("tolist", "cpu", "numpy")
 
@@ -67,11 +76,9 @@ class SyncCount(TorchDispatchMode):
 
     def add(self, kind: str) -> None:
         self.kinds[kind] += 1
-        frame = sys._getframe(1)
-        while frame is not None and not _ours(frame.f_code.co_filename):
-            frame = frame.f_back
-        if frame is not None:
-            self.sites[f"{frame.f_code.co_filename[len(_ROOT) :]}:{frame.f_lineno} {kind}"] += 1
+        site = our_site()
+        if site is not None:
+            self.sites[f"{site} {kind}"] += 1
 
     @property
     def total(self) -> int:
