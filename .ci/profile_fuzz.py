@@ -16,11 +16,17 @@ import time
 
 import torch
 
-from mlafuzz.generators.draw import KNOB_PRESETS
-from mlafuzz.harness.check.session import Session
-from mlafuzz.harness.drive.fuzz import FuzzConfig
-from mlafuzz.harness.drive.tasks import execute
-from mlafuzz.harness.ops.table import OPS
+from mlafuzz.harness.drive.environment import prepare
+
+# Before any Triton kernel is imported: on a CPU they run under the interpreter, as in a fuzz run
+# (without it, the step's compiled Triton convert raised on most CPU cases and the timings meant nothing).
+prepare("cuda" if torch.cuda.is_available() else "cpu")
+
+from mlafuzz.generators.draw import KNOB_PRESETS  # noqa: E402
+from mlafuzz.harness.check.session import Session  # noqa: E402
+from mlafuzz.harness.drive.fuzz import FuzzConfig  # noqa: E402
+from mlafuzz.harness.drive.tasks import execute  # noqa: E402
+from mlafuzz.harness.ops.table import OPS  # noqa: E402
 
 
 def main() -> None:
