@@ -179,6 +179,7 @@ DCP_PEER = Op(
         ),
     ),
     ours="torch",
+    fast="dcp_peer",  # the GPU fast path's check: harness/fast/dcp_peer.py
     # SPEC 9.4's peer-slot variant (sparse_utils.py).
     vllm=(("vllm.v1.attention.backends.mla.sparse_utils", "convert_global_indices_to_dcp_peer_slots"),),
 )
