@@ -99,3 +99,33 @@ def test_a_fast_path_dcp_peer_case_makes_few_device_operations_against_the_full_
     cases = _cases(resolve("dcp_peer", "torch").capabilities, 13)
     fast, full = _mean_work(cases, fast=True), _mean_work(cases, fast=False)
     assert fast <= 42 and fast <= 0.65 * full, (fast, full)
+
+
+def test_a_caller_owned_count_added_into_the_buffer_instead_of_stored_is_never_clear(tmp_path):
+    """The prefill keeps each run's fill where its word is no correct value nor one once counts
+    are added into it: a map that adds its counts into ``valid_counts_out`` (its zeroing
+    forgotten) shows, on the first run and on the re-run's other fill alike."""
+    path = tmp_path / "adding.py"
+    path.write_text(
+        "from mlafuzz.kernels.torch_impl import dcp_peer_slots_torch\n"
+        "def dcp_peer(*args, out=None, valid_counts_out=None, **kw):\n"
+        "    kw['return_valid_counts'] = True\n"
+        "    res, counts = dcp_peer_slots_torch(*args, **kw)\n"
+        "    if out is None:\n"
+        "        return res, counts\n"
+        "    out.copy_(res)\n"
+        "    if valid_counts_out is None:\n"
+        "        return out\n"
+        "    valid_counts_out.add_(counts)\n"
+        "    return out, valid_counts_out\n"
+    )
+    ref = f"{path}:dcp_peer"
+    entry = resolve("dcp_peer", ref)
+    cases = [
+        c
+        for c in _cases(entry.capabilities | {"caller_out"}, 80)
+        if "out_steps" in c.params and c.params["return_valid_counts"] and c.tensors["token_indices"].shape[0]
+    ]
+    assert len(cases) >= 4
+    for i, case in enumerate(cases):
+        assert not isinstance(_fast(case, ref, rerun=i % 2 == 0), Clear), case.case_id
