@@ -65,7 +65,7 @@ from mlafuzz.oracles.metadata import (
 )
 from mlafuzz.oracles.plan import padded_rows_of, plan_loop
 
-__all__ = ["step_oracle", "sequence_rows", "sequence_rows_loop"]
+__all__ = ["StepMetadata", "step_metadata", "step_oracle", "sequence_rows", "sequence_rows_loop"]
 
 
 def _i32(values: object, shape: tuple[int, ...] | None = None) -> Tensor:
@@ -137,14 +137,27 @@ def _planned(ctx: list[int], workspace_rows: int, bs: int, world: int, interleav
     )
 
 
-def step_oracle(
+@dataclass(frozen=True)
+class StepMetadata:
+    """What a step's metadata says, from its host ints alone: ``outputs``, the pipeline's metadata
+    outputs (host int32, as ``step_oracle`` returns them), and what the data outputs are made of."""
+
+    outputs: dict[str, Tensor]
+    num_decodes: int
+    num_decode_tokens: int
+    dense: bool
+    prefills: list[int]  # the prefill side's requests
+    context_lens: list[int]  # of each prefill-side request
+    seq_lens: list[int]  # of each request
+    prefill_request_ids: list[int]
+    workspace_starts: list[int]
+
+
+def step_metadata(
     *,
-    kv_cache: Tensor,
-    block_table: Tensor,
-    query_start_loc: Tensor,
-    seq_lens: Tensor,
-    req_id_per_token: Tensor,
-    topk_indices: Tensor,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_size: int,
     num_tokens: int,
     threshold: int,
     require_uniform: bool,
@@ -154,21 +167,12 @@ def step_oracle(
     dcp_world_size: int = 1,
     dcp_interleave: int = 1,
     loop: bool = False,
-) -> dict[str, Tensor]:
-    """Every output of the step pipeline (module docstring)."""
+) -> StepMetadata:
+    """The metadata half of ``step_oracle``, from host lists (no tensor is read)."""
     split_fn: Callable = split_decodes_and_prefills_loop if loop else split_decodes_and_prefills
     sep_fn: Callable = fp8_separate_metadata_loop if loop else fp8_separate_metadata
     ctx_fn: Callable = chunked_context_loop if loop else chunked_context
-    conv_fn: Callable = convert_loop if loop else convert
-    rows_fn: Callable = sequence_rows_loop if loop else sequence_rows
-
-    # The step's metadata crosses to the host in one sync, and the cache in one more (issue 29).
-    q_host, sl_host, table, req_id, idx = host_copies(
-        query_start_loc, seq_lens, block_table, req_id_per_token, topk_indices
-    )
-    qsl, sl = q_host.tolist(), sl_host.tolist()
-    kv_cache = kv_cache.cpu()
-    bs = as_record_bytes(kv_cache).shape[1]
+    qsl, sl, bs = query_start_loc, seq_lens, block_size
     nd, n_pre, ndt, npt = split_fn(
         query_start_loc=qsl, threshold=threshold, require_uniform=require_uniform, num_tokens=num_tokens
     )
@@ -190,28 +194,8 @@ def step_oracle(
         raise ValueError(f"context_chunks={context_chunks!r}: expected equal_width or packing_planner")
     requests = getattr(plan, "requests", [(0, len(ctx))] * plan.n_chunks)
     dense = all(sl[r] <= topk for r in prefills)
-
-    decode_slots, _ = conv_fn(req_id=req_id[:ndt], block_table=table, token_indices=idx[:ndt], block_size=bs)
-    empty_rows = torch.empty((0, ROW_DIM), dtype=torch.bfloat16)
-    if dense:
-        prefill_slots = torch.empty((0, topk), dtype=torch.int32)
-        context_rows = rows_fn(kv_cache=kv_cache, block_table=table, requests=prefills, lengths=ctx)
-        seq_rows = empty_rows
-    else:
-        prefill_slots, _ = conv_fn(
-            req_id=req_id[ndt:],
-            block_table=table,
-            token_indices=idx[ndt:],
-            block_size=bs,
-            has_prefill_workspace=True,
-            prefill_workspace_request_ids=_i32(sep.prefill_request_ids[ndt:]),
-            prefill_workspace_starts=_i32(sep.workspace_starts),
-        )
-        context_rows = empty_rows
-        seq_rows = rows_fn(kv_cache=kv_cache, block_table=table, requests=prefills, lengths=[sl[r] for r in prefills])
-
     n_ctx = plan.n_chunks
-    return {
+    outputs = {
         "num_decodes": _i32(nd),
         "num_prefills": _i32(n_pre),
         "num_decode_tokens": _i32(ndt),
@@ -229,6 +213,85 @@ def step_oracle(
         "context_cu_seq_lens": _i32([list(r) for r in plan.cu_seq_lens], (n_ctx, n_pre + 1)),
         "context_seq_tot": _i32(list(plan.seq_tot)),
         "context_requests": _i32([list(r) for r in requests], (n_ctx, 2)),
+    }
+    return StepMetadata(
+        outputs=outputs,
+        num_decodes=nd,
+        num_decode_tokens=ndt,
+        dense=dense,
+        prefills=prefills,
+        context_lens=ctx,
+        seq_lens=list(sl),
+        prefill_request_ids=list(sep.prefill_request_ids),
+        workspace_starts=list(sep.workspace_starts),
+    )
+
+
+def step_oracle(
+    *,
+    kv_cache: Tensor,
+    block_table: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    req_id_per_token: Tensor,
+    topk_indices: Tensor,
+    num_tokens: int,
+    threshold: int,
+    require_uniform: bool,
+    workspace_rows: int,
+    topk: int,
+    context_chunks: str = "equal_width",
+    dcp_world_size: int = 1,
+    dcp_interleave: int = 1,
+    loop: bool = False,
+) -> dict[str, Tensor]:
+    """Every output of the step pipeline (module docstring)."""
+    conv_fn: Callable = convert_loop if loop else convert
+    rows_fn: Callable = sequence_rows_loop if loop else sequence_rows
+
+    # The step's metadata crosses to the host in one sync, and the cache in one more (issue 29).
+    q_host, sl_host, table, req_id, idx = host_copies(
+        query_start_loc, seq_lens, block_table, req_id_per_token, topk_indices
+    )
+    kv_cache = kv_cache.cpu()
+    bs = as_record_bytes(kv_cache).shape[1]
+    meta = step_metadata(
+        query_start_loc=q_host.tolist(),
+        seq_lens=sl_host.tolist(),
+        block_size=bs,
+        num_tokens=num_tokens,
+        threshold=threshold,
+        require_uniform=require_uniform,
+        workspace_rows=workspace_rows,
+        topk=topk,
+        context_chunks=context_chunks,
+        dcp_world_size=dcp_world_size,
+        dcp_interleave=dcp_interleave,
+        loop=loop,
+    )
+    ndt, prefills, sl = meta.num_decode_tokens, meta.prefills, meta.seq_lens
+
+    decode_slots, _ = conv_fn(req_id=req_id[:ndt], block_table=table, token_indices=idx[:ndt], block_size=bs)
+    empty_rows = torch.empty((0, ROW_DIM), dtype=torch.bfloat16)
+    if meta.dense:
+        prefill_slots = torch.empty((0, topk), dtype=torch.int32)
+        context_rows = rows_fn(kv_cache=kv_cache, block_table=table, requests=prefills, lengths=meta.context_lens)
+        seq_rows = empty_rows
+    else:
+        prefill_slots, _ = conv_fn(
+            req_id=req_id[ndt:],
+            block_table=table,
+            token_indices=idx[ndt:],
+            block_size=bs,
+            has_prefill_workspace=True,
+            prefill_workspace_request_ids=_i32(meta.prefill_request_ids[ndt:]),
+            prefill_workspace_starts=_i32(meta.workspace_starts),
+        )
+        context_rows = empty_rows
+        seq_rows = rows_fn(kv_cache=kv_cache, block_table=table, requests=prefills, lengths=[sl[r] for r in prefills])
+
+    return {
+        **meta.outputs,
         "decode_slots": decode_slots.to(torch.int32),
         "prefill_slots": prefill_slots.to(torch.int32),
         "context_rows": context_rows,

@@ -281,61 +281,22 @@ class SubCallRecorder:
             return None
         return f"convert got {rows} prefill rows, prefill_slots has {slots}, expected {want} for this route"
 
-    def _table_rows(self, first: int, n: int) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(r) for r in self.block_table[first : first + n].tolist())
-
     def _expected_gathers(self, out: Mapping[str, Any]) -> list[GatherCall]:
-        """The gather calls the pipeline's own metadata says it makes: per context chunk, over its
-        requests [rs, re) (every prefill for an equal-width chunk), the prefill table's rows
-        from rs, its cu_seq_lens from rs and its starts (SPEC 5.2 / 9.1); per 5.3 chunk, whole
-        sequences from 0."""
-        nd = self._int(out, "num_decodes")
-        if self._int(out, "dense_route") and self.dcp is not None:
-            return self._expected_dcp_gathers(out, nd)
-        if self._int(out, "dense_route"):
-            starts, cu = out["context_starts"].tolist(), out["context_cu_seq_lens"].tolist()
-            ranges = out["context_requests"].tolist()
-            return [
-                GatherCall(
-                    total=t,
-                    batch_size=re_ - rs,
-                    ws=tuple(cu[i][rs:re_]),
-                    seq_starts=tuple(starts[i][rs:re_]),
-                    table=self._table_rows(nd + rs, re_ - rs),
-                )
-                for i, (t, (rs, re_)) in enumerate(zip(out["context_seq_tot"].tolist(), ranges))
-            ]
-        ws = out["workspace_starts"].tolist()
+        """The gather calls the pipeline's own metadata says it makes (``planned_gathers``), with
+        the table rows each reads."""
+        world, _, dcp_table = self.dcp if self.dcp is not None else (1, 1, None)
+        tables = {"block_table": self.block_table, "dcp_block_table": dcp_table}
+        n_req = int(dcp_table.shape[0]) // world if dcp_table is not None else 0
         return [
             GatherCall(
-                total=t,
-                batch_size=e - s,
-                ws=tuple(ws[s:e]),
-                seq_starts=(0,) * (e - s),
-                table=self._table_rows(nd + s, e - s),
+                total=g.total,
+                batch_size=g.batch_size,
+                ws=g.ws,
+                seq_starts=g.seq_starts,
+                table=tuple(tuple(r) for r in tables[g.table][g.first : g.first + g.batch_size].tolist()),
             )
-            for (s, e), t in zip(out["prefill_chunks"].tolist(), out["prefill_chunk_seq_tot"].tolist())
+            for g in planned_gathers(out, dcp=self.dcp[:2] if self.dcp is not None else None, n_req=n_req)
         ]
-
-    def _expected_dcp_gathers(self, out: Mapping[str, Any], nd: int) -> list[GatherCall]:
-        """Under DCP, per chunk, D gathers (rank after rank): request r's slice [s, s+n) as local
-        rows from padded(s), padded(s+n) - padded(s) of them, padded(x) = ceil(x / (D*I)) * I,
-        from rank k's rows of its block table."""
-        world, inter, table = self.dcp  # type: ignore[misc]
-        padded = lambda x: -(-x // (world * inter)) * inter  # noqa: E731
-        n_req = int(table.shape[0]) // world
-        calls = []
-        starts, lens = out["context_starts"].tolist(), out["context_lens"].tolist()
-        for i, (rs, re_) in enumerate(out["context_requests"].tolist()):
-            local = [padded(s) for s in starts[i][rs:re_]]
-            sizes = [padded(s + n) - ls for s, n, ls in zip(starts[i][rs:re_], lens[i][rs:re_], local)]
-            cu = tuple(itertools.accumulate([0] + sizes))
-            for k in range(world):
-                rows = tuple(tuple(r) for r in table[k * n_req + nd + rs : k * n_req + nd + re_].tolist())
-                calls.append(
-                    GatherCall(total=cu[-1], batch_size=re_ - rs, ws=cu[:-1], seq_starts=tuple(local), table=rows)
-                )
-        return calls
 
     def _gather_calls(self, out: Mapping[str, Any]) -> str | None:
         want = self._expected_gathers(out)
@@ -360,18 +321,97 @@ class SubCallRecorder:
         return f"context_rows has {got_ctx} rows for {ctx} context tokens, prefill_seq_rows {got_seq} for {seq}"
 
 
+@dataclass(frozen=True)
+class PlannedGather:
+    """A gather call that a step's metadata says the pipeline makes: it reads records from the
+    input ``cache`` through rows [first, first + batch_size) of the input ``table``."""
+
+    total: int
+    batch_size: int
+    ws: tuple[int, ...]
+    seq_starts: tuple[int, ...]
+    cache: str
+    table: str
+    first: int
+
+
+def planned_gathers(out: Mapping[str, Any], *, dcp: tuple[int, int] | None, n_req: int) -> list[PlannedGather]:
+    """The gather calls the metadata ``out`` (host tensors, by output name) plans: per context chunk,
+    over its requests [rs, re) (every prefill for an equal-width chunk), the prefill table's rows
+    from rs, its cu_seq_lens from rs and its starts (SPEC 5.2 / 9.1); per 5.3 chunk, whole
+    sequences from 0. Under DCP (``dcp`` = (D, I), the planner's context chunks), per chunk, D
+    gathers (rank after rank): request r's slice [s, s+n) as local rows from padded(s),
+    padded(s+n) - padded(s) of them, padded(x) = ceil(x / (D*I)) * I, from rank k's rows of its
+    block table (``n_req`` rows a rank)."""
+    nd = int(out["num_decodes"])
+    if int(out["dense_route"]) and dcp is not None:
+        world, inter = dcp
+        padded = lambda x: -(-x // (world * inter)) * inter  # noqa: E731
+        calls = []
+        starts, lens = out["context_starts"].tolist(), out["context_lens"].tolist()
+        for i, (rs, re_) in enumerate(out["context_requests"].tolist()):
+            local = [padded(s) for s in starts[i][rs:re_]]
+            sizes = [padded(s + n) - ls for s, n, ls in zip(starts[i][rs:re_], lens[i][rs:re_], local)]
+            cu = tuple(itertools.accumulate([0] + sizes))
+            calls += [
+                PlannedGather(
+                    total=cu[-1],
+                    batch_size=re_ - rs,
+                    ws=cu[:-1],
+                    seq_starts=tuple(local),
+                    cache="dcp_kv_cache",
+                    table="dcp_block_table",
+                    first=k * n_req + nd + rs,
+                )
+                for k in range(world)
+            ]
+        return calls
+    if int(out["dense_route"]):
+        starts, cu = out["context_starts"].tolist(), out["context_cu_seq_lens"].tolist()
+        return [
+            PlannedGather(
+                total=t,
+                batch_size=re_ - rs,
+                ws=tuple(cu[i][rs:re_]),
+                seq_starts=tuple(starts[i][rs:re_]),
+                cache="kv_cache",
+                table="block_table",
+                first=nd + rs,
+            )
+            for i, (t, (rs, re_)) in enumerate(zip(out["context_seq_tot"].tolist(), out["context_requests"].tolist()))
+        ]
+    ws = out["workspace_starts"].tolist()
+    return [
+        PlannedGather(
+            total=t,
+            batch_size=e - s,
+            ws=tuple(ws[s:e]),
+            seq_starts=(0,) * (e - s),
+            cache="kv_cache",
+            table="block_table",
+            first=nd + s,
+        )
+        for (s, e), t in zip(out["prefill_chunks"].tolist(), out["prefill_chunk_seq_tot"].tolist())
+    ]
+
+
 # --- the op -------------------------------------------------------------------
 
 
 def run_step(
-    fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]
+    fn: Callable,
+    case: Case,
+    t: Mapping[str, Any],
+    sub: Callable[[str], Callable],
+    *,
+    recorder: Callable[..., SubCallRecorder] = SubCallRecorder,
 ) -> tuple[dict[str, Any], SubCallRecorder]:
-    """Call a step implementation on the case's tensors ``t`` with recording sub-impls; (outputs, recorder)."""
+    """Call a step implementation on the case's tensors ``t`` with recording sub-impls (made by
+    ``recorder``, which takes SubCallRecorder's fields); (outputs, recorder)."""
     p = case.params
     world = p.get("dcp_world_size", 1)
-    planner = revisions.get(p.get("revision") or revisions.newest()).rule("context_chunks") == "packing_planner"
-    dcp = (world, p.get("dcp_interleave", 1), t["dcp_block_table"]) if world > 1 and planner else None
-    rec = SubCallRecorder(convert_fn=sub("convert"), gather_fn=sub("gather"), block_table=t["block_table"], dcp=dcp)
+    dcp = (world, p.get("dcp_interleave", 1), t["dcp_block_table"]) if world > 1 and runs_dcp(case) else None
+    rec = recorder(convert_fn=sub("convert"), gather_fn=sub("gather"), block_table=t["block_table"], dcp=dcp)
     out = dict(
         fn(
             kv_cache=t["kv_cache"],
@@ -396,6 +436,14 @@ def run_step(
         )
     )
     return out, rec
+
+
+def runs_dcp(case: Case) -> bool:
+    """Whether the case's context gathers run under DCP: a world over 1 and a revision whose
+    context chunks come from the packing planner (SPEC 9.1)."""
+    p = case.params
+    planner = revisions.get(p.get("revision") or revisions.newest()).rule("context_chunks") == "packing_planner"
+    return p.get("dcp_world_size", 1) > 1 and planner
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
@@ -529,6 +577,7 @@ STEP = Op(
     defaults={"cpu": ("ours",), "cuda": ("ours",)},
     contract=frozenset(),
     review=review_step,
+    fast="step",  # harness/fast/step.py
     call=CallShape(
         keywords=(
             "kv_cache",
