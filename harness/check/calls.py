@@ -77,12 +77,13 @@ def _invoke(
     sub: Callable[[str], Callable],
     wait: bool,
     redzone: RedZone | None,
+    invoke: Callable[..., Any] | None = None,
 ) -> Call:
     args = {**inputs, **{k: g.view for k, g in guards.items()}}
     if redzone is not None:
         redzone.check()  # start clean: only this call's writes count
     try:
-        outputs = op.invoke(fn, case, args, sub)
+        outputs = (invoke or op.invoke)(fn, case, args, sub)
         # Before anything of the harness's touches the device: what the call left pending is its own.
         pending = cuda_errors.take_pending(case.device)
         if pending is None and (wait or redzone is not None):
@@ -135,13 +136,17 @@ def call_shared(
     sub: Callable[[str], Callable],
     wait: bool = False,
     redzone: RedZone | None = None,
+    invoke: Callable[..., Any] | None = None,
 ) -> Call:
     """One call on views of the case's own tensors (the caller checks them by fingerprint; the
     in-place inputs are fresh copies) into ``guards`` the caller allocated and filled; no device
     sync unless ``wait`` (an asynchronous kernel error then surfaces at the caller's next sync;
-    red-zone checks always sync)."""
+    red-zone checks always sync). ``invoke``: called as the op row's ``invoke`` is, instead of it
+    (a fast check's own way of making the call)."""
     # Views, not the tensors: the call can change their data (the fingerprints see it), not the
     # case's tensor objects.
     views = {k: v.view(v.shape) for k, v in case.tensors.items() if v is not None and k not in op.inplace}
     inputs = {**case.cloned_tensors(skip=views.keys()), **views}
-    return _invoke(op=op, fn=fn, case=case, inputs=inputs, guards=guards, sub=sub, wait=wait, redzone=redzone)
+    return _invoke(
+        op=op, fn=fn, case=case, inputs=inputs, guards=guards, sub=sub, wait=wait, redzone=redzone, invoke=invoke
+    )

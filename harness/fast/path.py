@@ -78,6 +78,9 @@ class FastOp:
     # Whether ``check`` judges a re-run's outputs itself (given as ``second`` for every case):
     # then no bit-for-bit comparison of the outputs the implementation allocated is made beside it.
     reruns: bool = False
+    # How this path calls the implementation instead of the op row's ``invoke`` (None: as the row
+    # does): the row's signature plus the case's state, keyword ``state``.
+    invoke: Callable[..., Outputs] | None = None
 
 
 @functools.cache
@@ -94,6 +97,7 @@ def _fast_module(name: str) -> FastOp | None:
         covers=getattr(mod, "COVERS", COVERED),
         takes=getattr(mod, "takes", None),
         reruns=getattr(mod, "RERUNS", False),
+        invoke=getattr(mod, "invoke", None),
     )
 
 
@@ -176,7 +180,9 @@ def _call(
         if not prefilled:  # filled as made, but a prefill that failed part way may have written some
             for g in guards.values():
                 g.region().fill_(g.fill)
-    return call_shared(op=op, fn=fn, case=case, guards=guards, sub=sub, wait=wait, redzone=redzone), prefilled
+    invoke = functools.partial(fast.invoke, state=state) if fast.invoke is not None else None
+    call = call_shared(op=op, fn=fn, case=case, guards=guards, sub=sub, wait=wait, redzone=redzone, invoke=invoke)
+    return call, prefilled
 
 
 def _trouble(call: Call | None, prefilled: bool, label: str) -> str | None:

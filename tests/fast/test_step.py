@@ -1,0 +1,116 @@
+"""The fast path judges a whole step itself (harness/fast/step.py): our pipeline comes out Clear on a
+default run's cases (both routes, DCP included); no step mutant is Clear where the full path finds
+it, and the full path still names its bug; a case makes far fewer device operations, and reads
+nothing back but its board.
+
+Runs the fast path itself under Triton's CPU interpreter (the fused checks are Triton kernels,
+and so is the step's default convert); on the H200 the same tests run compiled.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")  # Triton kernels: without triton (an optional extra) this module skips
+
+from mlafuzz.generators.draw import Knobs  # noqa: E402
+from mlafuzz.harness.check.compare import Context  # noqa: E402
+from mlafuzz.harness.drive.run import fast_resources  # noqa: E402
+from mlafuzz.harness.fast.path import Clear, FastResult, fast_path  # noqa: E402
+from mlafuzz.harness.ops.step import runs_dcp  # noqa: E402
+from mlafuzz.harness.ops.table import OPS  # noqa: E402
+from mlafuzz.kernels.registry import default_registry  # noqa: E402
+from mlafuzz.tests.support.helpers import resolve, run_case, session  # noqa: E402
+from tests.support.launches import counting_work  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+STEP = OPS.get("step")
+MUTANTS = sorted(e.name for e in default_registry().entries(mutants=True) if e.op == "step")
+
+
+def _case(seed: int, knobs: Knobs | None = None):
+    return OPS.materialize(OPS.draw_spec("step", seed=seed, knobs=knobs or Knobs()), seed, DEV)
+
+
+def _fast(case, impl: str, *, rerun: bool) -> FastResult:
+    s = session()
+    return fast_path(
+        op=STEP,
+        case=case,
+        fn=s.load(resolve("step", impl), DEV),
+        ctx=Context(op="step", impl=impl, case_id=case.case_id),
+        rerun=rerun,
+        sub=s.sub(DEV),
+        res=fast_resources(s),
+    )
+
+
+def _route(case) -> str:
+    """dense, sparse or dcp: which of the fast check's ways the case takes."""
+    if runs_dcp(case):
+        return "dcp"
+    spec = case.spec
+    nd = spec.split()[0]
+    return "dense" if all(r.seq_len <= spec.topk for r in spec.requests[nd:]) else "sparse"
+
+
+def test_our_step_pipeline_is_clear_on_the_fast_path_on_a_default_runs_cases_every_route():
+    cases = [_case(seed) for seed in range(40)]
+    picked = {}
+    for case in cases:  # a few of each route: the interpreter makes each case about a second
+        picked.setdefault(_route(case), [])
+        if len(picked[_route(case)]) < 3:
+            picked[_route(case)].append(case)
+    assert set(picked) == {"dense", "sparse", "dcp"}, {k: len(v) for k, v in picked.items()}
+    for i, case in enumerate(c for cs in picked.values() for c in cs):
+        result = _fast(case, "ours", rerun=i % 2 == 0)
+        assert isinstance(result, Clear), (case.case_id, _route(case), result)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_no_step_mutant_is_clear_on_the_fast_path_where_the_full_path_finds_it(mutant):
+    entry = resolve("step", mutant)
+    shown = 0
+    for seed in range(80):
+        case = _case(seed)
+        full = run_case(case=case, entry=entry, fast=False).findings
+        if not full:
+            continue
+        assert not isinstance(_fast(case, mutant, rerun=shown % 2 == 0), Clear), (case.case_id, full)
+        found = run_case(case=case, entry=entry, fast=True).findings
+        assert entry.expected_kind in {f.kind.value for f in found}, (case.case_id, found)
+        shown += 1
+        if shown == 2:
+            return
+    pytest.fail(f"{mutant}: no drawn case showed its bug")
+
+
+def _work(case, *, fast: bool):
+    entry = resolve("step", "ours")
+    with counting_work() as work:
+        assert not run_case(case=case, entry=entry, fast=fast, rerun=True).findings
+    return work
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="counts the Triton interpreter's launches (a CPU run)")
+def test_a_fast_path_step_case_makes_few_device_operations_and_one_read_against_the_full_paths():
+    """Each launch, copy and read is a context's turn on a GPU shared by eight workers (issue 27):
+    the harness's own operations of a fast-path step case (the plan's one upload, one comparison
+    of every int, the two fused checks, the fingerprints, one read) stay well under the full
+    path's (input clones, copied run, the oracle on the host, comparator, detectors); the
+    pipeline's own work (kernels/) is left out of both."""
+    cases = [_case(seed) for seed in range(6)]
+    _work(cases[0], fast=True), _work(cases[0], fast=False)  # loads and pools made once
+    ours = lambda w: sum(n for site, n in w.sites.items() if not site.startswith("kernels/"))  # noqa: E731
+    fast = [_work(c, fast=True) for c in cases[1:]]
+    full = [_work(c, fast=False) for c in cases[1:]]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    fast_ops, full_ops = mean([ours(w) for w in fast]), mean([ours(w) for w in full])
+    assert fast_ops <= 0.5 * full_ops, (fast_ops, full_ops)
+    harness_syncs = [sum(n for site, n in w.syncs.sites.items() if not site.startswith("kernels/")) for w in fast]
+    assert max(harness_syncs) <= 1, harness_syncs
