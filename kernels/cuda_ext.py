@@ -85,9 +85,9 @@ GATHER_STREAM_HINTS = False
 # long it says whom it waits for.
 _WAIT_WARN_S = 10.0
 _attempts = itertools.count()  # names each build attempt's temp folder apart (see _build_into_place)
-# flock keeps threads apart too, but on NFS Linux emulates it with per-process POSIX locks; this
-# keeps one process's threads apart wherever the cache lives (builds are rare: one lock for all).
-_THREADS = threading.Lock()
+# flock keeps threads apart too, but on NFS Linux emulates it with per-process POSIX locks; these
+# keep one process's threads apart wherever the cache lives (one per build folder).
+_THREAD_LOCKS: dict[Path, threading.Lock] = {}
 
 
 @dataclass(frozen=True)
@@ -290,7 +290,7 @@ def build_extension(*, name: str, source: Path, include_dirs: Sequence[Path] = (
     t0 = time.perf_counter()
     cold = False
     if not so.exists():
-        with _THREADS, _build_lock(build_dir):
+        with _THREAD_LOCKS.setdefault(build_dir, threading.Lock()), _build_lock(build_dir):
             if not so.exists():  # else another thread or process built it while this one waited
                 _build_into_place(
                     name=name, source=source, include_dirs=include_dirs, arch=arch, build_dir=build_dir, verbose=verbose
