@@ -12,7 +12,8 @@ Public API, with the exact SPEC.md / vLLM signatures:
   is, as vLLM and mlafuzz.oracles.codec do, also for an fp16 k_pe; ``writer_impl(...,
   convert_fp16_rope=True)`` rounds an fp16 k_pe to bf16 instead (RNE, NaN -> 0x7FC0).
 - ``load_extension(*, verbose=False) -> BuildInfo``: JIT-build on first use (GPU machine), cached
-  per process; the build folder is keyed by source, torch version, CUDA version and GPU arch.
+  per process; the build folder is keyed by source, torch version, CUDA version and GPU arch. A
+  build holds a lock the OS frees when its process dies and is renamed into place only when done.
   ``build_extension`` does the same for another source (the planted bugs' kernels/mutants/csrc).
 - ``nvcc_compile_check(*, out_dir, arch="sm_90") -> Path``: compile the .cu to an object with
   nvcc and no GPU (CI); proves the real kernel and binding code compiles for the target arch.
@@ -25,8 +26,10 @@ in the public signatures are reachable through ``gather_impl`` (``rows_per_warp`
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -77,6 +80,14 @@ _EXACT_FLAGS = ("-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false"
 GATHER_ROWS_CHOICES = (1, 2, 4, 8)
 GATHER_ROWS_PER_WARP = 2  # gather_lab on the H200, full grid of 128-thread blocks: rows 2 0.92x copy, 1 and 4 0.91x
 GATHER_STREAM_HINTS = False
+
+# A process waits for another's build as long as the builder lives (see _build_lock); after this
+# long it says whom it waits for.
+_WAIT_WARN_S = 10.0
+_attempts = itertools.count()  # names each build attempt's temp folder apart (see _build_into_place)
+# flock keeps threads apart too, but on NFS Linux emulates it with per-process POSIX locks; these
+# keep one process's threads apart wherever the cache lives (one per build folder).
+_THREAD_LOCKS: dict[Path, threading.Lock] = {}
 
 
 @dataclass(frozen=True)
@@ -170,8 +181,8 @@ def build_in_background(on_done: Callable[[BuildInfo | None, BaseException | Non
     """Build and load the extension (``load_extension``) in a daemon thread, so that a run's start
     (imports, workers spawning, Triton compiles of the ops that need no extension) goes on beside
     nvcc; ``on_done(info, error)`` hears the outcome. Worker processes that need the extension
-    meanwhile wait on torch's build lock in the same folder and load what this thread built: it is
-    built once either way."""
+    meanwhile wait on the build lock (``_build_lock``) and load what this thread built: it is built
+    once either way, and a run that ends mid-build leaves nothing a later run waits on."""
 
     def run() -> None:
         try:
@@ -186,35 +197,110 @@ def build_in_background(on_done: Callable[[BuildInfo | None, BaseException | Non
     return thread
 
 
-def build_extension(*, name: str, source: Path, include_dirs: Sequence[Path] = (), verbose: bool = False) -> BuildInfo:
-    """Build (first time on this machine) and load the torch extension ``name`` from ``source``
-    with the exact flags; the build folder is keyed by the sources of ``source``'s folder and of
-    ``include_dirs``, the torch, CUDA and Python versions and the GPU arch. Raises RuntimeError with
-    a one-line message when there is no CUDA device, no nvcc or no ninja."""
-    arch = _present_arch()
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """Hold the flock of ``<build_dir>.lock``, which makes builds of ``build_dir`` one at a time
+    across threads and processes. The OS releases it when its holder dies, so a killed build never
+    wedges a later one (torch's own ``lock`` file, which a waiter polls for with no timeout, is
+    left behind by a killed build). The file holds its holder's pid, for the waiter's warning."""
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    path = build_dir.with_name(f"{build_dir.name}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # never deleted: a waiter may hold it open
+    try:
+        start = time.monotonic()
+        while not _try_flock(fd):
+            if time.monotonic() - start < _WAIT_WARN_S:
+                time.sleep(0.05)
+                continue
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            _log.warning(
+                "mlafuzz CUDA extension: waiting %.0f s so far for process %s's build of %s (it holds %s)",
+                time.monotonic() - start,
+                holder,
+                build_dir.name,
+                path,
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the holder is alive: it ends its build or dies
+            break
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _build_into_place(
+    *, name: str, source: Path, include_dirs: Sequence[Path], arch: str, build_dir: Path, verbose: bool
+) -> None:
+    """Under the build lock: compile into a folder of this attempt's own and rename it to
+    ``build_dir`` only when torch's build returned, so ``build_dir`` holds a complete .so or does
+    not exist. What builds whose process died left (their temp folders; a final folder without its
+    .so, with torch's stale ``lock`` in it) goes first: this process holds the only real lock."""
     if _find_nvcc() is None:
         raise RuntimeError("mlafuzz CUDA extension: nvcc not found (set CUDA_HOME or add it to PATH)")
     from torch.utils import cpp_extension
 
     if not cpp_extension.is_ninja_available():
         raise RuntimeError("mlafuzz CUDA extension: ninja not found (pip install ninja)")
-    build_dir = _build_dir(name=name, source=source, include_dirs=include_dirs, arch=arch)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    cold = not (build_dir / f"{name}.so").exists()
+    for stale in (build_dir, *build_dir.parent.glob(f"{build_dir.name}.tmp-*")):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = build_dir.with_name(f"{build_dir.name}.tmp-{os.getpid()}-{next(_attempts)}")
+    tmp.mkdir()
     major, minor = arch.removeprefix("sm_")[:-1], arch[-1]
+    try:
+        with _env("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}"):
+            built = Path(
+                cpp_extension.load(
+                    name=name,
+                    sources=[str(source)],
+                    extra_cflags=["-O3"],
+                    extra_cuda_cflags=nvcc_flags(arch),
+                    extra_include_paths=[str(d) for d in include_dirs],
+                    build_directory=str(tmp),
+                    is_python_module=False,
+                    verbose=verbose,
+                )
+            )
+        # torch names a second build of ``name`` in one process (a retry: its folder differs)
+        # ``name_v1``; the final folder always holds ``name.so``.
+        built.replace(tmp / f"{name}.so")
+        os.replace(tmp, build_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def build_extension(*, name: str, source: Path, include_dirs: Sequence[Path] = (), verbose: bool = False) -> BuildInfo:
+    """Build (first time on this machine) and load the torch extension ``name`` from ``source``
+    with the exact flags; the build folder is keyed by the sources of ``source``'s folder and of
+    ``include_dirs``, the torch, CUDA and Python versions and the GPU arch. A built one loads
+    without nvcc or ninja. Raises RuntimeError with a one-line message when there is no CUDA
+    device, or when it must build and there is no nvcc or no ninja."""
+    arch = _present_arch()
+    build_dir = _build_dir(name=name, source=source, include_dirs=include_dirs, arch=arch)
+    so = build_dir / f"{name}.so"
     t0 = time.perf_counter()
-    with _env("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}"):
-        path = cpp_extension.load(
-            name=name,
-            sources=[str(source)],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=nvcc_flags(arch),
-            extra_include_paths=[str(d) for d in include_dirs],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=verbose,
-        )
-    info = BuildInfo(cold=cold, seconds=time.perf_counter() - t0, path=Path(str(path)), arch=arch)
+    cold = False
+    if not so.exists():
+        with _THREAD_LOCKS.setdefault(build_dir, threading.Lock()), _build_lock(build_dir):
+            if not so.exists():  # else another thread or process built it while this one waited
+                _build_into_place(
+                    name=name, source=source, include_dirs=include_dirs, arch=arch, build_dir=build_dir, verbose=verbose
+                )
+                cold = True
+    # After a build its .so is loaded already (cpp_extension.load loaded it from the temp folder);
+    # the renames kept its inode, and dlopen hands back an object already loaded from the same
+    # file, so this registers nothing twice.
+    torch.ops.load_library(str(so))
+    info = BuildInfo(cold=cold, seconds=time.perf_counter() - t0, path=so, arch=arch)
     _log.info(
         "mlafuzz CUDA extension %s %s in %.1f s (%s)", name, "built" if cold else "loaded", info.seconds, info.path
     )
