@@ -1,6 +1,6 @@
 """The op mix of a run: which op case i is, and the how-many-th case of that op it is.
 
-An op's cost per case differs about 40x between ops (docs/performance.md), so equal case counts
+An op's cost per case differs up to 9x between ops (docs/performance.md), so equal case counts
 spent a run's time on its slowest ops. Each op row holds a ``share`` (about its cases per second
 relative to the others), and a run's case indices come in rounds of sum(shares): op j takes
 share_j of each round's slots: every op once at the round's start (so any len(ops) consecutive

@@ -117,7 +117,7 @@ def row_sets(case: Case, expected: Mapping[str, Any]) -> Mapping[str, Any]:
 
 DCP = Op(
     name="dcp",
-    share=4,  # from the H200 cost ratios in docs/performance.md: 481 cases/s, step 116
+    share=6,  # H200 steady cases/s, docs/performance.md: 1,292; a share is ~200/s
     generator=gen.GENERATOR,
     oracle=_oracle(_filter, False),
     oracle_slow=_oracle(_filter, True),
@@ -153,7 +153,7 @@ DCP = Op(
 
 DCP_PEER = Op(
     name="dcp_peer",
-    share=2,  # from the H200 cost ratios in docs/performance.md: 283 cases/s, step 116
+    share=8,  # H200 steady cases/s, docs/performance.md: 1,615; a share is ~200/s
     generator=gen.GENERATOR_PEER,
     oracle=_oracle(_peer, False),
     oracle_slow=_oracle(_peer, True),

@@ -106,7 +106,7 @@ def _realistic() -> gen.GatherSpec:
 
 GATHER = Op(
     name="gather",
-    share=6,  # from the H200 cost ratios in docs/performance.md: 773 cases/s, step 116
+    share=6,  # H200 steady cases/s, docs/performance.md: 1,109 (bench, size large); a share is ~200/s
     generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),

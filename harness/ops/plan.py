@@ -193,7 +193,7 @@ def review_plan(case: Case, call: Any, findings: list[Finding], ctx: Any) -> lis
 
 PLAN = Op(
     name="plan",
-    share=16,  # from the H200 cost ratios in docs/performance.md: 4,541 cases/s, step 116
+    share=46,  # H200 steady cases/s, docs/performance.md: 9,107; a share is ~200/s
     generator=gen.GENERATOR,
     oracle=oracle,
     oracle_slow=oracle,

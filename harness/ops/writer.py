@@ -155,7 +155,7 @@ def _realistic() -> gen.WriterSpec:
 
 WRITER = Op(
     name="writer",
-    share=8,  # from the H200 cost ratios in docs/performance.md: 1,214 cases/s, step 116
+    share=5,  # H200 steady cases/s, docs/performance.md: 1,031 (bench, size large); a share is ~200/s
     generator=gen.GENERATOR,
     oracle=_oracle(False),
     oracle_slow=_oracle(True),
