@@ -16,7 +16,6 @@ from mlafuzz.harness.drive.resume import ResumeError, load_resume
 from mlafuzz.harness.drive.workers import InProcess
 from mlafuzz.harness.ops.table import OPS
 
-
 # Shares fixed here where a test's arithmetic reads them (the op table's are tuned to the H200).
 FIXED = {"convert": 6, "gather": 6, "writer": 8, "step": 1, "plan": 16, "dcp": 4, "dcp_peer": 2}
 
