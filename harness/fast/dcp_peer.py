@@ -27,6 +27,7 @@ from mlafuzz.generators.case import Case
 from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.memory.guards import Guarded
 from mlafuzz.harness.ops.convert import is_view_of
+from mlafuzz.harness.ops.dcp import peer_slots
 from mlafuzz.harness.ops.op import Outputs
 
 __all__ = ["RERUNS", "check", "prefill", "takes"]
@@ -90,21 +91,6 @@ def _callers_own(runs: list[Outputs], memo: _Callers | None) -> bool:
     return all(is_view_of(o.get(name), g.view) for o, gs in zip(runs, memo.guards) for name, g in gs.items())
 
 
-def _expected(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    from mlafuzz.oracles import dcp as od
-
-    t, p = case.tensors, case.params
-    return od.dcp_peer_slots(
-        req_id=t["req_id"],
-        block_table=t["block_table"],
-        token_indices=t["token_indices"],
-        block_size=p["block_size"],
-        dcp_size=p["dcp_size"],
-        interleave=p["cp_kv_cache_interleave_size"],
-        blocks_per_peer=p["blocks_per_peer"],
-    )
-
-
 def _row(parts: list[torch.Tensor]) -> torch.Tensor:
     """``parts`` flattened end to end: a view where there is one contiguous part, else one launch."""
     return parts[0].reshape(-1) if len(parts) == 1 else torch.cat([t.reshape(-1) for t in parts])
@@ -134,7 +120,7 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
                 return False
     if n * k == 0 and not p["return_valid_counts"]:
         return True  # nothing to compare: the slot stays 0
-    out, counts = _expected(case)
+    out, counts = peer_slots(case, loop=False)
     # One row per run of every compared element (out, then the counts), against the oracle's:
     # at most two concatenations, one comparison, one reduction, one write into the board.
     got = _row([o[name] for o in runs for name in shapes]).view(len(runs), -1)

@@ -84,7 +84,9 @@ def _filter(case: Case, *, loop: bool) -> tuple[Any, Any]:
     return res
 
 
-def _peer(case: Case, *, loop: bool) -> tuple[Any, Any]:
+def peer_slots(case: Case, *, loop: bool) -> tuple[Any, Any]:
+    """The dcp_peer oracle's (out, valid_counts) for the case: the loop or the vectorized one (the
+    fast path's check runs the latter on the case's device)."""
     from mlafuzz.oracles import dcp as od
 
     t, p = case.tensors, case.params
@@ -155,8 +157,8 @@ DCP_PEER = Op(
     name="dcp_peer",
     share=8,  # H200 steady cases/s, docs/performance.md: 1,615; a share is ~200/s
     generator=gen.GENERATOR_PEER,
-    oracle=_oracle(_peer, False),
-    oracle_slow=_oracle(_peer, True),
+    oracle=_oracle(peer_slots, False),
+    oracle_slow=_oracle(peer_slots, True),
     invoke=invoke_peer,
     defaults={"cpu": ("torch",), "cuda": ("torch",)},
     # What vLLM's peer-slot map checks on the host (its tests: ValueError for each).
@@ -164,7 +166,7 @@ DCP_PEER = Op(
         {"bad_dcp_size", "bad_blocks_per_peer", "interleave_not_dividing_block", "bad_block_n", "peer_space_overflow"}
     ),
     guarded=cv.guarded,
-    review=cv.caller_review(lambda case: _peer(case, loop=False), lambda case: False),
+    review=cv.caller_review(lambda case: peer_slots(case, loop=False), lambda case: False),
     needs=gen.needs_peer,
     fit=gen.fit_peer,
     call=CallShape(
