@@ -41,7 +41,7 @@ from mlafuzz.harness.fast.gather import ROW_DIM, gather_rows_flag
 from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.memory.bits import host_copies
 from mlafuzz.harness.ops.op import Outputs
-from mlafuzz.harness.ops.step import PlannedGather, SubCallRecorder, planned_gathers, run_step, runs_dcp
+from mlafuzz.harness.ops.step_calls import PlannedGather, SubCallRecorder, planned_gathers, run_step, runs_dcp
 from mlafuzz.oracles import revisions
 from mlafuzz.oracles.step import StepMetadata, step_metadata
 

@@ -22,7 +22,7 @@ from mlafuzz.generators.draw import Knobs  # noqa: E402
 from mlafuzz.harness.check.compare import Context  # noqa: E402
 from mlafuzz.harness.drive.run import fast_resources  # noqa: E402
 from mlafuzz.harness.fast.path import Clear, FastResult, fast_path  # noqa: E402
-from mlafuzz.harness.ops.step import runs_dcp  # noqa: E402
+from mlafuzz.harness.ops.step_calls import runs_dcp  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.registry import default_registry  # noqa: E402
 from mlafuzz.tests.support.helpers import resolve, run_case, session  # noqa: E402

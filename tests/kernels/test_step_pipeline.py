@@ -15,7 +15,7 @@ import torch
 from mlafuzz.generators.ops.step import StepRequest as R
 from mlafuzz.generators.ops.step import StepSpec
 from mlafuzz.generators.spec import Paging
-from mlafuzz.harness.ops.step import StepCallError, run_step
+from mlafuzz.harness.ops.step_calls import StepCallError, run_step
 from mlafuzz.oracles.codec import dequant_records
 from mlafuzz.tests.support.helpers import materialize, resolve, run_case, session
 
