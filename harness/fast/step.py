@@ -126,13 +126,14 @@ def _plan(case: Case, t: Mapping[str, Any], state: CaseState) -> _Plan:
 
 
 def _same(a: Any, b: torch.Tensor) -> bool:
-    """Whether ``a`` is the tensor ``b`` as the kernel reads it: same memory, shape and strides."""
+    """Whether ``a`` is the tensor ``b`` as the kernel reads it: same memory, shape and strides, and
+    elements of one size (an fp8 view of a uint8 cache is the same bytes)."""
     return (
         isinstance(a, torch.Tensor)
         and a.data_ptr() == b.data_ptr()
         and a.shape == b.shape
         and a.stride() == b.stride()
-        and a.dtype == b.dtype
+        and (a.dtype == b.dtype or a.element_size() == b.element_size() == 1)
     )
 
 

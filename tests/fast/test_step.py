@@ -114,3 +114,20 @@ def test_a_fast_path_step_case_makes_few_device_operations_and_one_read_against_
     assert fast_ops <= 0.5 * full_ops, (fast_ops, full_ops)
     harness_syncs = [sum(n for site, n in w.syncs.sites.items() if not site.startswith("kernels/")) for w in fast]
     assert max(harness_syncs) <= 1, harness_syncs
+
+
+def test_a_pipeline_that_hands_gather_an_fp8_view_of_the_cache_is_still_judged_on_the_fast_path(tmp_path):
+    """vLLM keeps its cache as fp8; a user's pipeline may pass that view of the same bytes. Its
+    gather calls still match the plan (not sent to the full path after a wasted fast run)."""
+    path = tmp_path / "fp8_view_step.py"
+    path.write_text(
+        "import torch\n"
+        "from mlafuzz.kernels.step_pipeline import step as ours\n"
+        "def step(**kw):\n"
+        "    gather = kw['gather']\n"
+        "    kw['gather'] = lambda src, *a: gather(src.view(torch.float8_e4m3fn), *a)\n"
+        "    return ours(**kw)\n"
+    )
+    cases = [c for c in (_case(seed) for seed in range(12)) if _route(c) != "dcp"][:3]
+    for case in cases:
+        assert isinstance(_fast(case, f"{path}:step", rerun=False), Clear), case.case_id
