@@ -135,6 +135,28 @@ def test_the_check_reads_nothing_back_to_the_host():
         assert count.total == 0, (case.case_id, dict(count.sites))
 
 
+@pytest.mark.gpu
+def test_on_the_gpu_the_check_makes_no_cuda_sync():
+    """CUDA's own count (torch's sync debug mode warns at every blocking copy and stream sync): the
+    oracle's indexing, where and sum, and the comparison's sorts, read nothing back."""
+    import warnings
+
+    cases = _cases(12)
+    flags = [torch.zeros(2, dtype=torch.int64, device=DEV) for _ in cases]
+    expected = [DCP.oracle(case) for case in cases]
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for case, exp, flag in zip(cases, expected, flags):
+                assert fast_dcp.check(case, exp, exp, flag, state=None)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert not [str(w.message) for w in seen if "synchroniz" in str(w.message)]
+    assert not any(int(f[0]) for f in flags)
+
+
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_no_dcp_mutant_is_clear_on_the_fast_path_where_the_full_path_finds_it(mutant):
     entry = resolve("dcp", mutant)
