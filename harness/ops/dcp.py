@@ -149,6 +149,7 @@ DCP = Op(
         ),
     ),
     ours="triton",
+    fast="dcp",  # the GPU fast path's check: harness/fast/dcp.py
     # SPEC 9.4's DCP filter (sparse_utils.py).
     vllm=(("vllm.v1.attention.backends.mla.sparse_utils", "triton_filter_and_convert_dcp_index"),),
 )
