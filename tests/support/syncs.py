@@ -26,6 +26,17 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+# torch's text for one sync seen in ``torch.cuda.set_sync_debug_mode("warn")``. Not a looser match:
+# setting the mode itself warns that it is "a prototype feature and does not yet detect all
+# synchronizing operations", which is no sync.
+CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def cuda_syncs(seen: list[Any]) -> int:
+    """The syncs among warnings caught under CUDA's sync debug mode (``warnings.catch_warnings(record=True)``)."""
+    return sum(CUDA_SYNC_WARNING in str(w.message) for w in seen)
+
+
 aten = torch.ops.aten
 # Ops whose result (a value or a size) is read on the host: each is one sync on a GPU.
 _SYNC_OPS = {

@@ -17,7 +17,7 @@ from mlafuzz.harness.drive.fuzz import FuzzConfig
 from mlafuzz.harness.drive.tasks import execute
 from mlafuzz.harness.memory.bits import differing, host_copies, read_flags, same_bits
 from tests.support.helpers import session
-from tests.support.syncs import counting
+from tests.support.syncs import counting, cuda_syncs
 
 CASES = 8
 # Would-be syncs per case of the full path, mean over CASES cases of a default run (seed 0), with
@@ -129,6 +129,6 @@ def test_on_the_gpu_a_full_path_case_makes_few_cuda_syncs(op: str) -> None:
                 assert not execute(cfg.task(i), s).findings
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = sum("synchroniz" in str(w.message) for w in seen) / 40
+    syncs = cuda_syncs(seen) / 40
     print(f"{op}: {syncs:.1f} CUDA syncs per case")
     assert syncs <= GPU_CEILING[op]
