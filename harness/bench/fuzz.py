@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from mlafuzz.generators.draw import KNOB_PRESETS, Knobs
 from mlafuzz.reports.findings import Severity
@@ -23,9 +24,18 @@ WARM_CASES_PER_WORKER = 16  # enough for the common Triton variants to be compil
 
 
 def bench_fuzz(
-    ops: list[str], *, seconds: float, workers: int, seed: int = 0, device: str = "cuda", knobs: Knobs | None = None
+    ops: list[str],
+    *,
+    seconds: float,
+    workers: int,
+    seed: int = 0,
+    device: str = "cuda",
+    knobs: Knobs | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Lines to print: cases/s per op (``device`` and ``knobs``: the CLI's are cuda and LARGE)."""
+    """Lines to print: cases/s per op (``device`` and ``knobs``: the CLI's are cuda and LARGE).
+    ``say`` hears the untimed warm-up's build lines (a fresh machine's CUDA extension: what is
+    built, and how long it took), as a fuzz run's header does."""
     from mlafuzz.generators.draw import LARGE
     from mlafuzz.harness.bench.busy import sample_gpu
     from mlafuzz.harness.check.session import Session
@@ -57,7 +67,7 @@ def bench_fuzz(
                     out_dir=Path(tmp) / f"{op}-warm",
                     **common,
                 )
-                run_campaign(warm, session=session, executor=pool)
+                run_campaign(warm, session=session, executor=pool, say=say)
                 found: list = []
                 with sample_gpu(devices) as sampler:  # NVML, in a thread: the timed part only
                     timed = Campaign(budget=seconds, seed=seed, out_dir=Path(tmp) / op, **common)

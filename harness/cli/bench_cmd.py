@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from mlafuzz.harness.cli.args import EXIT_OK, UsageError, positive_int, positive_seconds
 
@@ -74,7 +75,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from mlafuzz.harness.bench.kernels import bench_kernels
 
     if args.fuzz:
-        lines = bench_fuzz(ops, seconds=args.seconds, workers=args.workers)
+        lines = bench_fuzz(
+            ops,
+            seconds=args.seconds,
+            workers=args.workers,
+            say=lambda line: print(f"mlafuzz bench: {line}", file=sys.stderr, flush=True),
+        )
     elif args.harness:
         lines = bench_harness(ops, cases=args.cases, profile=args.profile)
     else:

@@ -329,7 +329,9 @@ def fuzz(
     not run again); ``on_shrink`` hears the shrinking of each new bucket (see shrink_and_bundle).
     ``ready(op)``: False while an op's kernels still build (a cold start's CUDA extension): in a
     budget run its cases wait, in order, while the other ops' go first (a case's content never
-    depends on when it runs; a --cases run keeps its exact case set and does not reorder)."""
+    depends on when it runs). A --cases run keeps its exact case set and order, so it holds every
+    case until the build ends: else each worker that drew such a case would block on the build
+    lock, each printing that it waits, and the others' cases would wait behind them anyway."""
     config.out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(config.out_dir / "run.json", json.dumps(config.run_json(), indent=2) + "\n")
     summary = FuzzSummary.resumed(resume) if resume is not None else FuzzSummary()
@@ -358,8 +360,10 @@ def fuzz(
                     # --timeout (a hanging kernel), and the budget is a promise.
                     budget_ended = True
                     summary.dropped += len(drop_queued(executor))  # still in in_flight: a resume runs them
-                waiting = {op for op in config.ops if not ready(op)} if can_defer and ready is not None else set()
-                hold = len(waiting) == len(config.ops)  # every op still builds: nothing to hand out yet
+                waiting = {op for op in config.ops if not ready(op)} if ready is not None else set()
+                # Nothing to hand out yet: every op still builds, or a --cases run (which does not
+                # reorder) has an op that does.
+                hold = bool(waiting) and (len(waiting) == len(config.ops) or not can_defer)
                 while (
                     budget_left
                     and not hold

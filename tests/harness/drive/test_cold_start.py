@@ -52,10 +52,21 @@ def test_a_budget_run_starts_the_ready_ops_and_runs_the_waiting_ops_cases_later_
     assert summary.next_case >= 7
 
 
-def test_a_cases_run_keeps_its_case_set_and_order_whatever_builds(tmp_path):
+def test_a_cases_run_keeps_its_case_set_and_order_and_hands_out_nothing_while_an_op_builds(tmp_path):
     executor = Recording()
-    fuzz(_config(tmp_path, cases=6), executor=executor, ready=lambda op: op != "gather")
+    polls = []
+
+    def building(op: str) -> bool:  # the gather's "build" ends at the loop's fifth look
+        polls.append(op)
+        return op != "gather" or len(polls) > 8
+
+    seen_at_submit: list[bool] = []
+    submit = executor.submit
+    executor.submit = lambda task: (seen_at_submit.append(len(polls) > 8), submit(task))
+    fuzz(_config(tmp_path, cases=6), executor=executor, ready=building)
     assert [i for i, _ in executor.order] == [0, 1, 2, 3, 4, 5]
+    # No worker was handed a case it would block on (each printing that it waits on the build).
+    assert seen_at_submit and all(seen_at_submit)
 
 
 def test_an_op_waits_only_while_the_build_thread_runs_and_only_if_it_needs_the_extension():
