@@ -89,7 +89,9 @@ def check_call(
     seen = ""
     # The fused checks are bit-exact: with a ulp tolerance the comparator judges every case (a
     # fused "differs" the full path then accepts would read as nondeterminism).
-    if room is not None and room.handles(op) and oracle is None and policy.ulp == 0:
+    key = (op.name, entry.name)
+    res = fast_resources(session) if room is not None else None
+    if room is not None and room.handles(op) and oracle is None and policy.ulp == 0 and res.worth_trying(key):
         result = room.fast_path(
             op=op,
             case=case,
@@ -97,9 +99,15 @@ def check_call(
             ctx=ctx,
             rerun=rerun,
             sub=sub,
-            res=fast_resources(session),
+            res=res,
             redzone=session.redzone,
             wait=wait,
+        )
+        seen = getattr(result, "seen", "")  # a Clear has seen nothing
+        res.note(
+            key,
+            ran=not isinstance(result, room.Undecided) or result.ran,
+            wasted=isinstance(result, room.Undecided) and result.ran and not seen,
         )
         # Clear: every step the fast path covers passed. A step it does not cover (check/pipeline.py)
         # must still run: the case goes down the full path, which runs every step.
@@ -107,7 +115,6 @@ def check_call(
             return []
         if isinstance(result, room.Found):
             return list(result.findings)
-        seen = getattr(result, "seen", "")  # a Clear has seen nothing
     findings = full_path(
         op=op,
         case=case,

@@ -114,9 +114,11 @@ class Clear:
 @dataclass(frozen=True)
 class Undecided:
     """The full path must decide; ``seen`` is what this path saw go wrong ("" when nothing did, but
-    it could not tell)."""
+    it could not tell). ``ran``: the implementation was called here (False: the case was declined
+    before any call, which costs nothing)."""
 
     seen: str
+    ran: bool = True
 
 
 @dataclass(frozen=True)
@@ -349,7 +351,7 @@ def fast_path(
     fast = fast_op(op)
     assert fast is not None, f"op {op.name!r} has no fast check (handles() says so first)"
     if fast.takes is not None and not fast.takes(case):
-        return Undecided(seen="")  # nothing called yet: the full path judges it alone
+        return Undecided(seen="", ran=False)  # nothing called yet: the full path judges it alone
     inputs = {k: v for k, v in case.tensors.items() if v is not None and k not in op.inplace}
     # An input off the case's device (a GPU gather's pinned host cache, SPEC 9.3) is held as a copy
     # and compared on the host: the fingerprint kernels read the device's memory.

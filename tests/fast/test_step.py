@@ -131,3 +131,58 @@ def test_a_pipeline_that_hands_gather_an_fp8_view_of_the_cache_is_still_judged_o
     cases = [c for c in (_case(seed) for seed in range(12)) if _route(c) != "dcp"][:3]
     for case in cases:
         assert isinstance(_fast(case, f"{path}:step", rerun=False), Clear), case.case_id
+
+
+def test_a_pipeline_the_fast_path_can_never_judge_goes_straight_to_the_full_path_after_a_few_cases(
+    tmp_path, monkeypatch
+):
+    """A pipeline that hands gather a copy of the cache (a call the plan cannot match) made every
+    sparse case pay for the fast run and then the full one. Once ``GIVE_UP_AFTER`` such cases are
+    half of those run, the process stops trying it and says so once; the full path still judges
+    every case (no finding here: the copy holds the same bytes). Our pipeline keeps the path."""
+    from mlafuzz.harness.fast import path as fast_room_module
+    from mlafuzz.harness.fast import state as fast_state
+
+    path = tmp_path / "copied_cache_step.py"
+    path.write_text(
+        "from mlafuzz.kernels.step_pipeline import step as ours\n"
+        "def step(**kw):\n"
+        "    gather = kw['gather']\n"
+        "    kw['gather'] = lambda src, *a: gather(src.clone(), *a)\n"
+        "    return ours(**kw)\n"
+    )
+    monkeypatch.setattr(fast_state, "GIVE_UP_AFTER", 2)
+    tried: list[str] = []
+    real = fast_room_module.fast_path
+
+    def counted(**kw):
+        tried.append(kw["ctx"].impl)
+        return real(**kw)
+
+    monkeypatch.setattr(fast_room_module, "fast_path", counted)
+    cases = [c for c in (_case(seed) for seed in range(40)) if _route(c) == "sparse"][:4]
+    s = session()
+    copied, ours = resolve("step", f"{path}:step"), resolve("step", "ours")
+    with pytest.warns(RuntimeWarning, match="could not judge 2 of 2 cases of step="):
+        for case in cases:
+            assert not run_case(case=case, entry=copied, fast=True, in_session=s).findings, case.case_id
+            assert not run_case(case=case, entry=ours, fast=True, in_session=s).findings, case.case_id
+    assert tried.count(copied.name) == 2  # then the full path alone
+    assert tried.count(ours.name) == len(cases) == 4  # a pipeline the path judges keeps it
+
+
+def test_the_fast_path_keeps_an_implementation_it_judges_on_over_half_of_its_cases():
+    """A pipeline whose dense cases (no gather) are judged and sparse ones are not: as long as the
+    undecided ones are under half, each run of the path still saves more than it wastes."""
+    from mlafuzz.harness.fast.state import GIVE_UP_AFTER, Resources
+
+    res, key = Resources(), ("step", "mixed")
+    for i in range(4 * GIVE_UP_AFTER):
+        res.note(key, ran=True, wasted=i % 3 == 0)  # a third undecided
+        res.note(key, ran=False, wasted=False)  # declined before any call: not counted
+    assert res.worth_trying(key)
+    with pytest.warns(RuntimeWarning, match="could not judge") as said:
+        for _ in range(4 * GIVE_UP_AFTER):
+            res.note(key, ran=True, wasted=True)
+    assert not res.worth_trying(key)
+    assert len(said) == 1  # once, when it gives up
