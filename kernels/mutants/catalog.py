@@ -31,6 +31,7 @@ from mlafuzz.kernels.checks import (
 )
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.mutants.planner_bugs import PLANNER_MUTANTS
+from mlafuzz.kernels.mutants.step_bugs import STEP_MUTANTS
 from mlafuzz.kernels.revisions import WRITER_REVISIONS
 
 
@@ -601,5 +602,6 @@ MUTANTS: tuple[ImplEntry, ...] = (
             description="its C++ host check throws on a non-bf16 dst and the process aborts (vLLM on the H200); else ours",
         ),
     )
-    + PLANNER_MUTANTS
-)  # the packing chunk planner's (SPEC 9.1): planner_bugs.py
+    + PLANNER_MUTANTS  # the packing chunk planner's (SPEC 9.1): planner_bugs.py
+    + STEP_MUTANTS  # the step pipeline's (SPEC 5): step_bugs.py
+)
