@@ -25,6 +25,7 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.harness.fast.state import CaseState
+from mlafuzz.harness.ops.dcp import filter_slots
 from mlafuzz.harness.ops.op import Outputs
 
 __all__ = ["RERUNS", "check"]
@@ -37,19 +38,7 @@ RERUNS = True
 
 def _expected(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     """The oracle's uncompacted ``out`` and its ``valid_counts`` (see the module docstring)."""
-    from mlafuzz.oracles import dcp as od
-
-    t, p = case.tensors, case.params
-    return od.dcp_filter(
-        req_id=t["req_id"],
-        block_table=t["block_table"],
-        token_indices=t["token_indices"],
-        block_size=p["BLOCK_SIZE"],
-        dcp_size=p["dcp_size"],
-        dcp_rank=p["dcp_rank"],
-        interleave=p["cp_kv_cache_interleave_size"],
-        compact=False,
-    )
+    return filter_slots(case, loop=False, compact=False)
 
 
 def _stack(parts: list[torch.Tensor]) -> torch.Tensor:

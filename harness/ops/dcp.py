@@ -62,14 +62,14 @@ def invoke_peer(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[s
 _last: tuple[Case | None, Any] = (None, None)
 
 
-def _filter(case: Case, *, loop: bool) -> tuple[Any, Any]:
-    global _last
-    if not loop and _last[0] is case:
-        return _last[1]
+def filter_slots(case: Case, *, loop: bool, compact: bool | None = None) -> tuple[Any, Any]:
+    """The dcp oracle's (out, valid_counts) for the case: the loop or the vectorized filter,
+    compacted as the case asks unless ``compact`` says (the fast path's check asks for the
+    uncompacted rows, on the case's device)."""
     from mlafuzz.oracles import dcp as od
 
     t, p = case.tensors, case.params
-    res = (od.dcp_filter_loop if loop else od.dcp_filter)(
+    return (od.dcp_filter_loop if loop else od.dcp_filter)(
         req_id=t["req_id"],
         block_table=t["block_table"],
         token_indices=t["token_indices"],
@@ -77,8 +77,15 @@ def _filter(case: Case, *, loop: bool) -> tuple[Any, Any]:
         dcp_size=p["dcp_size"],
         dcp_rank=p["dcp_rank"],
         interleave=p["cp_kv_cache_interleave_size"],
-        compact=p["compact_valid_to_front"],
+        compact=p["compact_valid_to_front"] if compact is None else compact,
     )
+
+
+def _filter(case: Case, *, loop: bool) -> tuple[Any, Any]:
+    global _last
+    if not loop and _last[0] is case:
+        return _last[1]
+    res = filter_slots(case, loop=loop)
     if not loop:
         _last = (case, res)
     return res
