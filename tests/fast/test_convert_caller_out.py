@@ -17,15 +17,13 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")  # Triton kernels: without triton (an optional extra) this module skips
 
 from mlafuzz.generators.draw import SMALL, Knobs  # noqa: E402
-from mlafuzz.harness.check.compare import Context  # noqa: E402
-from mlafuzz.harness.drive.run import fast_resources  # noqa: E402
 from mlafuzz.harness.fast.convert import convert_prefill  # noqa: E402
-from mlafuzz.harness.fast.path import Clear, FastResult, fast_path  # noqa: E402
+from mlafuzz.harness.fast.path import Clear  # noqa: E402
 from mlafuzz.harness.ops.convert import oracle_inputs  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.registry import default_registry  # noqa: E402
 from mlafuzz.oracles import convert as oc  # noqa: E402
-from mlafuzz.tests.support.helpers import resolve, run_case, session  # noqa: E402
+from mlafuzz.tests.support.helpers import fast_path_hides_nothing, fast_verdict, resolve, run_case  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CONVERT = OPS.get("convert")
@@ -49,20 +47,6 @@ def _caller_cases(capabilities: frozenset[str], count: int, knobs: Knobs = SMALL
             if len(found) == count:
                 return found
     raise AssertionError("too few caller-owned cases drawn")
-
-
-def _fast(case, impl: str, *, rerun: bool) -> FastResult:
-    s = session()
-    entry = resolve("convert", impl)
-    return fast_path(
-        op=CONVERT,
-        case=case,
-        fn=s.load(entry, DEV),
-        ctx=Context(op="convert", impl=impl, case_id=case.case_id),
-        rerun=rerun,
-        sub=s.sub(DEV),
-        res=fast_resources(s),
-    )
 
 
 def _oracle(case):
@@ -122,25 +106,16 @@ def test_our_convert_is_clear_on_the_fast_path_with_caller_owned_outputs_in_one_
     cases = _caller_cases(resolve("convert", impl).capabilities, 8)
     assert {c.params["out_steps"] for c in cases} == {1, 2}
     for i, case in enumerate(cases):
-        result = _fast(case, impl, rerun=i % 2 == 0)
+        result = fast_verdict(case, impl, rerun=i % 2 == 0)
         assert isinstance(result, Clear), (case.case_id, result)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_each_caller_out_mutant_is_never_clear_where_the_full_path_finds_it_and_is_named_by_its_kind(mutant):
     entry = resolve("convert", mutant)
-    named = 0
-    for i, case in enumerate(_caller_cases(entry.capabilities, 8)):
-        judged = run_case(case=case, entry=entry, fast=False)
-        assert judged.skipped is None
-        full = judged.findings
-        result = _fast(case, mutant, rerun=i % 2 == 0)
-        assert not (full and isinstance(result, Clear)), (case.case_id, full)
-        if full:
-            found = run_case(case=case, entry=entry, fast=True).findings
-            assert entry.expected_kind in {f.kind.value for f in found}, (case.case_id, found)
-            named += 1
-    assert named, f"{mutant}: no drawn case showed its bug"
+    assert fast_path_hides_nothing(entry, _caller_cases(entry.capabilities, 8)), (
+        f"{mutant}: no drawn case showed its bug"
+    )
 
 
 def test_a_compacted_row_in_another_order_on_the_re_run_is_not_clear(tmp_path):
@@ -172,7 +147,7 @@ def test_a_compacted_row_in_another_order_on_the_re_run_is_not_clear(tmp_path):
         for c in _caller_cases(entry.capabilities, 40)
         if c.params.get("COMPACT_TO_FRONT") and c.params["out_steps"] == 1 and bool((_oracle(c)[1] > 1).any())
     )
-    assert not isinstance(_fast(case, ref, rerun=True), Clear)
+    assert not isinstance(fast_verdict(case, ref, rerun=True), Clear)
     result = run_case(case=case, entry=entry, rerun=True, fast=True)
     assert result.skipped is None and "NONDETERMINISM" in {f.kind.value for f in result.findings}
 
@@ -183,7 +158,7 @@ def test_on_the_gpu_our_triton_convert_is_clear_on_caller_owned_cases_of_a_defau
     (Clear, so the full path never runs), and the full path agreeing on a few."""
     entry = resolve("convert", "triton")
     for i, case in enumerate(_caller_cases(entry.capabilities, 60, Knobs())):
-        result = _fast(case, "triton", rerun=i % 2 == 0)
+        result = fast_verdict(case, "triton", rerun=i % 2 == 0)
         assert isinstance(result, Clear), (case.case_id, result)
         if i < 6:
             assert run_case(case=case, entry=entry, rerun=True, fast=False).findings == ()

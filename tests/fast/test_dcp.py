@@ -20,14 +20,12 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")  # Triton kernels: without triton (an optional extra) this module skips
 
 from mlafuzz.generators.draw import Knobs  # noqa: E402
-from mlafuzz.harness.check.compare import Context  # noqa: E402
-from mlafuzz.harness.drive.run import fast_resources  # noqa: E402
 from mlafuzz.harness.fast import dcp as fast_dcp  # noqa: E402
-from mlafuzz.harness.fast.path import Clear, FastResult, fast_path  # noqa: E402
+from mlafuzz.harness.fast.path import Clear  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.registry import default_registry  # noqa: E402
 from mlafuzz.oracles.convert import rows_as_sets_equal  # noqa: E402
-from mlafuzz.tests.support.helpers import resolve, run_case, session  # noqa: E402
+from mlafuzz.tests.support.helpers import fast_path_hides_nothing, fast_verdict, resolve, run_case  # noqa: E402
 from tests.support.launches import counting_work  # noqa: E402
 from tests.support.syncs import counting, cuda_syncs  # noqa: E402
 
@@ -41,26 +39,13 @@ def _cases(count: int, start: int = 0) -> list:
     return [OPS.materialize(OPS.draw_spec("dcp", seed=s, knobs=Knobs()), s, DEV) for s in range(start, start + count)]
 
 
-def _fast(case, impl: str, *, rerun: bool) -> FastResult:
-    s = session()
-    return fast_path(
-        op=DCP,
-        case=case,
-        fn=s.load(resolve("dcp", impl), DEV),
-        ctx=Context(op="dcp", impl=impl, case_id=case.case_id),
-        rerun=rerun,
-        sub=s.sub(DEV),
-        res=fast_resources(s),
-    )
-
-
 @pytest.mark.parametrize("impl,count", [("torch", 100), ("triton", 100)])
 def test_our_dcp_filters_are_clear_on_the_fast_path_on_a_default_runs_cases_compacted_or_not(impl, count):
     cases = _cases(count)
     kinds = {(c.params["compact_valid_to_front"], c.params["return_valid_counts"]) for c in cases}
     assert kinds == {(True, True), (True, False), (False, True), (False, False)}
     for i, case in enumerate(cases):
-        result = _fast(case, impl, rerun=i % 2 == 0)
+        result = fast_verdict(case, impl, rerun=i % 2 == 0)
         assert isinstance(result, Clear), (case.case_id, result)
 
 
@@ -159,17 +144,7 @@ def test_on_the_gpu_the_check_makes_no_cuda_sync():
 
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_no_dcp_mutant_is_clear_on_the_fast_path_where_the_full_path_finds_it(mutant):
-    entry = resolve("dcp", mutant)
-    named = 0
-    for i, case in enumerate(_cases(30)):
-        full = run_case(case=case, entry=entry, fast=False).findings
-        result = _fast(case, mutant, rerun=i % 2 == 0)
-        assert not (full and isinstance(result, Clear)), (case.case_id, full)
-        if full:
-            found = run_case(case=case, entry=entry, fast=True).findings
-            assert entry.expected_kind in {f.kind.value for f in found}, (case.case_id, found)
-            named += 1
-    assert named, f"{mutant}: no drawn case showed its bug"
+    assert fast_path_hides_nothing(resolve("dcp", mutant), _cases(30)), f"{mutant}: no drawn case showed its bug"
 
 
 def _mean_work(cases: list, *, fast: bool) -> float:

@@ -18,12 +18,10 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")  # Triton kernels: without triton (an optional extra) this module skips
 
 from mlafuzz.generators.draw import Knobs  # noqa: E402
-from mlafuzz.harness.check.compare import Context  # noqa: E402
-from mlafuzz.harness.drive.run import fast_resources  # noqa: E402
-from mlafuzz.harness.fast.path import Clear, FastResult, fast_path  # noqa: E402
+from mlafuzz.harness.fast.path import Clear  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.registry import default_registry  # noqa: E402
-from mlafuzz.tests.support.helpers import resolve, run_case, session  # noqa: E402
+from mlafuzz.tests.support.helpers import fast_path_hides_nothing, fast_verdict, resolve, run_case  # noqa: E402
 from tests.support.launches import counting_work  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -40,39 +38,18 @@ def _cases(capabilities: frozenset[str], count: int, knobs: Knobs | None = None)
     ]
 
 
-def _fast(case, impl: str, *, rerun: bool) -> FastResult:
-    s = session()
-    return fast_path(
-        op=PEER,
-        case=case,
-        fn=s.load(resolve("dcp_peer", impl), DEV),
-        ctx=Context(op="dcp_peer", impl=impl, case_id=case.case_id),
-        rerun=rerun,
-        sub=s.sub(DEV),
-        res=fast_resources(s),
-    )
-
-
 def test_our_torch_dcp_peer_is_clear_on_the_fast_path_on_a_default_runs_cases_caller_owned_or_not():
     cases = _cases(resolve("dcp_peer", "torch").capabilities, 200)
     assert {c.params.get("out_steps") for c in cases} == {None, 1, 2}
     for i, case in enumerate(cases):
-        result = _fast(case, "torch", rerun=i % 2 == 0)
+        result = fast_verdict(case, "torch", rerun=i % 2 == 0)
         assert isinstance(result, Clear), (case.case_id, result)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_no_dcp_peer_mutant_is_clear_on_the_fast_path_where_the_full_path_finds_it(mutant):
     entry = resolve("dcp_peer", mutant)
-    named = 0
-    for i, case in enumerate(_cases(entry.capabilities, 30)):
-        full = run_case(case=case, entry=entry, fast=False).findings
-        result = _fast(case, mutant, rerun=i % 2 == 0)
-        assert not (full and isinstance(result, Clear)), (case.case_id, full)
-        if full:
-            found = run_case(case=case, entry=entry, fast=True).findings
-            assert entry.expected_kind in {f.kind.value for f in found}, (case.case_id, found)
-            named += 1
+    named = fast_path_hides_nothing(entry, _cases(entry.capabilities, 30))
     # no_space_check differs only on inputs the host check rejects: no valid case shows it
     assert named or entry.expected_kind == "ACCEPTED_INVALID_INPUT", f"{mutant}: no drawn case showed its bug"
 
@@ -128,4 +105,4 @@ def test_a_caller_owned_count_added_into_the_buffer_instead_of_stored_is_never_c
     ]
     assert len(cases) >= 4
     for i, case in enumerate(cases):
-        assert not isinstance(_fast(case, ref, rerun=i % 2 == 0), Clear), case.case_id
+        assert not isinstance(fast_verdict(case, ref, rerun=i % 2 == 0), Clear), case.case_id

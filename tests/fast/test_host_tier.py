@@ -20,15 +20,13 @@ pytest.importorskip("triton")  # Triton kernels: without triton (an optional ext
 from mlafuzz.generators.ops import gather as gen  # noqa: E402
 from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec, HostTier  # noqa: E402
 from mlafuzz.generators.spec import Paging, ValueMode  # noqa: E402
-from mlafuzz.harness.check.compare import Context  # noqa: E402
 from mlafuzz.harness.fast import path  # noqa: E402
 from mlafuzz.harness.fast.gather import record_offsets  # noqa: E402
-from mlafuzz.harness.fast.state import Resources  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels import torch_impl  # noqa: E402
 from mlafuzz.oracles import gather as og  # noqa: E402
 from mlafuzz.reports.findings import Kind  # noqa: E402
-from mlafuzz.tests.support.helpers import materialize, resolve, run_case, session, session_with  # noqa: E402
+from mlafuzz.tests.support.helpers import fast_verdict, materialize, resolve, run_case, session_with  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 MUTANTS = ("gather_host_choice_inverted", "gather_host_by_position", "gather_device_row0_absent")
@@ -56,27 +54,12 @@ def _spec(host_pct: int, *, chunk: bool = False) -> GatherSpec:
 SPECS = [_spec(50), _spec(100), _spec(0), _spec(50, chunk=True)]
 
 
-def _fast(case, ref: str, *, rerun: bool = False, fn=None) -> path.FastResult:
-    """The fast path's own verdict on ``case`` (run_case would go on to the full path)."""
-    s = session()
-    entry = resolve("gather", ref)
-    return path.fast_path(
-        op=OPS.get("gather"),
-        case=case,
-        fn=fn if fn is not None else s.load(entry, case.device),
-        ctx=Context(op="gather", impl=ref, case_id=case.case_id),
-        rerun=rerun,
-        sub=s.sub(case.device),
-        res=Resources(),
-    )
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=["mixed", "all-host", "no-host", "chunk-call"])
 def test_a_correct_host_tier_gather_is_clear_on_the_fast_path_without_the_oracle(spec):
     case = materialize(spec, 3, DEV)
     assert path.fast_op(OPS.get("gather")).takes is None or path.fast_op(OPS.get("gather")).takes(case)
-    assert _fast(case, "torch") == path.Clear()
-    assert _fast(case, "torch", rerun=True) == path.Clear()  # the second run checked in the same pass
+    assert fast_verdict(case, "torch") == path.Clear()
+    assert fast_verdict(case, "torch", rerun=True) == path.Clear()  # the second run checked in the same pass
 
     def boom(case):
         raise AssertionError("the oracle ran although the fused check said the rows match")
@@ -89,7 +72,7 @@ def test_a_correct_host_tier_gather_is_clear_on_the_fast_path_without_the_oracle
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_each_host_tier_mutant_is_flagged_by_the_fused_check_and_named_by_the_full_path(mutant):
     case = materialize(SPECS[0], 3, DEV)
-    seen = _fast(case, mutant)
+    seen = fast_verdict(case, mutant)
     assert isinstance(seen, path.Undecided) and "fused check" in seen.seen, seen
     found = run_case(case=case, entry=resolve("gather", mutant), fast=True).findings
     assert Kind.VALUE_MISMATCH in {f.kind for f in found}, found
@@ -104,7 +87,7 @@ def _writes_its_inputs(src_cache, dst, block_table, workspace_starts, batch_size
 def test_a_call_that_writes_the_host_cache_or_a_map_is_an_input_mutation_on_the_fast_path():
     case = materialize(SPECS[0], 3, DEV)
     assert case.tensors["host_cache"][-1, 0] != 7
-    seen = _fast(case, "torch", fn=_writes_its_inputs)
+    seen = fast_verdict(case, "torch", fn=_writes_its_inputs)
     assert isinstance(seen, path.Undecided) and "changed its input host_cache" in seen.seen, seen
     assert "changed its input device_row_ids" in seen.seen
     case = materialize(SPECS[0], 3, DEV)
@@ -130,7 +113,7 @@ def test_a_gather_that_leaves_host_rows_unwritten_fails_the_one_run_write_map():
         )
         dst[rec >= 0] = want[rec >= 0]
 
-    seen = _fast(case, "torch", fn=skips_host_rows)
+    seen = fast_verdict(case, "torch", fn=skips_host_rows)
     assert isinstance(seen, path.Undecided) and "fused check" in seen.seen, seen
 
 

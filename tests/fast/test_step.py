@@ -19,13 +19,11 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")  # Triton kernels: without triton (an optional extra) this module skips
 
 from mlafuzz.generators.draw import Knobs  # noqa: E402
-from mlafuzz.harness.check.compare import Context  # noqa: E402
-from mlafuzz.harness.drive.run import fast_resources  # noqa: E402
-from mlafuzz.harness.fast.path import Clear, FastResult, fast_path  # noqa: E402
+from mlafuzz.harness.fast.path import Clear  # noqa: E402
 from mlafuzz.harness.ops.step_calls import runs_dcp  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.registry import default_registry  # noqa: E402
-from mlafuzz.tests.support.helpers import resolve, run_case, session  # noqa: E402
+from mlafuzz.tests.support.helpers import fast_path_hides_nothing, fast_verdict, resolve, run_case, session  # noqa: E402
 from tests.support.launches import counting_work  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -35,19 +33,6 @@ MUTANTS = sorted(e.name for e in default_registry().entries(mutants=True) if e.o
 
 def _case(seed: int, knobs: Knobs | None = None):
     return OPS.materialize(OPS.draw_spec("step", seed=seed, knobs=knobs or Knobs()), seed, DEV)
-
-
-def _fast(case, impl: str, *, rerun: bool) -> FastResult:
-    s = session()
-    return fast_path(
-        op=STEP,
-        case=case,
-        fn=s.load(resolve("step", impl), DEV),
-        ctx=Context(op="step", impl=impl, case_id=case.case_id),
-        rerun=rerun,
-        sub=s.sub(DEV),
-        res=fast_resources(s),
-    )
 
 
 def _route(case) -> str:
@@ -68,26 +53,16 @@ def test_our_step_pipeline_is_clear_on_the_fast_path_on_a_default_runs_cases_eve
             picked[_route(case)].append(case)
     assert set(picked) == {"dense", "sparse", "dcp"}, {k: len(v) for k, v in picked.items()}
     for i, case in enumerate(c for cs in picked.values() for c in cs):
-        result = _fast(case, "ours", rerun=i % 2 == 0)
+        result = fast_verdict(case, "ours", rerun=i % 2 == 0)
         assert isinstance(result, Clear), (case.case_id, _route(case), result)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_no_step_mutant_is_clear_on_the_fast_path_where_the_full_path_finds_it(mutant):
-    entry = resolve("step", mutant)
-    shown = 0
-    for seed in range(80):
-        case = _case(seed)
-        full = run_case(case=case, entry=entry, fast=False).findings
-        if not full:
-            continue
-        assert not isinstance(_fast(case, mutant, rerun=shown % 2 == 0), Clear), (case.case_id, full)
-        found = run_case(case=case, entry=entry, fast=True).findings
-        assert entry.expected_kind in {f.kind.value for f in found}, (case.case_id, found)
-        shown += 1
-        if shown == 2:
-            return
-    pytest.fail(f"{mutant}: no drawn case showed its bug")
+    cases = (_case(seed) for seed in range(80))
+    assert fast_path_hides_nothing(resolve("step", mutant), cases, enough=2) == 2, (
+        f"{mutant}: too few cases showed its bug"
+    )
 
 
 def _work(case, *, fast: bool):
@@ -130,7 +105,7 @@ def test_a_pipeline_that_hands_gather_an_fp8_view_of_the_cache_is_still_judged_o
     )
     cases = [c for c in (_case(seed) for seed in range(12)) if _route(c) != "dcp"][:3]
     for case in cases:
-        assert isinstance(_fast(case, f"{path}:step", rerun=False), Clear), case.case_id
+        assert isinstance(fast_verdict(case, f"{path}:step", rerun=False), Clear), case.case_id
 
 
 def test_a_pipeline_the_fast_path_can_never_judge_goes_straight_to_the_full_path_after_a_few_cases(

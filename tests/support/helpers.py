@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from hypothesis import strategies as st
 
@@ -77,6 +77,48 @@ def run_case(
         slow_oracle=slow_oracle,
         fast=fast,
     )
+
+
+def fast_verdict(case: Case, impl: str, *, rerun: bool = False, fn: Callable | None = None) -> Any:
+    """The GPU fast path's own verdict (harness/fast/path.py: Clear, Undecided or Found) on ``case``
+    for ``impl`` of its op, in a fresh session (``run_case`` would go on to the full path); ``fn``
+    instead of loading ``impl``. The fast path's modules load only here: they need triton."""
+    from mlafuzz.harness.drive.run import fast_resources
+    from mlafuzz.harness.fast.path import fast_path
+
+    s = session()
+    return fast_path(
+        op=OPS.get(case.op),
+        case=case,
+        fn=fn if fn is not None else s.load(resolve(case.op, impl), case.device),
+        ctx=Context(op=case.op, impl=impl, case_id=case.case_id),
+        rerun=rerun,
+        sub=s.sub(case.device),
+        res=fast_resources(s),
+    )
+
+
+def fast_path_hides_nothing(entry: ImplEntry, cases: Iterable[Case], *, enough: int | None = None) -> int:
+    """The fast path's promise for a planted bug, case by case: where the full path finds the bug,
+    the fast path's verdict (every other one with a re-run) is never Clear, and a run that starts on
+    the fast path still names the bug's kind. Returns how many cases showed the bug (it stops at
+    ``enough``)."""
+    from mlafuzz.harness.fast.path import Clear
+
+    shown = 0
+    for case in cases:
+        judged = run_case(case=case, entry=entry, fast=False)
+        assert judged.skipped is None, (case.case_id, judged.skipped)
+        if not judged.findings:
+            continue
+        verdict = fast_verdict(case, entry.name, rerun=shown % 2 == 0)
+        assert not isinstance(verdict, Clear), (case.case_id, judged.findings)
+        found = run_case(case=case, entry=entry, fast=True).findings
+        assert entry.expected_kind in {f.kind.value for f in found}, (case.case_id, found)
+        shown += 1
+        if shown == enough:
+            break
+    return shown
 
 
 def session_with(op: str, **changes: Any) -> Session:
