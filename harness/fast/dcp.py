@@ -36,11 +36,6 @@ __all__ = ["RERUNS", "check"]
 RERUNS = True
 
 
-def _expected(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    """The oracle's uncompacted ``out`` and its ``valid_counts`` (see the module docstring)."""
-    return filter_slots(case, loop=False, compact=False)
-
-
 def _stack(parts: list[torch.Tensor]) -> torch.Tensor:
     """``parts`` (one per run, one shape) stacked on a new first dim: a view for one run."""
     return parts[0].unsqueeze(0) if len(parts) == 1 else torch.stack(parts)
@@ -65,7 +60,7 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
         return False
     if n * k == 0 and not counted:
         return True  # nothing to compare: the slot stays 0
-    want, counts = _expected(case)
+    want, counts = filter_slots(case, loop=False, compact=False)  # uncompacted: the module docstring
     got = _stack([o["out"] for o in runs])  # [runs, N, K]
     if p["compact_valid_to_front"]:
         # Columns at or past the oracle's count must hold -1; the rows, sorted, the oracle's values.

@@ -90,36 +90,30 @@ step_request_rows = RequestRowsMutant()
 step_any_short_dense = AnyShortDenseMutant()
 
 
-# name -> (module attribute, expected finding kind, description)
-_MUTANTS: dict[str, tuple[str, str, str]] = {
+# name (the module attribute too) -> (expected finding kind, description)
+_MUTANTS: dict[str, tuple[str, str]] = {
     "step_full_req_id": (
-        "step_full_req_id",
         "METADATA_MISMATCH",
         "full req_id_per_token passed to convert with decode-only indices (docs/contract.md, step)",
     ),
     "step_no_seq_starts": (
-        "step_no_seq_starts",
         "METADATA_MISMATCH",
         "context chunks gathered without seq_starts (docs/contract.md, gather and step)",
     ),
     "step_second_split": (
-        "step_second_split",
         "METADATA_MISMATCH",
         "fp8 metadata counts from a second split with threshold 1 (docs/contract.md, step)",
     ),
     "step_ws_not_restarted": (
-        "step_ws_not_restarted",
         "METADATA_MISMATCH",
         "workspace_starts not restarted per prefill chunk (docs/contract.md, step)",
     ),
     # SPEC 9.5's reports against neighbouring code, as look-alikes in our pipeline:
     "step_request_rows": (
-        "step_request_rows",
         "METADATA_MISMATCH",
         "look-alike of ROCm ATOM #1831: decode req_id rows counted by requests (qo_indptr rows), top-k by tokens",
     ),
     "step_any_short_dense": (
-        "step_any_short_dense",
         "METADATA_MISMATCH",
         "look-alike of vLLM #52512: a long prefill routed dense (any, not every, prefill fits K), its sparse top-k unread",
     ),
@@ -127,6 +121,5 @@ _MUTANTS: dict[str, tuple[str, str, str]] = {
 
 
 STEP_MUTANTS: tuple[ImplEntry, ...] = tuple(
-    step_entry(name, module=__name__, attr=attr, description=text, kind=kind)
-    for name, (attr, kind, text) in _MUTANTS.items()
+    step_entry(name, module=__name__, attr=name, description=text, kind=kind) for name, (kind, text) in _MUTANTS.items()
 )
