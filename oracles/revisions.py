@@ -17,6 +17,12 @@ Rules and their values:
 - ``context_chunks`` (SPEC 5.2, 9.1), how the step cuts the prefill contexts
   into workspace-sized chunks: ``equal_width`` (one width for every request,
   5.2) or ``packing_planner`` (the packing planner of 9.1).
+- ``convert_counted`` (SPEC 10), where a convert row that is counted
+  (``return_valid_counts=True``) keeps its valid slots: ``in_place`` (each in its
+  own column, the -1s where the invalid columns were; vLLM up to 0.29) or
+  ``compact`` (packed into columns ``[0, count)``, -1 after them, order unspecified
+  across tiles; vLLM 0.30.0 launches the kernel with ``COMPACT_TO_FRONT =
+  return_valid_counts``). An uncounted row is in place under both.
 
 Importable without torch (``mlafuzz --help`` lists the names) and by every
 layer: it imports nothing, and it is the one module of the oracles that our kernels may read
@@ -45,6 +51,7 @@ RULES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "writer_scale": ("flt_min", "pow2_1e-4"),
         "context_chunks": ("equal_width", "packing_planner"),
+        "convert_counted": ("in_place", "compact"),
     }
 )
 
@@ -130,7 +137,7 @@ def _table() -> RevisionTable:
         name="2026-07",
         change="vLLM PR #48642 (fp8_ds_mla dense prefill, seq_starts): docs/contract.md's op sections as written",
         source="csrc/libtorch_stable/cache_kernels.cu @ 00eb0c874eb5",
-        rules={"writer_scale": "flt_min", "context_chunks": "equal_width"},
+        rules={"writer_scale": "flt_min", "context_chunks": "equal_width", "convert_counted": "in_place"},
     )
     r09 = _row(
         r07,
