@@ -82,7 +82,15 @@ from mlafuzz.oracles.codec import (
     dequant_records_loop,
 )
 
-__all__ = ["PRECONDITION_CLASSES", "gather_preconditions", "gather_loop", "gather", "host_tier", "row_records"]
+__all__ = [
+    "PRECONDITION_CLASSES",
+    "addressing_violations",
+    "gather_preconditions",
+    "gather_loop",
+    "gather",
+    "host_tier",
+    "row_records",
+]
 
 PRECONDITION_CLASSES = (
     "ws0_nonzero",
@@ -192,6 +200,15 @@ def _violations(
         if any(not 0 <= table[b][i] < num_blocks for i in range(lo, hi + 1)):
             found.add("block_id_past_cache")
     return [c for c in PRECONDITION_CLASSES if c in found]
+
+
+def addressing_violations(
+    *, ws: list[int], seq_starts: list[int], table: list[list[int]], block_size: int, num_blocks: int, total: int
+) -> list[str]:
+    """The violated classes of section 4's addressing (the first six of the vocabulary) for
+    ws[:B], seq_starts[:B] and the table's first B rows as lists: they name no record format, so
+    the nvfp4_ds_mla gather (``oracles.formats.nvfp4_gather``) judges its calls with them too."""
+    return _violations(ws, seq_starts, table, block_size, num_blocks, total)
 
 
 def gather_preconditions(
