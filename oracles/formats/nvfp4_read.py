@@ -87,9 +87,11 @@ def _nope_values(codes: Tensor, scales: Tensor) -> Tensor:
 
 
 def _to_bf16(x: Tensor) -> Tensor:
-    # Every value here is exact in bf16 (or +-0, or NaN), so the cast does no rounding; NaNs are
-    # made the canonical 0x7FC0 the loop version gives.
-    return torch.where(torch.isnan(x), torch.full_like(x, math.nan), x).to(torch.bfloat16)
+    # Every value here is exact in bf16 (or +-0, or NaN), so the cast does no rounding. NaNs are
+    # made the canonical 0x7FC0 the loop version gives, on the bits: torch's CPU cast turns even
+    # the f32 0x7FC00000 into 0xFFFF.
+    bits = x.to(torch.bfloat16).view(torch.int16).masked_fill(torch.isnan(x), _BF16_NAN)
+    return bits.view(torch.bfloat16)
 
 
 def dequant(records: Tensor) -> Tensor:
