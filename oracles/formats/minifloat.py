@@ -10,9 +10,10 @@ included), as PTX's ``cvt.rn.satfinite.{e2m1x2,e4m3x2}.f32`` do. The sign is kep
 value that rounds to zero gives -0 (e2m1 code 8, e4m3 0x80).
 
 NaN inputs: e4m3 gives 0x7F (what CUDA's satfinite conversion returns for any NaN). e2m1 has no
-NaN; we give code 0 with the NaN's sign bit, as FlashMLA's reference quantizer does. That reading
-is the oracle's, not a contract: SPEC 11.3 keeps a NaN in the writer's input outside the writers'
-common contract (a tagged class, judged under the revision's rule).
+NaN; we give code 0 whatever the NaN's sign (a NaN's sign does not survive the writer's f32
+arithmetic reliably: CUDA's canonical NaN is positive, torch's CPU bf16 cast makes a negative one;
+FlashMLA's reference keeps the sign bit). That reading is the oracle's, not a contract: SPEC 11.3
+keeps a NaN in the writer's input outside the writers' common contract (a tagged class).
 
 Two versions of each: the ``*_code`` / ``*_value`` scalar functions find the nearest value by
 brute force over every code with exact rationals (the obviously correct ones; e4m3's are
@@ -68,9 +69,9 @@ def e2m1_value(code: int) -> float:
 def e2m1_rn_satfinite_code(x: float) -> int:
     """The e2m1 code nearest ``x`` (ties to the even code), saturating at 6: brute force over the
     eight codes of ``x``'s sign, distances compared as exact rationals."""
-    sign = 8 if math.copysign(1.0, x) < 0 else 0
     if math.isnan(x):
-        return sign
+        return 0
+    sign = 8 if math.copysign(1.0, x) < 0 else 0
     a = Fraction(min(abs(x), E2M1_MAX)) if not math.isinf(x) else Fraction(E2M1_MAX)
     best = min(range(8), key=lambda c: (abs(a - Fraction(E2M1_MAGNITUDES[c])), c & 1))
     return sign | best
@@ -131,7 +132,7 @@ def e2m1_rn_satfinite(x: Tensor) -> Tensor:
     _, mids = _e2m1_tables(x.device)
     nan = torch.isnan(x)
     a = torch.where(nan, torch.zeros_like(x), x.abs())
-    code = _nearest_rne(a, mids) | (torch.signbit(x).long() << 3)
+    code = _nearest_rne(a, mids) | ((torch.signbit(x) & ~nan).long() << 3)
     return code.to(torch.uint8)
 
 

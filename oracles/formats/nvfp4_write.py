@@ -16,8 +16,8 @@ For token i with ``slot_mapping[i] >= 0`` the record at that slot becomes, per 1
 A slot < 0 writes nothing; a repeated slot keeps the later token; a slot past the cache is a
 precondition (ValueError). T = len(slot_mapping): kv_c / k_pe may have more rows (CUDA-graph
 padding), ignored. Readings: an inf in a tile gives amax = inf, sf = 448 (0x7E, no bump), that
-value code +-6 and the others ``x / 448``; a NaN value is left out of amax and gets code 0 with
-its sign (``minifloat``'s reading; NaN is a tagged class outside the writers' common contract).
+value code +-6 and the others ``x / 448``; a NaN value is left out of amax and gets code 0
+(``minifloat``'s reading; NaN is a tagged class outside the writers' common contract).
 vLLM's CUDA writer takes bf16 only; the oracle also reads fp16 by value.
 
 ``*_loop``: exact scalar arithmetic (``fpbits``) value by value; the others vectorized on

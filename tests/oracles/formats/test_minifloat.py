@@ -63,7 +63,7 @@ def brute_e2m1(x: float) -> int:
     """Independent of the module: the nearest of the 16 code values by float distance (exact for
     these small values), ties to the even code, and the sign of x."""
     if math.isnan(x):
-        return 8 if math.copysign(1, x) < 0 else 0
+        return 0
     best = min(range(8), key=lambda c: (abs(min(abs(x), 6.0) - E2M1_MAGNITUDES[c]), c & 1))
     return best | (8 if math.copysign(1, x) < 0 else 0)
 
