@@ -131,7 +131,7 @@ FP8_DS_MLA = Format(
     scale_slots=(0, 1, 2, 3),
     row_dim=576,
     align=16,  # 656 = 41 x 16
-    source="SPEC.md section 2; vLLM csrc/libtorch_stable/cache_kernels.cu (concat_and_cache_ds_mla)",
+    source="docs/contract.md, The paged cache; vLLM csrc/libtorch_stable/cache_kernels.cu (concat_and_cache_ds_mla)",
 )
 
 NVFP4_DS_MLA = Format(
@@ -146,7 +146,7 @@ NVFP4_DS_MLA = Format(
     scale_slots=_nvfp4_scale_slots(),
     row_dim=576,
     align=16,  # 352 = 22 x 16
-    source="SPEC.md section 11.1; vLLM csrc/libtorch_stable/nvfp4_ds_mla_cache_kernels.cu @03b6016490",
+    source="docs/contract.md, Cache formats; vLLM csrc/libtorch_stable/nvfp4_ds_mla_cache_kernels.cu @03b6016490",
 )
 
 #: Every format by name, in the order they came.
