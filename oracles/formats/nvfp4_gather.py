@@ -78,9 +78,25 @@ def gather_preconditions(
     return addressing_violations(ws=ws, seq_starts=ss, table=table, block_size=bs, num_blocks=num_blocks, total=total)
 
 
-def _require(**call: object) -> tuple[list[int], list[int], list[list[int]], int]:
-    ws, ss, table, bs, _ = _host_args(**call)  # type: ignore[arg-type]
-    bad = gather_preconditions(**call)  # type: ignore[arg-type]
+def _require(
+    *,
+    src_cache: Tensor,
+    block_table: Tensor,
+    workspace_starts: Tensor,
+    batch_size: int,
+    seq_starts: Tensor | None,
+    total: int,
+) -> tuple[list[int], list[int], list[list[int]], int]:
+    """``_host_args`` for a well-defined call; ValueError naming the violated classes otherwise."""
+    ws, ss, table, bs, num_blocks = _host_args(
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+    )
+    bad = addressing_violations(ws=ws, seq_starts=ss, table=table, block_size=bs, num_blocks=num_blocks, total=total)
     if bad:
         raise ValueError(f"gather preconditions violated: {bad} (workspace_starts={ws}, seq_starts={ss})")
     return ws, ss, table, bs
@@ -149,22 +165,87 @@ def _records(
     return cache[block, entry]
 
 
-def gather_loop(**call: object) -> Tensor:
-    """Exact reader, loop addressing and loop dequant: bf16 [total, 576] on the CPU. Keywords:
-    src_cache, block_table, workspace_starts, batch_size, seq_starts, total."""
-    return dequant_loop(_records_loop(**call)).reshape(-1, ROW_DIM)  # type: ignore[arg-type]
+def gather_loop(
+    *,
+    src_cache: Tensor,
+    block_table: Tensor,
+    workspace_starts: Tensor,
+    batch_size: int,
+    seq_starts: Tensor | None,
+    total: int,
+) -> Tensor:
+    """Exact reader, loop addressing and loop dequant: bf16 [total, 576] on the CPU."""
+    records = _records_loop(
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+    )
+    return dequant_loop(records).reshape(-1, ROW_DIM)
 
 
-def gather(**call: object) -> Tensor:
+def gather(
+    *,
+    src_cache: Tensor,
+    block_table: Tensor,
+    workspace_starts: Tensor,
+    batch_size: int,
+    seq_starts: Tensor | None,
+    total: int,
+) -> Tensor:
     """Exact reader, vectorized: bf16 [total, 576] on the cache's device; equals ``gather_loop``."""
-    return dequant(_records(**call)).reshape(-1, ROW_DIM)  # type: ignore[arg-type]
+    records = _records(
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+    )
+    return dequant(records).reshape(-1, ROW_DIM)
 
 
-def gather_fp8_loop(*, inv_scale: float, **call: object) -> Tensor:
+def gather_fp8_loop(
+    *,
+    src_cache: Tensor,
+    block_table: Tensor,
+    workspace_starts: Tensor,
+    batch_size: int,
+    seq_starts: Tensor | None,
+    total: int,
+    inv_scale: float,
+) -> Tensor:
     """FP8 staging reader, loop version: e4m3fn bytes uint8 [total, 576] on the CPU."""
-    return stage_fp8_loop(_records_loop(**call), inv_scale=inv_scale).reshape(-1, ROW_DIM)  # type: ignore[arg-type]
+    records = _records_loop(
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+    )
+    return stage_fp8_loop(records, inv_scale=inv_scale).reshape(-1, ROW_DIM)
 
 
-def gather_fp8(*, inv_scale: float, **call: object) -> Tensor:
+def gather_fp8(
+    *,
+    src_cache: Tensor,
+    block_table: Tensor,
+    workspace_starts: Tensor,
+    batch_size: int,
+    seq_starts: Tensor | None,
+    total: int,
+    inv_scale: float,
+) -> Tensor:
     """FP8 staging reader, vectorized; equals ``gather_fp8_loop``."""
-    return stage_fp8(_records(**call), inv_scale=inv_scale).reshape(-1, ROW_DIM)  # type: ignore[arg-type]
+    records = _records(
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+    )
+    return stage_fp8(records, inv_scale=inv_scale).reshape(-1, ROW_DIM)
