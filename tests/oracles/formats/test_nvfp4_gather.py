@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mlafuzz.oracles.formats.nvfp4_gather import gather, gather_fp8, gather_fp8_loop, gather_loop, gather_preconditions
 from mlafuzz.oracles.formats.nvfp4_read import dequant, stage_fp8
@@ -84,3 +86,32 @@ def test_a_call_outside_the_preconditions_names_its_classes_and_defines_nothing(
             fn(**bad)
     with pytest.raises(ValueError, match="last dim must be 352"):
         gather(**{**bad, "src_cache": torch.zeros(2, 4, 656, dtype=torch.uint8)})
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> dict[str, object]:
+    """Valid calls: up to 3 requests over few blocks (shared ones), any seq_starts, either ws form."""
+    bs, num_blocks, b = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    lens = draw(st.lists(st.integers(0, 4), min_size=b, max_size=b))
+    ss = draw(st.lists(st.integers(0, 5), min_size=b, max_size=b))
+    m = max(1, max((s + n + bs - 1) // bs for s, n in zip(ss, lens)))
+    row = st.lists(st.integers(0, num_blocks - 1), min_size=m, max_size=m)
+    table = draw(st.lists(row, min_size=b, max_size=b + 1))
+    ws = [sum(lens[:k]) for k in range(b)]
+    if draw(st.booleans()):
+        ws.append(draw(st.integers(-3, 50)))  # the cumulative [B+1] form: its last entry is ignored
+    return dict(
+        src_cache=cache(num_blocks, bs, seed=draw(st.integers(0, 2**16))),
+        block_table=i32(table),
+        workspace_starts=i32(ws),
+        batch_size=b,
+        seq_starts=i32(ss) if any(ss) or draw(st.booleans()) else None,
+        total=sum(lens),
+    )
+
+
+@given(calls())
+def test_loop_and_vectorized_gathers_agree_on_drawn_calls(call: dict[str, object]) -> None:
+    assert gather_preconditions(**call) == []
+    assert torch.equal(gather(**call).view(torch.int16), gather_loop(**call).view(torch.int16))
+    assert torch.equal(gather_fp8(inv_scale=0.75, **call), gather_fp8_loop(inv_scale=0.75, **call))
