@@ -139,7 +139,7 @@ def encode_rows_loop(*, kv_c: Tensor, k_pe: Tensor, revision: str = writer_rules
 def tile_scales(*, kv_c: Tensor, revision: str = writer_rules.DEFAULT) -> Tensor:
     """The scale bytes, uint8 [T, 32] in element-block order, of kv_c [T, 512] (vectorized)."""
     rev = writer_rules.get(revision)
-    x = kv_c.float().reshape(kv_c.shape[0], -1, _BLOCK)
+    x = kv_c.float().reshape(kv_c.shape[0], FORMAT.scales, _BLOCK)
     absx = x.abs()
     amax = torch.where(torch.isnan(absx), torch.zeros_like(absx), absx).amax(dim=-1)
     target = torch.maximum(amax / torch.full_like(amax, E2M1_MAX), torch.full_like(amax, SCALE_FLOOR))
@@ -155,7 +155,7 @@ def encode_rows(*, kv_c: Tensor, k_pe: Tensor, revision: str = writer_rules.DEFA
     rev = writer_rules.get(revision)
     n = _check_inputs(kv_c, k_pe, None)
     sf = tile_scales(kv_c=kv_c[:n], revision=revision)
-    x = kv_c[:n].float().reshape(n, -1, _BLOCK)
+    x = kv_c[:n].float().reshape(n, FORMAT.scales, _BLOCK)
     q = _QUOTIENT[rev.rule("quotient")](x, e4m3_decode(sf).unsqueeze(-1))
     codes = e2m1_rn_satfinite(q).reshape(n, _NOPE)
     rope = e4m3_rn_satfinite(k_pe[:n].float()).to(codes.device)

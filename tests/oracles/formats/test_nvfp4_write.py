@@ -143,3 +143,25 @@ def test_writer_skips_negative_slots_and_a_later_token_wins_a_repeated_slot() ->
         write_records(kv_c=kv, k_pe=pe, kv_cache=cache, slot_mapping=torch.tensor([6, 0, 0, 0, 0]))
     with pytest.raises(ValueError, match="expected one of rn_bump.mul_recip"):
         encode_rows(kv_c=kv, k_pe=pe, revision="2026-09")
+
+
+def test_no_tokens_write_no_records_and_leave_the_cache_as_it_was() -> None:
+    kv, pe = torch.zeros(0, 512, dtype=torch.bfloat16), torch.zeros(0, 64, dtype=torch.bfloat16)
+    for enc in (encode_rows, encode_rows_loop):
+        assert enc(kv_c=kv, k_pe=pe).shape == (0, 352)
+    cache = torch.full((2, 2, 352), 7, dtype=torch.uint8)
+    for write in (write_records, write_records_loop):
+        assert torch.equal(
+            write(kv_c=kv, k_pe=pe, kv_cache=cache, slot_mapping=torch.zeros(0, dtype=torch.int64)), cache
+        )
+
+
+def test_rope_saturates_at_448_where_old_torch_casts_gave_nan() -> None:
+    values = [448.0, 464.0, 480.0, 1e5, math.inf, -500.0, -math.inf, math.nan, 432.0, 2.0**-10]
+    pe = torch.zeros(1, 64, dtype=torch.bfloat16)
+    pe[0, : len(values)] = torch.tensor(values).to(torch.bfloat16)
+    kv = torch.zeros(1, 512, dtype=torch.bfloat16)
+    for enc in (encode_rows, encode_rows_loop):
+        rope = unpack(enc(kv_c=kv, k_pe=pe)).rope[0, : len(values)].tolist()
+        # 432 is the tie between 416 (0x7D) and 448 (0x7E): even wins; 2^-10 ties 0 and 2^-9: 0
+        assert rope == [0x7E] * 5 + [0xFE, 0xFE, 0x7F, 0x7E, 0x00]
