@@ -16,9 +16,10 @@ kernel's k_scale): each NoPE value becomes ``e4m3_rn_satfinite(clamp(e2m1 * scal
 rounding (``inv_scale`` itself is taken as an f32, as Triton passes a Python float), then one
 rounding to e4m3. RoPE bytes are copied when ``inv_scale == 1``, else ``e4m3(clamp(rope *
 inv_scale, -448, 448))``. Readings: a NaN scale or RoPE byte stages as NaN (0x7F). vLLM's
-compiled Triton clamp (``tl.maximum``/``tl.minimum`` without NaN propagation) turns that NaN into
--448 on the GPU while its CPU interpreter keeps it: such bytes are never written, so a staged NaN
-element is contract only in being staged from a loose (``loose_mask``) block.
+Triton clamp (``tl.maximum``/``tl.minimum``, NaN propagation left unspecified) may make that NaN
+a finite +-448 when compiled (PTX ``max``/``min`` return the non-NaN operand) while the CPU
+interpreter keeps it: such bytes are never written, so an element staged from a loose
+(``loose_mask``) block is judged on nothing but being there.
 
 ``*_loop`` versions compute element by element with exact Python arithmetic (``fpbits``);
 the others are vectorized torch on the records' device; the tests hold them bit for bit.
