@@ -27,6 +27,8 @@ FOLLOWS = frozenset(WRITER_REVISIONS)
 # the filter's BLOCK_STRIDE_ROWS (vLLM 0.29.0).
 DCP_FOLLOWS = frozenset(revisions.names())
 DCP_OPTIONS = frozenset({"block_stride_rows"})
+# Our writers take concat_and_cache_mla's skip_scale (vLLM 0.33.0); their signatures say so too.
+WRITER_OPTIONS = frozenset({"seq_starts", "skip_scale"})
 
 # The CUDA kernels check on the host only what SPEC section 4 says vLLM checks, and the host tier's
 # argument shapes, dtypes and devices (SPEC 9.3).
@@ -148,6 +150,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         devices=("cpu", "cuda"),
         rejects=WRITER_TORCH_REJECTS,
         revisions=FOLLOWS,
+        capabilities=WRITER_OPTIONS,
         description="torch fp8_ds_mla writer (concat_and_cache_mla signature), either revision",
     ),
     _entry(
@@ -159,6 +162,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         devices=("cuda",),
         rejects=CUDA_WRITER_REJECTS,
         revisions=FOLLOWS,
+        capabilities=WRITER_OPTIONS,
         description="our CUDA fp8_ds_mla writer, either revision",
     ),
 )

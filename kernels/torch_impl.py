@@ -425,6 +425,7 @@ def writer_torch(
     slot_mapping: torch.Tensor,
     kv_cache_dtype: str = "fp8_ds_mla",
     scale: torch.Tensor | None = None,
+    skip_scale: bool = False,
     *,
     revision: str = NEWEST,
 ) -> None:
@@ -433,14 +434,15 @@ def writer_torch(
     Token i (i < len(slot_mapping)) with slot s >= 0 writes one 656-byte
     record at block s // bs, offset s % bs; a negative slot writes nothing
     (vLLM skips any slot < 0). ``scale`` is ignored for this dtype (per-tile
-    scales are computed). Rejects ``WRITER_TORCH_REJECTS`` before writing,
+    scales are computed), and so is ``skip_scale`` (vLLM 0.33.0: it only skips the
+    division by ``scale``, which this dtype never makes). Rejects ``WRITER_TORCH_REJECTS`` before writing,
     including a slot >= num_blocks * bs (a host read of slot_mapping).
     A slot named by several tokens gets the last one's record, on every
     device (a GPU kernel races there; we pick the oracle's reading).
     ``revision`` (keyword only, beyond vLLM's signature): the contract revision whose tile scale
     rule to follow (SPEC §7; the newest by default); an unknown one is a ValueError.
     """
-    del scale  # the fp8_ds_mla path computes its own per-tile scales
+    del scale, skip_scale  # the fp8_ds_mla path computes its own per-tile scales
     check_revision(revision)
     check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
     num_blocks, bs, _ = kv_cache.shape

@@ -349,6 +349,34 @@ CATALOG: tuple[Mutant, ...] = (
         group="vllm-reports",
         description="the block table addressed by its logical width instead of its row stride (vLLM #55184)",
     ),
+    Mutant(
+        op="writer",
+        name="writer_padding_nan_slot0",
+        bug="padding_nan_slot0",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="padding rows (slot -1), their activations NaN, written to the reserved slot 0 instead of"
+        " nowhere: a NaN record where a real token's may be read (sglang #36207)",
+    ),
+    Mutant(
+        op="writer",
+        name="writer_layer_base_offset",
+        bug="layer_base_offset",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="records written from the start of kv_cache's storage, its view's offset ignored: every"
+        " layer of a packed multi-layer cache written at the base offset, layer 0 (vLLM #57019)",
+    ),
+    Mutant(
+        op="writer",
+        name="writer_skip_scale_tile",
+        bug="skip_scale_tile",
+        kind="VALUE_MISMATCH",
+        capabilities=frozenset({"seq_starts", "skip_scale"}),
+        group="core",
+        description="skip_scale=True taken to skip the per-tile scales too: codes of the raw values"
+        " saturated, scales stored as 1.0 (vLLM 0.33.0's flag skips only the global k_scale)",
+    ),
     # --- SPEC 9.2: caller-owned outputs ---
     Mutant(
         op="convert",
