@@ -16,8 +16,7 @@ from mlafuzz.kernels.checks import (
     WRITER_TORCH_REJECTS,
 )
 from mlafuzz.kernels.entry import ImplEntry, module_attr
-from mlafuzz.kernels.revisions import WRITER_REVISIONS
-from mlafuzz.oracles import revisions
+from mlafuzz.kernels.revisions import FILTER_REVISIONS, WRITER_REVISIONS
 
 # Our converts take both SPEC section 7 options and SPEC 9.2's caller-owned outputs (their signatures say so too: kernels/external.py).
 CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front", "caller_out"})
@@ -25,7 +24,7 @@ CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front", "caller_ou
 FOLLOWS = frozenset(WRITER_REVISIONS)
 # Our DCP filters follow every revision (their D == 1 hand-off asks ``convert_counted``), and take
 # the filter's BLOCK_STRIDE_ROWS (vLLM 0.29.0).
-DCP_FOLLOWS = frozenset(revisions.names())
+DCP_FOLLOWS = frozenset(FILTER_REVISIONS)
 DCP_OPTIONS = frozenset({"block_stride_rows"})
 # Our writers take concat_and_cache_mla's skip_scale (vLLM 0.33.0); their signatures say so too.
 WRITER_OPTIONS = frozenset({"seq_starts", "skip_scale"})

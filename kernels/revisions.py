@@ -24,6 +24,7 @@ __all__ = [
     "pow2_scale",
     "rule",
     "filter_compacts",
+    "FILTER_REVISIONS",
 ]
 
 
@@ -84,6 +85,11 @@ def scale_rule(revision: str) -> int:
 def pow2_scale(revision: str) -> bool:
     """Whether ``revision``'s tile scale is rounded up to a power of two."""
     return scale_of(revision).pow2
+
+
+#: The revisions our DCP filters follow: every one (their D == 1 hand-off asks ``convert_counted``,
+#: whose values they both implement).
+FILTER_REVISIONS: tuple[str, ...] = revisions.names()
 
 
 def filter_compacts(

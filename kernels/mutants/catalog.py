@@ -32,8 +32,7 @@ from mlafuzz.kernels.checks import (
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.mutants.planner_bugs import PLANNER_MUTANTS
 from mlafuzz.kernels.mutants.step_bugs import STEP_MUTANTS
-from mlafuzz.kernels.revisions import WRITER_REVISIONS
-from mlafuzz.oracles import revisions
+from mlafuzz.kernels.revisions import FILTER_REVISIONS, WRITER_REVISIONS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -585,7 +584,7 @@ def _revisions(m: Mutant) -> frozenset[str] | None:
         return None
     if m.op == "writer":
         return frozenset(WRITER_REVISIONS)
-    return frozenset(revisions.names()) if m.op == "dcp" else None
+    return frozenset(FILTER_REVISIONS) if m.op == "dcp" else None
 
 
 def _overwide_loader(device: str) -> Callable:
