@@ -20,6 +20,7 @@ from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import dcp as gen
 from mlafuzz.harness.ops import convert as cv
 from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+from mlafuzz.harness.ops.revision_hint import hint_revision
 from mlafuzz.oracles import revisions
 
 
@@ -144,6 +145,12 @@ def row_sets(case: Case, expected: Mapping[str, Any]) -> Mapping[str, Any]:
     return {"out": counts if counts is not None else _filter(case, loop=False)[1]}
 
 
+def review(case: Case, call: Any, findings: list, ctx: Any) -> list:
+    """A mismatching ``out`` that another revision's ``convert_counted`` makes exactly says so (a
+    D = 1 counted row packed by a vLLM of 0.30.0 on, judged under an in-place revision)."""
+    return hint_revision(case, call, findings, oracle=_oracle(_filter, False), output="out", rule="convert_counted")
+
+
 DCP = Op(
     name="dcp",
     share=10,  # H200 steady cases/s, docs/performance.md: 1,976 (the fast path, session 15); a share is ~200/s
@@ -164,6 +171,7 @@ DCP = Op(
         }
     ),
     row_sets=row_sets,
+    review=review,
     needs=gen.needs,
     fit=gen.fit,
     call=CallShape(

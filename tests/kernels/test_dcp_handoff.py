@@ -4,6 +4,7 @@ BLOCK_STRIDE_ROWS (0.29.0), through our implementations, the oracle and the plan
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import torch
@@ -110,3 +111,28 @@ def test_each_new_dcp_look_alike_is_killed_with_its_kind_on_the_cpu(tmp_path, mu
     config = FuzzConfig(ops=("dcp",), impls={"dcp": mutant}, device="cpu", cases=40, seed=0, out_dir=tmp_path)
     summary = fuzz(config, executor=InProcess(session=Session(table=OPS)))
     assert set(summary.by_kind) == {"VALUE_MISMATCH"}, summary.by_kind
+
+
+def test_a_d1_counted_row_packed_under_an_in_place_revision_names_the_revision_it_matches(monkeypatch):
+    from mlafuzz.tests.support.helpers import run_case
+
+    _add_compact_revision(monkeypatch)
+    ours = default_registry().get("dcp", "torch")
+    packing = dataclasses.replace(
+        ours,
+        name="packs",
+        revisions=None,
+        loader=lambda device: functools.partial(ours.loader(device), revision=COMPACT),
+    )
+    hinted = 0
+    for seed in range(80):
+        spec = OPS.draw_spec("dcp", seed=seed, knobs=SMALL)
+        if spec.dcp_size != 1 or not spec.batch.return_valid_counts:
+            continue
+        case = OPS.materialize(spec, seed, "cpu")
+        case = dataclasses.replace(case, params={**case.params, "revision": "2026-10"})
+        for f in run_case(case=case, entry=packing, fast=False).findings:
+            assert f.kind.value == "VALUE_MISMATCH" and f.tensor == "out", f
+            assert f.extra.get("matches_revision") == COMPACT and f"--revision {COMPACT}" in f.message
+            hinted += 1
+    assert hinted >= 2
