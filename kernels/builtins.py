@@ -16,12 +16,18 @@ from mlafuzz.kernels.checks import (
     WRITER_TORCH_REJECTS,
 )
 from mlafuzz.kernels.entry import ImplEntry, module_attr
-from mlafuzz.kernels.revisions import WRITER_REVISIONS
+from mlafuzz.kernels.revisions import FILTER_REVISIONS, WRITER_REVISIONS
 
 # Our converts take both SPEC section 7 options and SPEC 9.2's caller-owned outputs (their signatures say so too: kernels/external.py).
 CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front", "caller_out"})
 # Our writers follow either contract revision through their keyword-only ``revision=``.
 FOLLOWS = frozenset(WRITER_REVISIONS)
+# Our DCP filters follow every revision (their D == 1 hand-off asks ``convert_counted``), and take
+# the filter's BLOCK_STRIDE_ROWS (vLLM 0.29.0).
+DCP_FOLLOWS = frozenset(FILTER_REVISIONS)
+DCP_OPTIONS = frozenset({"block_stride_rows"})
+# Our writers take concat_and_cache_mla's skip_scale (vLLM 0.33.0); their signatures say so too.
+WRITER_OPTIONS = frozenset({"seq_starts", "skip_scale"})
 
 # The CUDA kernels check on the host only what SPEC section 4 says vLLM checks, and the host tier's
 # argument shapes, dtypes and devices (SPEC 9.3).
@@ -89,7 +95,8 @@ BUILTINS: tuple[ImplEntry, ...] = (
         devices=("cpu", "cuda"),
         rejects=DCP_REJECTS,
         requires=("triton",),
-        capabilities=frozenset(),
+        capabilities=DCP_OPTIONS,
+        revisions=DCP_FOLLOWS,
         description="our Triton convert kernel with DCP rank filtering",
     ),
     _entry(
@@ -99,7 +106,8 @@ BUILTINS: tuple[ImplEntry, ...] = (
         attr="filter_and_convert_dcp_torch",
         devices=("cpu", "cuda"),
         rejects=DCP_REJECTS,
-        capabilities=frozenset(),
+        capabilities=DCP_OPTIONS,
+        revisions=DCP_FOLLOWS,
         description="torch DCP rank filtering: local indices, then the torch convert",
     ),
     _entry(
@@ -141,6 +149,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         devices=("cpu", "cuda"),
         rejects=WRITER_TORCH_REJECTS,
         revisions=FOLLOWS,
+        capabilities=WRITER_OPTIONS,
         description="torch fp8_ds_mla writer (concat_and_cache_mla signature), either revision",
     ),
     _entry(
@@ -152,6 +161,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
         devices=("cuda",),
         rejects=CUDA_WRITER_REJECTS,
         revisions=FOLLOWS,
+        capabilities=WRITER_OPTIONS,
         description="our CUDA fp8_ds_mla writer, either revision",
     ),
 )

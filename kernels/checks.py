@@ -313,9 +313,15 @@ def check_dcp_filter_args(
     BLOCK_SIZE: object,
     NUM_TOPK_TOKENS: object,
     BLOCK_N: object,
+    *,
+    BLOCK_STRIDE_ROWS: object = None,
 ) -> None:
-    """SPEC 9.4's filter: convert's checks (no prefill workspace), then the DCP layout."""
-    check_convert_args(req_id, block_table, token_indices, BLOCK_SIZE, NUM_TOPK_TOKENS, BLOCK_N, False, None, None)
+    """SPEC 9.4's filter: convert's checks (no prefill workspace; ``BLOCK_STRIDE_ROWS`` as convert's),
+    then the DCP layout."""
+    check_convert_args(
+        req_id, block_table, token_indices, BLOCK_SIZE, NUM_TOPK_TOKENS, BLOCK_N, False, None, None,
+        BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
+    )  # fmt: skip
     d = _check_dcp_layout(dcp_size, interleave, BLOCK_SIZE)  # type: ignore[arg-type]
     _require_int("dcp_rank", dcp_rank, "bad_dcp_rank", 0, d - 1)
 

@@ -425,6 +425,7 @@ def writer(
     slot_mapping: torch.Tensor,
     kv_cache_dtype: str = "fp8_ds_mla",
     scale: torch.Tensor | None = None,
+    skip_scale: bool = False,
     *,
     revision: str = NEWEST,
 ) -> None:
@@ -432,11 +433,12 @@ def writer(
     with slot >= 0, per 128-tile scale = max(amax / 448, FLT_MIN) under revision 2026-07, or
     2**ceil(log2(max(amax / 448, 1e-4f))) (exact, on the bits) under 2026-09 (SPEC section 7);
     codes = satfinite e4m3(x / scale), RoPE = k_pe's raw 16-bit patterns. ``scale`` is accepted
-    and ignored (vLLM ignores it for this dtype); any other kv_cache_dtype, or an unknown
+    and ignored (vLLM ignores it for this dtype), and so is ``skip_scale`` (vLLM 0.33.0: it skips
+    only the division by ``scale``); any other kv_cache_dtype, or an unknown
     ``revision``, raises ValueError before anything runs."""
     if kv_cache_dtype != "fp8_ds_mla":
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: only 'fp8_ds_mla' is supported")
-    del scale
+    del scale, skip_scale
     writer_impl(kv_c, k_pe, kv_cache, slot_mapping, revision=revision)
 
 

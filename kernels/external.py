@@ -99,7 +99,9 @@ def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
     names ``BLOCK_STRIDE_ROWS`` / ``COMPACT_TO_FRONT`` (a ``**kwargs`` proves
     nothing: it may drop them); the harness passes those keywords only to
     implementations that have them, so an older convert is called as before. Likewise
-    ``caller_out`` (SPEC 9.2) when it names ``out`` and ``valid_counts_out``.
+    ``caller_out`` (SPEC 9.2) when it names ``out`` and ``valid_counts_out``, a DCP filter's
+    ``block_stride_rows`` when it names ``BLOCK_STRIDE_ROWS`` (vLLM 0.29.0 on), and a writer's
+    ``skip_scale`` when it names ``skip_scale`` (vLLM 0.33.0 on).
     """
     try:
         params = inspect.signature(fn).parameters
@@ -110,6 +112,10 @@ def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
         return fn, named | caller_out(params)
     if op == "dcp_peer":  # SPEC 9.4's peer-slot map takes SPEC 9.2's caller-owned outputs too
         return fn, caller_out(params)
+    if op == "writer" and params is not None:  # concat_and_cache_mla's skip_scale (vLLM 0.33.0)
+        return fn, frozenset({"seq_starts"}) | (frozenset({"skip_scale"}) if "skip_scale" in params else frozenset())
+    if op == "dcp":  # the DCP filter's BLOCK_STRIDE_ROWS (vLLM 0.29.0), as convert's
+        return fn, frozenset({"block_stride_rows"}) if params and "BLOCK_STRIDE_ROWS" in params else frozenset()
     if op != "gather" or params is None:
         return fn, frozenset({"seq_starts"})
     if "seq_starts" not in params and "seq_lens" in params:

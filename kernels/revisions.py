@@ -23,6 +23,8 @@ __all__ = [
     "scale_of",
     "pow2_scale",
     "rule",
+    "filter_compacts",
+    "FILTER_REVISIONS",
 ]
 
 
@@ -83,3 +85,20 @@ def scale_rule(revision: str) -> int:
 def pow2_scale(revision: str) -> bool:
     """Whether ``revision``'s tile scale is rounded up to a power of two."""
     return scale_of(revision).pow2
+
+
+#: The revisions our DCP filters follow: every one (their D == 1 hand-off asks ``convert_counted``,
+#: whose values they both implement).
+FILTER_REVISIONS: tuple[str, ...] = revisions.names()
+
+
+def filter_compacts(
+    dcp_size: int, compact_valid_to_front: bool, return_valid_counts: bool, revision: str | None
+) -> bool:
+    """Whether our DCP filters pack their rows to the front: the caller's ``compact_valid_to_front``
+    at D > 1; at D == 1 vLLM's function hands the call to its plain convert, which drops that flag
+    (every release) and packs a counted row only where ``revision``'s ``convert_counted`` rule is
+    ``compact`` (vLLM 0.30.0 on). ``revision`` None: the newest (read now: a test's table counts)."""
+    if dcp_size == 1:
+        return bool(return_valid_counts) and rule(revision or revisions.newest(), "convert_counted") == "compact"
+    return bool(compact_valid_to_front)

@@ -30,7 +30,7 @@ from mlafuzz.kernels.checks import (
     check_gather_values,
     check_writer_args,
 )
-from mlafuzz.kernels.revisions import NEWEST, WRITER_REVISIONS, check_revision, scale_of
+from mlafuzz.kernels.revisions import NEWEST, WRITER_REVISIONS, check_revision, filter_compacts, scale_of
 
 __all__ = [
     "convert_torch",
@@ -168,16 +168,21 @@ def filter_and_convert_dcp_torch(
     dcp_rank: int,
     cp_kv_cache_interleave_size: int = 1,
     BLOCK_SIZE: int = 64,
+    BLOCK_STRIDE_ROWS: int | None = None,
     NUM_TOPK_TOKENS: int = 2048,
     BLOCK_N: int = 128,
     return_valid_counts: bool = False,
     compact_valid_to_front: bool = True,
+    *,
+    revision: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """SPEC 9.4's filter (vLLM's ``triton_filter_and_convert_dcp_index`` signature): this rank's
-    tokens as local indices, the others -1, then the plain convert of them."""
+    tokens as local indices, the others -1, then the plain convert of them (``BLOCK_STRIDE_ROWS``
+    passed on). Compacted as kernels/revisions.py ``filter_compacts`` says (D == 1: vLLM's hand-off
+    to the plain convert, under ``revision``'s ``convert_counted``)."""
     check_dcp_filter_args(
         req_id, block_table, token_indices, dcp_size, dcp_rank, cp_kv_cache_interleave_size, BLOCK_SIZE,
-        NUM_TOPK_TOKENS, BLOCK_N,
+        NUM_TOPK_TOKENS, BLOCK_N, BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
     )  # fmt: skip
     owner, local = _owner_local(token_indices, dcp_size, cp_kv_cache_interleave_size)
     mine = (token_indices >= 0) & (owner == dcp_rank)
@@ -187,10 +192,11 @@ def filter_and_convert_dcp_torch(
         block_table,
         local_indices,
         BLOCK_SIZE,
+        BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
         NUM_TOPK_TOKENS=NUM_TOPK_TOKENS,
         BLOCK_N=BLOCK_N,
         return_valid_counts=return_valid_counts,
-        COMPACT_TO_FRONT=compact_valid_to_front,
+        COMPACT_TO_FRONT=filter_compacts(dcp_size, compact_valid_to_front, return_valid_counts, revision),
     )
 
 
@@ -419,6 +425,7 @@ def writer_torch(
     slot_mapping: torch.Tensor,
     kv_cache_dtype: str = "fp8_ds_mla",
     scale: torch.Tensor | None = None,
+    skip_scale: bool = False,
     *,
     revision: str = NEWEST,
 ) -> None:
@@ -427,14 +434,15 @@ def writer_torch(
     Token i (i < len(slot_mapping)) with slot s >= 0 writes one 656-byte
     record at block s // bs, offset s % bs; a negative slot writes nothing
     (vLLM skips any slot < 0). ``scale`` is ignored for this dtype (per-tile
-    scales are computed). Rejects ``WRITER_TORCH_REJECTS`` before writing,
+    scales are computed), and so is ``skip_scale`` (vLLM 0.33.0: it only skips the
+    division by ``scale``, which this dtype never makes). Rejects ``WRITER_TORCH_REJECTS`` before writing,
     including a slot >= num_blocks * bs (a host read of slot_mapping).
     A slot named by several tokens gets the last one's record, on every
     device (a GPU kernel races there; we pick the oracle's reading).
     ``revision`` (keyword only, beyond vLLM's signature): the contract revision whose tile scale
     rule to follow (SPEC §7; the newest by default); an unknown one is a ValueError.
     """
-    del scale  # the fp8_ds_mla path computes its own per-tile scales
+    del scale, skip_scale  # the fp8_ds_mla path computes its own per-tile scales
     check_revision(revision)
     check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
     num_blocks, bs, _ = kv_cache.shape

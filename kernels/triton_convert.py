@@ -59,6 +59,7 @@ import triton
 import triton.language as tl
 
 from mlafuzz.kernels.checks import CONVERT_REJECTS, check_convert_args, check_dcp_filter_args
+from mlafuzz.kernels.revisions import filter_compacts
 
 __all__ = ["convert", "filter_and_convert_dcp", "CONVERT_REJECTS", "INTERPRETED", "pick_tile"]
 
@@ -330,18 +331,25 @@ def filter_and_convert_dcp(
     dcp_rank: int,
     cp_kv_cache_interleave_size: int = 1,
     BLOCK_SIZE: int = 64,
+    BLOCK_STRIDE_ROWS: int | None = None,
     NUM_TOPK_TOKENS: int = 2048,
     BLOCK_N: int = 128,
     return_valid_counts: bool = False,
     compact_valid_to_front: bool = True,
+    *,
+    revision: str | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """SPEC 9.4's DCP filter with vLLM's ``triton_filter_and_convert_dcp_index`` signature: the same
     kernel, each token de-interleaved to its owner and local index first (DCP constexpr); another
-    rank's token is -1. Compaction as ``COMPACT_TO_FRONT`` (any D, 1 included)."""
+    rank's token is -1. ``BLOCK_STRIDE_ROWS`` as the plain convert's. Compaction as
+    ``COMPACT_TO_FRONT`` at D > 1; at D == 1 vLLM hands the call to its plain convert, which drops
+    ``compact_valid_to_front`` and packs a counted row only under ``revision``'s
+    ``convert_counted = compact`` (kernels/revisions.py ``filter_compacts``)."""
     check_dcp_filter_args(
         req_id, block_table, token_indices, dcp_size, dcp_rank, cp_kv_cache_interleave_size, BLOCK_SIZE,
-        NUM_TOPK_TOKENS, BLOCK_N,
+        NUM_TOPK_TOKENS, BLOCK_N, BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
     )  # fmt: skip
+    compact = filter_compacts(dcp_size, compact_valid_to_front, return_valid_counts, revision)
     n, k = token_indices.shape
     device = token_indices.device
     out = torch.empty((n, k), dtype=torch.int32, device=device)
@@ -352,7 +360,7 @@ def filter_and_convert_dcp(
         launch(
             req_id, block_table, token_indices, out, counts, BLOCK_SIZE=BLOCK_SIZE, BLOCK_N=BLOCK_N,
             HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None, prefill_workspace_starts=None,
-            grid_rows=n, COMPACT_TO_FRONT=bool(compact_valid_to_front),
+            grid_rows=n, BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS, COMPACT_TO_FRONT=compact,
             DCP=(dcp_size, dcp_rank, cp_kv_cache_interleave_size),
         )  # fmt: skip
     return (out, counts) if counts is not None else out

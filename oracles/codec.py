@@ -363,6 +363,10 @@ def write_records_loop(
     nothing. Later tokens overwrite earlier ones at a repeated slot. Raises
     ValueError for a slot past the cache (a precondition, not a result), or
     for an unknown `revision` (SPEC section 7; the default is the newest).
+
+    ``skip_scale`` (vLLM 0.33.0 on; passed as ``k_scale == 1.0``) only skips the plain fp8
+    path's division by the global ``scale``, which this dtype never makes: it changes no byte
+    of these records (docs/contract.md, Writer; what 0.34.0's wheel shows of it too).
     """
     check_revision(revision)
     cache = _check_cache(kv_cache).cpu().clone()

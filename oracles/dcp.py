@@ -15,6 +15,17 @@ kernel's arithmetic). ``out = -1`` where invalid; ``valid_counts[i]`` = valid
 columns. With ``compact`` the valid values are packed at the row's front in an
 unspecified order, -1 after (the oracle gives column order; the harness
 compares such rows as multisets, oracles/convert.py ``rows_as_sets_equal``).
+``block_stride`` (vLLM's ``BLOCK_STRIDE_ROWS``, from 0.29.0; None: the block size)
+multiplies the table entry instead of ``bs``: blocks padded to a row stride, the
+bounds rule unchanged, the offset still ``local(tok) % bs``.
+
+Which rows are compacted (``filter_compacts``, from vLLM's releases 0.27.0-0.34.0):
+with ``dcp_size > 1`` exactly those the caller asks for (``compact_valid_to_front``,
+counted or not). With ``dcp_size == 1`` vLLM's function hands the call to the plain
+convert and drops ``compact_valid_to_front`` (every release): a row is then what the
+plain convert makes of it, in place unless it is counted and the revision's
+``convert_counted`` rule is ``compact`` (vLLM 0.30.0 on: the plain convert packs
+every counted row).
 
 ``dcp_peer_slots`` (vLLM's ``convert_global_indices_to_dcp_peer_slots``): the
 slot of every valid token in a rank-major view of all ranks' caches, each rank
@@ -39,7 +50,25 @@ from torch import Tensor
 
 from mlafuzz.oracles.convert import _compact, _wrap_int32_tensor, wrap_int32
 
-__all__ = ["dcp_filter", "dcp_filter_loop", "dcp_peer_slots", "dcp_peer_slots_loop", "owner_local"]
+__all__ = [
+    "dcp_filter",
+    "dcp_filter_loop",
+    "dcp_peer_slots",
+    "dcp_peer_slots_loop",
+    "filter_compacts",
+    "owner_local",
+]
+
+
+def filter_compacts(
+    *, dcp_size: int, compact_valid_to_front: bool, return_valid_counts: bool, convert_counted: str
+) -> bool:
+    """Whether the filter packs its rows to the front (the module docstring): the caller's
+    ``compact_valid_to_front`` when D > 1; at D == 1 the plain convert's rule, ``convert_counted``
+    (``in_place`` | ``compact``) for a counted row, in place for an uncounted one."""
+    if dcp_size == 1:
+        return bool(return_valid_counts) and convert_counted == "compact"
+    return bool(compact_valid_to_front)
 
 
 def owner_local(tok: int, *, dcp_size: int, interleave: int) -> tuple[int, int]:
@@ -87,15 +116,17 @@ def dcp_filter_loop(
     dcp_rank: int,
     interleave: int,
     compact: bool,
+    block_stride: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The filter of the module docstring, in Python ints. (out int32 [N, K], valid_counts [N])."""
     m = block_table.shape[1]
+    stride = block_size if block_stride is None else block_stride
 
     def value(row: list[int], owner: int, local: int) -> int | None:
         blk = local // block_size
         if owner != dcp_rank or not 0 <= blk < m:
             return None
-        return wrap_int32(row[blk] * block_size + local % block_size)
+        return wrap_int32(row[blk] * stride + local % block_size)
 
     return _loop(
         req_id=req_id,
@@ -169,11 +200,13 @@ def dcp_filter(
     dcp_rank: int,
     interleave: int,
     compact: bool,
+    block_stride: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Vectorized ``dcp_filter_loop``, on token_indices' device; bit-identical to it."""
     owner, local, entry = _parts(req_id, block_table, token_indices, block_size, dcp_size, interleave)
     valid = (entry != _OUTSIDE) & (owner == dcp_rank)
-    value = _wrap_int32_tensor(torch.add(local % block_size, entry, alpha=block_size))
+    stride = block_size if block_stride is None else block_stride
+    value = _wrap_int32_tensor(torch.add(local % block_size, entry, alpha=stride))
     out = torch.where(valid, value, -1)
     if compact:
         out = _compact(out, valid)

@@ -8,6 +8,11 @@ and an implementation must plug in unchanged. Their batches are convert's: a spe
 ``ConvertSpec`` (``batch``) for the rows, the table and the top-k, built by convert's
 materializer, and adds the DCP numbers. The block table is the rank's own: its first
 ``ceil(M / D)`` columns (a column slice, SPEC 8), so local indices run past it too.
+
+D is drawn from 1 (a quarter of the cases): vLLM's filter hands D = 1 to the plain convert
+(oracles/dcp.py ``filter_compacts``). The filter's ``BLOCK_STRIDE_ROWS`` (vLLM 0.29.0) is the
+batch's convert option, an optional capability as it is for convert (``needs``, ``fit``); the peer
+variant has none.
 """
 
 from __future__ import annotations
@@ -26,15 +31,17 @@ from mlafuzz.generators.spec import check_int, fail
 INT32_MAX = (1 << 31) - 1
 
 
-def _check_dcp(name: str, batch: cv.ConvertSpec, dcp_size: int, interleave: int) -> None:
+def _check_dcp(name: str, batch: cv.ConvertSpec, dcp_size: int, interleave: int, *, stride: bool = False) -> None:
     check_int(name, "dcp_size", dcp_size, lo=1, hi=64)
     check_int(name, "interleave", interleave, lo=1, hi=1 << 12)
     bs = batch.paging.block_size
     if bs % interleave:
         fail(name, "interleave", interleave, f"must divide the block size {bs} (vLLM's host check)")
-    plain = dataclasses.replace(batch, prefill_workspace=False, block_stride_rows=None, compact=False, caller_out=None)
+    kept = batch.block_stride_rows if stride else None  # the filter's BLOCK_STRIDE_ROWS; the peer map has none
+    plain = dataclasses.replace(batch, prefill_workspace=False, block_stride_rows=kept, compact=False, caller_out=None)
     if batch != plain or any(r.prefill for r in batch.requests):
-        fail(name, "batch", "convert options", "must be a plain decode batch (no prefill, stride, compaction, out)")
+        what = "prefill, compaction, out" if stride else "prefill, stride, compaction, out"
+        fail(name, "batch", "convert options", f"must be a plain decode batch (no {what})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +56,7 @@ class DcpSpec:
     compact: bool = True  # compact_valid_to_front (vLLM's default)
 
     def __post_init__(self) -> None:
-        _check_dcp("DcpSpec", self.batch, self.dcp_size, self.interleave)
+        _check_dcp("DcpSpec", self.batch, self.dcp_size, self.interleave, stride=True)
         check_int("DcpSpec", "dcp_rank", self.dcp_rank, lo=0, hi=self.dcp_size - 1)
 
 
@@ -75,7 +82,8 @@ class DcpPeerSpec:
 # --- drawing ---------------------------------------------------------------
 
 
-def _batch(d: Drawer, knobs: Knobs, *, low_blocks: bool) -> cv.ConvertSpec:
+def _batch(d: Drawer, knobs: Knobs, *, low_blocks: bool, stride: bool = False) -> cv.ConvertSpec:
+    """Convert's draw as a plain decode batch; ``stride``: its BLOCK_STRIDE_ROWS kept (the filter's)."""
     b = cv.draw(d, knobs)
     paging = dataclasses.replace(b.paging, base_block=0) if low_blocks else b.paging
     return dataclasses.replace(
@@ -83,7 +91,7 @@ def _batch(d: Drawer, knobs: Knobs, *, low_blocks: bool) -> cv.ConvertSpec:
         requests=tuple(dataclasses.replace(r, prefill=False) for r in b.requests),
         paging=paging,
         prefill_workspace=False,
-        block_stride_rows=None,
+        block_stride_rows=b.block_stride_rows if stride else None,
         compact=False,
         caller_out=None,
     )
@@ -96,8 +104,9 @@ def _interleave(d: Drawer, block_size: int) -> int:
 
 
 def draw(d: Drawer, knobs: Knobs) -> DcpSpec:
-    batch = _batch(d, knobs, low_blocks=False)
-    size = d.integer(2, 8)  # D == 1 is the plain convert (vLLM's function hands it to that)
+    batch = _batch(d, knobs, low_blocks=False, stride=True)
+    # D == 1 a quarter of the time: vLLM's function hands it to the plain convert, its own rules.
+    size = 1 if d.integer(0, 3) == 0 else d.integer(2, 8)
     return DcpSpec(
         batch=batch,
         dcp_size=size,
@@ -148,6 +157,8 @@ def materialize(spec: DcpSpec, *, seed: int, device: str) -> Case:
         "return_valid_counts": b.return_valid_counts,
         "compact_valid_to_front": spec.compact,
     }
+    if b.block_stride_rows is not None:
+        params["BLOCK_STRIDE_ROWS"] = b.block_stride_rows
     return dataclasses.replace(case, params=params)
 
 
@@ -219,6 +230,16 @@ def reduce_peer(s: DcpPeerSpec) -> Iterator[DcpPeerSpec]:
         yield dataclasses.replace(s, interleave=1)
     if s.dcp_size > 1:
         yield dataclasses.replace(s, dcp_size=1)
+
+
+def needs(case: Case) -> frozenset[str]:
+    return frozenset({cv.STRIDE} if "BLOCK_STRIDE_ROWS" in case.params else ())
+
+
+def fit(spec: DcpSpec, capabilities: frozenset[str]) -> DcpSpec:
+    if spec.batch.block_stride_rows is not None and cv.STRIDE not in capabilities:
+        return dataclasses.replace(spec, batch=dataclasses.replace(spec.batch, block_stride_rows=None))
+    return spec
 
 
 def needs_peer(case: Case) -> frozenset[str]:

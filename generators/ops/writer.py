@@ -1,6 +1,17 @@
 """The ``writer`` op's inputs (SPEC.md section 2, "Writer"): activations quantized into cache
 records. Spec, drawer, materializer, features, shrink steps and error-input classes; the op table
-(harness/ops) wires them to the oracle and the call."""
+(harness/ops) wires them to the oracle and the call.
+
+Two later surfaces, drawn in some cases:
+- ``skip_scale`` (vLLM 0.33.0's keyword of ``concat_and_cache_mla``): an optional capability read
+  from the signature (``needs``, ``fit``); passed True only with the global scale at 1.0, as vLLM's
+  call sites pass it (``skip_scale = k_scale == 1.0``), and False at times too.
+- a packed multi-layer cache (SPEC 8's call-site views; vLLM lays every layer of a group out in one
+  tensor, layer i at ``i * layer_stride`` bytes): ``kv_cache`` is layer ``layer`` (>= 1: a
+  non-zero storage offset) of a ``[layers, blocks, bs, 656]`` tensor whose other layers hold other
+  records, so a writer that ignores the view's offset writes layer 0 (vLLM #57019). The op row
+  checks the other layers unchanged (harness/ops/writer.py ``other_layers``).
+"""
 
 from __future__ import annotations
 
@@ -29,6 +40,11 @@ from mlafuzz.generators.spec import (
     fail,
 )
 
+# At most 4 layers: a case's copy (generators/case.py clone_like) keeps a view's base, and with it
+# the other layers, only while the base is at most about four times the view.
+MAX_LAYERS = 4
+SKIP_SCALE = "skip_scale"  # the capability (kernels/external.py)
+
 
 class WriterValues(str, enum.Enum):
     """How the writer's input values are drawn (their pools: generators/rng/fill.py ``writer_inputs``)."""
@@ -54,9 +70,16 @@ class WriterSpec:
     # COLUMNS: kv_c and k_pe are the two parts of one [T, 576] tensor, as vLLM passes them (SPEC 8);
     # PLAIN: two contiguous tensors.
     inputs_view: View = View.PLAIN
+    skip_scale: bool | None = None  # vLLM 0.33.0's keyword (None: not passed)
+    layers: int = 1  # > 1: kv_cache is one layer's view of a packed [layers, blocks, bs, 656] cache
+    layer: int = 0  # which layer's view
 
     def __post_init__(self) -> None:
         check_int("WriterSpec", "num_tokens", self.num_tokens, lo=0, hi=1 << 20)
+        check_int("WriterSpec", "layers", self.layers, lo=1, hi=MAX_LAYERS)
+        check_int("WriterSpec", "layer", self.layer, lo=0, hi=self.layers - 1)
+        if self.layers > 1 and self.paging.base_block:
+            fail("WriterSpec", "layers", self.layers, "a packed cache has no zero blocks (paging.base_block must be 0)")
         coerce_enum(self, "input_dtype", InputDtype)
         coerce_enum(self, "values", WriterValues)
         coerce_enum(self, "inputs_view", View)
@@ -74,6 +97,8 @@ def materialize(spec: WriterSpec, *, seed: int, device: str) -> Case:
     cache = paged_cache(
         draws.child("cache"), ValueMode.ALL_CODES, pool_blocks=pool, block_size=bs, base_block=base, device=device
     )
+    if spec.layers > 1:
+        cache = _packed(cache, draws=draws, spec=spec, pool=pool, device=device)
     slots = distinct_slots(
         draws.child("slots"), n=t, num_slots=pool * bs, padding=spec.padding, offset=base * bs, device=device
     )
@@ -100,9 +125,24 @@ def materialize(spec: WriterSpec, *, seed: int, device: str) -> Case:
         seed=int(seed),
         device=str(torch.device(device)),
         tensors=tensors,
-        params={},
+        params={} if spec.skip_scale is None else {"skip_scale": spec.skip_scale},
         zero_blocks={"kv_cache": base} if base else {},
     )
+
+
+def _packed(cache: torch.Tensor, *, draws: Draws, spec: WriterSpec, pool: int, device: str) -> torch.Tensor:
+    """``cache`` as layer ``spec.layer`` of a packed cache whose other layers hold records of their
+    own (a write into them changes bytes); the view of that layer (its storage offset non-zero)."""
+    packed = torch.empty((spec.layers, *cache.shape), dtype=cache.dtype, device=device)
+    for i in range(spec.layers):
+        if i == spec.layer:
+            packed[i] = cache
+        else:
+            packed[i] = paged_cache(
+                draws.child(f"layer{i}"), ValueMode.ALL_CODES, pool_blocks=pool, block_size=spec.paging.block_size,
+                device=device,
+            )  # fmt: skip
+    return packed[spec.layer]
 
 
 def draw(d: Drawer, knobs: Knobs) -> WriterSpec:
@@ -115,14 +155,22 @@ def draw(d: Drawer, knobs: Knobs) -> WriterSpec:
         if knobs.log_sizes
         else d.integer(0, min(hi, knobs.max_requests * knobs.max_tokens_per_request * 4))
     )
-    return WriterSpec(
+    spec = WriterSpec(
         num_tokens=tokens,
         paging=paging,
         input_dtype=d.choice(list(InputDtype)),
         values=d.choice(list(WriterValues)),
         padding=d.boolean(),
         inputs_view=View.PLAIN if one_in(d, knobs.views_one_in) else View.COLUMNS,
+        skip_scale=d.choice((None, False, True)),
     )
+    # A packed multi-layer cache in a third of the cases whose layers all fit the records budget.
+    records = (-(-tokens // paging.block_size) + paging.spare_blocks) * paging.block_size
+    if one_in(d, 3) and not paging.base_block:
+        layers = d.integer(2, MAX_LAYERS)
+        if layers * records <= knobs.max_records:
+            spec = dataclasses.replace(spec, layers=layers, layer=d.integer(1, layers - 1))
+    return spec
 
 
 def features(s: WriterSpec) -> set[str]:
@@ -130,6 +178,8 @@ def features(s: WriterSpec) -> set[str]:
         {f"writer:{s.values.value}", f"dtype:{s.input_dtype.value}"}
         | ({"padding"} if s.padding else set())
         | view_features(s.paging, inputs=s.inputs_view)
+        | ({f"skip_scale:{'on' if s.skip_scale else 'off'}"} if s.skip_scale is not None else set())
+        | ({"cache:packed-layers"} if s.layers > 1 else set())
     )
 
 
@@ -147,6 +197,22 @@ def reduce(s: WriterSpec) -> Iterator[WriterSpec]:
     yield from view_steps(s, "inputs_view")
     if s.values is not WriterValues.NORMAL:
         yield dataclasses.replace(s, values=WriterValues.NORMAL)
+    if s.layers > 1:
+        yield dataclasses.replace(s, layers=1, layer=0)
+    if s.skip_scale is not None:
+        yield dataclasses.replace(s, skip_scale=None)
+
+
+def needs(case: Case) -> frozenset[str]:
+    return frozenset({SKIP_SCALE} if "skip_scale" in case.params else ())
+
+
+def fit(spec: WriterSpec, capabilities: frozenset[str]) -> WriterSpec:
+    return (
+        dataclasses.replace(spec, skip_scale=None)
+        if spec.skip_scale is not None and SKIP_SCALE not in capabilities
+        else spec
+    )
 
 
 # --- error inputs (SPEC section 2 and vLLM's host-side checks of concat_and_cache_mla) ---

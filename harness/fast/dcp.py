@@ -7,7 +7,8 @@ No Triton kernel of its own: the oracle is ~20 launches, the comparison under te
 a fraction of the full path's input clones, copied run, oracle, comparator and detectors. No
 caller-owned outputs (the row guards none): the outputs are the implementation's own.
 
-A compacted case (``compact_valid_to_front``) is judged as the full path's row-set mode judges it
+A compacted case (harness/ops/dcp.py ``compacts``: ``compact_valid_to_front`` at D > 1; at D = 1
+vLLM's hand-off to the plain convert, a counted row under ``convert_counted = compact``) is judged as the full path's row-set mode judges it
 (harness/check/compare.py, oracles/convert.py ``rows_as_sets_equal``): row i's first ``c_i``
 values (``c_i`` the oracle's count) a multiset equal to the oracle's valid values, -1 in every
 later column. Here that is: the row's columns from ``c_i`` on all -1, and the whole row, sorted,
@@ -25,7 +26,7 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.harness.fast.state import CaseState
-from mlafuzz.harness.ops.dcp import filter_slots
+from mlafuzz.harness.ops.dcp import compacts, filter_slots
 from mlafuzz.harness.ops.op import Outputs
 
 __all__ = ["RERUNS", "check"]
@@ -62,7 +63,7 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
         return True  # nothing to compare: the slot stays 0
     want, counts = filter_slots(case, loop=False, compact=False)  # uncompacted: the module docstring
     got = _stack([o["out"] for o in runs])  # [runs, N, K]
-    if p["compact_valid_to_front"]:
+    if compacts(case):
         # Columns at or past the oracle's count must hold -1; the rows, sorted, the oracle's values.
         tail = torch.arange(k, device=ti.device) >= counts.unsqueeze(1)  # [N, K]
         bad = [got.sort(dim=-1).values.ne(want.sort(dim=-1).values), got.ne(-1) & tail]

@@ -315,6 +315,12 @@ def writer_records_flag(
     return flag if flag is not None else bad.max().reshape(1)
 
 
+def takes(case: Case) -> bool:
+    """Not a cache that is one layer of a packed multi-layer cache: the fused check sees this
+    layer's records only, not the other layers' bytes (the full path compares them)."""
+    return getattr(case.spec, "layers", 1) == 1
+
+
 def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tensor, state: CaseState) -> bool:
     """The fast path's check of a writer call (no guarded outputs: ``second`` is never given)."""
     if second is not None:

@@ -4,7 +4,10 @@
 and not convert options: generators/ops/dcp.py).
 
 A compacted ``dcp`` row is compared as a multiset with a -1 tail (the comparator's row-set mode),
-valid_counts exactly. ``dcp_peer`` takes SPEC 9.2's caller-owned outputs as convert does (the
+valid_counts exactly. Which rows are compacted is ``compacts``: at D = 1 vLLM's function hands the
+call to the plain convert (oracles/dcp.py ``filter_compacts``), whose rule for a counted row is the
+case's revision's ``convert_counted``. ``BLOCK_STRIDE_ROWS`` (vLLM 0.29.0) reaches the call only
+when the case has it (the ``block_stride_rows`` capability, as convert's). ``dcp_peer`` takes SPEC 9.2's caller-owned outputs as convert does (the
 ``caller_out`` capability; guarded buffers, two steps, the returned tensors the caller's:
 harness/ops/convert.py).
 """
@@ -17,10 +20,26 @@ from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import dcp as gen
 from mlafuzz.harness.ops import convert as cv
 from mlafuzz.harness.ops.op import CallShape, Op, Outputs
+from mlafuzz.harness.ops.revision_hint import hint_revision
+from mlafuzz.oracles import revisions
+
+
+def compacts(case: Case) -> bool:
+    """Whether the case's filter rows are packed to the front (oracles/dcp.py ``filter_compacts``)."""
+    from mlafuzz.oracles.dcp import filter_compacts
+
+    p = case.params
+    return filter_compacts(
+        dcp_size=p["dcp_size"],
+        compact_valid_to_front=p["compact_valid_to_front"],
+        return_valid_counts=p["return_valid_counts"],
+        convert_counted=revisions.get(p.get("revision") or revisions.newest()).rule("convert_counted"),
+    )
 
 
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
     p = case.params
+    stride = {"BLOCK_STRIDE_ROWS": p["BLOCK_STRIDE_ROWS"]} if "BLOCK_STRIDE_ROWS" in p else {}
     res = fn(
         t["req_id"],
         t["block_table"],
@@ -33,6 +52,7 @@ def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], 
         BLOCK_N=p["BLOCK_N"],
         return_valid_counts=p["return_valid_counts"],
         compact_valid_to_front=p["compact_valid_to_front"],
+        **stride,
     )
     return cv.outputs(res, p["return_valid_counts"])
 
@@ -64,7 +84,7 @@ _last: tuple[Case | None, Any] = (None, None)
 
 def filter_slots(case: Case, *, loop: bool, compact: bool | None = None) -> tuple[Any, Any]:
     """The dcp oracle's (out, valid_counts) for the case: the loop or the vectorized filter,
-    compacted as the case asks unless ``compact`` says (the fast path's check asks for the
+    compacted as ``compacts`` says unless ``compact`` does (the fast path's check asks for the
     uncompacted rows, on the case's device)."""
     from mlafuzz.oracles import dcp as od
 
@@ -77,7 +97,8 @@ def filter_slots(case: Case, *, loop: bool, compact: bool | None = None) -> tupl
         dcp_size=p["dcp_size"],
         dcp_rank=p["dcp_rank"],
         interleave=p["cp_kv_cache_interleave_size"],
-        compact=p["compact_valid_to_front"] if compact is None else compact,
+        compact=compacts(case) if compact is None else compact,
+        block_stride=p.get("BLOCK_STRIDE_ROWS"),
     )
 
 
@@ -118,10 +139,16 @@ def _oracle(both: Callable[..., tuple[Any, Any]], loop: bool) -> Callable[[Case]
 
 def row_sets(case: Case, expected: Mapping[str, Any]) -> Mapping[str, Any]:
     """A compacted ``out``: each row a multiset of its first valid_counts values, -1 after."""
-    if not case.params.get("compact_valid_to_front"):
+    if not compacts(case):
         return {}
     counts = expected.get("valid_counts")
     return {"out": counts if counts is not None else _filter(case, loop=False)[1]}
+
+
+def review(case: Case, call: Any, findings: list, ctx: Any) -> list:
+    """A mismatching ``out`` that another revision's ``convert_counted`` makes exactly says so (a
+    D = 1 counted row packed by a vLLM of 0.30.0 on, judged under an in-place revision)."""
+    return hint_revision(case, call, findings, oracle=_oracle(_filter, False), output="out", rule="convert_counted")
 
 
 DCP = Op(
@@ -144,6 +171,9 @@ DCP = Op(
         }
     ),
     row_sets=row_sets,
+    review=review,
+    needs=gen.needs,
+    fit=gen.fit,
     call=CallShape(
         positional=("req_id", "block_table", "token_indices", "dcp_size", "dcp_rank"),
         keywords=(

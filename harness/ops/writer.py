@@ -5,6 +5,13 @@ The tile scale rule is the case's contract revision (SPEC section 7), in ``case.
 (drive/tasks.py puts it there; the newest when a bare case has none): the oracle follows it, and
 the call gets it through the implementation's own binding (kernels/entry.py), never as an
 argument of vLLM's public signature.
+
+``skip_scale`` (vLLM 0.33.0) reaches the call only when the case has it (the ``skip_scale``
+capability, read from the signature); for fp8_ds_mla it changes nothing (oracles/codec.py
+``write_records_loop``), so the oracle does not read it and a writer whose bytes move with it is a
+finding. A case whose cache is one layer of a packed multi-layer cache (generators/ops/writer.py)
+has a second output, ``other_layers``: the packed tensor's bytes outside this layer's view, which
+the oracle keeps as they were (a writer that ignores the view's offset writes layer 0 there).
 """
 
 from __future__ import annotations
@@ -29,7 +36,19 @@ def revision_of(case: Case) -> str:
     return case.params.get("revision") or NEWEST_REVISION
 
 
+def other_layers(cache: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``cache``'s storage outside the view (a packed cache's other layers), uint8 [n]."""
+    whole = torch.empty(0, dtype=torch.uint8, device=cache.device).set_(cache.untyped_storage())
+    start = cache.storage_offset() * cache.element_size()
+    return torch.cat([whole[:start], whole[start + cache.numel() * cache.element_size() :]])
+
+
+def _packed(case: Case) -> bool:
+    return getattr(case.spec, "layers", 1) > 1
+
+
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
+    skip = {"skip_scale": case.params["skip_scale"]} if "skip_scale" in case.params else {}
     fn(
         t["kv_c"],
         t["k_pe"],
@@ -37,8 +56,10 @@ def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], 
         t["slot_mapping"],
         case.params.get("kv_cache_dtype", "fp8_ds_mla"),
         t["scale"],
+        **skip,
     )
-    return {"kv_cache": t["kv_cache"]}
+    layers = {"other_layers": other_layers(t["kv_cache"])} if _packed(case) else {}
+    return {"kv_cache": t["kv_cache"], **layers}
 
 
 def _oracle(loop: bool) -> Callable[[Case], Outputs]:
@@ -52,10 +73,12 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
         if zero:  # the blocks past the zero ones, and the slots in them (a valid case has no other)
             shift = zero * cache.shape[1]
             cache, slots = cache[zero:], torch.where(slots >= 0, slots - shift, slots)
+        layers = {"other_layers": other_layers(cache)} if _packed(case) else {}  # untouched by the writer
         return {
             "kv_cache": fn(
                 kv_c=t["kv_c"], k_pe=t["k_pe"], kv_cache=cache, slot_mapping=slots, revision=revision_of(case)
-            )
+            ),
+            **layers,
         }
 
     return run
@@ -164,6 +187,8 @@ WRITER = Op(
     contract=frozenset({"wrong_dtype", "wrong_shape"}),
     inplace=frozenset({"kv_cache"}),
     review=review,
+    needs=gen.needs,
+    fit=gen.fit,
     call=CallShape(positional=("kv_c", "k_pe", "kv_cache", "slot_mapping", "kv_cache_dtype", "scale")),
     fast="writer",
     ours="cuda",

@@ -32,7 +32,7 @@ from mlafuzz.kernels.checks import (
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.mutants.planner_bugs import PLANNER_MUTANTS
 from mlafuzz.kernels.mutants.step_bugs import STEP_MUTANTS
-from mlafuzz.kernels.revisions import WRITER_REVISIONS
+from mlafuzz.kernels.revisions import FILTER_REVISIONS, WRITER_REVISIONS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,6 +320,17 @@ CATALOG: tuple[Mutant, ...] = (
         " valid prefix (vLLM #58058)",
     ),
     Mutant(
+        op="dcp",
+        name="dcp_local_width_table",
+        bug="local_width_table",
+        kind="VALUE_MISMATCH",
+        capabilities=frozenset(),
+        group="vllm-reports",
+        description="the rank's block table copied into a buffer of the DCP-local width, cdiv(global"
+        " width, D), by a copy bounded by the buffer: every row after the first mixes another"
+        " request's block ids (vLLM #46514)",
+    ),
+    Mutant(
         op="convert",
         name="convert_out_row_minus1",
         bug="row_minus1",
@@ -336,6 +347,34 @@ CATALOG: tuple[Mutant, ...] = (
         kind="VALUE_MISMATCH",
         group="vllm-reports",
         description="the block table addressed by its logical width instead of its row stride (vLLM #55184)",
+    ),
+    Mutant(
+        op="writer",
+        name="writer_padding_nan_slot0",
+        bug="padding_nan_slot0",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="padding rows (slot -1), their activations NaN, written to the reserved slot 0 instead of"
+        " nowhere: a NaN record where a real token's may be read (sglang #36207)",
+    ),
+    Mutant(
+        op="writer",
+        name="writer_layer_base_offset",
+        bug="layer_base_offset",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="records written from the start of kv_cache's storage, its view's offset ignored: every"
+        " layer of a packed multi-layer cache written at the base offset, layer 0 (vLLM #57019)",
+    ),
+    Mutant(
+        op="writer",
+        name="writer_skip_scale_tile",
+        bug="skip_scale_tile",
+        kind="VALUE_MISMATCH",
+        capabilities=frozenset({"seq_starts", "skip_scale"}),
+        group="core",
+        description="skip_scale=True taken to skip the per-tile scales too: codes of the raw values"
+        " saturated, scales stored as 1.0 (vLLM 0.33.0's flag skips only the global k_scale)",
     ),
     # --- SPEC 9.2: caller-owned outputs ---
     Mutant(
@@ -403,6 +442,16 @@ CATALOG: tuple[Mutant, ...] = (
         capabilities=frozenset(),
         group="dcp",
         description="the table read at the global position's block and offset, not the rank-local one",
+    ),
+    Mutant(
+        op="dcp",
+        name="dcp_handoff_compacts",
+        bug="handoff_compacts",
+        kind="VALUE_MISMATCH",
+        capabilities=frozenset(),
+        group="dcp",
+        description="D == 1 packs an uncounted row to the front: vLLM hands D == 1 to the plain convert,"
+        " which drops compact_valid_to_front (every release) and leaves such a row in place",
     ),
     Mutant(
         op="dcp_peer",
@@ -529,8 +578,13 @@ def _prepare_cuda_bug(device: str) -> None:
 
 
 def _revisions(m: Mutant) -> frozenset[str] | None:
-    """What a mutant's entry follows: a writer mutant without a pin follows every revision."""
-    return frozenset(WRITER_REVISIONS) if m.op == "writer" and m.revision is None else None
+    """What a mutant's entry follows: a writer mutant without a pin follows every revision its
+    scale rule does, a DCP filter's every revision (its D == 1 hand-off asks ``convert_counted``)."""
+    if m.revision is not None:
+        return None
+    if m.op == "writer":
+        return frozenset(WRITER_REVISIONS)
+    return frozenset(FILTER_REVISIONS) if m.op == "dcp" else None
 
 
 def _overwide_loader(device: str) -> Callable:

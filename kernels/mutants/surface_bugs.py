@@ -12,6 +12,7 @@ import weakref
 import torch
 
 from mlafuzz.kernels.checks import check_dcp_filter_args, check_dcp_peer_args
+from mlafuzz.kernels.revisions import filter_compacts
 from mlafuzz.kernels.torch_impl import convert_torch
 
 # --- caller-owned outputs (SPEC 9.2) ---------------------------------------------------------
@@ -98,11 +99,16 @@ def dcp(
     BLOCK_N=128,
     return_valid_counts=False,
     compact_valid_to_front=True,
+    *,
+    revision=None,
 ):
     """The DCP filter with one bug: ``owner_no_interleave`` (the owner taken as t % D, as if the
     interleave were 1), ``global_block`` (the table read at the global position's block, not the
     local one), ``compact_hole`` (the prefix packed from every non-negative token before the owner
-    filter: another rank's -1 inside the valid prefix, the vLLM #58058 class)."""
+    filter: another rank's -1 inside the valid prefix, the vLLM #58058 class), ``handoff_compacts``
+    (D == 1 packs rows as ``compact_valid_to_front`` asks, where vLLM hands the call to the plain
+    convert, which leaves an uncounted row in place), ``local_width_table`` (the rank's table read
+    as rows of its DCP-local width, not its row stride, the global width: vLLM #46514)."""
     check_dcp_filter_args(
         req_id, block_table, token_indices, dcp_size, dcp_rank, cp_kv_cache_interleave_size, BLOCK_SIZE,
         NUM_TOPK_TOKENS, BLOCK_N,
@@ -113,11 +119,18 @@ def dcp(
     local = t if bug == "global_block" else (t // (d * i)) * i + t % i
     mine = (token_indices >= 0) & (owner == dcp_rank)
     local_ti = torch.where(mine, local, -1).to(torch.int32)
+    if bug == "local_width_table" and block_table.dim() == 2:
+        # The buffer of cdiv(global width, D) columns filled by a copy bounded by its own size:
+        # row r starts r * local width into the global-width rows (row 0 right, the rest mixed).
+        block_table = torch.as_strided(block_table, block_table.shape, (block_table.shape[1], 1))
     out, counts = convert_torch(
         req_id, block_table, local_ti, BLOCK_SIZE, NUM_TOPK_TOKENS=NUM_TOPK_TOKENS, BLOCK_N=BLOCK_N,
         return_valid_counts=True,
     )  # fmt: skip
-    if compact_valid_to_front and out.numel():
+    compact = filter_compacts(d, compact_valid_to_front, return_valid_counts, revision)
+    if bug == "handoff_compacts":
+        compact = bool(compact_valid_to_front)
+    if compact and out.numel():
         keep = (token_indices >= 0) if bug == "compact_hole" else (out != -1)
         out = torch.gather(out, 1, torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices)
     return (out, counts) if return_valid_counts else out

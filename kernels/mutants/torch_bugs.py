@@ -344,9 +344,16 @@ SCALE_BUGS: dict[str, Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]]
 }
 
 
-def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None, *, revision: str):
+def _writer(
+    bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds_mla", scale=None, skip_scale=False, *,
+    revision: str,
+):  # fmt: skip
     """The writer of ``revision`` with one ``bug``: a wrong tile scale (``SCALE_BUGS``, codes then
-    made from it correctly) or a wrong slot."""
+    made from it correctly), a wrong slot, or a look-alike of a reported bug: ``padding_nan_slot0``
+    (padding rows, their activations NaN, written to the reserved slot 0: sglang #36207),
+    ``layer_base_offset`` (the records written from the start of the cache's storage, not its view:
+    every layer of a packed cache lands on layer 0, vLLM #57019), ``skip_scale_tile``
+    (``skip_scale`` taken to skip the per-tile scales too: raw values saturated, scales stored 1.0)."""
     from mlafuzz.kernels.torch_impl import check_writer_call, records_with_scales, writer_torch
 
     check_writer_call(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype)  # the one bug is below, not here
@@ -363,7 +370,13 @@ def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds
         )
     n = slot_mapping.shape[0]
     kv, pe = kv_c[:n], k_pe[:n]
-    if bug in SCALE_BUGS:
+    if bug == "padding_nan_slot0":  # padded rows hold NaN (never computed) and go to slot 0
+        kv = torch.where((slot_mapping < 0)[:, None], torch.full_like(kv, float("nan")), kv)
+    if bug == "layer_base_offset":  # the view's storage offset dropped: layer 0 of a packed cache
+        kv_cache = torch.as_strided(kv_cache, kv_cache.shape, kv_cache.stride(), 0)
+    if bug == "skip_scale_tile" and skip_scale:
+        s = torch.ones((n, 4), dtype=torch.float32, device=kv.device)
+    elif bug in SCALE_BUGS:
         s = SCALE_BUGS[bug](kv.float().reshape(n, 4, 128), kv, revision).to(torch.float32)
     else:
         from mlafuzz.kernels.torch_impl import tile_scales_torch
@@ -371,7 +384,7 @@ def _writer(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="fp8_ds
         s = tile_scales_torch(kv, revision=revision)
     records = records_with_scales(kv, pe, scale=s)
     slots = slot_mapping.long()
-    if bug == "writes_padding":
+    if bug in ("writes_padding", "padding_nan_slot0"):
         slots = slots.clamp(min=0)
     keep = slots >= 0
     kv_cache.view(-1, 656)[slots[keep]] = records[keep]

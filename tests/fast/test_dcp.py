@@ -22,6 +22,7 @@ pytest.importorskip("triton")  # Triton kernels: without triton (an optional ext
 from mlafuzz.generators.draw import Knobs  # noqa: E402
 from mlafuzz.harness.fast import dcp as fast_dcp  # noqa: E402
 from mlafuzz.harness.fast.path import Clear  # noqa: E402
+from mlafuzz.harness.ops.dcp import compacts  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.registry import default_registry  # noqa: E402
 from mlafuzz.oracles.convert import rows_as_sets_equal  # noqa: E402
@@ -34,9 +35,13 @@ DCP = OPS.get("dcp")
 MUTANTS = sorted(e.name for e in default_registry().entries(mutants=True) if e.op == "dcp")
 
 
-def _cases(count: int, start: int = 0) -> list:
-    """Drawn cases of a default run's sizes, seeds ``start`` on (the dcp row fits no capabilities)."""
-    return [OPS.materialize(OPS.draw_spec("dcp", seed=s, knobs=Knobs()), s, DEV) for s in range(start, start + count)]
+def _cases(count: int, start: int = 0, *, capabilities: frozenset[str] = frozenset({"block_stride_rows"})) -> list:
+    """Drawn cases of a default run's sizes, seeds ``start`` on, fitted to ``capabilities`` (ours:
+    the filter's BLOCK_STRIDE_ROWS; the mutants have none)."""
+    return [
+        OPS.materialize(DCP.fit(OPS.draw_spec("dcp", seed=s, knobs=Knobs()), capabilities), s, DEV)
+        for s in range(start, start + count)
+    ]
 
 
 @pytest.mark.parametrize("impl,count", [("torch", 100), ("triton", 100)])
@@ -65,7 +70,7 @@ def _compacted(count: int) -> list:
     cases = []
     for case in _cases(200, start=1000):
         out = DCP.oracle(case)["out"]
-        if case.params["compact_valid_to_front"] and (out[:, 0] != -1).any() and (out[:, -1] == -1).any():
+        if compacts(case) and (out[:, 0] != -1).any() and (out[:, -1] == -1).any():
             cases.append(case)
         if len(cases) == count:
             return cases
@@ -144,7 +149,8 @@ def test_on_the_gpu_the_check_makes_no_cuda_sync():
 
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_no_dcp_mutant_is_clear_on_the_fast_path_where_the_full_path_finds_it(mutant):
-    assert fast_path_hides_nothing(resolve("dcp", mutant), _cases(30)), f"{mutant}: no drawn case showed its bug"
+    cases = _cases(30, capabilities=frozenset())
+    assert fast_path_hides_nothing(resolve("dcp", mutant), cases), f"{mutant}: no drawn case showed its bug"
 
 
 def _mean_work(cases: list, *, fast: bool) -> float:
@@ -164,8 +170,10 @@ def _mean_work(cases: list, *, fast: bool) -> float:
 def test_a_fast_path_dcp_case_makes_few_device_operations_against_the_full_paths():
     """Each launch and copy is a context's turn on a GPU shared by eight workers (issue 27): the
     harness's own operations of a fast-path case (the oracle, the comparison, the fingerprints,
-    one read; 39 measured) stay under a ceiling, and well under the full path's (input clones,
-    copied run, oracle, comparator, detectors; 63 measured)."""
+    one read; 36.5 measured) stay under a ceiling, and well under the full path's (input clones,
+    copied run, oracle, comparator, detectors; 52.8 measured: since D = 1 is drawn, a quarter of
+    the cases are the plain convert's in-place rows, which the full path compares without its
+    row-set mode, so the full path's mean fell from 63 and the ratio rose from 0.62 to 0.69)."""
     cases = _cases(13)
     fast, full = _mean_work(cases, fast=True), _mean_work(cases, fast=False)
-    assert fast <= 42 and fast <= 0.65 * full, (fast, full)
+    assert fast <= 42 and fast <= 0.72 * full, (fast, full)

@@ -103,3 +103,35 @@ def test_the_vectorized_oracles_are_the_loop_ones_on_inputs_the_generator_never_
         del f["blocks_per_peer"]
         fast, slow = od.dcp_filter(**{k: on.get(k, v) for k, v in f.items()}), od.dcp_filter_loop(**f)
         assert all(torch.equal(x.cpu(), y) for x, y in zip(fast, slow)), seed
+
+
+def test_at_d1_the_filter_keeps_an_uncounted_row_in_place_whatever_compact_valid_to_front_says():
+    # vLLM hands D == 1 to the plain convert and drops compact_valid_to_front (every release).
+    for counted_rule in ("in_place", "compact"):
+        assert not od.filter_compacts(
+            dcp_size=1, compact_valid_to_front=True, return_valid_counts=False, convert_counted=counted_rule
+        )
+    # A counted row is the plain convert's: packed only under convert_counted = compact (vLLM 0.30.0 on).
+    assert not od.filter_compacts(
+        dcp_size=1, compact_valid_to_front=True, return_valid_counts=True, convert_counted="in_place"
+    )
+    assert od.filter_compacts(
+        dcp_size=1, compact_valid_to_front=False, return_valid_counts=True, convert_counted="compact"
+    )
+    # D > 1: the caller's flag, counted or not.
+    for counted in (False, True):
+        assert od.filter_compacts(
+            dcp_size=2, compact_valid_to_front=True, return_valid_counts=counted, convert_counted="in_place"
+        )
+        assert not od.filter_compacts(
+            dcp_size=3, compact_valid_to_front=False, return_valid_counts=counted, convert_counted="compact"
+        )
+
+
+def test_the_filters_block_stride_multiplies_the_table_entry_and_keeps_the_in_block_offset():
+    # D=2, I=1, bs=2, stride 5: rank 1's token 3 is local 1 (block 0, offset 1) -> 7 * 5 + 1.
+    args = dict(req_id=_t([0]), block_table=_t([[7, 9]]), token_indices=_t([[3, 5, 2, 9]]), block_size=2)
+    for fn in (od.dcp_filter, od.dcp_filter_loop):
+        out, counts = fn(**args, dcp_size=2, dcp_rank=1, interleave=1, compact=False, block_stride=5)
+        # token 5 -> local 2: block 1, offset 0 -> 45; token 9 -> local 4: block 2, past the table.
+        assert out.tolist() == [[36, 45, -1, -1]] and counts.tolist() == [2]
