@@ -105,6 +105,7 @@ class FuzzConfig:
     contract_every: int = 3  # every Nth case also runs one error-input class (ACCEPTED_INVALID_INPUT)
     shrink_budget: float = 0.0  # seconds per new bucket; 0: no shrinking (each bucket bundled as found)
     rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # weaker contracts per op
+    features: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # declared optional surfaces per op
     table: OpTable = OPS
     revision: str = NEWEST_REVISION  # the contract revision (SPEC 7) cases are judged under; an entry's pin wins
     timeout: float | None = None  # the executor's per-case limit: recorded in bundles, bounds TIMEOUT shrinks
@@ -138,6 +139,7 @@ class FuzzConfig:
             "knobs": dataclasses.asdict(self.knobs),
             "spec": spec_to_dict(self.fixed_spec) if self.fixed_spec is not None else None,
             "rejects": {op: list(v) for op, v in sorted(self.rejects.items())},
+            "features": {op: list(v) for op, v in sorted(self.features.items())},
             "rerun_every": self.rerun_every,
             "contract_every": self.contract_every,
             "timeout": self.timeout,
@@ -173,6 +175,7 @@ class FuzzConfig:
             rerun=bool(self.rerun_every) and r % self.rerun_every == 0,
             contract=contract,
             rejects=self.rejects.get(op),
+            declared=self.features.get(op, ()),
             revision=self.revision,
         )
 
@@ -560,6 +563,7 @@ def _bundle(
             finding=final,
             inputs=case.generated_tensors(),
             timeout=config.timeout,
+            features=small.declared,
             extra={
                 "shrink": {
                     "attempts": result.attempts,
