@@ -12,8 +12,8 @@ import importlib.util
 import inspect
 import os
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from mlafuzz.kernels.entry import ImplEntry, ImplError
@@ -212,9 +212,7 @@ def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
     if op == "gather" and params is not None and "seq_starts" not in params and "seq_lens" in params:
         return adapt_old_gather(fn), frozenset()
     named = frozenset(
-        s.name
-        for s in surfaces(op)
-        if s.in_call or (params is not None and all(k in params for k in s.keywords))
+        s.name for s in surfaces(op) if s.in_call or (params is not None and all(k in params for k in s.keywords))
     )
     return fn, named
 

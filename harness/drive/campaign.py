@@ -135,7 +135,9 @@ class CampaignResult:
         return self.config.impls
 
 
-def declared_features(texts: tuple[str, ...] | list[str], ops: list[str] | tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+def declared_features(
+    texts: tuple[str, ...] | list[str], ops: list[str] | tuple[str, ...]
+) -> dict[str, tuple[str, ...]]:
     """--features OP=NAME,... -> op -> the optional surfaces declared (kernels/external.py
     ``SURFACES``); a bad op or name, or an op this run does not fuzz, is one line (CampaignError)."""
     from mlafuzz.kernels.entry import ImplError
