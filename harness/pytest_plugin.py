@@ -346,7 +346,8 @@ class FuzzSession:
         if summary.interrupted:
             raise KeyboardInterrupt
         totals = summary.to_json()
-        item.add_report_section("call", "mlafuzz", f"{console.summary_line(totals)}\nfindings: {out}")
+        skipped = "".join(f"\n{line}" for line in console.skip_lines(totals))
+        item.add_report_section("call", "mlafuzz", f"{console.summary_line(totals)}{skipped}\nfindings: {out}")
         item.user_properties.append(("mlafuzz_item", [item.op, item.ref]))
         if self.ledger is not None:
             item.user_properties.append(("mlafuzz_ledger_matched", list(judgement.matched)))

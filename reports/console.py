@@ -147,6 +147,13 @@ def summary_line(s: Mapping[str, Any]) -> str:
     )
 
 
+def skip_lines(s: Mapping[str, Any]) -> list[str]:
+    """Why cases were skipped (summary.json's ``skip_reasons``), one line per reason, most first."""
+    reasons = s.get("skip_reasons") or {}
+    ranked = sorted(reasons.items(), key=lambda kv: (-int(kv[1]), kv[0]))
+    return [f"mlafuzz: skipped {plural(int(n), 'case')}: {why}" for why, n in ranked]
+
+
 def merge_lines(result: Any) -> list[str]:
     """What ``mlafuzz merge`` did (reports/merge.py ``MergeResult``): the dropped repeats, then the totals."""
     lines = [

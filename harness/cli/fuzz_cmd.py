@@ -444,6 +444,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     summary = result.summary
     for line in console.bundle_lines(summary.bundles):
         print(line)
+    for line in console.skip_lines(summary.to_json()):
+        print(line, file=sys.stderr)
     print(console.summary_line(summary.to_json()))
     for line in console.verdict_lines(result.judgement, result.found):
         print(line, file=sys.stderr)

@@ -184,6 +184,7 @@ class FuzzConfig:
 class FuzzSummary:
     cases: int = 0
     skipped: int = 0
+    skip_reasons: collections.Counter = field(default_factory=collections.Counter)  # why -> skipped cases
     dropped: int = 0  # cases queued but not started when the budget ended (a resume runs them first)
     per_op: collections.Counter = field(default_factory=collections.Counter)
     by_kind: collections.Counter = field(default_factory=collections.Counter)
@@ -212,6 +213,7 @@ class FuzzSummary:
         return {
             "cases": self.cases,
             "skipped": self.skipped,
+            "skip_reasons": dict(self.skip_reasons),
             "dropped": self.dropped,
             "per_op": dict(self.per_op),
             "by_kind": dict(self.by_kind),
@@ -247,6 +249,7 @@ class FuzzSummary:
         return cls(
             cases=int(s.get("cases", 0)),
             skipped=int(s.get("skipped", 0)),
+            skip_reasons=counter("skip_reasons"),
             dropped=int(s.get("dropped", 0)),
             per_op=counter("per_op"),
             by_kind=counter("by_kind"),
@@ -291,6 +294,7 @@ class Recorder:
         s = self.summary
         if result.skipped:
             s.skipped += 1
+            s.skip_reasons[result.skipped] += 1
             return
         s.cases += 1
         s.per_op[task.op] += 1
