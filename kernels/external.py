@@ -106,8 +106,18 @@ SURFACES: tuple[Surface, ...] = (
     Surface(op="gather", name="host_tier", keywords=GATHER_HOST_KEYWORDS, what="the host tier (HiSparse)"),
     Surface(op="convert", name="block_stride_rows", keywords=("BLOCK_STRIDE_ROWS",), what="a block row stride"),
     Surface(op="convert", name="compact_to_front", keywords=("COMPACT_TO_FRONT",), what="compaction to the front"),
-    Surface(op="convert", name="caller_out", keywords=CALLER_OUT_KEYWORDS, what="caller-owned outputs (out=, valid_counts_out=)"),
-    Surface(op="dcp_peer", name="caller_out", keywords=CALLER_OUT_KEYWORDS, what="caller-owned outputs (out=, valid_counts_out=)"),
+    Surface(
+        op="convert",
+        name="caller_out",
+        keywords=CALLER_OUT_KEYWORDS,
+        what="caller-owned outputs (out=, valid_counts_out=)",
+    ),
+    Surface(
+        op="dcp_peer",
+        name="caller_out",
+        keywords=CALLER_OUT_KEYWORDS,
+        what="caller-owned outputs (out=, valid_counts_out=)",
+    ),
 )
 
 
