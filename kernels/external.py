@@ -83,14 +83,13 @@ def external_entry(op: str, ref: str, *, rejects: Iterable[str]) -> ImplEntry:
 @dataclass(frozen=True, kw_only=True)
 class Surface:
     """An optional surface of an op: a capability name (what the op row's ``needs``/``fit`` ask
-    for), the keywords that carry it (a signature that names all of them has it), and a few words
-    for the run's header. ``in_call``: carried by the op's own call (gather's ``seq_starts``, always
-    passed), so any implementation has it unless its signature is an older form the harness adapts."""
+    for) and the keywords that carry it (a signature that names all of them has it). ``in_call``:
+    carried by the op's own call (gather's ``seq_starts``, always passed), so any implementation
+    has it unless its signature is an older form the harness adapts."""
 
     op: str
     name: str
     keywords: tuple[str, ...]
-    what: str
     in_call: bool = False
 
 
@@ -102,22 +101,12 @@ CALLER_OUT_KEYWORDS = ("out", "valid_counts_out")
 # Every optional surface, one row each: adding a surface is one row here (and its generator's
 # ``needs``/``fit``). The header, ``--features`` and signature reading all read this table.
 SURFACES: tuple[Surface, ...] = (
-    Surface(op="gather", name="seq_starts", keywords=("seq_starts",), what="non-zero seq_starts", in_call=True),
-    Surface(op="gather", name="host_tier", keywords=GATHER_HOST_KEYWORDS, what="the host tier (HiSparse)"),
-    Surface(op="convert", name="block_stride_rows", keywords=("BLOCK_STRIDE_ROWS",), what="a block row stride"),
-    Surface(op="convert", name="compact_to_front", keywords=("COMPACT_TO_FRONT",), what="compaction to the front"),
-    Surface(
-        op="convert",
-        name="caller_out",
-        keywords=CALLER_OUT_KEYWORDS,
-        what="caller-owned outputs (out=, valid_counts_out=)",
-    ),
-    Surface(
-        op="dcp_peer",
-        name="caller_out",
-        keywords=CALLER_OUT_KEYWORDS,
-        what="caller-owned outputs (out=, valid_counts_out=)",
-    ),
+    Surface(op="gather", name="seq_starts", keywords=("seq_starts",), in_call=True),
+    Surface(op="gather", name="host_tier", keywords=GATHER_HOST_KEYWORDS),
+    Surface(op="convert", name="block_stride_rows", keywords=("BLOCK_STRIDE_ROWS",)),
+    Surface(op="convert", name="compact_to_front", keywords=("COMPACT_TO_FRONT",)),
+    Surface(op="convert", name="caller_out", keywords=CALLER_OUT_KEYWORDS),
+    Surface(op="dcp_peer", name="caller_out", keywords=CALLER_OUT_KEYWORDS),
 )
 
 

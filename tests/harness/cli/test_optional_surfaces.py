@@ -127,3 +127,28 @@ def test_the_pytest_plugin_prints_the_wrappers_line_gives_declared_surfaces_and_
     bad = pytester.runpytest(*base, "--mlafuzz-features", "convert=nope")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     assert "no optional surface 'nope'" in bad.stderr.str()
+
+
+def test_a_new_surface_is_one_row_that_signature_reading_features_and_the_header_all_see(monkeypatch):
+    from mlafuzz.kernels import external
+    from mlafuzz.kernels.entry import ImplEntry
+    from mlafuzz.reports.console import surface_line
+
+    row = external.Surface(op="writer", name="skip_scale", keywords=("skip_scale",))
+    monkeypatch.setattr(external, "SURFACES", (*external.SURFACES, row))
+
+    def writer(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale, skip_scale=False):
+        return None
+
+    assert external.adapt_signature("writer", writer)[1] == frozenset({"skip_scale"})
+    assert external.parse_features(["writer=skip_scale"], ops=["writer"]) == {"writer": ("skip_scale",)}
+    entry = ImplEntry(
+        op="writer",
+        name="w",
+        loader=lambda d: writer,
+        devices=frozenset({"cpu"}),
+        rejects=frozenset(),
+        capabilities=frozenset(),
+        surfaces_from="opaque",
+    )
+    assert "will never be drawn skip_scale" in surface_line(external.surface_view(entry))
