@@ -134,14 +134,16 @@ def opaque(fn: Callable) -> bool:
     return params is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def cannot_take(op: str, fn: Callable, names: Iterable[str]) -> tuple[str, ...]:
-    """The declared surfaces ``names`` that ``fn``'s readable signature plainly cannot take (it
-    lacks one of their keywords and has no ``**kwargs``); () for a signature that cannot show it."""
+def cannot_take(op: str, fn: Callable, names: Iterable[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(surface, its missing keywords) for each declared surface of ``names`` that ``fn``'s readable
+    signature plainly cannot take (it lacks a keyword and has no ``**kwargs``); () for a signature
+    that cannot show it."""
     if opaque(fn):
         return ()
     params = _parameters(fn) or {}
     rows = {s.name: s for s in surfaces(op)}
-    return tuple(n for n in names if n in rows and not all(k in params for k in rows[n].keywords))
+    missing = ((n, tuple(k for k in rows[n].keywords if k not in params)) for n in names if n in rows)
+    return tuple((n, keys) for n, keys in missing if keys)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -183,9 +183,10 @@ def select_impls(
             fn = load(session, session.entry(op, ref, features=declared), device)
             refused = cannot_take(op, fn, declared)
             if refused:
+                name, keywords = refused[0]
                 raise ImplError(
-                    f"--features {op}={','.join(declared)}: {op}={ref} cannot take {refused[0]}: its"
-                    f" signature names neither all of its keywords nor **kwargs (drop it from --features)"
+                    f"--features {op}={','.join(declared)}: {op}={ref} cannot take {name}: its signature"
+                    f" has no {' / '.join(keywords)} parameter and no **kwargs (drop {name} from --features)"
                 )
             refs[op] = ref
     except ImplError as exc:
