@@ -152,3 +152,10 @@ def test_a_new_surface_is_one_row_that_signature_reading_features_and_the_header
         surfaces_from="opaque",
     )
     assert "will never be drawn skip_scale" in surface_line(external.surface_view(entry))
+
+
+def test_declared_surfaces_cross_into_worker_processes(tmp_path):
+    out = tmp_path / "run"
+    args = ["fuzz", "--impl", f"convert={WRAPPER}", "--features", "convert=caller_out", "--device", "cpu"]
+    assert main([*args, "--cases", "12", "--seed", "3", "--out", str(out), "--shrink-budget", "0", "--quiet"]) == 0
+    assert json.loads((out / "summary.json").read_text())["coverage"].get("caller-out", 0) >= 1
