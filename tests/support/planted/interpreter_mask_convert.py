@@ -32,6 +32,7 @@ def _convert_kernel(
     prefill_req_ptr,
     prefill_starts_ptr,
     num_reqs,
+    num_starts,
     max_blocks,
     table_stride0,
     indices_stride0,
@@ -48,16 +49,20 @@ def _convert_kernel(
     t0 = tl.where(tok >= 0, tok, 0)
     block = t0 // BLOCK_SIZE
     offset = t0 - block * BLOCK_SIZE
-    valid = (tok >= 0) & (block < max_blocks) & (req >= 0) & (req < num_reqs)
+    in_table = (tok >= 0) & (block < max_blocks)
+    req_ok = (req >= 0) & (req < num_reqs)
+    row_base = table_ptr + tl.where(req_ok, req, 0) * table_stride0
     if HAS_PREFILL:
         prefill_req_id = tl.load(prefill_req_ptr + row)
         is_prefill = prefill_req_id >= 0  # a scalar condition loaded from memory, as vLLM's
-        base = tl.load(table_ptr + req * table_stride0 + block, mask=valid & ~is_prefill, other=0)
-        start = tl.load(prefill_starts_ptr + tl.where(is_prefill, prefill_req_id, 0))
+        base = tl.load(row_base + block, mask=in_table & req_ok & ~is_prefill, other=0)
+        prefill_ok = is_prefill & (prefill_req_id < num_starts)
+        start = tl.load(prefill_starts_ptr + tl.where(prefill_ok, prefill_req_id, 0), mask=prefill_ok, other=0)
         value = tl.where(is_prefill, start + t0, base * BLOCK_SIZE + offset)
-        valid = valid | (is_prefill & (tok >= 0))
+        valid = in_table & tl.where(is_prefill, prefill_ok, req_ok)
     else:
-        base = tl.load(table_ptr + req * table_stride0 + block, mask=valid, other=0)
+        valid = in_table & req_ok
+        base = tl.load(row_base + block, mask=valid, other=0)
         value = base * BLOCK_SIZE + offset
     tl.store(out_ptr + row * out_stride0 + cols, tl.where(valid, value, -1))
     if COUNT_VALID:
@@ -103,6 +108,7 @@ def convert(
             prefill_workspace_request_ids if has_prefill else req_id,
             prefill_workspace_starts if has_prefill else req_id,
             table.shape[0],
+            prefill_workspace_starts.shape[0] if has_prefill else 0,
             table.shape[1],
             table.stride(0),
             indices.stride(0),
