@@ -64,6 +64,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="implementation to fuzz (repeatable; an op may appear more than once); "
         "default: the device's own implementations",
     )
+    g.addoption(
+        "--mlafuzz-features",
+        action="append",
+        default=[],
+        metavar="OP=NAME,...",
+        help="optional surfaces an implementation takes that its signature does not name (a **kwargs"
+        " wrapper), as mlafuzz fuzz --features (repeatable)",
+    )
     g.addoption("--mlafuzz-seed", type=int, default=0, metavar="N", help="run seed (default 0)")
     g.addoption(
         "--mlafuzz-out",
@@ -202,6 +210,7 @@ class FuzzSession:
         self.device = self._pick_device(config.getoption("mlafuzz_device"))
         self.ledger = self._load_ledger(config.getoption("mlafuzz_ledger"))
         self.session = self._session()
+        self.features = tuple(config.getoption("mlafuzz_features") or ())
         self.specs = self._resolve(config.getoption("mlafuzz_impl") or [])
         self.shrink_budget = float(config.getoption("mlafuzz_shrink_budget"))
         self.isolate = bool(config.getoption("mlafuzz_isolate"))
@@ -243,7 +252,7 @@ class FuzzSession:
         """(op, ref, entry) per item: each --mlafuzz-impl (an op may come more than once: an item
         each), else every op's default here; each resolved and loaded once, as ``mlafuzz fuzz``
         does (drive/campaign.py ``select_impls``), so a mistake is the same one line here."""
-        from mlafuzz.harness.drive.campaign import CampaignError, select_impls
+        from mlafuzz.harness.drive.campaign import CampaignError, declared_features, select_impls
         from mlafuzz.kernels.entry import ImplError
         from mlafuzz.kernels.registry import parse_impl_arg
 
@@ -253,11 +262,20 @@ class FuzzSession:
                 (op, s.default_ref(op, self.device)) for op in s.table.names
             ]
             pairs = list(dict.fromkeys(pairs))
+            features = declared_features(self.features, list(dict.fromkeys(op for op, _ in pairs)))
             for op, ref in pairs:
-                select_impls(s, [f"{op}={ref}"], [op], self.device)
-            return [(op, ref, s.entry(op, ref)) for op, ref in pairs]
+                select_impls(s, [f"{op}={ref}"], [op], self.device, features=features)
+            return [(op, ref, s.entry(op, ref, features=features.get(op, ()))) for op, ref in pairs]
         except (ImplError, CampaignError) as exc:
             raise pytest.UsageError(f"mlafuzz: {exc}") from None
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        """Each item's optional surfaces: what its implementation will and will not be given."""
+        from mlafuzz.kernels.external import surface_view
+        from mlafuzz.reports import console
+
+        views = (surface_view(entry) for _, _, entry in self.specs)
+        return [console.surface_line(v) for v in views if v is not None]
 
     # --- collection ---------------------------------------------------------
 
@@ -314,6 +332,7 @@ class FuzzSession:
             out_dir=out,  # this item's previous run there is replaced, never appended to
             shard=shard,
             shrink_budget=self.shrink_budget,
+            features=tuple(t for t in self.features if t.partition("=")[0] == item.op),
             timeout=self.timeout,
             isolate=self.isolate,
             slots=self._slots(device),
@@ -327,7 +346,8 @@ class FuzzSession:
         if summary.interrupted:
             raise KeyboardInterrupt
         totals = summary.to_json()
-        item.add_report_section("call", "mlafuzz", f"{console.summary_line(totals)}\nfindings: {out}")
+        skipped = "".join(f"\n{line}" for line in console.skip_lines(totals))
+        item.add_report_section("call", "mlafuzz", f"{console.summary_line(totals)}{skipped}\nfindings: {out}")
         item.user_properties.append(("mlafuzz_item", [item.op, item.ref]))
         if self.ledger is not None:
             item.user_properties.append(("mlafuzz_ledger_matched", list(judgement.matched)))
@@ -353,6 +373,7 @@ class FuzzSession:
             cases=summary.cases + summary.skipped,
             shard=shard,
             out=str(out / "replay"),
+            features=tuple(sorted(item.entry.declared)),
         )
         title = (
             f"mlafuzz: {item.op}={item.ref} on {device} (seed {self.seed}, shard {shard[0]}/"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
 import shutil
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 
 class ImplError(ValueError):
@@ -23,6 +24,11 @@ class ImplEntry:
     rejects: frozenset[str]  # error-input classes it promises to refuse
     description: str = ""
     capabilities: frozenset[str] = frozenset({"seq_starts"})  # optional SPEC features it has
+    # Where ``capabilities`` came from, for the run's header: "registry" (the entry declares them),
+    # "signature" (read from the callable's parameters, kernels/external.py), "opaque" (a signature
+    # with ``**kwargs`` or none readable: it proves nothing, so only what ``declared`` adds).
+    surfaces_from: str = "registry"
+    declared: frozenset[str] = frozenset()  # surfaces the user declared (``--features``), in ``capabilities`` too
     requires: tuple[str, ...] = ()  # Python packages it cannot be loaded without (e.g. triton)
     tools: tuple[str, ...] = ()  # programs on PATH it builds itself with on first load (e.g. g++)
     expected_kind: str | None = None  # for planted-bug mutants: the finding kind it should draw
@@ -50,6 +56,13 @@ class ImplEntry:
                 f"ImplEntry {self.op}={self.name}: revision={self.revision!r} pins one revision,"
                 f" revisions={sorted(self.revisions)} follows the run's: give one of them"
             )
+
+    def with_declared(self, names: Iterable[str]) -> ImplEntry:
+        """This entry given the surfaces ``names`` too, as the user declared them (``--features``)."""
+        names = frozenset(names)
+        if not names:
+            return self
+        return dataclasses.replace(self, capabilities=self.capabilities | names, declared=self.declared | names)
 
     def missing(self) -> tuple[str, ...]:
         """The packages of ``requires`` this Python cannot import, then the ``tools`` not on PATH."""

@@ -12,8 +12,9 @@ import importlib.util
 import inspect
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from mlafuzz.kernels.entry import ImplEntry, ImplError
 
@@ -72,57 +73,151 @@ def external_entry(op: str, ref: str, *, rejects: Iterable[str]) -> ImplEntry:
         rejects=frozenset(rejects),
         description=f"external implementation {ref}",
         capabilities=caps,
+        surfaces_from="opaque" if opaque(fn) else "signature",
     )
 
 
-# Optional convert features (SPEC section 7) by the keyword that carries them, as vLLM spells it.
-CONVERT_OPTION_KEYWORDS = {"BLOCK_STRIDE_ROWS": "block_stride_rows", "COMPACT_TO_FRONT": "compact_to_front"}
+# --- optional surfaces (SPEC 7, 9.2, 9.3): what an implementation may be given besides the call ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class Surface:
+    """An optional surface of an op: a capability name (what the op row's ``needs``/``fit`` ask
+    for) and the keywords that carry it (a signature that names all of them has it). ``in_call``:
+    carried by the op's own call (gather's ``seq_starts``, always passed), so any implementation
+    has it unless its signature is an older form the harness adapts."""
+
+    op: str
+    name: str
+    keywords: tuple[str, ...]
+    in_call: bool = False
+
+
 GATHER_HOST_KEYWORDS = ("host_cache", "host_row_ids", "device_row_ids")  # the ``host_tier`` capability
 # SPEC 9.2's caller-owned outputs: a signature that names both keywords (vLLM's convert, and its
 # DCP peer-slot variant) gets them in some cases.
 CALLER_OUT_KEYWORDS = ("out", "valid_counts_out")
 
+# Every optional surface, one row each: adding a surface is one row here (and its generator's
+# ``needs``/``fit``). The header, ``--features`` and signature reading all read this table.
+SURFACES: tuple[Surface, ...] = (
+    Surface(op="gather", name="seq_starts", keywords=("seq_starts",), in_call=True),
+    Surface(op="gather", name="host_tier", keywords=GATHER_HOST_KEYWORDS),
+    Surface(op="convert", name="block_stride_rows", keywords=("BLOCK_STRIDE_ROWS",)),
+    Surface(op="convert", name="compact_to_front", keywords=("COMPACT_TO_FRONT",)),
+    Surface(op="convert", name="caller_out", keywords=CALLER_OUT_KEYWORDS),
+    Surface(op="dcp_peer", name="caller_out", keywords=CALLER_OUT_KEYWORDS),
+    Surface(op="dcp", name="block_stride_rows", keywords=("BLOCK_STRIDE_ROWS",)),  # vLLM 0.29.0 on
+    Surface(op="writer", name="skip_scale", keywords=("skip_scale",)),  # concat_and_cache_mla, vLLM 0.33.0 on
+)
 
-def caller_out(params: object) -> frozenset[str]:
-    """``{"caller_out"}`` when a signature's parameters name ``out`` and ``valid_counts_out``."""
-    return frozenset({"caller_out"}) if params and all(k in params for k in CALLER_OUT_KEYWORDS) else frozenset()
+
+def surfaces(op: str) -> tuple[Surface, ...]:
+    """The op's optional surfaces, in table order (none: an op without any)."""
+    return tuple(s for s in SURFACES if s.op == op)
+
+
+def declarable(op: str) -> tuple[str, ...]:
+    """The surface names ``--features OP=...`` may declare: those passed by keyword."""
+    return tuple(s.name for s in surfaces(op) if not s.in_call)
+
+
+def _parameters(fn: Callable) -> Mapping[str, inspect.Parameter] | None:
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins and torch ops may hide their signature
+        return None
+
+
+def opaque(fn: Callable) -> bool:
+    """Whether ``fn``'s signature cannot show which keywords it takes: hidden, or a ``**kwargs``
+    (it might drop a keyword, so it proves nothing)."""
+    params = _parameters(fn)
+    return params is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def cannot_take(op: str, fn: Callable, names: Iterable[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(surface, its missing keywords) for each declared surface of ``names`` that ``fn``'s readable
+    signature plainly cannot take (it lacks a keyword and has no ``**kwargs``); () for a signature
+    that cannot show it."""
+    if opaque(fn):
+        return ()
+    params = _parameters(fn) or {}
+    rows = {s.name: s for s in surfaces(op)}
+    missing = ((n, tuple(k for k in rows[n].keywords if k not in params)) for n in names if n in rows)
+    return tuple((n, keys) for n, keys in missing if keys)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SurfaceView:
+    """What one implementation will and will not be given of its op's optional surfaces, and why
+    (``source``: ``ImplEntry.surfaces_from``), for the run's header (reports/console.py words it)."""
+
+    op: str
+    impl: str
+    given: tuple[str, ...]
+    absent: tuple[str, ...]
+    declared: tuple[str, ...]  # of ``given``, those the user declared (--features)
+    source: str
+    declarable: tuple[str, ...]  # what --features OP=... may name
+
+
+def surface_view(entry: ImplEntry) -> SurfaceView | None:
+    """``entry``'s optional surfaces, given and not (None: its op has none)."""
+    rows = surfaces(entry.op)
+    if not rows:
+        return None
+    return SurfaceView(
+        op=entry.op,
+        impl=entry.name,
+        given=tuple(s.name for s in rows if s.name in entry.capabilities),
+        absent=tuple(s.name for s in rows if s.name not in entry.capabilities),
+        declared=tuple(s.name for s in rows if s.name in entry.declared),
+        source=entry.surfaces_from,
+        declarable=declarable(entry.op),
+    )
+
+
+def parse_features(texts: Iterable[str], *, ops: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """``--features OP=NAME,...`` texts -> op -> the surfaces declared; a one-line ImplError for an
+    op not among ``ops`` (the run's) or a name that is not one of the op's surfaces (listing the valid ones)."""
+    known = tuple(ops)
+    out: dict[str, tuple[str, ...]] = {}
+    for text in texts:
+        op, sep, names = text.partition("=")
+        if not sep or not op:
+            raise ImplError(f"--features {text!r}: expected OP=NAME,... (NAME: one of the op's optional surfaces)")
+        if op not in known:
+            raise ImplError(f"--features {text!r}: op {op!r} is not fuzzed in this run (ops: {', '.join(known)})")
+        valid = declarable(op)
+        given = tuple(dict.fromkeys(n.strip() for n in names.split(",") if n.strip()))
+        bad = [n for n in given if n not in valid]
+        if bad or not given:
+            raise ImplError(
+                f"--features {text!r}: op {op!r} has no optional surface {bad[0] if bad else ''!r}"
+                f" (valid: {', '.join(valid) or 'none: the op has no optional surfaces'})"
+            )
+        out[op] = tuple(dict.fromkeys(out.get(op, ()) + given))
+    return out
 
 
 def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
-    """Fit an external callable to SPEC's signature and say which optional features it has.
+    """Fit an external callable to SPEC's signature and say which optional surfaces it has.
 
-    A gather with ``seq_lens`` and no ``seq_starts`` (the pre-#48642 signature)
-    is wrapped to the new call and lacks the ``seq_starts`` capability: cases
-    that need it are skipped and reported, not failed. A gather that names ``host_cache``,
-    ``host_row_ids`` and ``device_row_ids`` has the ``host_tier`` capability (SPEC 9.3). A convert has the
-    ``block_stride_rows`` / ``compact_to_front`` capability when its signature
-    names ``BLOCK_STRIDE_ROWS`` / ``COMPACT_TO_FRONT`` (a ``**kwargs`` proves
-    nothing: it may drop them); the harness passes those keywords only to
-    implementations that have them, so an older convert is called as before. Likewise
-    ``caller_out`` (SPEC 9.2) when it names ``out`` and ``valid_counts_out``, a DCP filter's
-    ``block_stride_rows`` when it names ``BLOCK_STRIDE_ROWS`` (vLLM 0.29.0 on), and a writer's
-    ``skip_scale`` when it names ``skip_scale`` (vLLM 0.33.0 on).
+    A surface passed by keyword (``SURFACES``) is had when the signature names all its keywords
+    (a ``**kwargs`` proves nothing: it may drop them; the user declares such a wrapper's with
+    ``--features``); the harness passes those keywords only to implementations that have them, so
+    an older one is called as before. A gather with ``seq_lens`` and no ``seq_starts`` (the
+    pre-#48642 signature) is wrapped to the new call and lacks ``seq_starts``: cases that need it
+    are skipped and reported, not failed.
     """
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # builtins and torch ops may hide their signature
-        params = None
-    if op == "convert":
-        named = frozenset(CONVERT_OPTION_KEYWORDS[p] for p in (params or ()) if p in CONVERT_OPTION_KEYWORDS)
-        return fn, named | caller_out(params)
-    if op == "dcp_peer":  # SPEC 9.4's peer-slot map takes SPEC 9.2's caller-owned outputs too
-        return fn, caller_out(params)
-    if op == "writer" and params is not None:  # concat_and_cache_mla's skip_scale (vLLM 0.33.0)
-        return fn, frozenset({"seq_starts"}) | (frozenset({"skip_scale"}) if "skip_scale" in params else frozenset())
-    if op == "dcp":  # the DCP filter's BLOCK_STRIDE_ROWS (vLLM 0.29.0), as convert's
-        return fn, frozenset({"block_stride_rows"}) if params and "BLOCK_STRIDE_ROWS" in params else frozenset()
-    if op != "gather" or params is None:
-        return fn, frozenset({"seq_starts"})
-    if "seq_starts" not in params and "seq_lens" in params:
+    params = _parameters(fn)
+    if op == "gather" and params is not None and "seq_starts" not in params and "seq_lens" in params:
         return adapt_old_gather(fn), frozenset()
-    # SPEC 9.3's host tier: a gather that names all three keywords (vLLM's after HiSparse).
-    host = frozenset({"host_tier"}) if all(k in params for k in GATHER_HOST_KEYWORDS) else frozenset()
-    return fn, frozenset({"seq_starts"}) | host
+    named = frozenset(
+        s.name for s in surfaces(op) if s.in_call or (params is not None and all(k in params for k in s.keywords))
+    )
+    return fn, named
 
 
 def adapt_old_gather(fn: Callable) -> Callable:

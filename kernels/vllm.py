@@ -13,7 +13,7 @@ import importlib
 from typing import Callable
 
 from mlafuzz.kernels.entry import ImplEntry, ImplError
-from mlafuzz.kernels.external import adapt_signature
+from mlafuzz.kernels.external import adapt_signature, opaque
 
 
 def _find(op: str, candidates: tuple[tuple[str, str], ...]) -> Callable:
@@ -58,4 +58,5 @@ def vllm_entry(
         rejects=rejects,
         description=f"vLLM's {op}",
         capabilities=caps,
+        surfaces_from="opaque" if opaque(fn) else "signature",
     )

@@ -53,6 +53,7 @@ class Bundle:
     inputs: dict[str, torch.Tensor]
     revision: str | None = None  # the contract revision (SPEC 7) to replay under; None: a bundle from before revisions
     timeout: float | None = None  # the run's per-case limit (a TIMEOUT bundle replays under it)
+    features: tuple[str, ...] = ()  # optional surfaces the run declared its implementation takes (--features)
 
 
 def env_info() -> dict[str, Any]:
@@ -118,9 +119,11 @@ def write_bundle(
     extra: dict[str, Any] | None = None,
     revision: str | None = None,
     timeout: float | None = None,
+    features: tuple[str, ...] = (),
 ) -> Path:
     """``revision``: the contract revision to replay under; default the one the finding was judged
-    under. ``timeout``: the run's per-case limit (a TIMEOUT bundle replays under it)."""
+    under. ``timeout``: the run's per-case limit (a TIMEOUT bundle replays under it). ``features``:
+    the surfaces the run declared its implementation takes; a replay gives it them again."""
     path = root / slug(name)
     path.mkdir(parents=True, exist_ok=True)
     case = {
@@ -138,6 +141,8 @@ def write_bundle(
     }
     if timeout is not None:
         case["timeout"] = timeout
+    if features:
+        case["features"] = sorted(features)
     tensors = {k: v.detach().cpu() for k, v in inputs.items() if v is not None}
     buffer = io.BytesIO()
     torch.save(tensors, buffer)
@@ -220,7 +225,15 @@ def read_bundle(path: Path) -> Bundle:
         inputs=inputs,
         revision=_revision(case, finding),
         timeout=float(timeout) if timeout is not None else None,
+        features=_features(case),
     )
+
+
+def _features(case: dict[str, Any]) -> tuple[str, ...]:
+    value = case.get("features", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BundleError(f"case.json: features={value!r} must be a list of surface names")
+    return tuple(value)
 
 
 def _load_inputs(path: Path) -> dict[str, torch.Tensor]:

@@ -79,6 +79,27 @@ def start_line(
     )
 
 
+def surface_line(view: Any) -> str:
+    """One implementation's optional surfaces (kernels/external.py ``SurfaceView``): what it will
+    be given, what not and why; for a signature that proves nothing (``**kwargs``, or none
+    readable), what it will never be drawn and how to declare it."""
+    who = f"{view.op}={view.impl}"
+    given = ", ".join(f"{n} (declared)" if n in view.declared else n for n in view.given) or "none"
+    absent = ", ".join(view.absent)
+    if view.source == "opaque":
+        never = [n for n in view.absent if n in view.declarable]
+        if not never:
+            return f"mlafuzz: {who}: given {given}"
+        also = f"; given {given}" if view.given else ""
+        return (
+            f"mlafuzz: {who}: its signature (**kwargs, or none readable) names no optional keyword, so it"
+            f" will never be drawn {', '.join(never)}{also}; if it takes them, declare them:"
+            f" --features {view.op}={','.join(never)}"
+        )
+    why = "not declared by its registry entry" if view.source == "registry" else "not in its signature"
+    return f"mlafuzz: {who}: given {given}" + (f"; not given: {absent} ({why})" if absent else "")
+
+
 def cleared_line(*, out: str, removed: Sequence[str]) -> str:
     """The note that the default run folder's earlier run was cleared."""
     return (
@@ -124,6 +145,13 @@ def summary_line(s: Mapping[str, Any]) -> str:
         f" {s.get('skipped', 0)} skipped{held},"
         f" {float(s.get('seconds', 0.0)):.1f} s ({rate:.1f} cases/s){' [interrupted]' if s.get('interrupted') else ''}"
     )
+
+
+def skip_lines(s: Mapping[str, Any]) -> list[str]:
+    """Why cases were skipped (summary.json's ``skip_reasons``), one line per reason, most first."""
+    reasons = s.get("skip_reasons") or {}
+    ranked = sorted(reasons.items(), key=lambda kv: (-int(kv[1]), kv[0]))
+    return [f"mlafuzz: skipped {plural(int(n), 'case')}: {why}" for why, n in ranked]
 
 
 def merge_lines(result: Any) -> list[str]:
@@ -256,9 +284,18 @@ def replay_lines(
 
 
 def rerun_command(
-    *, op: str, impl: str, device: str, seed: int, cases: int, shard: tuple[int, int] | None, out: str
+    *,
+    op: str,
+    impl: str,
+    device: str,
+    seed: int,
+    cases: int,
+    shard: tuple[int, int] | None,
+    out: str,
+    features: Sequence[str] = (),
 ) -> str:
-    """A re-run of exactly a run's cases (case i is a pure function of seed and i)."""
+    """A re-run of exactly a run's cases (case i is a pure function of seed and i); ``features``:
+    the surfaces the run declared the implementation takes (its cases drew them)."""
     parts = [
         "mlafuzz",
         "fuzz",
@@ -275,6 +312,8 @@ def rerun_command(
     ]
     if shard is not None and shard[1] > 1:
         parts += ["--shard", f"{shard[0]}/{shard[1]}"]
+    if features:
+        parts += ["--features", f"{op}={','.join(features)}"]
     parts += ["--out", out]
     return " ".join(shlex.quote(p) for p in parts)
 

@@ -46,8 +46,8 @@ from mlafuzz.reports.model import (
 from mlafuzz.reports.rundir import BUNDLES_DIR, clear_run, holds_run
 
 _SUMMED = ("cases", "skipped", "findings", "infos", "worker_restarts")
-_COUNTERS = ("per_op", "by_kind", "coverage", "features")  # key -> n, or op -> key -> n: summed per key
-_RUN_KEYS = ("seed", "device", "shard", "cases")  # what a finding needs to be re-run
+_COUNTERS = ("per_op", "by_kind", "coverage", "features", "skip_reasons")  # key -> n, or op -> key -> n: summed per key
+_RUN_KEYS = ("seed", "device", "shard", "cases", "features")  # what a finding needs to be re-run
 # run.json keys that do not change which cases a run made (how many it made, how long it might take).
 _NOT_IDENTITY = frozenset({"cases", "budget", "timeout", "merged_from"})
 

@@ -473,6 +473,9 @@ def replay_command(finding: Finding, run: Mapping[str, Any] | None = None, *, bu
     shard_text = shard_label(run.get("shard"))
     if shard_text and shard_text != "0/1":
         parts += ["--shard", shard_text]
+    declared = (run.get("features") or {}).get(finding.op) if isinstance(run.get("features"), Mapping) else None
+    if declared:  # the run's cases drew these surfaces: the re-run must declare them too
+        parts += ["--features", f"{finding.op}={','.join(str(n) for n in declared)}"]
     if isinstance(run.get("cases"), int):
         parts += ["--cases", str(run["cases"])]
     return " ".join(shlex.quote(p) for p in parts)

@@ -10,6 +10,9 @@ One cause, one finding: elements the write map shows were never written are
 MISSING_WRITE's, and the comparator leaves them out (their bytes are the fill
 pattern, so comparing them would file the same bug again as VALUE_MISMATCH
 and NAN_MISMATCH); mismatches anywhere else are still reported.
+
+A first call that failed on a known limit of Triton's CPU interpreter (check/interpreter.py) is
+judged no further: ``EnvironmentLimit``, which the runner makes a counted skip.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from mlafuzz.generators.case import Case
 from mlafuzz.harness.check.calls import Call, call_copied
 from mlafuzz.harness.check.compare import Context, Policy
 from mlafuzz.harness.check.detectors import input_mutations
+from mlafuzz.harness.check.interpreter import EnvironmentLimit, interpreter_limit
 from mlafuzz.harness.check.narrow import narrow
 from mlafuzz.harness.check.pipeline import DETECTORS, Detector, Evidence, run_detectors
 from mlafuzz.harness.check.stages import stage
@@ -106,6 +110,9 @@ def full_path(
     each of ``detectors`` in order (check/pipeline.py); ``oracle`` overrides the op's vectorized one
     (the loop oracle, for minimized cases)."""
     ev = gather(op=op, case=case, fn=fn, ctx=ctx, policy=policy, rerun=rerun, sub=sub, oracle=oracle, redzone=redzone)
+    reason = interpreter_limit(ev.first.error)
+    if reason is not None:  # the environment failed, not the implementation: nothing to judge
+        raise EnvironmentLimit(reason)
     findings = run_detectors(ev, detectors, review=lambda found: review(op, case, ev.first, found, ctx))
     return fold_misplaced(findings)
 

@@ -70,18 +70,23 @@ class Session:
         self.registry = registry if registry is not None else default_registry()
         self.redzone = redzone
         self.fast: Any = None  # the GPU fast path's resources (harness/fast), when this process uses it
-        self._entries: dict[tuple[str, str, frozenset[str] | None], ImplEntry] = {}
+        self._entries: dict[tuple[str, str, frozenset[str] | None, frozenset[str]], ImplEntry] = {}
         self._loaded: dict[tuple[str, str, str, str | None], Callable] = {}
         self._warned: set[str] = set()
 
-    def entry(self, op: str, ref: str, *, rejects: Iterable[str] | None = None) -> ImplEntry:
-        """The registry entry ``--impl op=ref`` names, resolved once per process."""
-        key = (op, ref, frozenset(rejects) if rejects is not None else None)
+    def entry(
+        self, op: str, ref: str, *, rejects: Iterable[str] | None = None, features: Iterable[str] = ()
+    ) -> ImplEntry:
+        """The registry entry ``--impl op=ref`` names, resolved once per process; ``features``: the
+        optional surfaces the user declared it takes (``--features``), added to its capabilities."""
+        declared = frozenset(features)
+        key = (op, ref, frozenset(rejects) if rejects is not None else None, declared)
         if key not in self._entries:
             row = self.table.get(op)
-            self._entries[key] = self.registry.resolve(
+            entry = self.registry.resolve(
                 op, ref, contract=row.contract, rejects=rejects, vllm=row.vllm, vllm_devices=row.vllm_devices
             )
+            self._entries[key] = entry.with_declared(declared)
         return self._entries[key]
 
     def load(self, entry: ImplEntry, device: str, *, revision: str | None = None) -> Callable:

@@ -66,6 +66,14 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help="implementation per op: a registered name (see `mlafuzz list`), vllm, module:attr or "
         "path/to/file.py:attr (repeatable); default: ours for the device",
     )
+    f.add_argument(
+        "--features",
+        action="append",
+        metavar="OP=NAME,...",
+        help="optional surfaces an --impl takes that its signature does not name (a *args, **kwargs"
+        " wrapper): it is given them, e.g. convert=caller_out,block_stride_rows (repeatable; the header"
+        " lists each implementation's; names: docs/contract.md, Capabilities)",
+    )
     f.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
     f.add_argument("--cases", type=positive_int, help="number of cases to run (this shard)")
     f.add_argument(
@@ -304,6 +312,7 @@ def campaign_of(args: argparse.Namespace) -> tuple[Any, bool, bool]:
         shard=args.shard,
         shrink_budget=args.shrink_budget,
         rejects=parse_contracts(args.contract, table),
+        features=tuple(args.features or ()),
         revision=args.revision,
         timeout=args.timeout,
         isolate=not args.in_process,
@@ -379,6 +388,8 @@ class Reporter:
             ),
             file=sys.stderr,
         )
+        for view in prepared.surfaces:
+            print(console.surface_line(view), file=sys.stderr)
         for line in corpus_lines(prepared, self.args.corpus) if self.args.corpus else ():
             print(line, file=sys.stderr)
 
@@ -433,6 +444,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     summary = result.summary
     for line in console.bundle_lines(summary.bundles):
         print(line)
+    for line in console.skip_lines(summary.to_json()):
+        print(line, file=sys.stderr)
     print(console.summary_line(summary.to_json()))
     for line in console.verdict_lines(result.judgement, result.found):
         print(line, file=sys.stderr)

@@ -96,6 +96,7 @@ class Campaign:
     shard: tuple[int, int] = (0, 1)
     shrink_budget: float = 0.0
     rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    features: tuple[str, ...] = ()  # --features OP=NAME,... texts: optional surfaces a wrapper takes
     revision: str | None = None  # None: the newest
     timeout: float | None = DEFAULT_TIMEOUT  # per case, in worker processes (None: none recorded)
     isolate: bool = True  # cases in worker processes; False: in this process (a crash ends the run)
@@ -118,6 +119,7 @@ class Prepared:
     removed: list[str]  # an earlier run's files cleared from out_dir
     corpus: list  # the corpus's tasks, run first
     corpus_notes: list[str]  # one per bundle left out of the corpus
+    surfaces: tuple = ()  # kernels.external.SurfaceView per implementation whose op has optional surfaces
     ready: Callable[[str], bool] | None  # the fuzz loop's: an op waits while the extension it needs builds
 
 
@@ -133,12 +135,33 @@ class CampaignResult:
         return self.config.impls
 
 
+def declared_features(
+    texts: tuple[str, ...] | list[str], ops: list[str] | tuple[str, ...]
+) -> dict[str, tuple[str, ...]]:
+    """--features OP=NAME,... -> op -> the optional surfaces declared (kernels/external.py
+    ``SURFACES``); a bad op or name, or an op this run does not fuzz, is one line (CampaignError)."""
+    from mlafuzz.kernels.entry import ImplError
+    from mlafuzz.kernels.external import parse_features
+
+    try:
+        return parse_features(texts, ops=ops)
+    except ImplError as exc:
+        raise CampaignError(str(exc)) from None
+
+
 def select_impls(
-    session: Session, texts: tuple[str, ...] | list[str] | None, ops: list[str], device: str
+    session: Session,
+    texts: tuple[str, ...] | list[str] | None,
+    ops: list[str],
+    device: str,
+    *,
+    features: Mapping[str, tuple[str, ...]] | None = None,
 ) -> dict[str, str]:
     """op -> --impl reference, each resolved and loaded once here (its signature checked against
-    the op's call) so mistakes surface as one line (CampaignError) before any worker starts."""
+    the op's call, and against the surfaces ``features`` declares for it) so mistakes surface as
+    one line (CampaignError) before any worker starts."""
     from mlafuzz.kernels.entry import ImplError
+    from mlafuzz.kernels.external import cannot_take
     from mlafuzz.kernels.registry import parse_impl_arg
 
     chosen: dict[str, str] = {}
@@ -156,19 +179,27 @@ def select_impls(
             chosen[op] = ref
         for op in ops:
             ref = chosen.get(op) or session.default_ref(op, device)
-            load(session, session.entry(op, ref), device)
+            declared = (features or {}).get(op, ())
+            fn = load(session, session.entry(op, ref, features=declared), device)
+            refused = cannot_take(op, fn, declared)
+            if refused:
+                name, keywords = refused[0]
+                raise ImplError(
+                    f"--features {op}={','.join(declared)}: {op}={ref} cannot take {name}: its signature"
+                    f" has no {' / '.join(keywords)} parameter and no **kwargs (drop {name} from --features)"
+                )
             refs[op] = ref
     except ImplError as exc:
         raise CampaignError(str(exc)) from None
     return refs
 
 
-def load(session: Session, entry: ImplEntry, device: str) -> None:
+def load(session: Session, entry: ImplEntry, device: str) -> Callable:
     """Load ``entry`` once (the session keeps it); any failure as one line (ImplError)."""
     from mlafuzz.kernels.entry import ImplError
 
     try:
-        session.load(entry, device)
+        return session.load(entry, device)
     except ImplError:
         raise
     except Exception as exc:  # e.g. the CUDA extension failed to build: one line, exit 2
@@ -291,9 +322,11 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
     if (campaign.redzone or campaign.sanitizer) and campaign.device.split(":")[0] != "cuda":
         raise CampaignError("--redzone and --sanitizer check GPU memory: use them with --device cuda")
     optional = {"revision": campaign.revision, "knobs": campaign.knobs}
+    features = declared_features(campaign.features, campaign.ops)
     return FuzzConfig(
         ops=campaign.ops,
-        impls=select_impls(session, campaign.impls, list(campaign.ops), campaign.device),
+        impls=select_impls(session, campaign.impls, list(campaign.ops), campaign.device, features=features),
+        features=features,
         device=campaign.device,
         cases=campaign.cases,
         budget=campaign.budget,
@@ -332,10 +365,14 @@ def prepare(campaign: Campaign, session: Session, *, say: Callable[[str], None] 
                 revision=config.revision,
                 rejects=config.rejects,
                 shard=(config.shard.index, config.shard.count),
+                features=config.features,
             )
         except BundleError as exc:
             raise CampaignError(f"--corpus {campaign.corpus}: {exc}") from None
-    entries = {op: session.entry(op, ref) for op, ref in config.impls.items()}
+    from mlafuzz.kernels.external import surface_view
+
+    entries = {op: session.entry(op, ref, features=config.features.get(op, ())) for op, ref in config.impls.items()}
+    views = tuple(v for v in (surface_view(e) for e in entries.values()) if v is not None)
     build = start_builds(device=campaign.device, entries=entries, say=say or (lambda line: None))
     resume, removed = None, []
     if campaign.resume and holds_run(config.out_dir):
@@ -346,7 +383,9 @@ def prepare(campaign: Campaign, session: Session, *, say: Callable[[str], None] 
     else:
         removed = clear_run(config.out_dir)
     ready = None if build is None else built_or_not_needed(build[0], entries)
-    return Prepared(config=config, resume=resume, removed=removed, corpus=corpus, corpus_notes=notes, ready=ready)
+    return Prepared(
+        config=config, resume=resume, removed=removed, corpus=corpus, corpus_notes=notes, ready=ready, surfaces=views
+    )
 
 
 def run_campaign(

@@ -105,6 +105,7 @@ class FuzzConfig:
     contract_every: int = 3  # every Nth case also runs one error-input class (ACCEPTED_INVALID_INPUT)
     shrink_budget: float = 0.0  # seconds per new bucket; 0: no shrinking (each bucket bundled as found)
     rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # weaker contracts per op
+    features: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # declared optional surfaces per op
     table: OpTable = OPS
     revision: str = NEWEST_REVISION  # the contract revision (SPEC 7) cases are judged under; an entry's pin wins
     timeout: float | None = None  # the executor's per-case limit: recorded in bundles, bounds TIMEOUT shrinks
@@ -138,6 +139,7 @@ class FuzzConfig:
             "knobs": dataclasses.asdict(self.knobs),
             "spec": spec_to_dict(self.fixed_spec) if self.fixed_spec is not None else None,
             "rejects": {op: list(v) for op, v in sorted(self.rejects.items())},
+            "features": {op: list(v) for op, v in sorted(self.features.items())},
             "rerun_every": self.rerun_every,
             "contract_every": self.contract_every,
             "timeout": self.timeout,
@@ -173,6 +175,7 @@ class FuzzConfig:
             rerun=bool(self.rerun_every) and r % self.rerun_every == 0,
             contract=contract,
             rejects=self.rejects.get(op),
+            declared=self.features.get(op, ()),
             revision=self.revision,
         )
 
@@ -181,6 +184,7 @@ class FuzzConfig:
 class FuzzSummary:
     cases: int = 0
     skipped: int = 0
+    skip_reasons: collections.Counter = field(default_factory=collections.Counter)  # why -> skipped cases
     dropped: int = 0  # cases queued but not started when the budget ended (a resume runs them first)
     per_op: collections.Counter = field(default_factory=collections.Counter)
     by_kind: collections.Counter = field(default_factory=collections.Counter)
@@ -209,6 +213,7 @@ class FuzzSummary:
         return {
             "cases": self.cases,
             "skipped": self.skipped,
+            "skip_reasons": dict(self.skip_reasons),
             "dropped": self.dropped,
             "per_op": dict(self.per_op),
             "by_kind": dict(self.by_kind),
@@ -244,6 +249,7 @@ class FuzzSummary:
         return cls(
             cases=int(s.get("cases", 0)),
             skipped=int(s.get("skipped", 0)),
+            skip_reasons=counter("skip_reasons"),
             dropped=int(s.get("dropped", 0)),
             per_op=counter("per_op"),
             by_kind=counter("by_kind"),
@@ -288,6 +294,7 @@ class Recorder:
         s = self.summary
         if result.skipped:
             s.skipped += 1
+            s.skip_reasons[result.skipped] += 1
             return
         s.cases += 1
         s.per_op[task.op] += 1
@@ -560,6 +567,7 @@ def _bundle(
             finding=final,
             inputs=case.generated_tensors(),
             timeout=config.timeout,
+            features=small.declared,
             extra={
                 "shrink": {
                     "attempts": result.attempts,

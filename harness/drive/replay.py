@@ -109,7 +109,8 @@ def replay(
     if device == "cuda" and not torch.cuda.is_available():
         raise ImplError("--device cuda but no CUDA device is available here (use --device cpu)")
     ref = impl_ref or bundle.impl
-    session.load(session.entry(bundle.op, ref), device)  # an impl that cannot run here: one line
+    # The surfaces the run declared (--features) go to whatever implementation replays the case.
+    session.load(session.entry(bundle.op, ref, features=bundle.features), device)  # cannot run here: one line
     task = Task(
         index=0,
         op=bundle.op,
@@ -121,6 +122,7 @@ def replay(
         rerun=bundle.rerun,
         contract=bundle.contract,
         revision=revision,
+        declared=bundle.features,
     )
     isolated = bundle.finding.kind in (Kind.CRASH, Kind.TIMEOUT) and not debug
     limit = timeout if timeout is not None else bundle.timeout if bundle.timeout is not None else DEFAULT_TIMEOUT
@@ -204,6 +206,7 @@ def corpus_tasks(
     revision: str,
     rejects: Mapping[str, tuple[str, ...]],
     shard: tuple[int, int] = (0, 1),
+    features: Mapping[str, tuple[str, ...]] | None = None,
 ) -> tuple[list[Task], list[str]]:
     """The bundles in ``path`` as tasks of a fuzz run: each bundle's case (spec, seed, error-input
     class, re-run) against the run's implementation of its op, judged under the run's revision.
@@ -234,6 +237,7 @@ def corpus_tasks(
                 rerun=b.rerun,
                 contract=b.contract,
                 rejects=rejects.get(b.op),
+                declared=(features or {}).get(b.op, ()),
                 revision=revision,
             )
         )

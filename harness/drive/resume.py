@@ -32,6 +32,7 @@ CASE_KEYS = (
     "knobs",
     "spec",
     "rejects",
+    "features",
     "rerun_every",
     "contract_every",
     "revision",
@@ -102,6 +103,7 @@ def load_resume(out_dir: Path, run: Mapping[str, Any]) -> Resume:
     old = "shares" not in before  # made before ops had shares: every op took one case per round
     if old:
         before = {**before, "shares": dict.fromkeys(before.get("ops") or (), 1)}
+    before.setdefault("features", {})  # a run.json from before --features declared none
     for key in CASE_KEYS:  # "shares" last: a run with other options is told those first
         if _normal(before.get(key)) == mine.get(key):
             continue

@@ -20,6 +20,7 @@ from mlafuzz.generators.case import Case
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.check.compare import Context, Policy
 from mlafuzz.harness.check.full import full_path
+from mlafuzz.harness.check.interpreter import EnvironmentLimit
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import Op
@@ -33,7 +34,7 @@ FAST_SWITCH = "MLAFUZZ_FAST"  # "0": the fast path is off (the detector suite ru
 class CaseResult:
     case: Case
     findings: tuple[Finding, ...] = ()
-    skipped: str | None = None  # why the case was not run (a capability the impl lacks)
+    skipped: str | None = None  # why the case was not judged (a capability the impl lacks, an environment limit)
     seconds: float = 0.0
 
     @property
@@ -163,17 +164,20 @@ def run_case(
         revision = entry.judged_under(NEWEST_REVISION)
         case = dataclasses.replace(case, params={**case.params, "revision": revision})
     fn = fn if fn is not None else session.load(entry, case.device, revision=revision)
-    findings = check_call(
-        session=session,
-        op=op,
-        case=case,
-        entry=entry,
-        fn=fn,
-        policy=policy,
-        rerun=rerun,
-        oracle=op.oracle_slow if slow_oracle else None,
-        fast=fast,
-    )
+    try:
+        findings = check_call(
+            session=session,
+            op=op,
+            case=case,
+            entry=entry,
+            fn=fn,
+            policy=policy,
+            rerun=rerun,
+            oracle=op.oracle_slow if slow_oracle else None,
+            fast=fast,
+        )
+    except EnvironmentLimit as limit:  # Triton's interpreter failed, not the implementation
+        return CaseResult(case=case, skipped=limit.reason, seconds=time.perf_counter() - start)
     if findings:  # the spec as a dict only when a finding carries it (thousands of calls at realistic sizes)
         spec = spec_to_dict(case.spec)
         findings = [dataclasses.replace(f, seed=case.seed, spec=spec, revision=revision) for f in findings]

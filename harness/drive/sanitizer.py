@@ -212,7 +212,10 @@ def task_from_json(data: dict) -> Task:
     knobs = data.get("knobs") or {}
     knobs = Knobs(**{k: tuple(v) if isinstance(v, list) else v for k, v in knobs.items()})
     rejects = data.get("rejects")
-    return Task(**{**data, "knobs": knobs, "rejects": tuple(rejects) if rejects is not None else None})
+    declared = tuple(data.get("declared") or ())
+    return Task(
+        **{**data, "knobs": knobs, "rejects": tuple(rejects) if rejects is not None else None, "declared": declared}
+    )
 
 
 def _child(tasks_file: Path, results_file: Path) -> None:

@@ -57,6 +57,7 @@ class Task:
     rerun: bool = False
     contract: str | None = None  # an invalid-input class to check as well
     rejects: tuple[str, ...] | None = None  # a weaker contract given on the command line
+    declared: tuple[str, ...] = ()  # optional surfaces the user declared the implementation takes (--features)
     slow_oracle: bool = False
     revision: str | None = None  # the run's contract revision (None: the newest); an entry's pin wins
 
@@ -163,7 +164,7 @@ def execute(
     try:
         table = session.table
         op = table.get(task.op)
-        entry = session.entry(task.op, task.impl_ref, rejects=task.rejects)
+        entry = session.entry(task.op, task.impl_ref, rejects=task.rejects, features=task.declared)
         revision = entry.judged_under(task.revision or NEWEST_REVISION)
         if not entry.follows(revision):
             return TaskResult(

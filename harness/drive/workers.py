@@ -341,7 +341,7 @@ def _load(session: Session, task: Task) -> None:
     """Load ``task``'s implementation ahead of its first case (the session keeps it); a failure is
     left for the case to meet and report as it always does."""
     try:
-        entry = session.entry(task.op, task.impl_ref, rejects=task.rejects)
+        entry = session.entry(task.op, task.impl_ref, rejects=task.rejects, features=task.declared)
         session.load(entry, task.device, revision=entry.judged_under(task.revision or NEWEST_REVISION))
     except Exception:  # noqa: BLE001, S110 - execute() raises it again and makes it a finding
         pass
