@@ -371,7 +371,11 @@ def _writer(
     n = slot_mapping.shape[0]
     kv, pe = kv_c[:n], k_pe[:n]
     if bug == "padding_nan_slot0":  # padded rows hold NaN (never computed) and go to slot 0
-        kv = torch.where((slot_mapping < 0)[:, None], torch.full_like(kv, float("nan")), kv)
+        # RoPE too: every padded row is then the same record, so which one lands last in slot 0 does
+        # not matter (the report's bug is the write, not a race between the padded rows).
+        pad = (slot_mapping < 0)[:, None]
+        kv = torch.where(pad, torch.full_like(kv, float("nan")), kv)
+        pe = torch.where(pad, torch.full_like(pe, float("nan")), pe)
     if bug == "layer_base_offset":  # the view's storage offset dropped: layer 0 of a packed cache
         kv_cache = torch.as_strided(kv_cache, kv_cache.shape, kv_cache.stride(), 0)
     if bug == "skip_scale_tile" and skip_scale:
