@@ -379,6 +379,8 @@ class Reporter:
             ),
             file=sys.stderr,
         )
+        if config.plan is not None:
+            print(console.budget_line(config.plan.facts()), file=sys.stderr)
         for line in corpus_lines(prepared, self.args.corpus) if self.args.corpus else ():
             print(line, file=sys.stderr)
 
@@ -425,6 +427,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 on_finding=report.finding,
                 on_progress=report.tick,
                 on_shrink=report.shrink,
+                started=started,  # the budget counts from the command's start: a CI job sees that
             )
         except CampaignError as exc:
             raise UsageError(f"mlafuzz: error: {exc}") from None

@@ -362,12 +362,15 @@ def run_campaign(
     on_progress: Callable[[dict[str, Any], float], None] | None = None,
     on_shrink: Callable[[str, dict[str, Any]], None] | None = None,
     stop_when: Callable[[FuzzSummary], bool] | None = None,
+    started: float | None = None,
 ) -> CampaignResult:
     """Resolve, load, build, run, shrink and judge ``campaign``. ``session``: the process's (its
     loaded implementations are kept); ``executor``: one the caller keeps warm across campaigns
     (it is not closed here), else one built for this campaign and closed when it ends. ``say``
     hears the cold-start build's lines, ``on_start`` what was settled before the first case,
-    ``on_workers`` the worker line of a pool built here; the rest are the fuzz loop's hooks."""
+    ``on_workers`` the worker line of a pool built here; ``started``: when the budget's clock
+    started (``time.monotonic()``; default: the fuzz loop's start); the rest are the fuzz loop's
+    hooks."""
     from mlafuzz.harness.check.session import Session
     from mlafuzz.harness.drive.fuzz import fuzz
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
@@ -406,6 +409,7 @@ def run_campaign(
             resume=resume,
             on_shrink=on_shrink,
             ready=prepared.ready,
+            started=started,
         )
     finally:
         if built is not None:

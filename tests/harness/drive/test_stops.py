@@ -19,6 +19,7 @@ from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
 from mlafuzz.generators.spec import spec_to_json
 from mlafuzz.harness.cli.main import main
 from mlafuzz.harness.drive import fuzz as fuzz_module
+from mlafuzz.harness.drive.budget import GRACE_SECONDS
 from mlafuzz.harness.drive.fuzz import FuzzConfig
 from mlafuzz.harness.drive.tasks import TaskResult
 from mlafuzz.harness.drive.workers import WorkerPool, drop_queued
@@ -156,22 +157,34 @@ class _HangingPool:
         pass
 
 
-def test_a_budget_of_20_with_a_timeout_of_10_against_a_hanging_kernel_ends_by_30_s_with_a_summary(
+def test_a_budget_of_20_with_a_timeout_of_8_against_a_hanging_kernel_ends_within_its_grace_with_a_summary(
     tmp_path, monkeypatch
 ):
     # The loop's promise on a fake clock (so no machine's speed enters): no case starts after the
-    # budget, the cases still queued are dropped and kept for a resume, and the one running gets
-    # at most its timeout.
+    # budget, the cases still queued are dropped, and the one running gets the grace (the smaller
+    # of its timeout and GRACE_SECONDS), then is cut: unfinished, kept for a resume, no TIMEOUT.
     clock = _Clock()
     monkeypatch.setattr(fuzz_module, "time", clock)
-    pool = _HangingPool(clock, limit=10.0)
-    summary = fuzz_module.fuzz(_two_request_gather(tmp_path, budget=20.0, timeout=10.0), executor=pool)
-    assert clock.now <= 30.0 + 0.1 + 1e-9, clock.now
+    pool = _HangingPool(clock, limit=8.0)
+    summary = fuzz_module.fuzz(_two_request_gather(tmp_path, budget=20.0, timeout=8.0), executor=pool)
+    assert clock.now <= 20.0 + GRACE_SECONDS + 0.1 + 1e-9, clock.now
     assert max(pool.submitted_at) < 20.0
-    assert summary.dropped == 2 and summary.by_kind == {"TIMEOUT": summary.findings} and summary.findings == 2
-    assert set(summary.unfinished) >= set(range(summary.next_case)) - {0, 1}  # dropped and running: a resume runs them
+    assert summary.by_kind == {"TIMEOUT": summary.findings} and summary.findings == 2  # at 8 s and 16 s
+    assert summary.dropped == 2 and summary.cut == 1
+    assert set(summary.unfinished) >= set(range(summary.next_case)) - {0, 1}  # dropped and cut: a resume runs them
     saved = _summary(tmp_path / "run")
-    assert saved["dropped"] == 2 and saved["interrupted"] is False
+    assert saved["dropped"] == 2 and saved["cut"] == 1 and saved["interrupted"] is False
+
+
+def test_a_case_that_times_out_within_the_grace_is_a_timeout_not_a_cut(tmp_path, monkeypatch):
+    # --timeout 2 is shorter than the grace: the case running at the budget's end has its whole
+    # --timeout, so a hang there is a TIMEOUT finding, and nothing is cut.
+    clock = _Clock()
+    monkeypatch.setattr(fuzz_module, "time", clock)
+    pool = _HangingPool(clock, limit=2.0)
+    summary = fuzz_module.fuzz(_two_request_gather(tmp_path, budget=5.0, timeout=2.0), executor=pool)
+    assert clock.now <= 5.0 + 2.0 + 0.1 + 1e-9, clock.now
+    assert summary.cut == 0 and summary.findings == 3  # at 2, 4 and 6 s
 
 
 def test_shrink_budget_0_still_writes_each_buckets_bundle_as_found(tmp_path):
