@@ -1,21 +1,25 @@
 """pytest plugin: fuzz implementations as test items, one per op and implementation.
 
-Inactive unless ``--mlafuzz-budget SECONDS`` or ``--mlafuzz-cases N`` is given.
-Then the session gets an item per ``--mlafuzz-impl OP=REF`` (repeatable;
+Inactive unless ``--mlafuzz-budget SECONDS`` or ``--mlafuzz-cases N`` is given (either
+switches it on). Then the session gets an item per ``--mlafuzz-impl OP=REF`` (repeatable;
 default: the device's own implementations), e.g. ``mlafuzz::gather[torch]``.
-Each item runs the fuzz loop for the budget (or N cases of its shard, whichever
-ends first: a count is the same work on any machine) and fails with its findings (the first few buckets, each
+Each item runs the fuzz loop for the budget (or N cases, whichever ends first: a count is the
+same work on any machine) and fails with its findings (the first few buckets, each
 with its message and replay command); with ``--mlafuzz-ledger FILE`` only
 findings the ledger doesn't expect fail, and stale ledger entries are listed
-in the terminal summary.
+in the terminal summary. The budget holds as ``mlafuzz fuzz``'s does (drive/budget.py) when
+cases run in a worker process (``--mlafuzz-isolate``; ``--mlafuzz-timeout`` is their limit).
 
-Under pytest-xdist, worker ``gwN`` fuzzes on GPU ``N % device_count`` of the
-GPUs the caller made visible, and on shard N of the case space (so workers
-never run the same cases). A CI job split into copies (MLAFUZZ_SHARD=K/N, or
-Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT, as ``mlafuzz fuzz --shard auto``
-reads them) splits each copy's slice again among its xdist workers. On a machine without CUDA the items run the CPU
-implementations with Triton's interpreter. Each item writes its findings to
-``OUT/<op>-<impl>-<worker>/`` (``--mlafuzz-out``, default ``./mlafuzz-out``).
+Under pytest-xdist with W workers, each op and implementation is W items, part k of W
+(``mlafuzz::gather[torch-part0of2]``): part k fuzzes the rounds numbered k mod W of the case
+space, and with ``--mlafuzz-cases N`` its share of the first N cases, so the parts together are
+exactly the run without xdist, whichever worker takes which part, the same on every run. Worker
+``gwN`` runs on GPU ``N % device_count`` of the GPUs the caller made visible. A CI job split into
+copies (MLAFUZZ_SHARD=K/N, or Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT, as ``mlafuzz fuzz
+--shard auto`` reads them) splits each copy's slice again into the parts. On a machine without
+CUDA the items run the CPU implementations with Triton's interpreter. Each item writes its
+findings to ``OUT/<op>-<impl>-main/`` (``--mlafuzz-out``, default ``./mlafuzz-out``), or under
+xdist ``OUT/<op>-<impl>-part<k>of<W>/``.
 
 This module is loaded by every pytest run once installed (entry point
 ``pytest11``), so it imports nothing heavy until the plugin is switched on.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,14 +52,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="fuzz each item for N cases of its shard (with or instead of --mlafuzz-budget)",
+        help="fuzz each op/implementation for N cases, split among the xdist workers' parts (with or"
+        " instead of --mlafuzz-budget; either switches the plugin on)",
     )
     g.addoption(
         "--mlafuzz-budget",
         type=float,
         default=None,
         metavar="SECONDS",
-        help="fuzz each op/implementation item for SECONDS (the plugin is off without this)",
+        help="fuzz each op/implementation item for SECONDS (with or instead of --mlafuzz-cases; either"
+        " switches the plugin on)",
     )
     g.addoption(
         "--mlafuzz-impl",
@@ -88,6 +95,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="time to minimize each new finding bucket into a repro bundle (default 10; 0: none)",
     )
     g.addoption(
+        "--mlafuzz-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per-case limit in the worker process (--mlafuzz-isolate) before the case is a TIMEOUT"
+        " (default 120); a case running when the budget ends gets the smaller of this and a short grace",
+    )
+    g.addoption(
         "--mlafuzz-isolate",
         action="store_true",
         help="run cases in a spawned worker process: a crashing or hanging impl becomes a finding"
@@ -115,17 +130,16 @@ def worker_of(config: pytest.Config) -> Worker:
     return Worker(name=name, index=index, count=max(count, index + 1))
 
 
-def shard_of(worker: Worker, environ: Any = None) -> tuple[int, int]:
-    """This process's slice of the case space: the CI job's (``--shard auto``'s variables:
-    MLAFUZZ_SHARD, Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT) split again among the xdist
-    workers, so copy K of N with W workers each runs shard K * W + w of N * W."""
+def ci_shard(environ: Any = None) -> tuple[int, int]:
+    """The CI job's slice of the case space (``--shard auto``'s variables: MLAFUZZ_SHARD,
+    Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT), which the items' parts split again."""
     from mlafuzz.harness.drive.campaign import ShardError, shard_from_env
 
     try:
         k, n, _ = shard_from_env(environ)
     except ShardError as exc:
         raise pytest.UsageError(f"mlafuzz: {exc}") from None
-    return k * worker.count + worker.index, n * worker.count
+    return k, n
 
 
 def gpu_for(worker: Worker, device_count: int) -> int:
@@ -147,9 +161,10 @@ class FuzzFailure(Exception):
 
 
 class FuzzItem(pytest.Item):
-    def __init__(self, *, op: str, ref: str, label: str, entry: ImplEntry, **kw: Any) -> None:
+    def __init__(self, *, op: str, ref: str, label: str, entry: ImplEntry, part: int, parts: int, **kw: Any) -> None:
         super().__init__(**kw)
         self.op, self.ref, self.label, self.entry = op, ref, label, entry
+        self.part, self.parts = part, parts  # part k of W: the xdist workers' count, whichever runs it
 
     def runtest(self) -> None:
         self.config.pluginmanager.get_plugin(SESSION_PLUGIN).run_item(self)
@@ -166,9 +181,9 @@ class FuzzItem(pytest.Item):
 
 
 class FuzzCollector(pytest.Collector):
-    def __init__(self, *, specs: list[tuple[str, str, ImplEntry]], **kw: Any) -> None:
+    def __init__(self, *, specs: list[tuple[str, str, ImplEntry]], parts: int, **kw: Any) -> None:
         super().__init__(**kw)
-        self.specs = specs
+        self.specs, self.parts = specs, parts
 
     def collect(self) -> list[pytest.Item]:
         labels = [impl_label(ref) for _, ref, _ in self.specs]
@@ -177,9 +192,22 @@ class FuzzCollector(pytest.Collector):
             label if labels.count(label) == 1 else re.sub(r"[^A-Za-z0-9_.:=+-]", "_", ref)
             for label, (_, ref, _) in zip(labels, self.specs)
         ]
+        # Every xdist worker collects the same items (xdist requires it) and runs the ones it is
+        # handed: one item per part, so every part runs whichever worker takes it.
+        w = self.parts
         return [
-            FuzzItem.from_parent(self, name=f"{op}[{label}]", op=op, ref=ref, label=label, entry=entry)
+            FuzzItem.from_parent(
+                self,
+                name=f"{op}[{label}]" if w == 1 else f"{op}[{label}-part{k}of{w}]",
+                op=op,
+                ref=ref,
+                label=label,
+                entry=entry,
+                part=k,
+                parts=w,
+            )
             for label, (op, ref, entry) in zip(labels, self.specs)
+            for k in range(w)
         ]
 
 
@@ -204,8 +232,13 @@ class FuzzSession:
         self.session = self._session()
         self.specs = self._resolve(config.getoption("mlafuzz_impl") or [])
         self.shrink_budget = float(config.getoption("mlafuzz_shrink_budget"))
+        from mlafuzz.harness.drive.campaign import DEFAULT_TIMEOUT
+
         self.isolate = bool(config.getoption("mlafuzz_isolate"))
-        self.timeout = 120.0
+        timeout = config.getoption("mlafuzz_timeout")
+        if timeout is not None and not timeout > 0:
+            raise pytest.UsageError(f"--mlafuzz-timeout={timeout} must be > 0 seconds")
+        self.timeout = float(timeout) if timeout is not None else DEFAULT_TIMEOUT
         self._gpu_set = False
         self._ran: set[tuple[str, str]] = set()  # (op, impl) of items that reported (controller side)
         self._matched: set[int] = set()  # ledger entry indices some finding matched
@@ -266,7 +299,12 @@ class FuzzSession:
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
         collector = FuzzCollector.from_parent(
-            session, name="mlafuzz", nodeid="mlafuzz", path=session.path / "mlafuzz", specs=self.specs
+            session,
+            name="mlafuzz",
+            nodeid="mlafuzz",
+            path=session.path / "mlafuzz",
+            specs=self.specs,
+            parts=self.worker.count,
         )
         items.extend(session.genitems(collector))  # emits the collect report, so "collected N items" counts ours
 
@@ -282,7 +320,9 @@ class FuzzSession:
         return self.device
 
     def item_dir(self, item: FuzzItem) -> Path:
-        return self.out_root / f"{item.op}-{item.label.replace(':', '_')}-{self.worker.name}"
+        """The item's run folder: named by its part, not by the worker that took it."""
+        which = "main" if item.parts == 1 else f"part{item.part}of{item.parts}"
+        return self.out_root / f"{item.op}-{item.label.replace(':', '_')}-{which}"
 
     def _limit(self) -> str:
         return " / ".join(
@@ -301,8 +341,8 @@ class FuzzSession:
         from mlafuzz.harness.drive.campaign import Campaign, CampaignError, run_campaign
         from mlafuzz.reports import console
 
+        started = time.monotonic()  # the item's budget counts from here
         device = self._device_for_worker()
-        shard = shard_of(self.worker)
         out = self.item_dir(item)
         campaign = Campaign(
             ops=(item.op,),
@@ -312,7 +352,8 @@ class FuzzSession:
             cases=self.cases,
             seed=self.seed,
             out_dir=out,  # this item's previous run there is replaced, never appended to
-            shard=shard,
+            shard=ci_shard(),
+            part=(item.part, item.parts),
             shrink_budget=self.shrink_budget,
             timeout=self.timeout,
             isolate=self.isolate,
@@ -320,7 +361,7 @@ class FuzzSession:
             ledger=self.ledger,
         )
         try:
-            result = run_campaign(campaign, session=self.session)
+            result = run_campaign(campaign, session=self.session, started=started)
         except CampaignError as exc:  # an impl that can't run here fails the item with one line
             raise FuzzFailure(f"mlafuzz: {exc}") from None
         summary, judgement = result.summary, result.judgement
@@ -332,6 +373,7 @@ class FuzzSession:
         if self.ledger is not None:
             item.user_properties.append(("mlafuzz_ledger_matched", list(judgement.matched)))
         if not judgement.passed:
+            shard = (result.config.shard.index, result.config.shard.count)  # the part's own: its rerun
             raise self._failure(item, result, device=device, shard=shard, out=out)
 
     def _failure(self, item: FuzzItem, result: Any, *, device: str, shard: tuple[int, int], out: Path) -> FuzzFailure:

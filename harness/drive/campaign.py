@@ -21,6 +21,7 @@ and ``mlafuzz --help`` answers at once.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -94,6 +95,7 @@ class Campaign:
     ulp: int = 0
     fixed_spec: Any = None
     shard: tuple[int, int] = (0, 1)
+    part: tuple[int, int] = (0, 1)  # (k, parts): part k of the shard and of its cases (the plugin's items under xdist)
     shrink_budget: float = 0.0
     rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     revision: str | None = None  # None: the newest
@@ -291,7 +293,8 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
     if (campaign.redzone or campaign.sanitizer) and campaign.device.split(":")[0] != "cuda":
         raise CampaignError("--redzone and --sanitizer check GPU memory: use them with --device cuda")
     optional = {"revision": campaign.revision, "knobs": campaign.knobs}
-    return FuzzConfig(
+    k, parts = campaign.part
+    config = FuzzConfig(
         ops=campaign.ops,
         impls=select_impls(session, campaign.impls, list(campaign.ops), campaign.device),
         device=campaign.device,
@@ -301,13 +304,17 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
         out_dir=Path(campaign.out_dir),
         policy=Policy(ulp=campaign.ulp),
         fixed_spec=campaign.fixed_spec,
-        shard=Shard(index=campaign.shard[0], count=campaign.shard[1]),
+        shard=Shard(index=campaign.shard[0], count=campaign.shard[1]).part(k, parts),
         shrink_budget=campaign.shrink_budget,
         rejects=campaign.rejects,
         table=session.table,
         timeout=campaign.timeout if campaign.isolate and not campaign.sanitizer else None,
-        **{k: v for k, v in optional.items() if v is not None},
+        **{name: v for name, v in optional.items() if v is not None},
     )
+    if campaign.cases is None or parts == 1:
+        return config
+    # --cases N counts the shard's cases: each part runs its own share of the shard's first N.
+    return dataclasses.replace(config, cases=Shard.part_cases(campaign.cases, size=config.mix.size, k=k, parts=parts))
 
 
 def prepare(campaign: Campaign, session: Session, *, say: Callable[[str], None] | None = None) -> Prepared:

@@ -89,6 +89,23 @@ class Shard:
         whole number of each op's) is."""
         return (i // max(size, 1)) % self.count == self.index
 
+    def part(self, k: int, parts: int) -> Shard:
+        """Part ``k`` of ``parts`` of this shard (the pytest plugin's item k under xdist): this
+        shard's rounds numbered k mod ``parts``, so the parts together are exactly this shard."""
+        if not 0 <= k < parts:
+            raise ValueError(f"part={k}/{parts} must satisfy 0 <= k < parts")
+        return Shard(index=self.index + k * self.count, count=self.count * parts)
+
+    @staticmethod
+    def part_cases(cases: int, *, size: int, k: int, parts: int) -> int:
+        """How many of this shard's first ``cases`` cases part ``k`` of ``parts`` owns: whole
+        rounds of ``size`` go to the parts in turn, the last round's rest to its part. Each part
+        running that many of its own cases runs exactly the shard's first ``cases``."""
+        size = max(size, 1)
+        rounds, rest = divmod(cases, size)
+        mine = max(0, (rounds - k + parts - 1) // parts)
+        return mine * size + (rest if rounds % parts == k else 0)
+
 
 @dataclass(frozen=True, kw_only=True)
 class FuzzConfig:
