@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from mlafuzz.kernels.entry import ImplEntry
 
 SESSION_PLUGIN = "mlafuzz-session"
+LOADED_AT = time.monotonic()  # pytest loads this module as it starts: the first item's budget counts from here
 MAX_BUCKETS_SHOWN = 5
 
 
@@ -240,6 +241,9 @@ class FuzzSession:
             raise pytest.UsageError(f"--mlafuzz-timeout={timeout} must be > 0 seconds")
         self.timeout = float(timeout) if timeout is not None else DEFAULT_TIMEOUT
         self._gpu_set = False
+        # When the next item's budget starts: the first counts pytest's start (its imports, the
+        # implementations' loading), as `mlafuzz fuzz`'s counts the command's; None: its own start.
+        self._clock: float | None = LOADED_AT
         self._ran: set[tuple[str, str]] = set()  # (op, impl) of items that reported (controller side)
         self._matched: set[int] = set()  # ledger entry indices some finding matched
 
@@ -341,7 +345,7 @@ class FuzzSession:
         from mlafuzz.harness.drive.campaign import Campaign, CampaignError, run_campaign
         from mlafuzz.reports import console
 
-        started = time.monotonic()  # the item's budget counts from here
+        started, self._clock = self._clock or time.monotonic(), None
         device = self._device_for_worker()
         out = self.item_dir(item)
         campaign = Campaign(
@@ -415,6 +419,10 @@ class FuzzSession:
         )
 
     # --- summing up (on the controller under xdist; reports carry user_properties) ---
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        if not nodeid.startswith("mlafuzz::"):  # another test runs first: it is not the item's to pay for
+            self._clock = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":

@@ -41,3 +41,27 @@ def test_a_hanging_gather_with_budget_20_ends_within_30_s_and_counts_the_cut_cas
     assert summary["cut"] == 1 and 0 in summary["unfinished"] and summary["by_kind"] == {}
     assert "unfinished (--resume runs them first)" in proc.stdout
     assert f"mlafuzz: budget {BUDGET} s: cases start until {BUDGET} s" in proc.stderr
+
+
+HANG_EVERY_CALL = """
+import time
+
+def gather(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts=None):
+    while True:
+        time.sleep(1)
+"""
+
+
+def test_the_plugins_budget_20_against_a_hanging_gather_ends_within_30_s_and_counts_the_cut_case(tmp_path):
+    # The plugin has no --spec: the planted gather hangs on every call instead.
+    (tmp_path / "hang_every_call.py").write_text(HANG_EVERY_CALL)
+    argv = ["-p", "mlafuzz.harness.pytest_plugin", "-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path)]
+    argv += ["--mlafuzz-budget", str(BUDGET), "--mlafuzz-isolate", "--mlafuzz-device", "cpu", "--mlafuzz-out", "out"]
+    argv += ["--mlafuzz-impl", f"gather={tmp_path / 'hang_every_call.py'}:gather", "--mlafuzz-timeout", "60"]
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", *argv], capture_output=True, text=True, cwd=tmp_path)
+    took = time.monotonic() - began
+    assert took < WITHIN, (took, proc.stdout[-2000:])
+    assert proc.returncode == 0, proc.stdout[-2000:]  # a cut case is no finding: the item passes
+    summary = json.loads((tmp_path / "out" / "gather-hang_every_call.py_gather-main" / "summary.json").read_text())
+    assert summary["cut"] == 1 and summary["by_kind"] == {}
