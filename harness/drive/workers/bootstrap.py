@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.tasks import Task, execute
-from mlafuzz.harness.drive.workers.crash import charge_broken_context, cuda_broken
+from mlafuzz.harness.drive.workers.crash import charge_broken_context, cuda_broken, memory_unsafe_run
 from mlafuzz.harness.drive.workers.phases import CONTRACT, IDLE, LOADING, PHASES, VALID
 from mlafuzz.harness.drive.workers.protocol import strip_quarantined, table_from_ref
 from mlafuzz.harness.memory.share import GpuShare
@@ -218,12 +218,14 @@ def _serve(conn: Connection, state: Any, device: str, session: Session, share: G
         broken = cuda_broken(device) if device.startswith("cuda") else None
         if broken is not None:
             result = charge_broken_context(task, result, broken, session.table)
+        # An illegal address leaves the process's CUDA context unusable (every later case would
+        # fail here), and an accepted memory-unsafe error input may have damaged its heap (a later
+        # valid case would crash for it): either way this worker takes no other case.
+        retire = broken is not None or memory_unsafe_run(task, result, session.table)
         state[1] = IDLE
         # "retire" rides on the result itself: the pool must never hand this worker another task.
-        conn.send(("result", (task.index, result.to_wire(), broken is not None)))
-        if broken is not None:
-            # An illegal address leaves the process's CUDA context unusable: every later case
-            # would fail here. Exit; the pool replaces this worker with a fresh process.
+        conn.send(("result", (task.index, result.to_wire(), retire)))
+        if retire:  # exit; the pool replaces this worker with a fresh process
             conn.close()
             os._exit(3)
 

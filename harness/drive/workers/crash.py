@@ -4,6 +4,10 @@ A worker that dies (illegal address, abort, segfault) yields a CRASH finding for
 the part of it (the valid case, its error input, the loading of its implementation) it held; one
 that exceeds the task timeout yields TIMEOUT. A case after which the CUDA context no longer works
 is charged with a CRASH and its worker retires.
+
+A worker retires too after it ran an error input that could corrupt memory (its class is not
+``memory_safe``) and the implementation did not cleanly refuse it: heap damage would otherwise
+surface later, as a CRASH charged to a valid case whose bundle replays clean.
 """
 
 from __future__ import annotations
@@ -14,6 +18,22 @@ from mlafuzz.harness.drive.tasks import AFTER_CALL, HARNESS_ERROR, Task, TaskRes
 from mlafuzz.harness.drive.workers.phases import CONTRACT, LOADING
 from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.reports.findings import Finding, Kind
+
+# The kinds by which a case says its implementation ran an error input instead of refusing it
+# cleanly (accepted it, or raised only after writing out of bounds).
+RAN_ERROR_INPUT = frozenset({Kind.ACCEPTED_INVALID_INPUT})
+
+
+def memory_unsafe_run(task: Task, result: TaskResult, table: OpTable) -> bool:
+    """Whether ``task``'s error input could have corrupted this process: its class is not
+    memory-safe (the class's own fact, generators/ops/<op>.py ``INVALID``) and the implementation
+    ran it (a finding of RAN_ERROR_INPUT for that class)."""
+    if task.contract is None:
+        return False
+    klass = table.get(task.op).invalid_class(task.contract)
+    return not klass.memory_safe and any(
+        f.kind in RAN_ERROR_INPUT and f.extra.get("invalid_class") == task.contract for f in result.findings
+    )
 
 
 def cuda_broken(device: str) -> str | None:
