@@ -7,6 +7,7 @@ test guesses a delay; the budget's own promise is checked on a fake clock.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -256,3 +257,39 @@ def test_sigterm_while_shrinking_keeps_the_smallest_case_in_hand_as_the_bundle(t
     assert case["shrink"]["stopped"] is True and case["shrink"]["accepted"] >= 1
     assert len(case["spec"]["spec"]["requests"]) == 1  # the smaller case in hand, not the 3-request one found
     assert [b["path"] for b in summary["bundles"]] == [str(out / "bundles" / Path(summary["bundles"][0]["path"]).name)]
+
+
+def test_once_a_bucket_waits_cases_stop_early_enough_to_shrink_it_inside_the_budget(tmp_path, monkeypatch):
+    # Every case is a TIMEOUT after 1 s (a new bucket at once): with a 20 s budget and a shrink
+    # budget of 8, the reserve is min(8, 20 / 4) = 5 s, so no case starts at or after 15 s, and
+    # shrinking is handed the budget's end as its deadline.
+    clock = _Clock()
+    monkeypatch.setattr(fuzz_module, "time", clock)
+    handed = []
+    monkeypatch.setattr(fuzz_module, "shrink_and_bundle", lambda *a, **kw: handed.append(kw["deadline"]))
+    pool = _HangingPool(clock, limit=1.0)
+    config = dataclasses.replace(_two_request_gather(tmp_path, budget=20.0, timeout=1.0), shrink_budget=8.0)
+    fuzz_module.fuzz(config, executor=pool)
+    assert 13.0 < max(pool.submitted_at) < 15.0 and handed == [20.0]
+
+
+def test_a_bucket_left_no_time_by_the_budget_keeps_its_bundle_as_found(tmp_path):
+    from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.drive.workers import InProcess
+    from mlafuzz.harness.ops.table import OPS
+
+    config = dataclasses.replace(_two_request_gather(tmp_path, cases=1), impls={"gather": "gather_skip_last_row"})
+    executor = InProcess(session=Session(table=OPS))
+    summary = fuzz_module.fuzz(config, executor=executor)
+    assert len(summary.bundles) == 1
+    heard = []
+    fuzz_module.shrink_and_bundle(
+        dataclasses.replace(config, shrink_budget=600.0),
+        summary,
+        executor,
+        on_shrink=lambda event, facts: heard.append((event, facts.get("note"))),
+        deadline=time.monotonic() - 1.0,
+    )
+    assert heard[-1] == ("done", "the budget has ended: bundled as found")
+    (case,) = _bundle_cases(tmp_path / "run")
+    assert case["shrink"]["attempts"] == 0 and case["shrink"]["shrunk"] is False
