@@ -171,6 +171,7 @@ def test_ledger_turns_planted_findings_into_expected_ones_and_names_stale_entrie
         (["--mlafuzz-impl", "softmax=torch"], "unknown op 'softmax'"),
         (["--mlafuzz-budget", "0"], "--mlafuzz-budget=0.0 must be > 0"),
         (["--mlafuzz-cases", "0"], "--mlafuzz-cases=0 must be >= 1"),
+        (["--mlafuzz-timeout", "0"], "--mlafuzz-timeout=0.0 must be > 0"),
         (["--mlafuzz-ledger", "missing.toml"], "ledger=missing.toml: no such file"),
     ],
 )
