@@ -13,7 +13,8 @@ cases run in a worker process (``--mlafuzz-isolate``; ``--mlafuzz-timeout`` is t
 Under pytest-xdist with W workers, each op and implementation is W items, part k of W
 (``mlafuzz::gather[torch-part0of2]``): part k fuzzes the rounds numbered k mod W of the case
 space, and with ``--mlafuzz-cases N`` its share of the first N cases, so the parts together are
-exactly the run without xdist, whichever worker takes which part, the same on every run. Worker
+exactly the run without xdist, whichever worker takes which part, the same on every run. A
+budget is the op's in all: each part gets SECONDS / W (a session lasts as long as before). Worker
 ``gwN`` runs on GPU ``N % device_count`` of the GPUs the caller made visible. A CI job split into
 copies (MLAFUZZ_SHARD=K/N, or Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT, as ``mlafuzz fuzz
 --shard auto`` reads them) splits each copy's slice again into the parts. On a machine without
@@ -61,8 +62,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="fuzz each op/implementation item for SECONDS (with or instead of --mlafuzz-cases; either"
-        " switches the plugin on)",
+        help="fuzz each op/implementation for SECONDS, split among the xdist workers' parts (with or"
+        " instead of --mlafuzz-cases; either switches the plugin on)",
     )
     g.addoption(
         "--mlafuzz-impl",
@@ -352,7 +353,7 @@ class FuzzSession:
             ops=(item.op,),
             impls=(f"{item.op}={item.ref}",),
             device=device,
-            budget=self.budget,
+            budget=self.budget / item.parts if self.budget is not None else None,  # the op's, split
             cases=self.cases,
             seed=self.seed,
             out_dir=out,  # this item's previous run there is replaced, never appended to
