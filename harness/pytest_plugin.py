@@ -1,21 +1,26 @@
 """pytest plugin: fuzz implementations as test items, one per op and implementation.
 
-Inactive unless ``--mlafuzz-budget SECONDS`` or ``--mlafuzz-cases N`` is given.
-Then the session gets an item per ``--mlafuzz-impl OP=REF`` (repeatable;
+Inactive unless ``--mlafuzz-budget SECONDS`` or ``--mlafuzz-cases N`` is given (either
+switches it on). Then the session gets an item per ``--mlafuzz-impl OP=REF`` (repeatable;
 default: the device's own implementations), e.g. ``mlafuzz::gather[torch]``.
-Each item runs the fuzz loop for the budget (or N cases of its shard, whichever
-ends first: a count is the same work on any machine) and fails with its findings (the first few buckets, each
+Each item runs the fuzz loop for the budget (or N cases, whichever ends first: a count is the
+same work on any machine) and fails with its findings (the first few buckets, each
 with its message and replay command); with ``--mlafuzz-ledger FILE`` only
 findings the ledger doesn't expect fail, and stale ledger entries are listed
-in the terminal summary.
+in the terminal summary. The budget holds as ``mlafuzz fuzz``'s does (drive/budget.py) when
+cases run in a worker process (``--mlafuzz-isolate``; ``--mlafuzz-timeout`` is their limit).
 
-Under pytest-xdist, worker ``gwN`` fuzzes on GPU ``N % device_count`` of the
-GPUs the caller made visible, and on shard N of the case space (so workers
-never run the same cases). A CI job split into copies (MLAFUZZ_SHARD=K/N, or
-Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT, as ``mlafuzz fuzz --shard auto``
-reads them) splits each copy's slice again among its xdist workers. On a machine without CUDA the items run the CPU
-implementations with Triton's interpreter. Each item writes its findings to
-``OUT/<op>-<impl>-<worker>/`` (``--mlafuzz-out``, default ``./mlafuzz-out``).
+Under pytest-xdist with W workers, each op and implementation is W items, part k of W
+(``mlafuzz::gather[torch-part0of2]``): part k fuzzes the rounds numbered k mod W of the case
+space, and with ``--mlafuzz-cases N`` its share of the first N cases, so the parts together are
+exactly the run without xdist, whichever worker takes which part, the same on every run. A
+budget is the op's in all: each part gets SECONDS / W (a session lasts as long as before). Worker
+``gwN`` runs on GPU ``N % device_count`` of the GPUs the caller made visible. A CI job split into
+copies (MLAFUZZ_SHARD=K/N, or Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT, as ``mlafuzz fuzz
+--shard auto`` reads them) splits each copy's slice again into the parts. On a machine without
+CUDA the items run the CPU implementations with Triton's interpreter. Each item writes its
+findings to ``OUT/<op>-<impl>-main/`` (``--mlafuzz-out``, default ``./mlafuzz-out``), or under
+xdist ``OUT/<op>-<impl>-part<k>of<W>/``.
 
 This module is loaded by every pytest run once installed (entry point
 ``pytest11``), so it imports nothing heavy until the plugin is switched on.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
     from mlafuzz.kernels.entry import ImplEntry
 
 SESSION_PLUGIN = "mlafuzz-session"
+LOADED_AT = time.monotonic()  # pytest loads this module as it starts: the first item's budget counts from here
 MAX_BUCKETS_SHOWN = 5
 
 
@@ -47,14 +54,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="fuzz each item for N cases of its shard (with or instead of --mlafuzz-budget)",
+        help="fuzz each op/implementation for N cases, split among the xdist workers' parts (with or"
+        " instead of --mlafuzz-budget; either switches the plugin on)",
     )
     g.addoption(
         "--mlafuzz-budget",
         type=float,
         default=None,
         metavar="SECONDS",
-        help="fuzz each op/implementation item for SECONDS (the plugin is off without this)",
+        help="fuzz each op/implementation for SECONDS, split among the xdist workers' parts (with or"
+        " instead of --mlafuzz-cases; either switches the plugin on)",
     )
     g.addoption(
         "--mlafuzz-impl",
@@ -96,6 +105,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="time to minimize each new finding bucket into a repro bundle (default 10; 0: none)",
     )
     g.addoption(
+        "--mlafuzz-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per-case limit in the worker process (--mlafuzz-isolate) before the case is a TIMEOUT"
+        " (default 120); a case running when the budget ends gets the smaller of this and a short grace",
+    )
+    g.addoption(
         "--mlafuzz-isolate",
         action="store_true",
         help="run cases in a spawned worker process: a crashing or hanging impl becomes a finding"
@@ -123,17 +140,16 @@ def worker_of(config: pytest.Config) -> Worker:
     return Worker(name=name, index=index, count=max(count, index + 1))
 
 
-def shard_of(worker: Worker, environ: Any = None) -> tuple[int, int]:
-    """This process's slice of the case space: the CI job's (``--shard auto``'s variables:
-    MLAFUZZ_SHARD, Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT) split again among the xdist
-    workers, so copy K of N with W workers each runs shard K * W + w of N * W."""
+def ci_shard(environ: Any = None) -> tuple[int, int]:
+    """The CI job's slice of the case space (``--shard auto``'s variables: MLAFUZZ_SHARD,
+    Buildkite's BUILDKITE_PARALLEL_JOB/_COUNT), which the items' parts split again."""
     from mlafuzz.harness.drive.campaign import ShardError, shard_from_env
 
     try:
         k, n, _ = shard_from_env(environ)
     except ShardError as exc:
         raise pytest.UsageError(f"mlafuzz: {exc}") from None
-    return k * worker.count + worker.index, n * worker.count
+    return k, n
 
 
 def gpu_for(worker: Worker, device_count: int) -> int:
@@ -155,9 +171,10 @@ class FuzzFailure(Exception):
 
 
 class FuzzItem(pytest.Item):
-    def __init__(self, *, op: str, ref: str, label: str, entry: ImplEntry, **kw: Any) -> None:
+    def __init__(self, *, op: str, ref: str, label: str, entry: ImplEntry, part: int, parts: int, **kw: Any) -> None:
         super().__init__(**kw)
         self.op, self.ref, self.label, self.entry = op, ref, label, entry
+        self.part, self.parts = part, parts  # part k of W: the xdist workers' count, whichever runs it
 
     def runtest(self) -> None:
         self.config.pluginmanager.get_plugin(SESSION_PLUGIN).run_item(self)
@@ -174,9 +191,9 @@ class FuzzItem(pytest.Item):
 
 
 class FuzzCollector(pytest.Collector):
-    def __init__(self, *, specs: list[tuple[str, str, ImplEntry]], **kw: Any) -> None:
+    def __init__(self, *, specs: list[tuple[str, str, ImplEntry]], parts: int, **kw: Any) -> None:
         super().__init__(**kw)
-        self.specs = specs
+        self.specs, self.parts = specs, parts
 
     def collect(self) -> list[pytest.Item]:
         labels = [impl_label(ref) for _, ref, _ in self.specs]
@@ -185,9 +202,22 @@ class FuzzCollector(pytest.Collector):
             label if labels.count(label) == 1 else re.sub(r"[^A-Za-z0-9_.:=+-]", "_", ref)
             for label, (_, ref, _) in zip(labels, self.specs)
         ]
+        # Every xdist worker collects the same items (xdist requires it) and runs the ones it is
+        # handed: one item per part, so every part runs whichever worker takes it.
+        w = self.parts
         return [
-            FuzzItem.from_parent(self, name=f"{op}[{label}]", op=op, ref=ref, label=label, entry=entry)
+            FuzzItem.from_parent(
+                self,
+                name=f"{op}[{label}]" if w == 1 else f"{op}[{label}-part{k}of{w}]",
+                op=op,
+                ref=ref,
+                label=label,
+                entry=entry,
+                part=k,
+                parts=w,
+            )
             for label, (op, ref, entry) in zip(labels, self.specs)
+            for k in range(w)
         ]
 
 
@@ -213,9 +243,17 @@ class FuzzSession:
         self.features = tuple(config.getoption("mlafuzz_features") or ())
         self.specs = self._resolve(config.getoption("mlafuzz_impl") or [])
         self.shrink_budget = float(config.getoption("mlafuzz_shrink_budget"))
+        from mlafuzz.harness.drive.campaign import DEFAULT_TIMEOUT
+
         self.isolate = bool(config.getoption("mlafuzz_isolate"))
-        self.timeout = 120.0
+        timeout = config.getoption("mlafuzz_timeout")
+        if timeout is not None and not timeout > 0:
+            raise pytest.UsageError(f"--mlafuzz-timeout={timeout} must be > 0 seconds")
+        self.timeout = float(timeout) if timeout is not None else DEFAULT_TIMEOUT
         self._gpu_set = False
+        # When the next item's budget starts: the first counts pytest's start (its imports, the
+        # implementations' loading), as `mlafuzz fuzz`'s counts the command's; None: its own start.
+        self._clock: float | None = LOADED_AT
         self._ran: set[tuple[str, str]] = set()  # (op, impl) of items that reported (controller side)
         self._matched: set[int] = set()  # ledger entry indices some finding matched
 
@@ -284,7 +322,12 @@ class FuzzSession:
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
         collector = FuzzCollector.from_parent(
-            session, name="mlafuzz", nodeid="mlafuzz", path=session.path / "mlafuzz", specs=self.specs
+            session,
+            name="mlafuzz",
+            nodeid="mlafuzz",
+            path=session.path / "mlafuzz",
+            specs=self.specs,
+            parts=self.worker.count,
         )
         items.extend(session.genitems(collector))  # emits the collect report, so "collected N items" counts ours
 
@@ -300,7 +343,9 @@ class FuzzSession:
         return self.device
 
     def item_dir(self, item: FuzzItem) -> Path:
-        return self.out_root / f"{item.op}-{item.label.replace(':', '_')}-{self.worker.name}"
+        """The item's run folder: named by its part, not by the worker that took it."""
+        which = "main" if item.parts == 1 else f"part{item.part}of{item.parts}"
+        return self.out_root / f"{item.op}-{item.label.replace(':', '_')}-{which}"
 
     def _limit(self) -> str:
         return " / ".join(
@@ -319,18 +364,19 @@ class FuzzSession:
         from mlafuzz.harness.drive.campaign import Campaign, CampaignError, run_campaign
         from mlafuzz.reports import console
 
+        started, self._clock = self._clock or time.monotonic(), None
         device = self._device_for_worker()
-        shard = shard_of(self.worker)
         out = self.item_dir(item)
         campaign = Campaign(
             ops=(item.op,),
             impls=(f"{item.op}={item.ref}",),
             device=device,
-            budget=self.budget,
+            budget=self.budget / item.parts if self.budget is not None else None,  # the op's, split
             cases=self.cases,
             seed=self.seed,
             out_dir=out,  # this item's previous run there is replaced, never appended to
-            shard=shard,
+            shard=ci_shard(),
+            part=(item.part, item.parts),
             shrink_budget=self.shrink_budget,
             features=tuple(t for t in self.features if t.partition("=")[0] == item.op),
             timeout=self.timeout,
@@ -339,7 +385,7 @@ class FuzzSession:
             ledger=self.ledger,
         )
         try:
-            result = run_campaign(campaign, session=self.session)
+            result = run_campaign(campaign, session=self.session, started=started)
         except CampaignError as exc:  # an impl that can't run here fails the item with one line
             raise FuzzFailure(f"mlafuzz: {exc}") from None
         summary, judgement = result.summary, result.judgement
@@ -352,6 +398,7 @@ class FuzzSession:
         if self.ledger is not None:
             item.user_properties.append(("mlafuzz_ledger_matched", list(judgement.matched)))
         if not judgement.passed:
+            shard = (result.config.shard.index, result.config.shard.count)  # the part's own: its rerun
             raise self._failure(item, result, device=device, shard=shard, out=out)
 
     def _failure(self, item: FuzzItem, result: Any, *, device: str, shard: tuple[int, int], out: Path) -> FuzzFailure:
@@ -394,6 +441,10 @@ class FuzzSession:
         )
 
     # --- summing up (on the controller under xdist; reports carry user_properties) ---
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        if not nodeid.startswith("mlafuzz::"):  # another test runs first: it is not the item's to pay for
+            self._clock = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":

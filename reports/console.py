@@ -100,6 +100,22 @@ def surface_line(view: Any) -> str:
     return f"mlafuzz: {who}: given {given}" + (f"; not given: {absent} ({why})" if absent else "")
 
 
+def budget_line(facts: Mapping[str, Any]) -> str:
+    """How a budget run splits its budget (harness/drive/budget.py ``BudgetPlan.facts``)."""
+    total, grace, reserve = float(facts["total"]), facts.get("grace"), float(facts.get("shrink") or 0.0)
+    shrink = (
+        f" ({total - reserve:g} s once a new finding waits: the last {reserve:g} s shrink it)" if reserve > 0 else ""
+    )
+    if grace is None:
+        end = "; in-process, a case running then is not cut"
+    else:
+        end = (
+            f"; a case still running then gets {float(grace):g} s more (the smaller of --timeout and"
+            f" {float(facts['grace_cap']):g} s), then is cut and left unfinished for --resume"
+        )
+    return f"mlafuzz: budget {total:g} s: cases start until {total:g} s{shrink}{end}"
+
+
 def cleared_line(*, out: str, removed: Sequence[str]) -> str:
     """The note that the default run folder's earlier run was cleared."""
     return (
@@ -139,6 +155,8 @@ def summary_line(s: Mapping[str, Any]) -> str:
     )
     restarts = s.get("worker_restarts") or 0
     held += f", {plural(restarts, 'worker restart')}" if restarts else ""
+    unfinished = len(s.get("unfinished") or ())
+    held += f", {unfinished} unfinished (--resume runs them first)" if unfinished else ""
     return (
         f"mlafuzz: {plural(s.get('cases', 0), 'case')} ({ops or 'none'}), {plural(s.get('findings', 0), 'finding')}"
         f"{' (' + kinds + ')' if kinds else ''} in {plural(s.get('buckets', 0), 'bucket')},"

@@ -390,6 +390,8 @@ class Reporter:
         )
         for view in prepared.surfaces:
             print(console.surface_line(view), file=sys.stderr)
+        if config.plan is not None:
+            print(console.budget_line(config.plan.facts()), file=sys.stderr)
         for line in corpus_lines(prepared, self.args.corpus) if self.args.corpus else ():
             print(line, file=sys.stderr)
 
@@ -436,6 +438,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
                 on_finding=report.finding,
                 on_progress=report.tick,
                 on_shrink=report.shrink,
+                started=started,  # the budget counts from the command's start: a CI job sees that
             )
         except CampaignError as exc:
             raise UsageError(f"mlafuzz: error: {exc}") from None

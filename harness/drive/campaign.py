@@ -21,6 +21,7 @@ and ``mlafuzz --help`` answers at once.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -94,6 +95,7 @@ class Campaign:
     ulp: int = 0
     fixed_spec: Any = None
     shard: tuple[int, int] = (0, 1)
+    part: tuple[int, int] = (0, 1)  # (k, parts): part k of the shard and of its cases (the plugin's items under xdist)
     shrink_budget: float = 0.0
     rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     features: tuple[str, ...] = ()  # --features OP=NAME,... texts: optional surfaces a wrapper takes
@@ -323,7 +325,8 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
         raise CampaignError("--redzone and --sanitizer check GPU memory: use them with --device cuda")
     optional = {"revision": campaign.revision, "knobs": campaign.knobs}
     features = declared_features(campaign.features, campaign.ops)
-    return FuzzConfig(
+    k, parts = campaign.part
+    config = FuzzConfig(
         ops=campaign.ops,
         impls=select_impls(session, campaign.impls, list(campaign.ops), campaign.device, features=features),
         features=features,
@@ -334,13 +337,17 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
         out_dir=Path(campaign.out_dir),
         policy=Policy(ulp=campaign.ulp),
         fixed_spec=campaign.fixed_spec,
-        shard=Shard(index=campaign.shard[0], count=campaign.shard[1]),
+        shard=Shard(index=campaign.shard[0], count=campaign.shard[1]).part(k, parts),
         shrink_budget=campaign.shrink_budget,
         rejects=campaign.rejects,
         table=session.table,
         timeout=campaign.timeout if campaign.isolate and not campaign.sanitizer else None,
-        **{k: v for k, v in optional.items() if v is not None},
+        **{name: v for name, v in optional.items() if v is not None},
     )
+    if campaign.cases is None or parts == 1:
+        return config
+    # --cases N counts the shard's cases: each part runs its own share of the shard's first N.
+    return dataclasses.replace(config, cases=Shard.part_cases(campaign.cases, size=config.mix.size, k=k, parts=parts))
 
 
 def prepare(campaign: Campaign, session: Session, *, say: Callable[[str], None] | None = None) -> Prepared:
@@ -401,12 +408,15 @@ def run_campaign(
     on_progress: Callable[[dict[str, Any], float], None] | None = None,
     on_shrink: Callable[[str, dict[str, Any]], None] | None = None,
     stop_when: Callable[[FuzzSummary], bool] | None = None,
+    started: float | None = None,
 ) -> CampaignResult:
     """Resolve, load, build, run, shrink and judge ``campaign``. ``session``: the process's (its
     loaded implementations are kept); ``executor``: one the caller keeps warm across campaigns
     (it is not closed here), else one built for this campaign and closed when it ends. ``say``
     hears the cold-start build's lines, ``on_start`` what was settled before the first case,
-    ``on_workers`` the worker line of a pool built here; the rest are the fuzz loop's hooks."""
+    ``on_workers`` the worker line of a pool built here; ``started``: when the budget's clock
+    started (``time.monotonic()``; default: the fuzz loop's start); the rest are the fuzz loop's
+    hooks."""
     from mlafuzz.harness.check.session import Session
     from mlafuzz.harness.drive.fuzz import fuzz
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
@@ -445,6 +455,7 @@ def run_campaign(
             resume=resume,
             on_shrink=on_shrink,
             ready=prepared.ready,
+            started=started,
         )
     finally:
         if built is not None:

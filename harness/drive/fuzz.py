@@ -11,9 +11,10 @@ Findings are appended to findings.jsonl as they arrive. After the main loop each
 new bucket's first failing case is written as a repro bundle at once (so a stop
 while shrinking, or ``--shrink-budget 0``, still leaves one), then shrunk, and
 the shrunk case replaces it; a stop during shrinking writes the smallest case in
-hand. The budget is a promise: when it ends, the cases no worker has started
+hand. The budget is a promise (budget.py): when cases stop, the cases no worker has started
 are dropped (counted in summary.json's ``dropped``, and run first by a
-``resume``), and the ones running get at most their timeout. findings.jsonl keeps at most
+``resume``), the ones running get a short grace and are then cut (``cut``, run first by a
+``resume`` too), and shrinking ends with the budget. findings.jsonl keeps at most
 ``MAX_LINES_PER_BUCKET`` lines of a bucket (a broken implementation fails every
 case); summary.json's ``bucket_counts`` holds every bucket's full count, which
 is what reports count. A run goes on in its folder with ``resume`` (resume.py):
@@ -44,6 +45,7 @@ from typing import Any, Callable, Iterator, Mapping
 from mlafuzz.generators.draw import Knobs
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.check.compare import Policy
+from mlafuzz.harness.drive.budget import BudgetPlan
 from mlafuzz.harness.drive.mix import Mix
 from mlafuzz.harness.drive.resume import Resume
 from mlafuzz.harness.drive.shrink import ShrinkResult, evaluate_sync, shrink
@@ -87,6 +89,23 @@ class Shard:
         whole number of each op's) is."""
         return (i // max(size, 1)) % self.count == self.index
 
+    def part(self, k: int, parts: int) -> Shard:
+        """Part ``k`` of ``parts`` of this shard (the pytest plugin's item k under xdist): this
+        shard's rounds numbered k mod ``parts``, so the parts together are exactly this shard."""
+        if not 0 <= k < parts:
+            raise ValueError(f"part={k}/{parts} must satisfy 0 <= k < parts")
+        return Shard(index=self.index + k * self.count, count=self.count * parts)
+
+    @staticmethod
+    def part_cases(cases: int, *, size: int, k: int, parts: int) -> int:
+        """How many of this shard's first ``cases`` cases part ``k`` of ``parts`` owns: whole
+        rounds of ``size`` go to the parts in turn, the last round's rest to its part. Each part
+        running that many of its own cases runs exactly the shard's first ``cases``."""
+        size = max(size, 1)
+        rounds, rest = divmod(cases, size)
+        mine = max(0, (rounds - k + parts - 1) // parts)
+        return mine * size + (rest if rounds % parts == k else 0)
+
 
 @dataclass(frozen=True, kw_only=True)
 class FuzzConfig:
@@ -124,6 +143,13 @@ class FuzzConfig:
         """Which op case i is, and its count among that op's cases (computed once per config)."""
         given = self.shares or {}
         return Mix.of(self.ops, {op: given[op] if op in given else self.table.get(op).share for op in self.ops})
+
+    @functools.cached_property
+    def plan(self) -> BudgetPlan | None:
+        """How the budget is split (None: a --cases run, no budget to keep)."""
+        if self.budget is None:
+            return None
+        return BudgetPlan.of(budget=self.budget, timeout=self.timeout, shrink_budget=self.shrink_budget)
 
     def run_json(self) -> dict[str, Any]:
         """run.json: the run's configuration; resume.CASE_KEYS of it decide what case i is."""
@@ -186,6 +212,7 @@ class FuzzSummary:
     skipped: int = 0
     skip_reasons: collections.Counter = field(default_factory=collections.Counter)  # why -> skipped cases
     dropped: int = 0  # cases queued but not started when the budget ended (a resume runs them first)
+    cut: int = 0  # cases still running after the budget's grace, ended unjudged (a resume runs them first)
     per_op: collections.Counter = field(default_factory=collections.Counter)
     by_kind: collections.Counter = field(default_factory=collections.Counter)
     coverage: collections.Counter = field(default_factory=collections.Counter)
@@ -215,6 +242,7 @@ class FuzzSummary:
             "skipped": self.skipped,
             "skip_reasons": dict(self.skip_reasons),
             "dropped": self.dropped,
+            "cut": self.cut,
             "per_op": dict(self.per_op),
             "by_kind": dict(self.by_kind),
             "coverage": dict(self.coverage),
@@ -251,6 +279,7 @@ class FuzzSummary:
             skipped=int(s.get("skipped", 0)),
             skip_reasons=counter("skip_reasons"),
             dropped=int(s.get("dropped", 0)),
+            cut=int(s.get("cut", 0)),
             per_op=counter("per_op"),
             by_kind=counter("by_kind"),
             coverage=counter("coverage"),
@@ -330,6 +359,7 @@ def fuzz(
     resume: Resume | None = None,
     on_shrink: Callable[[str, dict[str, Any]], None] | None = None,
     ready: Callable[[str], bool] | None = None,
+    started: float | None = None,
 ) -> FuzzSummary:
     """Run until ``config.cases`` or ``config.budget``; findings go to out_dir/findings.jsonl.
     ``resume``: the run's earlier sessions in out_dir, continued (their counts kept, their cases
@@ -338,7 +368,9 @@ def fuzz(
     budget run its cases wait, in order, while the other ops' go first (a case's content never
     depends on when it runs). A --cases run keeps its exact case set and order, so it holds every
     case until the build ends: else each worker that drew such a case would block on the build
-    lock, each printing that it waits, and the others' cases would wait behind them anyway."""
+    lock, each printing that it waits, and the others' cases would wait behind them anyway.
+    ``started`` (``time.monotonic()``): when the budget's clock started, the command's start (its
+    imports and loading count against the budget too); default now."""
     config.out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(config.out_dir / "run.json", json.dumps(config.run_json(), indent=2) + "\n")
     summary = FuzzSummary.resumed(resume) if resume is not None else FuzzSummary()
@@ -346,7 +378,7 @@ def fuzz(
         executor.quarantine(frozenset(summary.quarantined))
     base_seconds = summary.seconds
     restarts_before = executor.restarts() - summary.worker_restarts  # an executor may outlive a run (mutants)
-    start = time.monotonic()
+    start = time.monotonic() if started is None else started
     pending = collections.deque(resume.unfinished if resume is not None else ())  # run first, in order
     index = max(summary.next_case, 0)
     submitted = 0
@@ -354,19 +386,21 @@ def fuzz(
     deferred: collections.deque[int] = collections.deque()  # cases of ops still building, in order
     can_defer = ready is not None and config.cases is None
     budget_ended = False
+    plan = config.plan
+    cut_at: float | None = None  # when the cases still running are cut (the budget's grace ends)
     with JsonlSink(config.out_dir / FINDINGS_FILE) as sink:
         recorder = Recorder(sink, summary, on_finding, executor)
         try:
             while True:
                 elapsed = time.monotonic() - start
-                budget_left = (config.budget is None or elapsed < config.budget) and not (
-                    stop_when is not None and stop_when(summary)
-                )
+                in_budget = plan is None or elapsed < plan.cases_until(shrinking=_shrinking(config, summary))
+                budget_left = in_budget and not (stop_when is not None and stop_when(summary))
                 if not budget_left and not budget_ended:
                     # The cases no worker has started are not run: each could cost a whole
                     # --timeout (a hanging kernel), and the budget is a promise.
                     budget_ended = True
                     summary.dropped += len(drop_queued(executor))  # still in in_flight: a resume runs them
+                    cut_at = plan.cut_at(elapsed) if plan is not None else None
                 waiting = {op for op in config.ops if not ready(op)} if ready is not None else set()
                 # Nothing to hand out yet: every op still builds, or a --cases run (which does not
                 # reorder) has an op that does.
@@ -394,6 +428,12 @@ def fuzz(
                 more = budget_left and (config.cases is None or submitted < config.cases)
                 if not more and not executor.in_flight():
                     break
+                if cut_at is not None and elapsed >= cut_at:
+                    # Past the grace: the cases still running are ended unjudged (a hang is not
+                    # a TIMEOUT before its --timeout) and stay in in_flight, so a resume runs them.
+                    summary.cut += executor.in_flight()
+                    executor.cancel()
+                    break
                 for task, result in executor.wait(0.1):
                     in_flight.discard(task.index)
                     recorder.record(task, result)
@@ -413,11 +453,17 @@ def fuzz(
                 _bundle(config, summary, executor, key=key, finding=finding, result=_as_found(task, finding, config))
             _write_summary(config, summary)
             if config.shrink_budget > 0 and not summary.interrupted:
-                shrink_and_bundle(config, summary, executor, on_shrink=on_shrink, todo=todo)
+                deadline = start + plan.total if plan is not None else None  # shrinking ends with the budget
+                shrink_and_bundle(config, summary, executor, on_shrink=on_shrink, todo=todo, deadline=deadline)
         except KeyboardInterrupt as exc:
             _stopped(summary, exc)
         _write_summary(config, summary)
     return summary
+
+
+def _shrinking(config: FuzzConfig, summary: FuzzSummary) -> bool:
+    """Whether a new bucket waits to be shrunk (the budget then keeps its shrink reserve)."""
+    return config.shrink_budget > 0 and any(f.cause != HARNESS_ERROR for _, f in summary.buckets.values())
 
 
 def _stopped(summary: FuzzSummary, exc: KeyboardInterrupt) -> None:
@@ -476,17 +522,26 @@ def shrink_and_bundle(
     *,
     on_shrink: Callable[[str, dict[str, Any]], None] | None = None,
     todo: list[tuple[tuple, Task, Finding]] | None = None,
+    deadline: float | None = None,
 ) -> None:
     """Shrink each new bucket within ``config.shrink_budget`` and write its repro bundle over the
-    one written as found. A stop (Ctrl-C, SIGTERM) while shrinking writes the smallest case in
+    one written as found; ``deadline`` (``time.monotonic()``): the run's budget ends then, and so
+    does shrinking (a bucket left with no time keeps its bundle as found). A stop (Ctrl-C, SIGTERM) while shrinking writes the smallest case in
     hand, then goes on as a stop. ``on_shrink(event, facts)`` hears "start" (bucket, number, of,
     budget), "step" (attempts, accepted, size: after each attempt) and "done" (attempts, accepted,
     seconds, size, complete)."""
     table = config.table
     todo = _to_bundle(summary) if todo is None else todo
     for number, (key, task, finding) in enumerate(todo, 1):
+        budget = config.shrink_budget if deadline is None else min(config.shrink_budget, deadline - time.monotonic())
         if on_shrink is not None:
-            on_shrink("start", {"bucket": key, "number": number, "of": len(todo), "budget": config.shrink_budget})
+            on_shrink("start", {"bucket": key, "number": number, "of": len(todo), "budget": max(budget, 0.0)})
+        if budget <= 0:
+            if on_shrink is not None:
+                size = table.get(task.op).size(table.decode(task.spec))
+                facts = {"attempts": 0, "accepted": 0, "seconds": 0.0, "size": size, "complete": False}
+                on_shrink("done", {"bucket": key, **facts, "note": "the budget has ended: bundled as found"})
+            continue
 
         def step(attempts: int, accepted: int, spec: dict[str, Any], op: str = task.op) -> None:
             if on_shrink is not None:
@@ -498,7 +553,7 @@ def shrink_and_bundle(
             task=task.with_spec(table),
             finding=finding,
             evaluate=lambda t, deadline: evaluate_sync(executor, t, deadline=deadline),
-            budget=config.shrink_budget,
+            budget=budget,
             table=table,
             on_step=step,
             attempt_seconds=config.timeout if finding.kind is Kind.TIMEOUT else 0.0,
@@ -507,11 +562,11 @@ def shrink_and_bundle(
             if result.accepted:
                 _bundle(config, summary, executor, key=key, finding=finding, result=result)
             raise result.stopped
-        entry = _bundle(config, summary, executor, key=key, finding=finding, result=result)
+        entry = _bundle(config, summary, executor, key=key, finding=finding, result=result, deadline=deadline)
         if on_shrink is not None:
             limit = config.timeout if finding.kind is Kind.TIMEOUT else None
             note = (
-                f"a TIMEOUT shows only after --timeout {limit:g} s, more than the {config.shrink_budget:g} s"
+                f"a TIMEOUT shows only after --timeout {limit:g} s, more than the {budget:g} s"
                 " shrink budget: bundled as found"
                 if limit is not None and not result.attempts
                 else ""
@@ -531,7 +586,14 @@ def shrink_and_bundle(
 
 
 def _bundle(
-    config: FuzzConfig, summary: FuzzSummary, executor: Executor, *, key: tuple, finding: Finding, result: ShrinkResult
+    config: FuzzConfig,
+    summary: FuzzSummary,
+    executor: Executor,
+    *,
+    key: tuple,
+    finding: Finding,
+    result: ShrinkResult,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """The repro bundle of a bucket (as found, or shrunk: it replaces the one as found), and its
     line in summary.json's ``bundles``; returns that line."""
@@ -544,9 +606,9 @@ def _bundle(
     # or one a stop left, is written without waiting for that.
     verified = None
     if shrunk and result.stopped is None and finding.kind not in (Kind.CRASH, Kind.TIMEOUT):
-        check = evaluate_sync(executor, dataclasses.replace(small, slow_oracle=True, index=-1))
-        verified = check is not None and any(
-            f.kind == finding.kind and f.cause == finding.cause for f in check.findings
+        check = evaluate_sync(executor, dataclasses.replace(small, slow_oracle=True, index=-1), deadline=deadline)
+        verified = (  # None: the budget ended before the check could
+            None if check is None else any(f.kind == finding.kind and f.cause == finding.cause for f in check.findings)
         )
     case = table.materialize(spec, small.seed, "cpu")
     name = "-".join(key)

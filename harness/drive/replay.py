@@ -35,7 +35,7 @@ import torch
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.shrink import evaluate_sync, same_finding
 from mlafuzz.harness.drive.tasks import Task
-from mlafuzz.harness.drive.workers import Executor, InProcess, WorkerPool
+from mlafuzz.harness.drive.workers import Executor, InProcess, WorkerPool, drop_queued
 from mlafuzz.harness.memory.bits import same_bits
 from mlafuzz.harness.memory.guards import PATTERNS
 from mlafuzz.harness.ops.op import OpTable
@@ -272,6 +272,12 @@ class CorpusFirst:
 
     def restarts(self) -> int:
         return self._inner.restarts()
+
+    def drop_queued(self) -> list[Task]:
+        """The unstarted cases, given back when the budget ends (the corpus's own not yet handed
+        on are left out: the loop never counted them)."""
+        self._todo.clear()
+        return drop_queued(self._inner)
 
     def cancel(self) -> None:
         self._todo.clear()

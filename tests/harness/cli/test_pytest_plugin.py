@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -56,13 +57,14 @@ def test_plugin_adds_nothing_without_a_budget(pytester):
 
 
 def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_bundle_replay_under_xdist(pytester):
+    # 16 cases in two parts: each part runs the 8 cases of shard k/2 the seed was chosen for.
     result = pytester.runpytest_subprocess(
         *_plugin_args(),
         "-n",
         "2",
         "-rA",
         "--mlafuzz-cases",
-        "8",
+        "16",
         "--mlafuzz-seed",
         SEED,
         "--mlafuzz-shrink-budget",
@@ -74,16 +76,42 @@ def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_bundle_repl
         "--mlafuzz-out",
         "out",
     )
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, failed=2)
     out = result.stdout.str()
-    assert "PASSED mlafuzz::gather[torch]" in out
-    assert "FAILED mlafuzz::gather[gather_from_zero.py:gather]" in out
+    assert "PASSED mlafuzz::gather[torch-part0of2]" in out and "PASSED mlafuzz::gather[torch-part1of2]" in out
+    assert "FAILED mlafuzz::gather[gather_from_zero.py:gather-part0of2]" in out
     assert "VALUE_MISMATCH cause=dst:value" in out and "Mismatched elements" in out
     # Shrinking off still bundles each bucket as found: the replay is that bundle's.
-    result.stdout.fnmatch_lines(["*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-gw[01]/bundles/*"])
+    result.stdout.fnmatch_lines(
+        ["*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-part[01]of2/bundles/*"]
+    )
     dirs = sorted(p.name for p in (pytester.path / "out").iterdir())
-    assert len(dirs) == 2 and all(d.rsplit("-", 1)[1] in ("gw0", "gw1") for d in dirs)
+    assert len(dirs) == 4 and all(d.rsplit("-", 1)[1] in ("part0of2", "part1of2") for d in dirs)
     assert all((pytester.path / "out" / d / "summary.json").is_file() for d in dirs)
+
+
+def test_under_xdist_every_op_runs_its_whole_case_set_whichever_worker_takes_which_part(pytester):
+    # The must-show: -n 2 --mlafuzz-cases 20 runs each op's first 20 cases, as a run
+    # without xdist does, each once; the part (not the worker) decides an item's cases.
+    from mlafuzz.harness.drive.fuzz import Shard
+    from mlafuzz.harness.drive.mix import Mix
+
+    argv = [*_plugin_args(), "-n", "2", "--mlafuzz-cases", "20", "--mlafuzz-shrink-budget", "0"]
+    argv += ["--mlafuzz-impl", "gather=torch", "--mlafuzz-impl", "convert=torch", "--mlafuzz-out", "out"]
+    pytester.runpytest_subprocess(*argv).assert_outcomes(passed=4)
+    for op in ("gather", "convert"):
+        ran = []
+        for part in (0, 1):
+            folder = pytester.path / "out" / f"{op}-torch-part{part}of2"
+            run = json.loads((folder / "run.json").read_text())
+            summary = json.loads((folder / "summary.json").read_text())
+            assert summary["per_op"] == {op: run["cases"]} and summary["unfinished"] == []  # each ran whole
+            k, n = (int(x) for x in run["shard"].split("/"))
+            size = Mix.of(tuple(run["shares"]), run["shares"]).size
+            shard = Shard(index=k, count=n)
+            owned = (i for i in range(10_000) if shard.owns(i, size=size))
+            ran += [next(owned) for _ in range(run["cases"])]
+        assert sorted(ran) == list(range(20)), (op, ran)
 
 
 def test_planted_failure_names_the_shrunk_bundles_replay_command(pytester):
@@ -143,6 +171,7 @@ def test_ledger_turns_planted_findings_into_expected_ones_and_names_stale_entrie
         (["--mlafuzz-impl", "softmax=torch"], "unknown op 'softmax'"),
         (["--mlafuzz-budget", "0"], "--mlafuzz-budget=0.0 must be > 0"),
         (["--mlafuzz-cases", "0"], "--mlafuzz-cases=0 must be >= 1"),
+        (["--mlafuzz-timeout", "0"], "--mlafuzz-timeout=0.0 must be > 0"),
         (["--mlafuzz-ledger", "missing.toml"], "ledger=missing.toml: no such file"),
     ],
 )

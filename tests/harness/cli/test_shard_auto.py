@@ -91,11 +91,15 @@ def test_a_malformed_shard_variable_is_one_line_and_exit_2(env, needle, monkeypa
     assert needle in err and len(err.splitlines()) == 1
 
 
-def test_the_pytest_plugin_splits_the_ci_jobs_shard_among_its_xdist_workers():
-    from mlafuzz.harness.pytest_plugin import Worker, shard_of
+def test_the_pytest_plugin_reads_the_ci_jobs_shard_and_its_parts_split_it_exactly():
+    from mlafuzz.harness.drive.fuzz import Shard
+    from mlafuzz.harness.pytest_plugin import ci_shard
 
     buildkite = {"BUILDKITE_PARALLEL_JOB": "1", "BUILDKITE_PARALLEL_JOB_COUNT": "2"}
-    assert shard_of(Worker(), buildkite) == (1, 2)
-    assert shard_of(Worker(), {"MLAFUZZ_SHARD": "1/2"}) == (1, 2)
-    assert shard_of(Worker(name="gw2", index=2, count=3), buildkite) == (5, 6)
-    assert shard_of(Worker(name="gw2", index=2, count=3), {}) == (2, 3)
+    assert ci_shard(buildkite) == (1, 2)
+    assert ci_shard({"MLAFUZZ_SHARD": "1/2"}) == (1, 2)
+    assert ci_shard({}) == (0, 1)
+    # Copy 1 of 2 in 3 parts: its rounds (odd ones) go to the parts in turn, none left out.
+    parts = [Shard(index=1, count=2).part(k, 3) for k in range(3)]
+    owned = [{r for r in range(60) if p.owns(r)} for p in parts]
+    assert set().union(*owned) == {r for r in range(60) if r % 2 == 1} and sum(map(len, owned)) == 30

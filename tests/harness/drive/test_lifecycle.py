@@ -132,7 +132,8 @@ def test_sigterm_mid_case_writes_the_summary_ends_the_workers_and_exits_143(tmp_
 
 
 def test_an_idle_worker_whose_parent_goes_away_exits_0_and_prints_nothing(capfd):
-    from mlafuzz.harness.drive.workers import DEFAULT_TABLE, _worker_main
+    from mlafuzz.harness.drive.workers.bootstrap import worker_main as _worker_main
+    from mlafuzz.harness.drive.workers.protocol import DEFAULT_TABLE
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()

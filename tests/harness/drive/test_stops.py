@@ -7,6 +7,7 @@ test guesses a delay; the budget's own promise is checked on a fake clock.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from mlafuzz.generators.ops.gather import GatherRequest, GatherSpec
 from mlafuzz.generators.spec import spec_to_json
 from mlafuzz.harness.cli.main import main
 from mlafuzz.harness.drive import fuzz as fuzz_module
+from mlafuzz.harness.drive.budget import GRACE_SECONDS
 from mlafuzz.harness.drive.fuzz import FuzzConfig
 from mlafuzz.harness.drive.tasks import TaskResult
 from mlafuzz.harness.drive.workers import WorkerPool, drop_queued
@@ -156,22 +158,34 @@ class _HangingPool:
         pass
 
 
-def test_a_budget_of_20_with_a_timeout_of_10_against_a_hanging_kernel_ends_by_30_s_with_a_summary(
+def test_a_budget_of_20_with_a_timeout_of_8_against_a_hanging_kernel_ends_within_its_grace_with_a_summary(
     tmp_path, monkeypatch
 ):
     # The loop's promise on a fake clock (so no machine's speed enters): no case starts after the
-    # budget, the cases still queued are dropped and kept for a resume, and the one running gets
-    # at most its timeout.
+    # budget, the cases still queued are dropped, and the one running gets the grace (the smaller
+    # of its timeout and GRACE_SECONDS), then is cut: unfinished, kept for a resume, no TIMEOUT.
     clock = _Clock()
     monkeypatch.setattr(fuzz_module, "time", clock)
-    pool = _HangingPool(clock, limit=10.0)
-    summary = fuzz_module.fuzz(_two_request_gather(tmp_path, budget=20.0, timeout=10.0), executor=pool)
-    assert clock.now <= 30.0 + 0.1 + 1e-9, clock.now
+    pool = _HangingPool(clock, limit=8.0)
+    summary = fuzz_module.fuzz(_two_request_gather(tmp_path, budget=20.0, timeout=8.0), executor=pool)
+    assert clock.now <= 20.0 + GRACE_SECONDS + 0.1 + 1e-9, clock.now
     assert max(pool.submitted_at) < 20.0
-    assert summary.dropped == 2 and summary.by_kind == {"TIMEOUT": summary.findings} and summary.findings == 2
-    assert set(summary.unfinished) >= set(range(summary.next_case)) - {0, 1}  # dropped and running: a resume runs them
+    assert summary.by_kind == {"TIMEOUT": summary.findings} and summary.findings == 2  # at 8 s and 16 s
+    assert summary.dropped == 2 and summary.cut == 1
+    assert set(summary.unfinished) >= set(range(summary.next_case)) - {0, 1}  # dropped and cut: a resume runs them
     saved = _summary(tmp_path / "run")
-    assert saved["dropped"] == 2 and saved["interrupted"] is False
+    assert saved["dropped"] == 2 and saved["cut"] == 1 and saved["interrupted"] is False
+
+
+def test_a_case_that_times_out_within_the_grace_is_a_timeout_not_a_cut(tmp_path, monkeypatch):
+    # --timeout 2 is shorter than the grace: the case running at the budget's end has its whole
+    # --timeout, so a hang there is a TIMEOUT finding, and nothing is cut.
+    clock = _Clock()
+    monkeypatch.setattr(fuzz_module, "time", clock)
+    pool = _HangingPool(clock, limit=2.0)
+    summary = fuzz_module.fuzz(_two_request_gather(tmp_path, budget=5.0, timeout=2.0), executor=pool)
+    assert clock.now <= 5.0 + 2.0 + 0.1 + 1e-9, clock.now
+    assert summary.cut == 0 and summary.findings == 3  # at 2, 4 and 6 s
 
 
 def test_shrink_budget_0_still_writes_each_buckets_bundle_as_found(tmp_path):
@@ -243,3 +257,39 @@ def test_sigterm_while_shrinking_keeps_the_smallest_case_in_hand_as_the_bundle(t
     assert case["shrink"]["stopped"] is True and case["shrink"]["accepted"] >= 1
     assert len(case["spec"]["spec"]["requests"]) == 1  # the smaller case in hand, not the 3-request one found
     assert [b["path"] for b in summary["bundles"]] == [str(out / "bundles" / Path(summary["bundles"][0]["path"]).name)]
+
+
+def test_once_a_bucket_waits_cases_stop_early_enough_to_shrink_it_inside_the_budget(tmp_path, monkeypatch):
+    # Every case is a TIMEOUT after 1 s (a new bucket at once): with a 20 s budget and a shrink
+    # budget of 8, the reserve is min(8, 20 / 4) = 5 s, so no case starts at or after 15 s, and
+    # shrinking is handed the budget's end as its deadline.
+    clock = _Clock()
+    monkeypatch.setattr(fuzz_module, "time", clock)
+    handed = []
+    monkeypatch.setattr(fuzz_module, "shrink_and_bundle", lambda *a, **kw: handed.append(kw["deadline"]))
+    pool = _HangingPool(clock, limit=1.0)
+    config = dataclasses.replace(_two_request_gather(tmp_path, budget=20.0, timeout=1.0), shrink_budget=8.0)
+    fuzz_module.fuzz(config, executor=pool)
+    assert 13.0 < max(pool.submitted_at) < 15.0 and handed == [20.0]
+
+
+def test_a_bucket_left_no_time_by_the_budget_keeps_its_bundle_as_found(tmp_path):
+    from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.drive.workers import InProcess
+    from mlafuzz.harness.ops.table import OPS
+
+    config = dataclasses.replace(_two_request_gather(tmp_path, cases=1), impls={"gather": "gather_skip_last_row"})
+    executor = InProcess(session=Session(table=OPS))
+    summary = fuzz_module.fuzz(config, executor=executor)
+    assert len(summary.bundles) == 1
+    heard = []
+    fuzz_module.shrink_and_bundle(
+        dataclasses.replace(config, shrink_budget=600.0),
+        summary,
+        executor,
+        on_shrink=lambda event, facts: heard.append((event, facts.get("note"))),
+        deadline=time.monotonic() - 1.0,
+    )
+    assert heard[-1] == ("done", "the budget has ended: bundled as found")
+    (case,) = _bundle_cases(tmp_path / "run")
+    assert case["shrink"]["attempts"] == 0 and case["shrink"]["shrunk"] is False
