@@ -287,6 +287,7 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
     """The fuzz loop's configuration, its implementations resolved and loaded (``select_impls``)."""
     from mlafuzz.harness.check.compare import Policy
     from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard
+    from mlafuzz.harness.ledger import ledger_record
 
     if (campaign.redzone or campaign.sanitizer) and campaign.device.split(":")[0] != "cuda":
         raise CampaignError("--redzone and --sanitizer check GPU memory: use them with --device cuda")
@@ -306,6 +307,7 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
         rejects=campaign.rejects,
         table=session.table,
         timeout=campaign.timeout if campaign.isolate and not campaign.sanitizer else None,
+        ledger=ledger_record(campaign.ledger),
         **{k: v for k, v in optional.items() if v is not None},
     )
 

@@ -13,7 +13,7 @@ import html
 import re
 
 from mlafuzz.reports.formats.text import bundle_text, finding_facts, one_line, spec_json, xor_bits
-from mlafuzz.reports.model import Bucket, RunReport, plural
+from mlafuzz.reports.model import NOT_APPLICABLE, Bucket, RunReport, plural
 
 MAX_DETAILED_BUCKETS = 30
 _STATUS_ICON = {
@@ -152,5 +152,9 @@ def render_markdown(report: RunReport) -> str:
     if report.stale:
         out += ["### Stale ledger entries", "", "These matched no finding; remove them if the bug is fixed.", ""]
         out += [f"- {text(e.label())}: {text(e.issue)}" for e in report.stale]
+        out.append("")
+    if report.not_applicable:
+        out += ["### Ledger entries not applicable to this run", "", f"These are {NOT_APPLICABLE}.", ""]
+        out += [f"- {text(e.label())}: {text(e.issue)}" for e in report.not_applicable]
         out.append("")
     return "\n".join(out)

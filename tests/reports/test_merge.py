@@ -139,9 +139,9 @@ def test_report_and_merge_subcommands_write_files_and_fail_in_one_line(shards, t
         _cli(["report", str(tmp_path / "m"), "--format", "junit", "-o", str(out)])
     assert not out.parent.exists()
     out.parent.mkdir()
-    assert _cli(["report", str(tmp_path / "m"), "--format", "junit", "-o", str(out)]) == 0
+    assert _cli(["report", str(tmp_path / "m"), "--format", "junit", "-o", str(out)]) == 1  # written; it failed
     assert ET.parse(out).getroot().get("tests") == "1"
-    assert _cli(["report", str(shards[0]), "--format", "json"]) == 0
+    assert _cli(["report", str(shards[0]), "--format", "json"]) == 1
     assert json.loads(capsys.readouterr().out)["status"] == "failed"
     with pytest.raises(UsageError, match="no such directory"):
         _cli(["report", str(tmp_path / "nope")])
