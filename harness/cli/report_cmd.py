@@ -4,8 +4,10 @@
 instead, to judge it under another) and writes the report. Its exit status is the verdict, so a
 CI step can rest on it: 0 passed, 1 failed or not a whole run (stopped, killed, shards missing:
 the report is written all the same), 2 one line on a bad directory, format, ledger or output.
-``merge`` exits 0 when it merged the whole run, 1 when shards are missing or have no summary (the
-merge is written, partial, with a warning line), 2 with one line when it refuses.
+``merge`` exits 0 when it wrote the merge, whole or not (a warning line per shard missing, killed
+or stopped; summary.json says ``partial``, ``missing_shards``, ``interrupted``), so that
+``merge && report`` always writes the report, whose exit fails such a merge; 2 with one line when
+it refuses.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         print(line)
     for line in merge_warnings(result):
         print(line, file=sys.stderr)
-    return EXIT_INCOMPLETE if result.partial else EXIT_OK
+    return EXIT_OK  # written, partial or not: `report` of it gives the verdict (a partial merge fails it)
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -105,8 +107,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         description="Concatenate the findings of the shard run directories of one run (each line keeps its "
         "shard), sum their summary counts, and write OUT/findings.jsonl and OUT/summary.json. Shards with "
         "different seeds, K/N schemes, implementations or ledgers are refused; a directory that repeats another's "
-        "cases (same seed, shard, ops and implementations) is dropped, with a line saying so. Exit 1 when a shard of "
-        "the K/N scheme is missing or has no summary (the merge is written, partial), 2 when refused.",
+        "cases (same seed, shard, ops and implementations) is dropped, with a line saying so. A shard of the K/N "
+        "scheme missing, killed or stopped is a warning line, and report of the merge exits 1. Exit 0 when "
+        "written, 2 when refused.",
     )
     m.add_argument("run_dirs", nargs="+", metavar="DIR", help="shard run directories")
     m.add_argument(
