@@ -180,6 +180,20 @@ def merge_warnings(result: Any) -> list[str]:
     return lines
 
 
+def corpus_result_lines(outcomes: Iterable[Any]) -> list[str]:
+    """A line per replayed corpus bundle (harness/drive/replay.py ``CorpusOutcome``): fixed, still
+    failing (and as what), skipped, or not run because the run stopped first."""
+    lines = []
+    for o in outcomes:
+        detail = {
+            "still fails": f": {', '.join(o.kinds)}",
+            "skipped": f": {o.why}",
+            "not run": ": the run stopped first",
+        }.get(o.status, "")
+        lines.append(f"mlafuzz: --corpus: {o.bundle}: {o.status}{detail}")
+    return lines
+
+
 def bundle_lines(bundles: Iterable[Mapping[str, Any]]) -> list[str]:
     out = []
     for b in bundles:

@@ -431,6 +431,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         finally:
             report.progress.close()
     summary = result.summary
+    for line in console.corpus_result_lines(result.corpus):
+        print(line, file=sys.stderr)
     for line in console.bundle_lines(summary.bundles):
         print(line)
     print(console.summary_line(summary.to_json()))

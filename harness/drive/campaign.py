@@ -118,6 +118,7 @@ class Prepared:
     removed: list[str]  # an earlier run's files cleared from out_dir
     corpus: list  # the corpus's tasks, run first
     corpus_notes: list[str]  # one per bundle left out of the corpus
+    corpus_names: Mapping[int, str]  # corpus task index -> its bundle's name
     ready: Callable[[str], bool] | None  # the fuzz loop's: an op waits while the extension it needs builds
 
 
@@ -127,6 +128,7 @@ class CampaignResult:
     summary: FuzzSummary
     found: list  # every finding of the run (a resumed run's earlier ones first)
     judgement: Judgement
+    corpus: tuple = ()  # replay.CorpusOutcome per corpus bundle: fixed, still fails, ...
 
     @property
     def impls(self) -> Mapping[str, str]:
@@ -320,13 +322,13 @@ def prepare(campaign: Campaign, session: Session, *, say: Callable[[str], None] 
     from mlafuzz.reports.rundir import clear_run, holds_run
 
     config = fuzz_config(campaign, session)
-    corpus, notes = [], []
+    corpus, notes, names = [], [], {}
     if campaign.corpus is not None:
         from mlafuzz.harness.drive.replay import corpus_tasks
         from mlafuzz.reports.bundle import BundleError
 
         try:
-            corpus, notes = corpus_tasks(
+            corpus, notes, names = corpus_tasks(
                 Path(campaign.corpus),
                 impls=config.impls,
                 device=config.device,
@@ -348,7 +350,15 @@ def prepare(campaign: Campaign, session: Session, *, say: Callable[[str], None] 
     else:
         removed = clear_run(config.out_dir)
     ready = None if build is None else built_or_not_needed(build[0], entries)
-    return Prepared(config=config, resume=resume, removed=removed, corpus=corpus, corpus_notes=notes, ready=ready)
+    return Prepared(
+        config=config,
+        resume=resume,
+        removed=removed,
+        corpus=corpus,
+        corpus_notes=notes,
+        corpus_names=names,
+        ready=ready,
+    )
 
 
 def run_campaign(
@@ -394,11 +404,12 @@ def run_campaign(
         None if executor is not None else build_executor(campaign, session, table_ref=table_ref, on_workers=on_workers)
     )
     runner: Any = executor if executor is not None else built
+    corpus = None
     try:
         if prepared.corpus:
             from mlafuzz.harness.drive.replay import CorpusFirst
 
-            runner = CorpusFirst(runner, prepared.corpus)
+            runner = corpus = CorpusFirst(runner, prepared.corpus, prepared.corpus_names)
         summary = fuzz(
             config,
             executor=runner,
@@ -413,7 +424,8 @@ def run_campaign(
         if built is not None:
             built.close()
     judgement = judge(found, ledger=campaign.ledger, ran=config.impls.items())
-    return CampaignResult(config=config, summary=summary, found=found, judgement=judgement)
+    outcomes = tuple(corpus.outcomes()) if corpus is not None else ()
+    return CampaignResult(config=config, summary=summary, found=found, judgement=judgement, corpus=outcomes)
 
 
 def _stop_after(max_findings: int | None) -> Callable[[FuzzSummary], bool] | None:
