@@ -205,6 +205,14 @@ def ledger_from_record(record: Any, *, where: str) -> Ledger | None:
     return _entries(Path(record["file"]), record.get("expected"))
 
 
+def ledger_of_run(run: Any, *, where: str, override: Path | str | None = None) -> Ledger | None:
+    """The ledger that judges a run folder: ``override`` (a file) when given, else the one the run
+    recorded in its run.json ``run`` (``where`` names it in messages), else none."""
+    if override:
+        return load_ledger(override)
+    return ledger_from_record(run.get("ledger") if isinstance(run, dict) else None, where=where)
+
+
 def load_ledger(path: Path | str) -> Ledger:
     """Read and validate a ledger; every problem is a one-line LedgerError."""
     path = Path(path)

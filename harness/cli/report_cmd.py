@@ -28,16 +28,14 @@ def _usage(message: str) -> Exception:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from mlafuzz.harness.ledger import LedgerError, judge, ledger_from_record, load_ledger
+    from mlafuzz.harness.ledger import LedgerError, judge, ledger_of_run
     from mlafuzz.reports.formats.render import render
     from mlafuzz.reports.model import RUN_FILE, ReportError, build_report, load_run
 
     try:
         view = load_run(Path(args.run_dir))
-        if args.ledger:
-            ledger = load_ledger(args.ledger)
-        else:  # the run's own: its shards were judged by it, and the merge job may not have the file
-            ledger = ledger_from_record(view.run.get("ledger"), where=str(Path(args.run_dir) / RUN_FILE))
+        # the run's own unless told another: its shards were judged by it, and a merge job may lack the file
+        ledger = ledger_of_run(dict(view.run), where=str(Path(args.run_dir) / RUN_FILE), override=args.ledger)
         judgement = judge(view.findings, ledger=ledger, ran=view.pairs())
         report = build_report(view, judgement)
         text = render(report, args.format)
