@@ -1,7 +1,8 @@
 """``mlafuzz fuzz``: fuzz implementations against the oracles.
 
 Exit 0: nothing found (or only what the ledger expects); 1: findings; 2: a
-usage or environment error (one line); 130 interrupted; 143 stopped by SIGTERM.
+usage or environment error (one line); 130 interrupted; 143 stopped by SIGTERM (a stopped
+run with a failing finding exits 1: the finding is the news).
 
 Every argument is checked before a worker starts or an implementation runs:
 the run folder too. A folder that holds an earlier run is refused unless
@@ -47,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help="fuzz implementations against the oracles",
         description="Fuzz implementations against the oracles. Exit 0: nothing found; 1: findings "
         "(appended to OUT/findings.jsonl as they happen); 2: usage or environment error (one line, "
-        "before any worker starts); 130 / 143: stopped by Ctrl-C / SIGTERM before any finding "
+        "before any worker starts); 130 / 143: stopped by Ctrl-C / SIGTERM before any failing finding "
         "(summary.json still written). A --out that holds an earlier run needs --overwrite or "
         "--resume; the default ./mlafuzz-out is replaced.",
     )

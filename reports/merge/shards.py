@@ -75,6 +75,22 @@ def load_records(shard: ShardDir) -> list[tuple[dict[str, Any], Finding]]:
 
 def read_shards(dirs: list[Path], out: Path) -> list[ShardDir]:
     """The run directories, read and checked to be shards of one run (ReportError, one line, if not)."""
+    _check_dirs(dirs, out)
+    shards = [ShardDir(dir=d, run=_load_json(d / RUN_FILE), summary=_load_json(d / SUMMARY_FILE)) for d in dirs]
+    _check_implementations(shards)
+    for what, value, show in _AGREE:
+        told = [s for s in shards if s.run and value(s.run) is not None]
+        for s in told[1:]:
+            if value(s.run) != value(told[0].run):
+                raise ReportError(
+                    f"merge: the runs have different {what} ({told[0].dir}: {show(told[0].run)}, {s.dir}:"
+                    f" {show(s.run)}): {_WHY[what]}"
+                )
+    return shards
+
+
+def _check_dirs(dirs: list[Path], out: Path) -> None:
+    """Each of ``dirs`` a run directory, given once, and ``out`` none of them."""
     if not dirs:
         raise ReportError("merge: dirs=[] must name at least one run directory")
     seen: set[Path] = set()
@@ -88,17 +104,6 @@ def read_shards(dirs: list[Path], out: Path) -> list[ShardDir]:
         seen.add(d.resolve())
     if out.resolve() in seen:
         raise ReportError(f"merge: out={out} is one of the inputs; merge into a new directory")
-    shards = [ShardDir(dir=d, run=_load_json(d / RUN_FILE), summary=_load_json(d / SUMMARY_FILE)) for d in dirs]
-    _check_implementations(shards)
-    for what, value, show in _AGREE:
-        told = [s for s in shards if s.run and value(s.run) is not None]
-        for s in told[1:]:
-            if value(s.run) != value(told[0].run):
-                raise ReportError(
-                    f"merge: the runs have different {what} ({told[0].dir}: {show(told[0].run)}, {s.dir}:"
-                    f" {show(s.run)}): {_WHY[what]}"
-                )
-    return shards
 
 
 def _scheme(run: Mapping[str, Any]) -> str | None:
