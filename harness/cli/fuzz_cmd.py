@@ -202,7 +202,8 @@ def _add_judging_options(f: argparse.ArgumentParser) -> None:
         "--ledger",
         metavar="FILE",
         help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
-        "entries that matched nothing are printed as stale",
+        "entries that matched nothing are printed as stale, those for an implementation not fuzzed as not "
+        "applicable. Its entries are recorded in run.json: merge carries them, report judges by them",
     )
 
 
