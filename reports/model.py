@@ -244,7 +244,8 @@ class RunReport:
         if self.summary.get("partial"):
             return f"a shard has no {SUMMARY_FILE}: it was killed or is still running"
         if self.stopped:
-            by = "SIGTERM" if self.summary.get("terminated") else "Ctrl-C or SIGTERM"
+            told = self.summary.get("terminated")  # absent from older summaries: not known which
+            by = "SIGTERM" if told else "Ctrl-C" if told is False else "Ctrl-C or SIGTERM"
             return f"stopped by {by} after {plural(int(self.summary.get('cases') or 0), 'case')}"
         return None
 
