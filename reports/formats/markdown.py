@@ -105,7 +105,8 @@ def render_markdown(report: RunReport) -> str:
     out += [
         f"Run directory: {code(report.run_dir)}"
         + (f" \u00b7 seed {code(report.run['seed'])}" if "seed" in report.run else "")
-        + (f" \u00b7 device {code(report.run['device'])}" if "device" in report.run else ""),
+        + (f" \u00b7 device {code(report.run['device'])}" if "device" in report.run else "")
+        + (f" \u00b7 ledger {code(report.ledger)}" if report.ledger else ""),
         "",
     ]
     out += [*_stats(report), ""]

@@ -330,6 +330,7 @@ def test_report_of_a_merge_applies_the_ledger_its_shards_recorded_unless_told_an
     assert main(["report", str(tmp_path / "m"), "--format", "json"]) == 0  # the one bucket is ledgered
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "passed" and doc["counts"]["expected_buckets"] == 1 and doc["failures"] == 0
+    assert "ledger `mlafuzz-ledger.toml`" in render_dir(tmp_path / "m", "md")  # which ledger judged it
     other = tmp_path / "other.toml"
     other.write_text('[[expected]]\nkind = "NAN_MISMATCH"\nop = "gather"\nimpl = "torch"\ncause = "*"\nissue = "x"\n')
     assert main(["report", str(tmp_path / "m"), "--format", "json", "--ledger", str(other)]) == 1
