@@ -21,7 +21,13 @@ file is one ``LedgerError`` line naming the file and the entry.
     note = "pre-#48642 gather reads every request from position 0"
 
 Entries that matched nothing are *stale*: reported so they can be removed
-once the bug is fixed.
+once the bug is fixed. An entry for an implementation the run did not fuzz is
+*not applicable* to that run: listed apart, since a shared ledger names other
+jobs' implementations (and a misspelt impl never matches anything).
+
+A run records its ledger's entries in run.json (``ledger_record``): the CI job
+that merges and reports shards may not have the file, and ``report`` applies
+the recorded entries unless told another ledger (``ledger_from_record``).
 """
 
 from __future__ import annotations
@@ -65,11 +71,18 @@ class Ledger:
 
         ``ran``, the (op, impl) pairs that were actually fuzzed, limits the
         answer to entries that had a chance to match: an entry for an impl not
-        run this time is not stale.
+        run this time is not stale (``not_applicable`` lists it).
         """
         matched = {id(e) for f in findings for e in self.entries if e.matches(f)}
         pairs = None if ran is None else set(ran)
         return [e for e in self.entries if id(e) not in matched and (pairs is None or (e.op, e.impl) in pairs)]
+
+    def not_applicable(self, ran: Iterable[tuple[str, str]] | None) -> list[Waiver]:
+        """Entries for an (op, impl) the run did not fuzz: they could not match, stale or not."""
+        if ran is None:
+            return []
+        pairs = set(ran)
+        return [e for e in self.entries if (e.op, e.impl) not in pairs]
 
 
 def judge(
@@ -92,10 +105,17 @@ def judge(
         if entry is not None:
             waivers[key] = entry
         statuses[key] = "expected" if entry is not None else "failure"
+    ran = None if ran is None else list(ran)
     stale = tuple(ledger.stale(found, ran=ran)) if ledger else ()
+    elsewhere = tuple(ledger.not_applicable(ran)) if ledger else ()
     matched = tuple(sorted({e.index for f in found for e in ledger.entries if e.matches(f)})) if ledger else ()
     return Judgement(
-        statuses=statuses, waivers=waivers, stale=stale, matched=matched, ledger=str(ledger.path) if ledger else None
+        statuses=statuses,
+        waivers=waivers,
+        stale=stale,
+        not_applicable=elsewhere,
+        matched=matched,
+        ledger=str(ledger.path) if ledger else None,
     )
 
 
@@ -152,6 +172,47 @@ def _entry(path: Path, index: int, raw: Any) -> Waiver:
     )
 
 
+def _entries(path: Path, raw_entries: Any) -> Ledger:
+    """The ledger of ``raw_entries`` (a file's, or one a run recorded), every entry checked."""
+    if not isinstance(raw_entries, list):
+        raise LedgerError(f"ledger={path}: expected a top-level 'expected' array of entries")
+    entries = tuple(_entry(path, i, raw) for i, raw in enumerate(raw_entries))
+    seen: dict[tuple[str, str, str, str], int] = {}
+    for e in entries:
+        key = (e.kind, e.op, e.impl, e.cause)
+        if key in seen:
+            raise LedgerError(f"ledger={path}: {e.label()} duplicates expected[{seen[key]}]")
+        seen[key] = e.index
+    return Ledger(path=path, entries=entries)
+
+
+def ledger_record(ledger: Ledger | None) -> dict[str, Any] | None:
+    """What run.json keeps of the run's ledger: its file's name and every entry (the content, so
+    that a report or merge elsewhere applies the same waivers); None without a ledger."""
+    if ledger is None:
+        return None
+    keep = ("kind", "op", "impl", "cause", "issue", "note")
+    return {"file": str(ledger.path), "expected": [{k: e.to_json()[k] for k in keep} for e in ledger.entries]}
+
+
+def ledger_from_record(record: Any, *, where: str) -> Ledger | None:
+    """The ledger a run recorded (``ledger_record``), checked as a file is; None when it had none.
+    ``where`` names the run.json in messages."""
+    if record is None:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("file"), str):
+        raise LedgerError(f"ledger recorded in {where}: not a ledger record (file=, expected=)")
+    return _entries(Path(record["file"]), record.get("expected"))
+
+
+def ledger_of_run(run: Any, *, where: str, override: Path | str | None = None) -> Ledger | None:
+    """The ledger that judges a run folder: ``override`` (a file) when given, else the one the run
+    recorded in its run.json ``run`` (``where`` names it in messages), else none."""
+    if override:
+        return load_ledger(override)
+    return ledger_from_record(run.get("ledger") if isinstance(run, dict) else None, where=where)
+
+
 def load_ledger(path: Path | str) -> Ledger:
     """Read and validate a ledger; every problem is a one-line LedgerError."""
     path = Path(path)
@@ -168,13 +229,4 @@ def load_ledger(path: Path | str) -> Ledger:
             f"ledger={path}: unknown top-level key {sorted(set(data) - {'expected'})[0]!r}"
             " (the file holds one 'expected' array of entries)"
         )
-    if not isinstance(raw_entries, list):
-        raise LedgerError(f"ledger={path}: expected a top-level 'expected' array of entries")
-    entries = tuple(_entry(path, i, raw) for i, raw in enumerate(raw_entries))
-    seen: dict[tuple[str, str, str, str], int] = {}
-    for e in entries:
-        key = (e.kind, e.op, e.impl, e.cause)
-        if key in seen:
-            raise LedgerError(f"ledger={path}: {e.label()} duplicates expected[{seen[key]}]")
-        seen[key] = e.index
-    return Ledger(path=path, entries=entries)
+    return _entries(path, raw_entries)

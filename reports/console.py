@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from mlafuzz.reports.findings import Finding, Kind, Severity
-from mlafuzz.reports.model import Bucket, Judgement, Waiver, bucket_counts, group_buckets, plural, replay_command
+from mlafuzz.reports.model import (
+    NOT_APPLICABLE,
+    Bucket,
+    Judgement,
+    Waiver,
+    bucket_counts,
+    group_buckets,
+    plural,
+    replay_command,
+)
 
 __all__ = ["plural"]  # re-exported: the CLI and the plugin word counts through console
 
@@ -173,7 +182,7 @@ def skip_lines(s: Mapping[str, Any]) -> list[str]:
 
 
 def merge_lines(result: Any) -> list[str]:
-    """What ``mlafuzz merge`` did (reports/merge.py ``MergeResult``): the dropped repeats, then the totals."""
+    """What ``mlafuzz merge`` did (reports/merge ``MergeResult``): the dropped repeats, then the totals."""
     lines = [
         f"mlafuzz: merge: dropped {d.dir}: it repeats the cases of {d.kept} (seed {d.seed}, shard"
         f" {d.shard or '?'}, same ops and implementations)"
@@ -185,8 +194,49 @@ def merge_lines(result: Any) -> list[str]:
         f" {plural(s['cases'], 'case')}, {plural(s['findings'], 'finding')} in"
         f" {plural(s['buckets'], 'bucket')} ({plural(result.findings_lines, 'findings line')}"
         f"{', ' + plural(result.bundles, 'repro bundle') + ' in ' + str(result.out / 'bundles') if result.bundles else ''})"
-        f"{' [partial: a shard has no summary.json]' if s.get('partial') else ''}"
+        f"{' [partial]' if s.get('partial') else ''}"
     )
+    return lines
+
+
+def merge_warnings(result: Any) -> list[str]:
+    """Why a merge's counts are not the whole run's, a line per reason (stderr): each missing
+    shard, each shard without summary.json, each stopped shard."""
+    s = result.summary
+    shards = [r for r in s.get("shards") or () if isinstance(r, Mapping)]
+    lines = []
+    if s.get("missing_shards"):
+        missing = ", ".join(s["missing_shards"])
+        count = str(s["missing_shards"][0]).partition("/")[2]
+        lines.append(
+            f"mlafuzz: merge: warning: partial: shard {missing} of the run's {count} missing; the merged counts"
+            " are not the whole run's (its report says incomplete)"
+        )
+    for r in shards:
+        if not r.get("has_summary"):
+            lines.append(
+                f"mlafuzz: merge: warning: partial: {r.get('dir')} has no summary.json (killed or still running);"
+                " counted from its findings lines"
+            )
+        elif r.get("interrupted"):
+            lines.append(
+                f"mlafuzz: merge: warning: {r.get('dir')} was stopped (Ctrl-C or SIGTERM) after"
+                f" {plural(int(r.get('cases') or 0), 'case')}; its report says stopped"
+            )
+    return lines
+
+
+def corpus_result_lines(outcomes: Iterable[Any]) -> list[str]:
+    """A line per replayed corpus bundle (harness/drive/replay.py ``CorpusOutcome``): fixed, still
+    failing (and as what), skipped, or not run because the run stopped first."""
+    lines = []
+    for o in outcomes:
+        detail = {
+            "still fails": f": {', '.join(o.kinds)}",
+            "skipped": f": {o.why}",
+            "not run": ": the run stopped first",
+        }.get(o.status, "")
+        lines.append(f"mlafuzz: --corpus: {o.bundle}: {o.status}{detail}")
     return lines
 
 
@@ -216,7 +266,8 @@ def verdict_lines(judgement: Judgement, findings: Sequence[Finding]) -> list[str
         f"mlafuzz: ledger {judgement.ledger}: {plural(expected, 'expected finding')},"
         f" {unexpected} unexpected in {plural(len(failing), 'bucket')}"
     )
-    return [head, *stale_lines(judgement.stale)]
+    elsewhere = [f"mlafuzz: ledger entry {e.label()}: {NOT_APPLICABLE}" for e in judgement.not_applicable]
+    return [head, *stale_lines(judgement.stale), *elsewhere]
 
 
 class MutantRow(Protocol):

@@ -53,6 +53,10 @@ def bucket_counts(summary: Mapping[str, Any]) -> dict[BucketKey, int]:
 
 
 WILDCARD = "*"  # a ledger entry's cause that matches any cause
+# Why a ledger entry is neither matched nor stale: a shared ledger names other jobs' implementations.
+NOT_APPLICABLE = (
+    "not applicable to this run: it did not fuzz this op with this implementation (another job's, or a misspelt name)"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +102,7 @@ class Judgement:
     statuses: Mapping[BucketKey, str] = field(default_factory=dict)
     waivers: Mapping[BucketKey, Waiver] = field(default_factory=dict)
     stale: tuple[Waiver, ...] = ()
+    not_applicable: tuple[Waiver, ...] = ()  # entries for an (op, impl) the run did not fuzz
     matched: tuple[int, ...] = ()  # indices of the ledger entries some finding matched
     ledger: str | None = None
 
@@ -187,6 +192,8 @@ class RunReport:
     summary: Mapping[str, Any] = field(default_factory=dict)  # summary.json, {} when missing
     run: Mapping[str, Any] = field(default_factory=dict)  # run.json, {} when missing
     stale: tuple[Waiver, ...] = ()
+    not_applicable: tuple[Waiver, ...] = ()  # ledger entries for an (op, impl) this run did not fuzz
+    ledger: str | None = None  # the ledger that judged it (its file's name), None without one
     notes: tuple[str, ...] = ()  # what could not be read, said once
 
     @property
@@ -221,14 +228,33 @@ class RunReport:
         return list(shards) if isinstance(shards, list) else []
 
     @property
+    def stopped(self) -> bool:
+        """Ctrl-C or SIGTERM (CI's cancel) ended the run, or a shard of it, before its end."""
+        return bool(self.summary.get("interrupted"))
+
+    @property
     def incomplete(self) -> str | None:
         """Why the run's counts are not the whole run's (a run killed before it wrote summary.json,
-        or a merge with such a shard); None for a run that finished."""
+        a merge without some shards, a stopped run); None for a run that finished."""
         if not self.summary:
             return f"no {SUMMARY_FILE}: the run was killed or is still running"
+        missing = self.summary.get("missing_shards")
+        if missing:
+            return f"shard {', '.join(map(str, missing))} missing from the merge"
         if self.summary.get("partial"):
             return f"a shard has no {SUMMARY_FILE}: it was killed or is still running"
+        if self.stopped:
+            told = self.summary.get("terminated")  # absent from older summaries: not known which
+            by = "SIGTERM" if told else "Ctrl-C" if told is False else "Ctrl-C or SIGTERM"
+            return f"stopped by {by} after {plural(int(self.summary.get('cases') or 0), 'case')}"
         return None
+
+    @property
+    def status(self) -> str:
+        """failed (a failing bucket), stopped, incomplete (killed, shards missing) or passed."""
+        if not self.passed:
+            return "failed"
+        return "stopped" if self.stopped else "incomplete" if self.incomplete else "passed"
 
     @property
     def tests(self) -> int:
@@ -245,7 +271,7 @@ class RunReport:
                 if self.failures
                 else "no failing finding in what it wrote"
             )
-            return f"mlafuzz: incomplete run ({self.incomplete}): {found}"
+            return f"mlafuzz: {'stopped' if self.stopped else 'incomplete'} run ({self.incomplete}): {found}"
         if self.passed:
             extra = [
                 plural(len(self.buckets_with(s)), f"{s} bucket") for s in ("expected", "info") if self.buckets_with(s)
@@ -424,6 +450,8 @@ def build_report(view: RunView, judgement: Judgement) -> RunReport:
         summary=view.summary,
         run=view.run,
         stale=judgement.stale,
+        not_applicable=judgement.not_applicable,
+        ledger=judgement.ledger,
         notes=view.notes,
     )
 

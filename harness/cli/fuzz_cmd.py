@@ -1,7 +1,8 @@
 """``mlafuzz fuzz``: fuzz implementations against the oracles.
 
 Exit 0: nothing found (or only what the ledger expects); 1: findings; 2: a
-usage or environment error (one line); 130 interrupted; 143 stopped by SIGTERM.
+usage or environment error (one line); 130 interrupted; 143 stopped by SIGTERM (a stopped
+run with a failing finding exits 1: the finding is the news).
 
 Every argument is checked before a worker starts or an implementation runs:
 the run folder too. A folder that holds an earlier run is refused unless
@@ -47,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help="fuzz implementations against the oracles",
         description="Fuzz implementations against the oracles. Exit 0: nothing found; 1: findings "
         "(appended to OUT/findings.jsonl as they happen); 2: usage or environment error (one line, "
-        "before any worker starts); 130 / 143: stopped by Ctrl-C / SIGTERM before any finding "
+        "before any worker starts); 130 / 143: stopped by Ctrl-C / SIGTERM before any failing finding "
         "(summary.json still written). A --out that holds an earlier run needs --overwrite or "
         "--resume; the default ./mlafuzz-out is replaced.",
     )
@@ -209,7 +210,8 @@ def _add_judging_options(f: argparse.ArgumentParser) -> None:
         "--ledger",
         metavar="FILE",
         help="expected-failures ledger (TOML or JSON): findings it lists don't fail the run; "
-        "entries that matched nothing are printed as stale",
+        "entries that matched nothing are printed as stale, those for an implementation not fuzzed as not "
+        "applicable. Its entries are recorded in run.json: merge carries them, report judges by them",
     )
 
 
@@ -445,6 +447,8 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         finally:
             report.progress.close()
     summary = result.summary
+    for line in console.corpus_result_lines(result.corpus):
+        print(line, file=sys.stderr)
     for line in console.bundle_lines(summary.bundles):
         print(line)
     for line in console.skip_lines(summary.to_json()):

@@ -1,8 +1,13 @@
 """The ``report`` and ``merge`` subcommands.
 
-Both exit 0 when they wrote what was asked (a report never decides pass/fail:
-``fuzz`` does, with its ledger) and 2 with one line on a bad directory,
-format, ledger or output path.
+``report`` judges a run folder under the ledger the run recorded in run.json (``--ledger FILE``
+instead, to judge it under another) and writes the report. Its exit status is the verdict, so a
+CI step can rest on it: 0 passed, 1 failed or not a whole run (stopped, killed, shards missing:
+the report is written all the same), 2 one line on a bad directory, format, ledger or output.
+``merge`` exits 0 when it wrote the merge, whole or not (a warning line per shard missing, killed
+or stopped; summary.json says ``partial``, ``missing_shards``, ``interrupted``), so that
+``merge && report`` always writes the report, whose exit fails such a merge; 2 with one line when
+it refuses.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlafuzz.harness.cli.args import EXIT_OK, UsageError
+from mlafuzz.harness.cli.args import EXIT_FINDINGS, EXIT_OK, UsageError
 from mlafuzz.reports.atomic import atomic_write
 from mlafuzz.reports.formats.render import FORMATS
+
+EXIT_INCOMPLETE = EXIT_FINDINGS  # a partial merge, a stopped run: never read as a pass
 
 
 def _usage(message: str) -> Exception:
@@ -21,20 +28,23 @@ def _usage(message: str) -> Exception:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from mlafuzz.harness.ledger import LedgerError, judge, load_ledger
+    from mlafuzz.harness.ledger import LedgerError, judge, ledger_of_run
     from mlafuzz.reports.formats.render import render
-    from mlafuzz.reports.model import ReportError, build_report, load_run
+    from mlafuzz.reports.model import RUN_FILE, ReportError, build_report, load_run
 
     try:
-        ledger = load_ledger(args.ledger) if args.ledger else None
         view = load_run(Path(args.run_dir))
+        # the run's own unless told another: its shards were judged by it, and a merge job may lack the file
+        ledger = ledger_of_run(dict(view.run), where=str(Path(args.run_dir) / RUN_FILE), override=args.ledger)
         judgement = judge(view.findings, ledger=ledger, ran=view.pairs())
-        text = render(build_report(view, judgement), args.format)
+        report = build_report(view, judgement)
+        text = render(report, args.format)
     except (ReportError, LedgerError) as exc:
         raise _usage(f"mlafuzz report: {exc}") from None
+    status = EXIT_OK if report.status == "passed" else EXIT_INCOMPLETE
     if args.output in (None, "-"):
         sys.stdout.write(text)
-        return EXIT_OK
+        return status
     output = Path(args.output)
     if output.is_dir():
         raise _usage(f"mlafuzz report: -o {args.output}: is a folder; name the file to write")
@@ -44,8 +54,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         atomic_write(output, text)
     except OSError as exc:
         raise _usage(f"mlafuzz report: -o {args.output}: cannot write: {exc.strerror or exc}") from None
-    print(f"mlafuzz: {args.format} report of {args.run_dir} -> {args.output}", file=sys.stderr)
-    return EXIT_OK
+    print(f"mlafuzz: {args.format} report of {args.run_dir} -> {args.output}: {report.status}", file=sys.stderr)
+    return status
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -58,11 +68,13 @@ def cmd_merge(args: argparse.Namespace) -> int:
         raise _usage(f"mlafuzz {exc}") from None
     except OSError as exc:
         raise _usage(f"mlafuzz merge: --out {args.out}: cannot write: {exc.strerror or exc}") from None
-    from mlafuzz.reports.console import merge_lines
+    from mlafuzz.reports.console import merge_lines, merge_warnings
 
     for line in merge_lines(result):
         print(line)
-    return EXIT_OK
+    for line in merge_warnings(result):
+        print(line, file=sys.stderr)
+    return EXIT_OK  # written, partial or not: `report` of it gives the verdict (a partial merge fails it)
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -72,13 +84,18 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="render a run directory as JUnit XML, Markdown, HTML or JSON",
         description="Render a run directory (findings.jsonl, summary.json) as a report. JUnit: a testcase per op "
         "and implementation, a failure per failing finding bucket. md suits a CI step summary: "
-        'mlafuzz report DIR --format md >> "$GITHUB_STEP_SUMMARY". Exit 0 when written, 2 on a bad directory.',
+        'mlafuzz report DIR --format md >> "$GITHUB_STEP_SUMMARY". The ledger the run recorded in run.json '
+        "judges it. Exit 0 passed, 1 failed or incomplete (stopped, killed, shards missing; the report is still "
+        "written), 2 on a bad directory.",
     )
     r.add_argument("run_dir", metavar="DIR", help="run directory (a fuzz --out, or a merge --out)")
     r.add_argument("--format", choices=tuple(FORMATS), default="md", help="report format (default md)")
     r.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     r.add_argument(
-        "--ledger", metavar="FILE", help="expected-failures ledger (TOML or JSON): waived buckets are shown, not failed"
+        "--ledger",
+        metavar="FILE",
+        help="expected-failures ledger (TOML or JSON): waived buckets are shown, not failed (default: the one the"
+        " run recorded in run.json)",
     )
     r.set_defaults(func=cmd_report)
 
@@ -87,8 +104,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         help="merge shard run directories into one",
         description="Concatenate the findings of the shard run directories of one run (each line keeps its "
         "shard), sum their summary counts, and write OUT/findings.jsonl and OUT/summary.json. Shards with "
-        "different seeds, K/N schemes or implementations are refused; a directory that repeats another's cases (same seed, "
-        "shard, ops and implementations) is dropped, with a line saying so.",
+        "different seeds, K/N schemes, implementations or ledgers are refused; a directory that repeats another's "
+        "cases (same seed, shard, ops and implementations) is dropped, with a line saying so. A shard of the K/N "
+        "scheme missing, killed or stopped is a warning line, and report of the merge exits 1. Exit 0 when "
+        "written, 2 when refused.",
     )
     m.add_argument("run_dirs", nargs="+", metavar="DIR", help="shard run directories")
     m.add_argument(

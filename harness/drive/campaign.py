@@ -122,6 +122,7 @@ class Prepared:
     corpus: list  # the corpus's tasks, run first
     corpus_notes: list[str]  # one per bundle left out of the corpus
     surfaces: tuple = ()  # kernels.external.SurfaceView per implementation whose op has optional surfaces
+    corpus_names: Mapping[int, str] = field(default_factory=dict)  # corpus task index -> its bundle's name
     ready: Callable[[str], bool] | None  # the fuzz loop's: an op waits while the extension it needs builds
 
 
@@ -131,6 +132,7 @@ class CampaignResult:
     summary: FuzzSummary
     found: list  # every finding of the run (a resumed run's earlier ones first)
     judgement: Judgement
+    corpus: tuple = ()  # replay.CorpusOutcome per corpus bundle: fixed, still fails, ...
 
     @property
     def impls(self) -> Mapping[str, str]:
@@ -320,6 +322,7 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
     """The fuzz loop's configuration, its implementations resolved and loaded (``select_impls``)."""
     from mlafuzz.harness.check.compare import Policy
     from mlafuzz.harness.drive.fuzz import FuzzConfig, Shard
+    from mlafuzz.harness.ledger import ledger_record
 
     if (campaign.redzone or campaign.sanitizer) and campaign.device.split(":")[0] != "cuda":
         raise CampaignError("--redzone and --sanitizer check GPU memory: use them with --device cuda")
@@ -342,6 +345,7 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
         rejects=campaign.rejects,
         table=session.table,
         timeout=campaign.timeout if campaign.isolate and not campaign.sanitizer else None,
+        ledger=ledger_record(campaign.ledger),
         **{name: v for name, v in optional.items() if v is not None},
     )
     if campaign.cases is None or parts == 1:
@@ -358,13 +362,13 @@ def prepare(campaign: Campaign, session: Session, *, say: Callable[[str], None] 
     from mlafuzz.reports.rundir import clear_run, holds_run
 
     config = fuzz_config(campaign, session)
-    corpus, notes = [], []
+    corpus, notes, names = [], [], {}
     if campaign.corpus is not None:
         from mlafuzz.harness.drive.replay import corpus_tasks
         from mlafuzz.reports.bundle import BundleError
 
         try:
-            corpus, notes = corpus_tasks(
+            corpus, notes, names = corpus_tasks(
                 Path(campaign.corpus),
                 impls=config.impls,
                 device=config.device,
@@ -391,7 +395,14 @@ def prepare(campaign: Campaign, session: Session, *, say: Callable[[str], None] 
         removed = clear_run(config.out_dir)
     ready = None if build is None else built_or_not_needed(build[0], entries)
     return Prepared(
-        config=config, resume=resume, removed=removed, corpus=corpus, corpus_notes=notes, ready=ready, surfaces=views
+        config=config,
+        resume=resume,
+        removed=removed,
+        corpus=corpus,
+        corpus_notes=notes,
+        corpus_names=names,
+        ready=ready,
+        surfaces=views,
     )
 
 
@@ -441,11 +452,12 @@ def run_campaign(
         None if executor is not None else build_executor(campaign, session, table_ref=table_ref, on_workers=on_workers)
     )
     runner: Any = executor if executor is not None else built
+    corpus = None
     try:
         if prepared.corpus:
             from mlafuzz.harness.drive.replay import CorpusFirst
 
-            runner = CorpusFirst(runner, prepared.corpus)
+            runner = corpus = CorpusFirst(runner, prepared.corpus, prepared.corpus_names)
         summary = fuzz(
             config,
             executor=runner,
@@ -461,7 +473,8 @@ def run_campaign(
         if built is not None:
             built.close()
     judgement = judge(found, ledger=campaign.ledger, ran=config.impls.items())
-    return CampaignResult(config=config, summary=summary, found=found, judgement=judgement)
+    outcomes = tuple(corpus.outcomes()) if corpus is not None else ()
+    return CampaignResult(config=config, summary=summary, found=found, judgement=judgement, corpus=outcomes)
 
 
 def _stop_after(max_findings: int | None) -> Callable[[FuzzSummary], bool] | None:

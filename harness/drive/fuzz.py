@@ -129,6 +129,7 @@ class FuzzConfig:
     revision: str = NEWEST_REVISION  # the contract revision (SPEC 7) cases are judged under; an entry's pin wins
     timeout: float | None = None  # the executor's per-case limit: recorded in bundles, bounds TIMEOUT shrinks
     shares: Mapping[str, int] | None = None  # op -> its slots per round (mix.py); None, or an op left out: its row's
+    ledger: Mapping[str, Any] | None = None  # harness.ledger.ledger_record: run.json keeps it for report and merge
 
     def __post_init__(self) -> None:
         if self.cases is None and self.budget is None:
@@ -171,6 +172,7 @@ class FuzzConfig:
             "timeout": self.timeout,
             "revision": self.revision,
             "shares": self.mix.to_json(),
+            "ledger": self.ledger,
         }
 
     def task(self, i: int, *, held: frozenset[tuple[str, str, str]] = frozenset()) -> Task:
@@ -251,6 +253,8 @@ class FuzzSummary:
             "buckets": len(set(self.buckets) | self.known),
             "bundles": self.bundles,
             "bucket_counts": {BUCKET_SEP.join(k): n for k, n in self.bucket_counts.items()},
+            # findings.jsonl keeps a bucket's first MAX_LINES_PER_BUCKET lines; these are the rest
+            "lines_dropped": sum(max(0, n - MAX_LINES_PER_BUCKET) for n in self.bucket_counts.values()),
             "seconds": round(self.seconds, 3),
             "cases_per_second": round(self.rate, 3),
             "interrupted": self.interrupted,

@@ -207,14 +207,15 @@ def corpus_tasks(
     rejects: Mapping[str, tuple[str, ...]],
     shard: tuple[int, int] = (0, 1),
     features: Mapping[str, tuple[str, ...]] | None = None,
-) -> tuple[list[Task], list[str]]:
+) -> tuple[list[Task], list[str], dict[int, str]]:
     """The bundles in ``path`` as tasks of a fuzz run: each bundle's case (spec, seed, error-input
     class, re-run) against the run's implementation of its op, judged under the run's revision.
     ``shard`` (K, N): bundle i (in name order) is shard i mod N's, so the shards of a nightly run
-    share one corpus without replaying it N times. Returns the tasks and a note per bundle left
-    out (another op, unreadable, an older schema)."""
+    share one corpus without replaying it N times. Returns the tasks, a note per bundle left
+    out (another op, unreadable, an older schema) and each task's bundle (task index -> name)."""
     tasks: list[Task] = []
     notes: list[str] = []
+    names: dict[int, str] = {}
     index, count = shard
     for d in bundle_dirs(path, empty_ok=True)[index::count]:
         try:
@@ -225,6 +226,7 @@ def corpus_tasks(
         if b.op not in impls:
             notes.append(f"{d.name}: left out: op {b.op} is not fuzzed in this run")
             continue
+        names[CORPUS_INDEX - len(tasks)] = d.name
         tasks.append(
             Task(
                 index=CORPUS_INDEX - len(tasks),
@@ -241,7 +243,18 @@ def corpus_tasks(
                 revision=revision,
             )
         )
-    return tasks, notes
+    return tasks, notes, names
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusOutcome:
+    """What a corpus bundle's case did in this run: "fixed" (no error finding), "still fails"
+    (``kinds``: the error findings' kinds), "skipped" (``why``) or "not run" (the run stopped first)."""
+
+    bundle: str
+    status: str
+    kinds: tuple[str, ...] = ()
+    why: str = ""
 
 
 class CorpusFirst:
@@ -249,9 +262,25 @@ class CorpusFirst:
     no free slot until each of them is submitted, and its results come back through ``wait`` like
     any case's, so the loop records, buckets, shrinks and bundles them as its own."""
 
-    def __init__(self, inner: Executor, tasks: Sequence[Task]) -> None:
+    def __init__(self, inner: Executor, tasks: Sequence[Task], names: Mapping[int, str] | None = None) -> None:
         self._inner = inner
         self._todo = collections.deque(tasks)
+        self._names = dict(names or {})  # corpus task index -> its bundle's name
+        self._results: dict[int, Any] = {}  # corpus task index -> its TaskResult, as it comes back
+
+    def outcomes(self) -> list[CorpusOutcome]:
+        """Each corpus bundle's outcome, in corpus order (a task that never came back: not run)."""
+        out = []
+        for index, name in self._names.items():
+            result = self._results.get(index)
+            if result is None:
+                out.append(CorpusOutcome(bundle=name, status="not run"))
+            elif result.skipped:
+                out.append(CorpusOutcome(bundle=name, status="skipped", why=str(result.skipped)))
+            else:
+                kinds = tuple(dict.fromkeys(f.kind.value for f in result.findings if f.severity is Severity.ERROR))
+                out.append(CorpusOutcome(bundle=name, status="still fails" if kinds else "fixed", kinds=kinds))
+        return out
 
     def free_slots(self) -> int:
         while self._todo and self._inner.free_slots():
@@ -265,7 +294,11 @@ class CorpusFirst:
         self._inner.submit(task)
 
     def wait(self, timeout: float) -> list:
-        return self._inner.wait(timeout)
+        done = self._inner.wait(timeout)
+        for task, result in done:  # the first: shrinking re-submits a bucket's task as smaller variants
+            if task.index in self._names:
+                self._results.setdefault(task.index, result)
+        return done
 
     def quarantine(self, classes: frozenset[tuple[str, str, str]]) -> None:
         self._inner.quarantine(classes)

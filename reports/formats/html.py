@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from mlafuzz.reports.findings import Finding, Kind
 from mlafuzz.reports.formats.text import bundle_text, finding_facts, one_line, xor_bits
-from mlafuzz.reports.model import Bucket, RunReport, plural, shard_label
+from mlafuzz.reports.model import NOT_APPLICABLE, Bucket, RunReport, plural, shard_label
 
 MAX_DETAILED_BUCKETS = 200
 MAX_MEMBERS_LISTED = 25
@@ -38,7 +38,7 @@ white-space:pre-wrap;word-break:break-all}
 font-size:16px;font-weight:600}
 .verdict.failed{background:var(--redbg);color:var(--red);border:1px solid #ffcecb}
 .verdict.passed{background:var(--greenbg);color:var(--green);border:1px solid #aceebb}
-.verdict.incomplete{background:var(--amberbg);color:var(--amber);border:1px solid #f5d48c}
+.verdict.incomplete,.verdict.stopped{background:var(--amberbg);color:var(--amber);border:1px solid #f5d48c}
 .cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(130px,1fr));gap:10px}
 .card{border:1px solid var(--line);border-radius:8px;padding:10px 12px}
 .card .n{font-size:22px;font-weight:600}.card .l{color:var(--muted);font-size:12px}
@@ -51,7 +51,7 @@ td.msg{max-width:420px;word-break:break-word}
 td.impl{max-width:260px;word-break:break-all}
 .pill{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;white-space:nowrap}
 .pill.failure,.pill.failed{background:var(--redbg);color:var(--red)}
-.pill.expected,.pill.incomplete{background:var(--amberbg);color:var(--amber)}
+.pill.expected,.pill.incomplete,.pill.stopped{background:var(--amberbg);color:var(--amber)}
 .pill.info{background:var(--bluebg);color:var(--blue)}
 .pill.passed{background:var(--greenbg);color:var(--green)}
 .matrix th.k{font-size:11px;min-width:56px;text-align:center}
@@ -343,7 +343,7 @@ def render_html(report: RunReport) -> str:
         [f"run directory <code>{e(report.run_dir)}</code>"]
         + [f"{e(k)} <code>{e(run[k])}</code>" for k in ("seed", "device", "shard") if k in run]
     )
-    status = "failed" if not report.passed else "incomplete" if report.incomplete else "passed"
+    status = report.status
     notes = "".join(f'<div class="note">{e(n)}</div>' for n in report.notes)
     parts = [
         "<!DOCTYPE html>",
@@ -367,6 +367,13 @@ def render_html(report: RunReport) -> str:
         parts += [
             "<h2>Stale ledger entries</h2><p>These matched no finding; remove them if the bug is fixed.</p>",
             _table(["entry", "issue"], [[f"<code>{e(x.label())}</code>", _link(x.issue)] for x in report.stale]),
+        ]
+    if report.not_applicable:
+        parts += [
+            f"<h2>Ledger entries not applicable to this run</h2><p>These are {e(NOT_APPLICABLE)}.</p>",
+            _table(
+                ["entry", "issue"], [[f"<code>{e(x.label())}</code>", _link(x.issue)] for x in report.not_applicable]
+            ),
         ]
     if report.buckets:
         parts.append("<h2>Details</h2>")

@@ -39,7 +39,7 @@ def summary_json(report: RunReport) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "run_dir": str(report.run_dir),
-        "status": "passed" if report.passed else "failed",
+        "status": report.status,
         "incomplete": report.incomplete,
         "headline": report.headline(),
         "tests": report.tests,
@@ -65,6 +65,8 @@ def summary_json(report: RunReport) -> dict[str, Any]:
         ],
         "buckets": [bucket_json(b, report) for b in report.buckets],
         "stale_ledger_entries": [e.to_json() for e in report.stale],
+        "ledger": report.ledger,
+        "not_applicable_ledger_entries": [e.to_json() for e in report.not_applicable],
         "notes": list(report.notes),
     }
 

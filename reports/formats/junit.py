@@ -16,7 +16,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from mlafuzz.reports.formats.text import bucket_block, one_line
-from mlafuzz.reports.model import RunReport, TestCase
+from mlafuzz.reports.model import NOT_APPLICABLE, RunReport, TestCase
 
 # Characters XML 1.0 cannot carry at all (an impl's exception text may hold them).
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -74,10 +74,10 @@ def render_junit(report: RunReport) -> str:
     if report.incomplete:
         el = ET.SubElement(suite, "testcase", classname="mlafuzz.run", name="run[complete]", time="0.000")
         ET.SubElement(el, "error", type="incomplete", message=_clean(f"incomplete run: {report.incomplete}"))
-    if report.stale:
+    ledger_lines = [f"stale ledger entry {e.label()} ({e.issue}): matched no finding" for e in report.stale]
+    ledger_lines += [f"ledger entry {e.label()} ({e.issue}): {NOT_APPLICABLE}" for e in report.not_applicable]
+    if ledger_lines:
         err = ET.SubElement(suite, "system-err")
-        err.text = _clean(
-            "\n".join(f"stale ledger entry {e.label()} ({e.issue}): matched no finding" for e in report.stale)
-        )
+        err.text = _clean("\n".join(ledger_lines))
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -13,7 +13,7 @@ import html
 import re
 
 from mlafuzz.reports.formats.text import bundle_text, finding_facts, one_line, spec_json, xor_bits
-from mlafuzz.reports.model import Bucket, RunReport, plural
+from mlafuzz.reports.model import NOT_APPLICABLE, Bucket, RunReport, plural
 
 MAX_DETAILED_BUCKETS = 30
 _STATUS_ICON = {
@@ -105,7 +105,8 @@ def render_markdown(report: RunReport) -> str:
     out += [
         f"Run directory: {code(report.run_dir)}"
         + (f" \u00b7 seed {code(report.run['seed'])}" if "seed" in report.run else "")
-        + (f" \u00b7 device {code(report.run['device'])}" if "device" in report.run else ""),
+        + (f" \u00b7 device {code(report.run['device'])}" if "device" in report.run else "")
+        + (f" \u00b7 ledger {code(report.ledger)}" if report.ledger else ""),
         "",
     ]
     out += [*_stats(report), ""]
@@ -152,5 +153,9 @@ def render_markdown(report: RunReport) -> str:
     if report.stale:
         out += ["### Stale ledger entries", "", "These matched no finding; remove them if the bug is fixed.", ""]
         out += [f"- {text(e.label())}: {text(e.issue)}" for e in report.stale]
+        out.append("")
+    if report.not_applicable:
+        out += ["### Ledger entries not applicable to this run", "", f"These are {NOT_APPLICABLE}.", ""]
+        out += [f"- {text(e.label())}: {text(e.issue)}" for e in report.not_applicable]
         out.append("")
     return "\n".join(out)

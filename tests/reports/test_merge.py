@@ -139,9 +139,9 @@ def test_report_and_merge_subcommands_write_files_and_fail_in_one_line(shards, t
         _cli(["report", str(tmp_path / "m"), "--format", "junit", "-o", str(out)])
     assert not out.parent.exists()
     out.parent.mkdir()
-    assert _cli(["report", str(tmp_path / "m"), "--format", "junit", "-o", str(out)]) == 0
+    assert _cli(["report", str(tmp_path / "m"), "--format", "junit", "-o", str(out)]) == 1  # written; it failed
     assert ET.parse(out).getroot().get("tests") == "1"
-    assert _cli(["report", str(shards[0]), "--format", "json"]) == 0
+    assert _cli(["report", str(shards[0]), "--format", "json"]) == 1
     assert json.loads(capsys.readouterr().out)["status"] == "failed"
     with pytest.raises(UsageError, match="no such directory"):
         _cli(["report", str(tmp_path / "nope")])
@@ -168,9 +168,19 @@ def test_shards_without_run_json_are_attributed_by_their_findings_never_by_guess
 
 
 def _fake_run(
-    path: Path, *, seed: int, shard: str, cases: int = 16, impl: str = "torch", lines: int = 2, total: int = 5
+    path: Path,
+    *,
+    seed: int,
+    shard: str,
+    cases: int = 16,
+    impl: str = "torch",
+    lines: int = 2,
+    total: int = 5,
+    ledger: dict | None = None,
+    stopped: bool = False,
 ) -> Path:
-    """A run directory as fuzz writes it: one bucket of ``total`` findings, ``lines`` of them kept."""
+    """A run directory as fuzz writes it: one bucket of ``total`` findings, ``lines`` of them kept;
+    ``ledger``: the ledger record its run.json keeps; ``stopped``: a SIGTERM ended it."""
     from mlafuzz.reports.findings import Finding, Kind
     from mlafuzz.reports.jsonl import JsonlSink
 
@@ -188,6 +198,8 @@ def _fake_run(
                 "per_op": {"gather": cases},
                 "by_kind": {"VALUE_MISMATCH": total},
                 "bucket_counts": {"\x1f".join(f.dedup_key): total},
+                "interrupted": stopped,
+                "terminated": stopped,
             }
         )
     )
@@ -200,6 +212,7 @@ def _fake_run(
                 "seed": seed,
                 "shard": shard,
                 "cases": cases,
+                "ledger": ledger,
             }
         )
     )
@@ -292,3 +305,80 @@ def test_merge_carries_the_shards_bundles_and_its_reports_point_at_them(tmp_path
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     replayed = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=300)
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+
+
+def _ledger_record(impl: str = "torch", kind: str = "VALUE_MISMATCH") -> dict:
+    entry = {"kind": kind, "op": "gather", "impl": impl, "cause": "*", "issue": "https://x/1", "note": ""}
+    return {"file": "mlafuzz-ledger.toml", "expected": [entry]}
+
+
+def test_merge_refuses_shards_judged_by_different_ledgers_in_one_line(tmp_path, capsys):
+    a = _fake_run(tmp_path / "a", seed=7, shard="0/2", ledger=_ledger_record())
+    b = _fake_run(tmp_path / "b", seed=7, shard="1/2")
+    assert main(["merge", str(a), str(b), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "different ledgers" in err and "no ledger" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_report_of_a_merge_applies_the_ledger_its_shards_recorded_unless_told_another(tmp_path, capsys):
+    record = _ledger_record()
+    shards = [_fake_run(tmp_path / f"out-{k}", seed=7, shard=f"{k}/2", ledger=record) for k in (0, 1)]
+    assert main(["merge", *map(str, shards), "--out", str(tmp_path / "m")]) == 0
+    assert json.loads((tmp_path / "m" / "run.json").read_text())["ledger"] == record
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "m"), "--format", "json"]) == 0  # the one bucket is ledgered
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "passed" and doc["counts"]["expected_buckets"] == 1 and doc["failures"] == 0
+    assert "ledger `mlafuzz-ledger.toml`" in render_dir(tmp_path / "m", "md")  # which ledger judged it
+    other = tmp_path / "other.toml"
+    other.write_text('[[expected]]\nkind = "NAN_MISMATCH"\nop = "gather"\nimpl = "torch"\ncause = "*"\nissue = "x"\n')
+    assert main(["report", str(tmp_path / "m"), "--format", "json", "--ledger", str(other)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "failed" and doc["ledger"] == str(other)
+    assert [e["kind"] for e in doc["stale_ledger_entries"]] == ["NAN_MISMATCH"]
+
+
+def test_a_merge_missing_a_shard_warns_is_partial_and_its_report_says_incomplete_and_exits_1(tmp_path, capsys):
+    shards = [_fake_run(tmp_path / f"out-{k}", seed=7, shard=f"{k}/3", ledger=_ledger_record()) for k in (0, 2)]
+    assert main(["merge", *map(str, shards), "--out", str(tmp_path / "m")]) == 0  # written: report gives the verdict
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "mlafuzz: merge: warning: partial: shard 1/3 of the run's 3 missing; the merged counts are not the whole"
+        " run's (its report says incomplete)"
+    ]
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert summary["partial"] is True and summary["missing_shards"] == ["1/3"]
+    assert main(["report", str(tmp_path / "m"), "--format", "md"]) == 1
+    headline = capsys.readouterr().out.splitlines()[0]
+    assert "incomplete run (shard 1/3 missing from the merge)" in headline and "passed" not in headline
+    everything = [*shards, _fake_run(tmp_path / "out-1", seed=7, shard="1/3", ledger=_ledger_record())]
+    assert merge_runs(everything, tmp_path / "whole").partial is False
+    assert main(["report", str(tmp_path / "whole"), "--format", "md"]) == 0
+
+
+def test_a_stopped_run_and_a_merge_of_it_report_stopped_never_passed(tmp_path, capsys):
+    run = _fake_run(tmp_path / "run", seed=7, shard="0/1", ledger=_ledger_record(), stopped=True)
+    assert main(["report", str(run), "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "stopped" and doc["incomplete"] == "stopped by SIGTERM after 16 cases"
+    assert doc["headline"].startswith("mlafuzz: stopped run (stopped by SIGTERM after 16 cases)")
+    assert '<div class="verdict stopped">' in render_dir(run, "html")
+    merged = merge_runs([run], tmp_path / "m")
+    assert merged.summary["interrupted"] is True
+    assert report_of(tmp_path / "m").status == "stopped"
+
+
+def test_a_ledger_entry_for_an_implementation_the_run_did_not_fuzz_is_listed_as_not_applicable(tmp_path, capsys):
+    record = {
+        "file": "mlafuzz-ledger.toml",
+        "expected": [_ledger_record()["expected"][0], _ledger_record(impl="vllm")["expected"][0]],
+    }
+    run = _fake_run(tmp_path / "run", seed=7, shard="0/1", ledger=record)
+    assert main(["report", str(run), "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert "### Ledger entries not applicable to this run" in md
+    assert "- expected\\[1\\] VALUE\\_MISMATCH gather=vllm cause=\\*: https://x/1" in md
+    assert "Stale ledger entries" not in md  # it could not have matched: not stale
+    junit = ET.fromstring(render_dir(run, "junit"))
+    assert "not applicable to this run" in junit.find(".//system-err").text

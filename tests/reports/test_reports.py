@@ -304,6 +304,7 @@ def test_every_format_counts_a_buckets_findings_not_the_lines_kept_of_it(capped_
     n = summary["findings"]
     assert n > 2 and len(read_findings(capped_run / "findings.jsonl")) == 2
     assert sum(summary["bucket_counts"].values()) == n + summary["infos"]
+    assert summary["lines_dropped"] == sum(summary["bucket_counts"].values()) - 2  # what the cap left out
     report = report_of(capped_run)
     assert report.headline().startswith(f"mlafuzz: 1 failing bucket ({n} findings) in 1 of 1 implementation,")
     doc = json.loads(render_dir(capped_run, "json"))

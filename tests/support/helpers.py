@@ -170,13 +170,15 @@ def matches(flag: Any) -> bool:
 
 
 def report_of(run_dir: Any, *, ledger: Any = None) -> Any:
-    """A run directory read and judged as ``mlafuzz report`` does (harness verdict, reports view)."""
+    """A run directory read and judged as ``mlafuzz report`` does (harness verdict, reports view):
+    under ``ledger`` (a loaded one), else the one the run recorded."""
     from pathlib import Path
 
-    from mlafuzz.harness.ledger import judge
+    from mlafuzz.harness.ledger import judge, ledger_of_run
     from mlafuzz.reports.model import build_report, load_run
 
     view = load_run(Path(run_dir))
+    ledger = ledger if ledger is not None else ledger_of_run(dict(view.run), where=str(run_dir))
     return build_report(view, judge(view.findings, ledger=ledger, ran=view.pairs()))
 
 

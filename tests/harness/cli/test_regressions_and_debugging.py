@@ -38,13 +38,16 @@ def test_replaying_a_folder_of_bundles_is_a_regression_suite(found, capsys):
     assert "fixed" in out.splitlines()[1]
 
 
-def test_corpus_bundles_run_first_and_count_in_the_run(found, tmp_path, capsys):
+def test_corpus_bundles_run_first_count_in_the_run_and_each_says_fixed_or_still_failing(found, tmp_path, capsys):
     (bundle,) = (found / "bundles").iterdir()
     case = json.loads((bundle / "case.json").read_text())
+    kind = json.loads((bundle / "finding.json").read_text())["kind"]
     out = tmp_path / "nightly"
     args = [*GATHER, "--impl", BUGGY, "--cases", "2", "--out", str(out), "--corpus", str(found / "bundles")]
     assert main([*args, "--shrink-budget", "0.5"]) == 1
-    assert "replaying 1 corpus bundle from" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "replaying 1 corpus bundle from" in err
+    assert f"mlafuzz: --corpus: {bundle.name}: still fails: {kind}" in err.splitlines()
     first = json.loads((out / "findings.jsonl").read_text().splitlines()[0])
     assert first["seed"] == case["seed"] and first["spec"] == case["spec"]  # last night's failure, first
     assert json.loads((out / "summary.json").read_text())["cases"] == 3  # the corpus case, then 2 new ones
@@ -52,6 +55,7 @@ def test_corpus_bundles_run_first_and_count_in_the_run(found, tmp_path, capsys):
     fixed = tmp_path / "fixed"
     assert main([*GATHER, "--impl", "gather=torch", "--cases", "2", "--out", str(fixed), "--corpus", str(found)]) == 0
     assert json.loads((fixed / "summary.json").read_text())["cases"] == 3
+    assert f"mlafuzz: --corpus: {bundle.name}: fixed" in capsys.readouterr().err.splitlines()
 
 
 def test_a_nightly_job_can_replay_its_own_last_run_folder_into_itself(found, tmp_path, capsys):
@@ -161,5 +165,5 @@ def test_the_shards_of_a_run_split_one_corpus_between_them(found, tmp_path):
     common = {"impls": {"gather": "torch"}, "device": "cpu", "ulp": 0, "revision": "2026-09", "rejects": {}}
     shares = [corpus_tasks(tmp_path, **common, shard=(k, 2))[0] for k in (0, 1)]
     assert [len(s) for s in shares] == [2, 1]
-    whole, notes = corpus_tasks(tmp_path, **common)
-    assert len(whole) == 3 and notes == []
+    whole, notes, names = corpus_tasks(tmp_path, **common)
+    assert len(whole) == 3 and notes == [] and sorted(names.values()) == ["a", "b", "c"]
