@@ -7,11 +7,11 @@ runs' live panel is in progress.py.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from mlafuzz.reports.findings import Finding, Kind, Severity
+from mlafuzz.reports.invocation import command
 from mlafuzz.reports.model import Bucket, Judgement, Waiver, bucket_counts, group_buckets, plural, replay_command
 
 __all__ = ["plural"]  # re-exported: the CLI and the plugin word counts through console
@@ -260,7 +260,6 @@ def rerun_command(
 ) -> str:
     """A re-run of exactly a run's cases (case i is a pure function of seed and i)."""
     parts = [
-        "mlafuzz",
         "fuzz",
         "--op",
         op,
@@ -276,7 +275,7 @@ def rerun_command(
     if shard is not None and shard[1] > 1:
         parts += ["--shard", f"{shard[0]}/{shard[1]}"]
     parts += ["--out", out]
-    return " ".join(shlex.quote(p) for p in parts)
+    return command(*parts)
 
 
 def plugin_failure(
@@ -304,7 +303,8 @@ def plugin_failure(
         lines.append(f"  replay: {replay_for(b)}")
     if len(buckets) > shown:
         lines.append(f"... {plural(len(buckets) - shown, 'more bucket')}")
-    lines.append(f"findings: {findings_path}  (mlafuzz report {run_dir} --format html -o report.html)")
+    html = command("report", run_dir, "--format", "html", "-o", "report.html")
+    lines.append(f"findings: {findings_path}  ({html})")
     return "\n".join(lines)
 
 

@@ -133,7 +133,12 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
 
 def _add_run_options(f: argparse.ArgumentParser) -> None:
     """How the cases run: workers, isolation, limits, memory checks, what is printed."""
-    f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
+    f.add_argument(
+        "--quiet",
+        action="store_true",
+        help="only the closing summary line and the ledger's verdict, for CI logs (no header,"
+        " progress or repro lines: each bundle's replay.txt holds its line)",
+    )
     f.add_argument(
         "--workers",
         type=positive_int,
@@ -338,7 +343,7 @@ def fuzzed_ops(args: argparse.Namespace, table: Any) -> tuple[list[str], Any]:
 
 class Reporter:
     """What ``mlafuzz fuzz`` prints while a campaign runs: the header, a line per new bucket, the
-    workers, the first case's time and the progress line (none of it with --quiet but the last)."""
+    workers, the first case's time and the progress line (with --quiet none of it; the summary and verdict lines only)."""
 
     def __init__(
         self, args: argparse.Namespace, *, session: Any, budget: float | None, started: float, drawn: bool, used: bool
@@ -431,7 +436,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
         finally:
             report.progress.close()
     summary = result.summary
-    for line in console.bundle_lines(summary.bundles):
+    for line in () if args.quiet else console.bundle_lines(summary.bundles):
         print(line)
     print(console.summary_line(summary.to_json()))
     for line in console.verdict_lines(result.judgement, result.found):
