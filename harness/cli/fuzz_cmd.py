@@ -223,7 +223,7 @@ def parse_contracts(texts: list[str] | None, table: Any) -> dict[str, tuple[str,
             raise UsageError(f"mlafuzz: --contract {text!r}: expected OP=CLASS,... (OP= alone: rejects nothing)")
         if op not in table:
             raise UsageError(f"mlafuzz: --contract {text!r}: unknown op {op!r} (ops: {', '.join(table.names)})")
-        known = [k.name for k in table.get(op).invalid]
+        known = [k.name for k in table.get(op).contract_classes]
         names = tuple(c for c in classes.split(",") if c)
         bad = [c for c in names if c not in known]
         if bad:
