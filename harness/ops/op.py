@@ -115,6 +115,10 @@ class Op:
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None
+    # Outputs that state one fact about each row (convert's out and its valid_counts): value
+    # findings of one case on them whose first wrong row is the same are one finding, one bucket
+    # (harness/check/linked.py), in this order (the first names the bucket).
+    linked: tuple[str, ...] = ()
     call: CallShape | None = None  # the call invoke makes; None: not checked at load time
     # The GPU fast path's fused check of this op: the name of its module in harness/fast (looked up
     # there, so this room never imports that optional one); None: every case takes the full path.
