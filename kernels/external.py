@@ -63,29 +63,26 @@ def _load_from_path(path_text: str, attr: str, ref: str) -> Callable:
     path = path.resolve()
     folder = str(path.parent)
     mod_name = _user_module_name(path)
-    if mod_name in sys.modules:  # resolved again in this process (a second op, a replay): one module per file
-        module = sys.modules[mod_name]
-    else:
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        if spec is None or spec.loader is None:
-            raise ImplError(f"--impl {ref}: {path_text!r} is not a loadable Python file")
-        module = importlib.util.module_from_spec(spec)
-        hidden = _foreign_siblings(folder)
-        for name in hidden:
-            del sys.modules[name]
-        sys.modules[mod_name] = module  # spawned workers re-resolve by path, to this same name
-        sys.path.insert(0, folder)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:  # the user's file failed to import: say how, in one line
-            del sys.modules[mod_name]
-            raise ImplError(f"--impl {ref}: importing {path_text!r} failed: {type(exc).__name__}: {exc}") from None
-        finally:
-            sys.path.remove(folder)
-            if folder not in sys.path:
-                sys.path.append(folder)
-            for name, other in hidden.items():  # the first file's sibling keeps the bare name
-                sys.modules[name] = other
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ImplError(f"--impl {ref}: {path_text!r} is not a loadable Python file")
+    module = importlib.util.module_from_spec(spec)  # a fresh load each time it is resolved, as a script runs
+    hidden = _foreign_siblings(folder)
+    for name in hidden:
+        del sys.modules[name]
+    sys.modules[mod_name] = module  # spawned workers re-resolve by path, to this same name
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file failed to import: say how, in one line
+        del sys.modules[mod_name]
+        raise ImplError(f"--impl {ref}: importing {path_text!r} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.path.remove(folder)
+        if folder not in sys.path:
+            sys.path.append(folder)
+        for name, other in hidden.items():  # the first file's sibling keeps the bare name
+            sys.modules[name] = other
     if not hasattr(module, attr):
         raise ImplError(f"--impl {ref}: {path_text!r} has no attribute {attr!r}")
     return _check_callable(getattr(module, attr), ref)
