@@ -24,3 +24,6 @@ class Generator:
     size: Callable[[Any], dict[str, int]]  # a few numbers saying how big a case is, for reports
     reduce: Callable[[Any], Iterator[Any]]  # simpler specs, simplest first (shrinking)
     invalid: tuple[InvalidClass, ...] = ()  # error-input classes
+    # Classes out of the rotation (each would cost every class turns): drawn only in runs whose
+    # --contract promises them, so a user may still name them (docs/contract.md lists both).
+    promisable: tuple[InvalidClass, ...] = ()

@@ -7,6 +7,7 @@ has (``adapt_signature``).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -25,20 +26,64 @@ def _check_callable(obj: object, ref: str) -> Callable:
     return obj  # type: ignore[return-value]
 
 
+USER_MODULE_PREFIX = "mlafuzz_user_"
+
+
+def _user_module_name(path: Path) -> str:
+    """One name per file, the same in every process (workers and replay load it again by path), so
+    two ``--impl`` files of one basename never share a module, and none can take one of ours."""
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    stem = "".join(c if c.isalnum() else "_" for c in path.stem)
+    return f"{USER_MODULE_PREFIX}{stem}_{digest}"
+
+
+def _foreign_siblings(folder: str) -> dict[str, object]:
+    """The modules other ``--impl`` files' folders gave ``sys.modules``: hidden while a file of
+    ``folder`` loads, so its ``import helpers`` finds its own ``helpers.py``, not another's."""
+    roots = {
+        os.path.dirname(getattr(m, "__file__", None) or "")
+        for n, m in list(sys.modules.items())
+        if n.startswith(USER_MODULE_PREFIX)
+    } - {folder, ""}
+    found = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None) or ""
+        if not name.startswith(USER_MODULE_PREFIX) and any(file.startswith(root + os.sep) for root in roots):
+            found[name] = module
+    return found
+
+
 def _load_from_path(path_text: str, attr: str, ref: str) -> Callable:
+    """Load a user's file as ``python path.py`` would run it: its folder leads ``sys.path`` while
+    it loads, so its sibling modules import. Afterwards the folder stays, at the end of ``sys.path``
+    (a function may import a sibling lazily, as a script may), where a sibling named like a module
+    mlafuzz imports later (``queue.py``) cannot shadow it."""
     path = Path(path_text)
     if not path.is_file():
         raise ImplError(f"--impl {ref}: file {path_text!r} does not exist")
-    mod_name = f"mlafuzz_user_{abs(hash(str(path.resolve())))}"
+    path = path.resolve()
+    folder = str(path.parent)
+    mod_name = _user_module_name(path)
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
         raise ImplError(f"--impl {ref}: {path_text!r} is not a loadable Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module  # spawned workers re-resolve by path, not by this name
+    module = importlib.util.module_from_spec(spec)  # a fresh load each time it is resolved, as a script runs
+    hidden = _foreign_siblings(folder)
+    for name in hidden:
+        del sys.modules[name]
+    sys.modules[mod_name] = module  # spawned workers re-resolve by path, to this same name
+    sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # the user's file failed to import: say how, in one line
+        del sys.modules[mod_name]
         raise ImplError(f"--impl {ref}: importing {path_text!r} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.path.remove(folder)
+        if folder not in sys.path:
+            sys.path.append(folder)
+        for name, other in hidden.items():  # the first file's sibling keeps the bare name
+            sys.modules[name] = other
     if not hasattr(module, attr):
         raise ImplError(f"--impl {ref}: {path_text!r} has no attribute {attr!r}")
     return _check_callable(getattr(module, attr), ref)

@@ -15,7 +15,6 @@ import io
 import json
 import platform
 import re
-import shlex
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 
 from mlafuzz.reports.atomic import atomic_write
 from mlafuzz.reports.findings import Finding
+from mlafuzz.reports.invocation import command
 
 # 2: cases made on the device from counter-based streams; a cache at the top of a larger one is
 # stored as its blocks past the zero ones (case.json "zero_blocks"). A version-1 bundle holds bytes of
@@ -96,10 +96,10 @@ def replay_command(path: Path | str, *, op: str | None = None, impl: str | None 
     ``impl`` is named with ``--impl``: replay imports no code on a bundle's word, so without it the
     line would exit 2. Paths stay as the run was given them (relative ones resolve from the run's
     working folder, where the line is printed), so the line runs as printed there."""
-    parts = ["mlafuzz", "replay", str(path)]
+    parts = ["replay", str(path)]
     if op and impl and external_ref(impl):
         parts += ["--impl", f"{op}={impl}"]
-    return " ".join(shlex.quote(p) for p in parts)
+    return command(*parts)
 
 
 def write_bundle(

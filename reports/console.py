@@ -7,11 +7,11 @@ runs' live panel is in progress.py.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from mlafuzz.reports.findings import Finding, Kind, Severity
+from mlafuzz.reports.invocation import command
 from mlafuzz.reports.model import (
     NOT_APPLICABLE,
     Bucket,
@@ -366,7 +366,6 @@ def rerun_command(
     """A re-run of exactly a run's cases (case i is a pure function of seed and i); ``features``:
     the surfaces the run declared the implementation takes (its cases drew them)."""
     parts = [
-        "mlafuzz",
         "fuzz",
         "--op",
         op,
@@ -384,7 +383,7 @@ def rerun_command(
     if features:
         parts += ["--features", f"{op}={','.join(features)}"]
     parts += ["--out", out]
-    return " ".join(shlex.quote(p) for p in parts)
+    return command(*parts)
 
 
 def plugin_failure(
@@ -412,7 +411,8 @@ def plugin_failure(
         lines.append(f"  replay: {replay_for(b)}")
     if len(buckets) > shown:
         lines.append(f"... {plural(len(buckets) - shown, 'more bucket')}")
-    lines.append(f"findings: {findings_path}  (mlafuzz report {run_dir} --format html -o report.html)")
+    html = command("report", run_dir, "--format", "html", "-o", "report.html")
+    lines.append(f"findings: {findings_path}  ({html})")
     return "\n".join(lines)
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mlafuzz.reports.findings import Finding, Severity
+from mlafuzz.reports.invocation import command
 from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlError, read_findings
 
 BucketKey = tuple[str, str, str, str]  # Finding.dedup_key: kind, op, impl, cause
@@ -481,7 +481,7 @@ def replay_command(finding: Finding, run: Mapping[str, Any] | None = None, *, bu
     """
     if finding.repro:
         repro = finding.repro.strip()
-        return repro if any(c.isspace() for c in repro) else f"mlafuzz replay {shlex.quote(repro)}"
+        return repro if any(c.isspace() for c in repro) else command("replay", repro)
     from_bundle = _bundle_replay(finding, bundles)
     if from_bundle:
         return from_bundle
@@ -491,7 +491,7 @@ def replay_command(finding: Finding, run: Mapping[str, Any] | None = None, *, bu
         run = dict(shard["run"])  # a merged run: the finding's own shard config
     if "seed" not in run:
         return None
-    parts = ["mlafuzz", "fuzz", "--op", finding.op, "--impl", f"{finding.op}={finding.impl}"]
+    parts = ["fuzz", "--op", finding.op, "--impl", f"{finding.op}={finding.impl}"]
     if run.get("device"):
         parts += ["--device", str(run["device"]).split(":")[0]]
     parts += ["--seed", str(run["seed"])]
@@ -506,7 +506,7 @@ def replay_command(finding: Finding, run: Mapping[str, Any] | None = None, *, bu
         parts += ["--features", f"{finding.op}={','.join(str(n) for n in declared)}"]
     if isinstance(run.get("cases"), int):
         parts += ["--cases", str(run["cases"])]
-    return " ".join(shlex.quote(p) for p in parts)
+    return command(*parts)
 
 
 def shard_label(shard: Any) -> str | None:

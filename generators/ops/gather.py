@@ -484,7 +484,8 @@ def _device_row_past_cache(case: Case) -> Case | None:
 
 # The four classes of the host arguments themselves. The value preconditions (slot_past_row_map,
 # host_row_past_cache, device_row_past_cache: ``HOST_VALUE_INVALID``) are kept out of the fuzz loop's
-# rotation, which turns through an op's classes in order: more classes, fewer turns each.
+# rotation, which turns through an op's classes in order: more classes, fewer turns each; a run
+# whose --contract names one takes it into its rotation (the generator's ``promisable``).
 HOST_INVALID: tuple[InvalidClass, ...] = (
     InvalidClass(
         name="host_args_partial",
@@ -577,4 +578,5 @@ GENERATOR = Generator(
     size=size,
     reduce=reduce,
     invalid=INVALID,
+    promisable=HOST_VALUE_INVALID,
 )

@@ -142,7 +142,12 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
 
 def _add_run_options(f: argparse.ArgumentParser) -> None:
     """How the cases run: workers, isolation, limits, memory checks, what is printed."""
-    f.add_argument("--quiet", action="store_true", help="only the closing summary line (for CI logs)")
+    f.add_argument(
+        "--quiet",
+        action="store_true",
+        help="only the closing summary line and the ledger's verdict, for CI logs (no header,"
+        " progress or repro lines: each bundle's replay.txt holds its line)",
+    )
     f.add_argument(
         "--workers",
         type=positive_int,
@@ -228,7 +233,7 @@ def parse_contracts(texts: list[str] | None, table: Any) -> dict[str, tuple[str,
             raise UsageError(f"mlafuzz: --contract {text!r}: expected OP=CLASS,... (OP= alone: rejects nothing)")
         if op not in table:
             raise UsageError(f"mlafuzz: --contract {text!r}: unknown op {op!r} (ops: {', '.join(table.names)})")
-        known = [k.name for k in table.get(op).invalid]
+        known = [k.name for k in table.get(op).contract_classes]
         names = tuple(c for c in classes.split(",") if c)
         bad = [c for c in names if c not in known]
         if bad:
@@ -349,7 +354,7 @@ def fuzzed_ops(args: argparse.Namespace, table: Any) -> tuple[list[str], Any]:
 
 class Reporter:
     """What ``mlafuzz fuzz`` prints while a campaign runs: the header, a line per new bucket, the
-    workers, the first case's time and the progress line (none of it with --quiet but the last)."""
+    workers, the first case's time and the progress line (with --quiet none of it; the summary and verdict lines only)."""
 
     def __init__(
         self, args: argparse.Namespace, *, session: Any, budget: float | None, started: float, drawn: bool, used: bool
@@ -449,7 +454,7 @@ def cmd_fuzz(args: argparse.Namespace) -> int:
     summary = result.summary
     for line in console.corpus_result_lines(result.corpus):
         print(line, file=sys.stderr)
-    for line in console.bundle_lines(summary.bundles):
+    for line in () if args.quiet else console.bundle_lines(summary.bundles):
         print(line)
     for line in console.skip_lines(summary.to_json()):
         print(line, file=sys.stderr)

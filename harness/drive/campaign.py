@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from mlafuzz.reports.invocation import command
+
 if TYPE_CHECKING:
     from mlafuzz.harness.check.session import Session
     from mlafuzz.harness.drive.fuzz import FuzzConfig, FuzzSummary
@@ -250,7 +252,7 @@ def start_builds(
     if not (triton.is_dir() and any(triton.iterdir())):
         say(
             f"Triton's cache {triton} is empty: each kernel variant compiles when a case first needs it"
-            " (about 1 s each, in every worker at once); `mlafuzz warmup` compiles them ahead"
+            f" (about 1 s each, in every worker at once); `{command('warmup')}` compiles them ahead"
         )
     if not needs_extension(entries):
         return None
@@ -262,7 +264,7 @@ def start_builds(
     start = time.monotonic()
     say(
         f"building the CUDA extension {cuda_ext.EXTENSION_NAME} in the background (first run here;"
-        " ops that need it wait for it, the others start now; `mlafuzz warmup` builds it ahead)"
+        f" ops that need it wait for it, the others start now; `{command('warmup')}` builds it ahead)"
     )
 
     def done(info: Any, error: BaseException | None) -> None:

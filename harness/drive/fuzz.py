@@ -186,7 +186,7 @@ class FuzzConfig:
         seed = case_seed(self.seed, op, i)
         spec = spec_to_dict(self.fixed_spec) if self.fixed_spec is not None else None
         contract = None
-        classes = [k.name for k in self.table.get(op).invalid]
+        classes = self.table.get(op).rotation(self.rejects.get(op))
         if classes and self.contract_every and r % self.contract_every == 1:
             first = (r // self.contract_every) % len(classes)
             turn = classes[first:] + classes[:first]

@@ -20,6 +20,7 @@ case as one call of any function, for a user's own debugging session.
 
 from __future__ import annotations
 
+import bdb
 import collections
 import dataclasses
 import functools
@@ -164,9 +165,13 @@ def _at_call(fn: Callable) -> Callable:
     @functools.wraps(fn)  # its signature stays readable: the harness reads capabilities from it
     def call(*args: Any, **kwargs: Any) -> Any:
         print(f"mlafuzz replay --pdb: stopped before the call of {getattr(fn, '__qualname__', fn)}; s steps in")
-        pdb.Pdb().set_trace(sys._getframe())
         try:
+            # The debugger stops at the next line: the call itself, so one ``s`` steps into ``fn``
+            # (a line between them, such as a ``try:``, would take a ``s`` of its own).
+            pdb.Pdb().set_trace(sys._getframe())
             return fn(*args, **kwargs)
+        except bdb.BdbQuit:  # the user quit the debugger: no post-mortem of that
+            raise
         except Exception:
             pdb.post_mortem(sys.exc_info()[2])
             raise

@@ -21,6 +21,7 @@ from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.check.compare import Context, Policy
 from mlafuzz.harness.check.full import full_path
 from mlafuzz.harness.check.interpreter import EnvironmentLimit
+from mlafuzz.harness.check.linked import fold_linked
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import Op
@@ -115,7 +116,7 @@ def check_call(
         if isinstance(result, room.Clear) and not room.uncovered(op, session.detectors):
             return []
         if isinstance(result, room.Found):
-            return list(result.findings)
+            return fold_linked(op.linked, list(result.findings))
     findings = full_path(
         op=op,
         case=case,
@@ -128,6 +129,7 @@ def check_call(
         redzone=session.redzone,
         detectors=session.detectors,
     )
+    findings = fold_linked(op.linked, findings)
     if seen and not any(f.severity is Severity.ERROR for f in findings):
         findings.append(
             ctx.finding(

@@ -270,6 +270,9 @@ def _realistic() -> gen.ConvertSpec:
     )
 
 
+# A row's slots and its count of valid ones: one row converted wrong is one cause (check/linked.py).
+LINKED = ("out", "valid_counts")
+
 CONVERT = Op(
     name="convert",
     share=8,  # H200 steady cases/s, docs/performance.md: 1,590 (bench, size large); a share is ~200/s
@@ -285,6 +288,7 @@ CONVERT = Op(
     row_sets=row_sets,
     guarded=guarded,
     review=caller_review(lambda case: _both(case, loop=False), lambda case: bool(case.params.get("COMPACT_TO_FRONT"))),
+    linked=LINKED,
     call=CallShape(
         positional=("req_id", "block_table", "token_indices"),
         keywords=(

@@ -174,6 +174,7 @@ DCP = Op(
     review=review,
     needs=gen.needs,
     fit=gen.fit,
+    linked=cv.LINKED,
     call=CallShape(
         positional=("req_id", "block_table", "token_indices", "dcp_size", "dcp_rank"),
         keywords=(
@@ -205,6 +206,7 @@ DCP_PEER = Op(
     ),
     guarded=cv.guarded,
     review=cv.caller_review(lambda case: peer_slots(case, loop=False), lambda case: False),
+    linked=cv.LINKED,
     needs=gen.needs_peer,
     fit=gen.fit_peer,
     call=CallShape(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Knobs, SpecDrawer, draw_with_seed
@@ -115,6 +115,10 @@ class Op:
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None
+    # Outputs that state one fact about each row (convert's out and its valid_counts): value
+    # findings of one case on them whose first wrong row is the same are one finding, one bucket
+    # (harness/check/linked.py), in this order (the first names the bucket).
+    linked: tuple[str, ...] = ()
     call: CallShape | None = None  # the call invoke makes; None: not checked at load time
     # The GPU fast path's fused check of this op: the name of its module in harness/fast (looked up
     # there, so this room never imports that optional one); None: every case takes the full path.
@@ -159,8 +163,19 @@ class Op:
     def invalid(self) -> tuple[InvalidClass, ...]:
         return self.generator.invalid
 
+    @property
+    def contract_classes(self) -> tuple[InvalidClass, ...]:
+        """Every class ``--contract`` may name: the rotation's, then those drawn only when promised."""
+        return self.generator.invalid + self.generator.promisable
+
+    def rotation(self, promised: Iterable[str] | None) -> list[str]:
+        """The classes a run takes turns through: the op's rotation, and the out-of-rotation ones
+        the run's contract (``promised``; None: the op's own) names."""
+        named = set(promised or ())
+        return [k.name for k in self.generator.invalid] + [k.name for k in self.generator.promisable if k.name in named]
+
     def invalid_class(self, name: str) -> InvalidClass:
-        for k in self.invalid:
+        for k in self.contract_classes:
             if k.name == name:
                 return k
         raise KeyError(f"op {self.name!r} has no error-input class {name!r}")

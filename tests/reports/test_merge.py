@@ -11,6 +11,7 @@ import pytest
 from mlafuzz.harness.cli.args import Parser, UsageError
 from mlafuzz.harness.cli.main import main
 from mlafuzz.harness.cli.report_cmd import add_parsers
+from mlafuzz.reports.invocation import command
 from mlafuzz.reports.jsonl import read_findings, read_jsonl
 from mlafuzz.reports.merge import merge_runs
 from mlafuzz.reports.model import ReportError, replay_command
@@ -297,7 +298,7 @@ def test_merge_carries_the_shards_bundles_and_its_reports_point_at_them(tmp_path
     for k in (0, 1):
         shutil.rmtree(tmp_path / f"shard-{k}")  # the artifact is the merged folder alone
     line = (bundle / "replay.txt").read_text().strip()
-    assert line.startswith(f"mlafuzz replay merged/bundles/{bundle.name} --impl gather=")
+    assert line.startswith(command("replay", f"merged/bundles/{bundle.name}", "--impl", "gather="))
     assert json.loads((bundle / "finding.json").read_text())["repro"] == line
     summary = json.loads((tmp_path / "merged" / "summary.json").read_text())
     assert [b["path"] for b in summary["bundles"]] == [f"merged/bundles/{bundle.name}"]

@@ -13,6 +13,7 @@ from mlafuzz.harness.cli.main import main
 from mlafuzz.reports.console import findings_table
 from mlafuzz.reports.findings import Finding, Kind, Mismatch, Severity
 from mlafuzz.reports.formats.render import FORMATS
+from mlafuzz.reports.invocation import command
 from mlafuzz.reports.jsonl import JsonlSink, read_findings
 from mlafuzz.reports.model import Judgement, ReportError
 from mlafuzz.tests.support.helpers import render_dir, report_of
@@ -132,8 +133,8 @@ def test_junit_failure_carries_the_message_and_a_replay_command(planted_run):
     for failure in root.iter("failure"):
         assert "Mismatched elements" in failure.get("message") or "NaN positions" in failure.get("message")
         replay_lines = [line for line in failure.text.splitlines() if line.startswith("replay: ")]
-        assert len(replay_lines) == 1 and replay_lines[0].startswith("replay: mlafuzz ")
-        assert "--seed 3" in replay_lines[0] or "mlafuzz replay" in replay_lines[0]
+        assert len(replay_lines) == 1 and replay_lines[0].startswith(f"replay: {command()} ")
+        assert "--seed 3" in replay_lines[0] or command("replay") in replay_lines[0]
 
 
 def test_a_bundled_bucket_replays_with_its_bundle_command_in_every_format(tmp_path):
@@ -171,7 +172,7 @@ def test_markdown_and_json_agree_with_the_junit_counts(planted_run):
     assert {tuple(b[k] for k in ("kind", "op", "impl", "cause")) for b in doc["buckets"]} == _buckets_in_jsonl(
         planted_run
     )
-    assert all(b["replay"].startswith("mlafuzz ") for b in doc["buckets"])
+    assert all(b["replay"].startswith(command() + " ") for b in doc["buckets"])
     assert md.startswith(f"## \u274c mlafuzz: {failures} failing buckets ({findings} findings)")
     assert md.count("<details>") == failures == md.count("</details>")
     for b in doc["buckets"]:

@@ -83,7 +83,7 @@ def test_correct_impl_passes_and_planted_impl_fails_with_finding_and_bundle_repl
     assert "VALUE_MISMATCH cause=dst:value" in out and "Mismatched elements" in out
     # Shrinking off still bundles each bucket as found: the replay is that bundle's.
     result.stdout.fnmatch_lines(
-        ["*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-part[01]of2/bundles/*"]
+        ["*replay: *mlafuzz replay *out/gather-gather_from_zero.py_gather-part[01]of2/bundles/*"]
     )
     dirs = sorted(p.name for p in (pytester.path / "out").iterdir())
     assert len(dirs) == 4 and all(d.rsplit("-", 1)[1] in ("part0of2", "part1of2") for d in dirs)
@@ -132,7 +132,7 @@ def test_planted_failure_names_the_shrunk_bundles_replay_command(pytester):
     result.stdout.fnmatch_lines(
         [
             "collected 1 item",
-            "*replay: mlafuzz replay *out/gather-gather_from_zero.py_gather-main/bundles/*"
+            "*replay: *mlafuzz replay *out/gather-gather_from_zero.py_gather-main/bundles/*"
             " --impl gather=*gather_from_zero.py:gather",
         ]
     )

@@ -121,6 +121,21 @@ def test_replay_pdb_stops_before_the_implementations_call(found):
     assert "reproduces" in run.stdout
 
 
+def test_replay_pdb_steps_into_the_implementation_with_one_s(found):
+    (bundle,) = (found / "bundles").iterdir()
+    run = subprocess.run(
+        [sys.executable, "-m", "mlafuzz.harness.cli", "replay", str(bundle), "--impl", BUGGY, "--pdb"],
+        input="s\np __file__\nc\nc\nc\nc\n",
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stderr
+    # After one `s`, the frame pdb is in is the planted gather's own.
+    assert f"(Pdb) {str(PLANTED)!r}" in run.stdout, run.stdout
+
+
 def test_the_readme_snippet_loads_a_bundle_and_calls_a_function(found, tmp_path):
     (bundle,) = (found / "bundles").iterdir()
     snippet = (

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mlafuzz.reports.invocation import command
+
 PLANTED = Path(__file__).parents[2] / "support" / "planted"
 BIN = Path(sys.executable).parent  # the venv's console scripts: `mlafuzz` as a user types it
 
@@ -52,7 +54,7 @@ def test_printed_repro_for_a_users_kernel_in_a_folder_with_a_space_runs_as_print
 def test_a_builtin_implementations_repro_needs_no_impl_flag():
     from mlafuzz.reports.bundle import replay_command
 
-    assert replay_command(Path("out/bundles/B"), op="gather", impl="torch") == "mlafuzz replay out/bundles/B"
+    assert replay_command(Path("out/bundles/B"), op="gather", impl="torch") == command("replay", "out/bundles/B")
     assert replay_command(Path("o/b x"), op="gather", impl="pkg.mod:gather") == (
-        "mlafuzz replay 'o/b x' --impl gather=pkg.mod:gather"
+        command("replay", "o/b x", "--impl", "gather=pkg.mod:gather")
     )
