@@ -62,6 +62,16 @@ def wheel_of(cache: Path, version: str, pip: str) -> Path:
     return Path(found[-1])
 
 
+def tree_of(cache: Path, version: str, pip: str) -> Path:
+    """The release's importable tree: rebuilt from its wheel (so it never lags the shim), or, on a
+    machine with the tree but not the wheel (a GPU machine the trees were carried to), as it is."""
+    root = cache / "vllm" / version / "tree"
+    have_wheel = bool(glob.glob(str(cache / "vllm" / "wheels" / f"vllm-{version}-*.whl")))
+    if not have_wheel and (root / "tree.json").is_file():
+        return root
+    return build_tree(wheel=wheel_of(cache, version, pip), root=root, version=version)
+
+
 def fuzz_one(*, tree: Path, release: str, op: str, cases: int, args: argparse.Namespace) -> Row:
     out = Path(args.out) / release / op
     contract = []
@@ -156,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows: list[Row] = []
     for version in args.versions:
-        wheel = wheel_of(Path(args.cache), version, args.pip)
-        tree = build_tree(wheel=wheel, root=Path(args.cache) / "vllm" / version / "tree", version=version)
+        tree = tree_of(Path(args.cache), version, args.pip)
         for op in ops:
             row = fuzz_one(tree=tree, release=version, op=op, cases=cases[op], args=args)
             print(f"vllm_releases: {version} {op}: {row.verdict} ({row.findings or '-'})", file=sys.stderr)

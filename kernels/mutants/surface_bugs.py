@@ -102,7 +102,11 @@ def dcp(
     """The DCP filter with one bug: ``owner_no_interleave`` (the owner taken as t % D, as if the
     interleave were 1), ``global_block`` (the table read at the global position's block, not the
     local one), ``compact_hole`` (the prefix packed from every non-negative token before the owner
-    filter: another rank's -1 inside the valid prefix, the vLLM #58058 class)."""
+    filter: another rank's -1 inside the valid prefix, the vLLM #58058 class), ``no_length_check``
+    (a req_id longer than token_indices accepted: vLLM 0.27.0-0.34.0's filter lacks the check
+    #48642 gave the convert; here the extra rows are dropped, so only the acceptance shows)."""
+    if bug == "no_length_check":
+        req_id = req_id[: token_indices.shape[0]]
     check_dcp_filter_args(
         req_id, block_table, token_indices, dcp_size, dcp_rank, cp_kv_cache_interleave_size, BLOCK_SIZE,
         NUM_TOPK_TOKENS, BLOCK_N,

@@ -137,3 +137,18 @@ def test_a_file_that_is_no_wheel_is_one_line(tmp_path, capsys):
     assert build_main(["--wheel", str(bad), "--root", str(tmp_path / "t"), "--version", "0.30.0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a readable wheel" in err[0]
+
+
+def test_the_dcp_filter_without_the_length_check_of_every_release_is_a_mutant_the_cpu_kills(tmp_path):
+    # vLLM 0.27.0-0.34.0's triton_filter_and_convert_dcp_index (the release tier's ledger): its look-alike.
+    from mlafuzz.harness.check.session import Session
+    from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
+    from mlafuzz.harness.drive.workers import InProcess
+    from mlafuzz.harness.ops.table import OPS
+
+    config = FuzzConfig(ops=("dcp",), impls={"dcp": "dcp_no_length_check"}, cases=40, seed=0, out_dir=tmp_path)
+    fuzz(config, executor=InProcess(session=Session(table=OPS)))
+    found = [json.loads(line) for line in (tmp_path / "findings.jsonl").read_text().splitlines()]
+    assert found and {(f["kind"], f["cause"]) for f in found} == {
+        ("ACCEPTED_INVALID_INPUT", "contract:length_mismatch")
+    }
