@@ -10,10 +10,34 @@ so instead of reporting a false bug.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Callable
 
 from mlafuzz.kernels.entry import ImplEntry, ImplError
 from mlafuzz.kernels.external import adapt_signature, opaque
+
+VERSION_VARIABLE = "MLAFUZZ_VLLM_VERSION"  # names the vLLM release; wins over the installed one
+
+
+def installed_version(environ: dict[str, str] | None = None) -> str:
+    """The vLLM release ``--revision auto`` follows: MLAFUZZ_VLLM_VERSION when set (a user's word,
+    or a tree built from a wheel), else the importable vllm's ``__version__``. ImplError (one line)
+    when neither says."""
+    env = os.environ if environ is None else environ
+    given = env.get(VERSION_VARIABLE, "").strip()
+    if given:
+        return given
+    try:
+        module = importlib.import_module("vllm")
+    except ImportError:
+        raise ImplError(
+            f"vllm is not installed in this environment; set {VERSION_VARIABLE}=X.Y.Z"
+            " or name a revision with --revision"
+        ) from None
+    version = getattr(module, "__version__", None)
+    if not isinstance(version, str) or not version.strip():
+        raise ImplError(f"this vllm has no __version__; set {VERSION_VARIABLE}=X.Y.Z")
+    return version.strip()
 
 
 def _find(op: str, candidates: tuple[tuple[str, str], ...]) -> Callable:

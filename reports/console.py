@@ -58,12 +58,14 @@ def start_line(
     budget: float | None,
     out: str,
     revision: str | None = None,
+    release: str | None = None,
     resumed: Mapping[str, Any] | None = None,
     drawn: bool = False,
     notes: Sequence[str] = (),
 ) -> str:
     """The run's header; ``drawn``: the seed is a fresh one (say how to rerun it); ``notes``: what
-    the run chose for the user (a default implementation that stands in for a missing one)."""
+    the run chose for the user (a default implementation that stands in for a missing one);
+    ``release``: the vLLM release whose revision ``--revision auto`` picked."""
     limit = " / ".join(
         x
         for x in (
@@ -74,6 +76,8 @@ def start_line(
     )
     impl_text = ", ".join(f"{op}={ref}" for op, ref in impls.items())
     rev = f", contract revision {revision}" if revision else ""
+    if revision and release:
+        rev = f", vLLM {release}: revision {revision} (--revision auto)"
     again = ""
     if resumed is not None:
         again = (

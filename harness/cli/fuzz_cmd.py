@@ -36,6 +36,7 @@ from mlafuzz.harness.cli.args import (
     shard,
 )
 from mlafuzz.harness.cli.fuzz_choices import SEED_ENV, corpus_lines, default_notes, run_seed
+from mlafuzz.harness.drive.campaign import AUTO
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.oracles import revisions
 
@@ -122,10 +123,11 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     f.add_argument("--ulp", type=nonneg_int, default=0, help="bf16 ulp budget (default 0: bit-exact)")
     f.add_argument(
         "--revision",
-        choices=revisions.names(),  # the revision table's, read when the parser is built
-        default=NEWEST_REVISION,
-        help=f"contract revision (docs/contract.md, Revisions) to judge the implementations under (default the newest,"
-        f" {NEWEST_REVISION}); a registry entry that pins one (a mutant of one revision's rule) keeps its own",
+        choices=(*revisions.names(), AUTO),  # the revision table's, read when the parser is built
+        default=None,
+        help=f"contract revision (docs/contract.md, Revisions) to judge the implementations under; auto: the"
+        f" installed vLLM's release's (MLAFUZZ_VLLM_VERSION wins), the default when an --impl is vllm; else the"
+        f" newest, {NEWEST_REVISION}; a registry entry that pins one (a mutant of one revision's rule) keeps its own",
     )
     f.add_argument(
         "--shard",
@@ -391,6 +393,7 @@ class Reporter:
                 budget=config.budget,
                 out=str(config.out_dir),
                 revision=config.revision,
+                release=config.release,
                 resumed=resume.summary if resume else None,
             ),
             file=sys.stderr,

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 CI_SHARD_VARIABLES = (("BUILDKITE_PARALLEL_JOB", "BUILDKITE_PARALLEL_JOB_COUNT"),)
 SHARD_VARIABLE = "MLAFUZZ_SHARD"  # generic K/N (a GitHub Actions matrix sets it per job)
 DEFAULT_TIMEOUT = 120.0
+AUTO = "auto"  # --revision auto: the revision of the installed vLLM's release (revisions.TABLE.releases)
 
 
 class ShardError(ValueError):
@@ -101,7 +102,7 @@ class Campaign:
     shrink_budget: float = 0.0
     rejects: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     features: tuple[str, ...] = ()  # --features OP=NAME,... texts: optional surfaces a wrapper takes
-    revision: str | None = None  # None: the newest
+    revision: str | None = None  # a revision, or AUTO; None: AUTO when an implementation is vllm, else the newest
     timeout: float | None = DEFAULT_TIMEOUT  # per case, in worker processes (None: none recorded)
     isolate: bool = True  # cases in worker processes; False: in this process (a crash ends the run)
     workers: int | None = None  # None: the device's rule (workers.slot_plan)
@@ -198,6 +199,26 @@ def select_impls(
     except ImplError as exc:
         raise CampaignError(str(exc)) from None
     return refs
+
+
+def settle_revision(asked: str | None, impls: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(the revision the run is judged under, the vLLM release it follows): ``asked`` as given;
+    AUTO, or nothing asked while an implementation is vLLM's, the revision of the installed vLLM's
+    release (MLAFUZZ_VLLM_VERSION wins); else (None, None), the newest. An unknown release is
+    one line (CampaignError) naming the known ones."""
+    from mlafuzz.kernels.entry import ImplError
+    from mlafuzz.kernels.vllm import installed_version
+    from mlafuzz.oracles import revisions
+
+    if asked not in (None, AUTO):
+        return asked, None
+    if asked is None and "vllm" not in impls.values():
+        return None, None
+    try:
+        version = installed_version()
+        return revisions.for_release(version), version
+    except (ImplError, revisions.ReleaseError) as exc:
+        raise CampaignError(f"--revision auto: {exc}") from None
 
 
 def load(session: Session, entry: ImplEntry, device: str) -> Callable:
@@ -328,12 +349,14 @@ def fuzz_config(campaign: Campaign, session: Session) -> FuzzConfig:
 
     if (campaign.redzone or campaign.sanitizer) and campaign.device.split(":")[0] != "cuda":
         raise CampaignError("--redzone and --sanitizer check GPU memory: use them with --device cuda")
-    optional = {"revision": campaign.revision, "knobs": campaign.knobs}
     features = declared_features(campaign.features, campaign.ops)
     k, parts = campaign.part
+    impls = select_impls(session, campaign.impls, list(campaign.ops), campaign.device, features=features)
+    revision, release = settle_revision(campaign.revision, impls)
+    optional = {"revision": revision, "knobs": campaign.knobs, "release": release}
     config = FuzzConfig(
         ops=campaign.ops,
-        impls=select_impls(session, campaign.impls, list(campaign.ops), campaign.device, features=features),
+        impls=impls,
         features=features,
         device=campaign.device,
         cases=campaign.cases,

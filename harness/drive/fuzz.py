@@ -127,6 +127,7 @@ class FuzzConfig:
     features: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # declared optional surfaces per op
     table: OpTable = OPS
     revision: str = NEWEST_REVISION  # the contract revision (SPEC 7) cases are judged under; an entry's pin wins
+    release: str | None = None  # the vLLM release --revision auto followed to pick ``revision`` (None: not auto)
     timeout: float | None = None  # the executor's per-case limit: recorded in bundles, bounds TIMEOUT shrinks
     shares: Mapping[str, int] | None = None  # op -> its slots per round (mix.py); None, or an op left out: its row's
     ledger: Mapping[str, Any] | None = None  # harness.ledger.ledger_record: run.json keeps it for report and merge
@@ -171,6 +172,7 @@ class FuzzConfig:
             "contract_every": self.contract_every,
             "timeout": self.timeout,
             "revision": self.revision,
+            **({"vllm_release": self.release} if self.release else {}),
             "shares": self.mix.to_json(),
             "ledger": self.ledger,
         }

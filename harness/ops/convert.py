@@ -307,5 +307,6 @@ CONVERT = Op(
         ("vllm.v1.attention.backends.mla.flashmla_sparse", "triton_convert_req_index_to_global_index"),
         ("vllm.v1.attention.backends.mla.sparse_utils", "triton_convert_req_index_to_global_index"),
     ),
+    vllm_devices=frozenset({"cpu", "cuda"}),  # Triton: interpreted on the CPU (the release tier)
     bench=Bench(workload=_workload, realistic=_realistic),
 )

@@ -190,6 +190,7 @@ DCP = Op(
     fast="dcp",  # the GPU fast path's check: harness/fast/dcp.py
     # SPEC 9.4's DCP filter (sparse_utils.py).
     vllm=(("vllm.v1.attention.backends.mla.sparse_utils", "triton_filter_and_convert_dcp_index"),),
+    vllm_devices=frozenset({"cpu", "cuda"}),  # Triton: interpreted on the CPU (the release tier)
 )
 
 DCP_PEER = Op(
@@ -222,6 +223,8 @@ DCP_PEER = Op(
     ),
     ours="torch",
     fast="dcp_peer",  # the GPU fast path's check: harness/fast/dcp_peer.py
-    # SPEC 9.4's peer-slot variant (sparse_utils.py).
+    # SPEC 9.4's peer-slot variant, read from a stored sparse_utils.py (index id 54580894472) and a
+    # test file of unconfirmed origin (index id 56361940756): no vLLM release 0.27.0-0.34.0 has it
+    # (SPEC 10), so --impl dcp_peer=vllm finds it only in a vLLM built from such a source.
     vllm=(("vllm.v1.attention.backends.mla.sparse_utils", "convert_global_indices_to_dcp_peer_slots"),),
 )

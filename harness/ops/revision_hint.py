@@ -32,10 +32,16 @@ def _same_bytes(a: Any, b: Any) -> bool:
 def matching_revision(
     case: Case, actual: Any, *, oracle: Callable[[Case], Mapping[str, Any]], output: str, rule: str
 ) -> str | None:
-    """The other revision (by ``rule``'s value) whose oracle makes ``actual`` exactly, or None."""
+    """The other revision (by ``rule``'s value) whose oracle makes ``actual`` exactly, or None.
+    Of the revisions with a value, the one that differs from the case's in the fewest rules is
+    named (the user changes one thing), the newest of those."""
     current = revisions.get(case.params.get("revision") or revisions.newest())
     seen = {current.rule(rule)}
-    for row in reversed(revisions.TABLE.rows):
+
+    def distance(row: revisions.Revision) -> int:
+        return sum(row.rules[k] != v for k, v in current.rules.items())
+
+    for row in sorted(reversed(revisions.TABLE.rows), key=distance):
         value = row.rule(rule)
         if value in seen:
             continue

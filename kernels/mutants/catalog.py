@@ -436,6 +436,16 @@ CATALOG: tuple[Mutant, ...] = (
     ),
     Mutant(
         op="dcp",
+        name="dcp_no_length_check",
+        bug="no_length_check",
+        kind="ACCEPTED_INVALID_INPUT",
+        capabilities=frozenset(),
+        group="vllm-reports",
+        description="a req_id longer than token_indices accepted: the length check of vLLM #48642 missing from"
+        " the DCP filter, as in every release 0.27.0-0.34.0 (SPEC 10; the release tier's ledger)",
+    ),
+    Mutant(
+        op="dcp",
         name="dcp_global_block",
         bug="global_block",
         kind="VALUE_MISMATCH",

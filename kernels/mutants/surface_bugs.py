@@ -108,7 +108,12 @@ def dcp(
     filter: another rank's -1 inside the valid prefix, the vLLM #58058 class), ``handoff_compacts``
     (D == 1 packs rows as ``compact_valid_to_front`` asks, where vLLM hands the call to the plain
     convert, which leaves an uncounted row in place), ``local_width_table`` (the rank's table read
-    as rows of its DCP-local width, not its row stride, the global width: vLLM #46514)."""
+    as rows of its DCP-local width, not its row stride, the global width: vLLM #46514),
+    ``no_length_check`` (a req_id longer than token_indices accepted: vLLM 0.27.0-0.34.0's filter
+    lacks the check #48642 gave the convert; here the extra rows are dropped, so only the
+    acceptance shows)."""
+    if bug == "no_length_check":
+        req_id = req_id[: token_indices.shape[0]]
     check_dcp_filter_args(
         req_id, block_table, token_indices, dcp_size, dcp_rank, cp_kv_cache_interleave_size, BLOCK_SIZE,
         NUM_TOPK_TOKENS, BLOCK_N,

@@ -149,8 +149,10 @@ def test_on_the_gpu_the_check_makes_no_cuda_sync():
 
 @pytest.mark.parametrize("mutant", MUTANTS)
 def test_no_dcp_mutant_is_clear_on_the_fast_path_where_the_full_path_finds_it(mutant):
-    cases = _cases(30, capabilities=frozenset())
-    assert fast_path_hides_nothing(resolve("dcp", mutant), cases), f"{mutant}: no drawn case showed its bug"
+    entry = resolve("dcp", mutant)
+    named = fast_path_hides_nothing(entry, _cases(30, capabilities=frozenset()))
+    # no_length_check differs only on inputs the host check rejects: no valid case shows it
+    assert named or entry.expected_kind == "ACCEPTED_INVALID_INPUT", f"{mutant}: no drawn case showed its bug"
 
 
 def _mean_work(cases: list, *, fast: bool) -> float:

@@ -42,16 +42,17 @@ def _findings(tmp_path, impl: str, revision: str) -> list[dict]:
 
 
 def test_an_older_writer_judged_under_the_newest_revision_is_told_to_pass_its_revision(tmp_path):
+    # 2026-10 with the FLT_MIN writer is vllm-0.28 (vLLM 0.28-0.29): the revision that changes that one rule.
     found = _findings(tmp_path, "torch_2026-07", "2026-10")
     assert found and all(
-        "matches revision 2026-07 exactly (writer_scale flt_min): --revision 2026-07" in f["message"] for f in found
+        "matches revision vllm-0.28 exactly (writer_scale flt_min): --revision vllm-0.28" in f["message"] for f in found
     )
-    assert {f["extra"]["matches_revision"] for f in found} == {"2026-07"}
+    assert {f["extra"]["matches_revision"] for f in found} == {"vllm-0.28"}
 
 
-def test_a_newer_writer_judged_under_an_older_revision_is_told_the_newest_with_its_rule(tmp_path):
+def test_a_newer_writer_judged_under_an_older_revision_is_told_the_revision_that_changes_only_that_rule(tmp_path):
     found = _findings(tmp_path, "torch_2026-09", "2026-07")
-    assert found and all("--revision 2026-10" in f["message"] for f in found)
+    assert found and all("--revision 2026-09" in f["message"] for f in found)
 
 
 def test_a_wrong_writer_gets_no_hint(tmp_path):
