@@ -16,12 +16,17 @@ from mlafuzz.kernels.checks import (
     WRITER_TORCH_REJECTS,
 )
 from mlafuzz.kernels.entry import ImplEntry, module_attr
-from mlafuzz.kernels.revisions import WRITER_REVISIONS
+from mlafuzz.kernels.revisions import CONVERT_REVISIONS, WRITER_REVISIONS
 
 # Our converts take both SPEC section 7 options and SPEC 9.2's caller-owned outputs (their signatures say so too: kernels/external.py).
 CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front", "caller_out"})
+# ... and the arguments of vLLM's releases (SPEC 10): idx_mapping (0.33.0), the DCP arguments (0.30.0).
+CONVERT_RELEASE_OPTIONS = CONVERT_OPTIONS | {"idx_mapping", "dcp_args"}
 # Our writers follow either contract revision through their keyword-only ``revision=``.
 FOLLOWS = frozenset(WRITER_REVISIONS)
+# Our converts follow every revision's convert_counted rule through their keyword-only ``revision=``
+# (vLLM 0.30.0 compacts a counted row: revision 2026-11).
+CONVERT_FOLLOWS = frozenset(CONVERT_REVISIONS)
 
 # The CUDA kernels check on the host only what SPEC section 4 says vLLM checks, and the host tier's
 # argument shapes, dtypes and devices (SPEC 9.3).
@@ -68,7 +73,8 @@ BUILTINS: tuple[ImplEntry, ...] = (
         devices=("cpu", "cuda"),
         rejects=CONVERT_REJECTS,
         requires=("triton",),
-        capabilities=CONVERT_OPTIONS,
+        capabilities=CONVERT_RELEASE_OPTIONS,
+        revisions=CONVERT_FOLLOWS,
         description="our Triton kernel, one program per row (interpreted on CPU)",
     ),
     _entry(
@@ -78,7 +84,8 @@ BUILTINS: tuple[ImplEntry, ...] = (
         attr="convert_torch",
         devices=("cpu", "cuda"),
         rejects=CONVERT_REJECTS,
-        capabilities=CONVERT_OPTIONS,
+        capabilities=CONVERT_RELEASE_OPTIONS,
+        revisions=CONVERT_FOLLOWS,
         description="vectorized torch implementation",
     ),
     _entry(

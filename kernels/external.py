@@ -83,6 +83,20 @@ GATHER_HOST_KEYWORDS = ("host_cache", "host_row_ids", "device_row_ids")  # the `
 CALLER_OUT_KEYWORDS = ("out", "valid_counts_out")
 
 
+# SPEC 10: vLLM's releases' convert arguments. ``idx_mapping`` (0.33.0) by its name; ``dcp_args``
+# (0.30.0) when all four DCP keywords are named (vLLM passes them together).
+DCP_ARG_KEYWORDS = ("dcp_size", "dcp_rank", "cp_kv_cache_interleave_size", "prefill_workspace_rank_stride")
+
+
+def release_args(params: object) -> frozenset[str]:
+    """``idx_mapping`` / ``dcp_args`` as a convert's signature names their keywords."""
+    if not params:
+        return frozenset()
+    return frozenset({"idx_mapping"} if "idx_mapping" in params else ()) | frozenset(
+        {"dcp_args"} if all(k in params for k in DCP_ARG_KEYWORDS) else ()
+    )
+
+
 def caller_out(params: object) -> frozenset[str]:
     """``{"caller_out"}`` when a signature's parameters name ``out`` and ``valid_counts_out``."""
     return frozenset({"caller_out"}) if params and all(k in params for k in CALLER_OUT_KEYWORDS) else frozenset()
@@ -107,7 +121,7 @@ def adapt_signature(op: str, fn: Callable) -> tuple[Callable, frozenset[str]]:
         params = None
     if op == "convert":
         named = frozenset(CONVERT_OPTION_KEYWORDS[p] for p in (params or ()) if p in CONVERT_OPTION_KEYWORDS)
-        return fn, named | caller_out(params)
+        return fn, named | caller_out(params) | release_args(params)
     if op == "dcp_peer":  # SPEC 9.4's peer-slot map takes SPEC 9.2's caller-owned outputs too
         return fn, caller_out(params)
     if op != "gather" or params is None:

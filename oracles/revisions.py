@@ -153,7 +153,16 @@ def _table() -> RevisionTable:
         source="vllm/model_executor/layers/attention/mla_attention.py (plan_mla_context_chunks)",
         rules={"context_chunks": "packing_planner"},
     )
-    return RevisionTable((r07, r09, r10))
+    r11 = _row(
+        r10,
+        name="2026-11",
+        change="vLLM 0.30.0 launches the convert with COMPACT_TO_FRONT = return_valid_counts: a counted row's"
+        " valid slots packed into columns [0, count), -1 after them",
+        source="vllm 0.30.0 wheel: vllm/v1/attention/backends/mla/sparse_utils.py"
+        " (triton_convert_req_index_to_global_index)",
+        rules={"convert_counted": "compact"},
+    )
+    return RevisionTable((r07, r09, r10, r11))
 
 
 #: The revisions, oldest first. Read it through ``get``/``names``/``newest`` at call time, so that a

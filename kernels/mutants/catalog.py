@@ -32,7 +32,7 @@ from mlafuzz.kernels.checks import (
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.mutants.planner_bugs import PLANNER_MUTANTS
 from mlafuzz.kernels.mutants.step_bugs import STEP_MUTANTS
-from mlafuzz.kernels.revisions import WRITER_REVISIONS
+from mlafuzz.kernels.revisions import CONVERT_REVISIONS, WRITER_REVISIONS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -376,6 +376,26 @@ CATALOG: tuple[Mutant, ...] = (
         description="with out= and COMPACT_TO_FRONT, a second call through the same buffer writes none of"
         " its rows (reuse keyed on the buffer, not the step): the step before's compacted rows survive",
     ),
+    # --- SPEC 10: the convert as vLLM 0.30.0 on launches it (a counted row compacted) ---
+    Mutant(
+        op="convert",
+        name="convert_compact_hole",
+        bug="compact_hole",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="a counted row compacted from every non-negative token before the table bound: a -1"
+        " inside the valid prefix (vLLM #58058, under the 0.30.0 rule that compacts counted rows)",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_compact_tail_unwritten",
+        bug="tail_unwritten",
+        kind="MISSING_WRITE",
+        capabilities=CONVERT_OPTIONS,
+        group="caller-out",
+        description="a compacted row stores only its prefix and leaves its tail to a -1 pre-fill the"
+        " caller's out= never had: the previous step's slots survive there (vLLM #51323's review)",
+    ),
     Mutant(
         op="dcp_peer",
         name="dcp_peer_out_stale_invalid",
@@ -528,9 +548,14 @@ def _prepare_cuda_bug(device: str) -> None:
         cuda_mutants.load_extension()
 
 
+#: The revisions an op's mutants without a pin follow, as ours do (by a keyword-only ``revision=``).
+_FOLLOWS = {"writer": frozenset(WRITER_REVISIONS), "convert": frozenset(CONVERT_REVISIONS)}
+
+
 def _revisions(m: Mutant) -> frozenset[str] | None:
-    """What a mutant's entry follows: a writer mutant without a pin follows every revision."""
-    return frozenset(WRITER_REVISIONS) if m.op == "writer" and m.revision is None else None
+    """What a mutant's entry follows: a writer or convert mutant without a pin follows every
+    revision its op's rule has (a convert's: whether a counted row is compacted)."""
+    return _FOLLOWS.get(m.op) if m.revision is None else None
 
 
 def _overwide_loader(device: str) -> Callable:
@@ -585,6 +610,7 @@ MUTANTS: tuple[ImplEntry, ...] = (
             rejects=CONVERT_REJECTS,
             expected_kind="OOB_WRITE",
             is_mutant=True,
+            revisions=_FOLLOWS["convert"],
             requires=("triton",),
             description="Triton kernel launched over req_id rows while out has token_indices rows (pre-#48642)",
         ),

@@ -54,6 +54,8 @@ def deliver(
     """The results into the caller's buffers where given (``valid``: the output elements that hold
     a valid value), with the caller-owned output bugs:
     ``stale_invalid`` stores only the valid columns (an invalid one keeps the buffer's last value),
+    ``tail_unwritten`` the same for a compacted row (its -1 tail left to a pre-fill the caller's
+    buffer never had; the caller of a torch variant gets ``valid``: the prefix only),
     ``row_minus1`` stores a row without a valid column at row -1, the padding sentinel (the
     flash-attention #2755 class), ``fresh_out`` fills the buffers but returns copies,
     ``counts_not_zeroed`` adds the counts into valid_counts_out without zeroing it first.
@@ -61,7 +63,7 @@ def deliver(
     if out is not None:
         if keep_out:
             pass
-        elif bug == "stale_invalid":
+        elif bug == "stale_invalid" or bug == "tail_unwritten":
             out[valid] = res[valid]
         elif bug == "row_minus1":
             empty = ~valid.reshape(res.shape[0], -1).any(dim=1) if res.numel() else torch.zeros(0, dtype=torch.bool)
