@@ -171,7 +171,7 @@ def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
         caller_out=draw_caller_out(d),
         # Last, so that every earlier draw of a seed is what it was before these arguments existed.
         idx_mapping=releases.draw_idx_mapping(d, dep),
-        dcp=releases.draw_dcp(d, dep),
+        dcp=releases.draw_dcp(d, dep, prefill=any(r.prefill and r.num_tokens for r in requests)),
     )
 
 

@@ -63,13 +63,14 @@ def draw_idx_mapping(d: Drawer, dep: Deployment) -> IdxMapping | None:
     return IdxMapping(extra=d.integer(0, 3) if d.boolean() else 0)
 
 
-def draw_dcp(d: Drawer, dep: Deployment) -> ConvertDcp | None:
-    """The DCP arguments in about a quarter of the cases: D in 1 (the defaults spelled out), 2, 3,
+def draw_dcp(d: Drawer, dep: Deployment, *, prefill: bool) -> ConvertDcp | None:
+    """The DCP arguments in about half the cases, most of those with prefill rows (the rank stride
+    shows only on a prefill row's token of another rank): D in 1 (the defaults spelled out), 2, 3,
     4; a compile-time interleave (vLLM's constexpr) of 1, 2, 4 or 16; a rank stride mostly given."""
-    if not dep.boolean("dcp_args") or d.boolean():
+    if not dep.boolean("dcp_args") and not (prefill and d.integer(0, 7)):
         return None
     size = dep.choice("dcp_size", (1, 2, 2, 3, 4))
-    stride = None if d.integer(0, 3) == 0 else d.choice((0, 1, 64, 4096, (1 << 20) + 3))
+    stride = None if d.integer(0, 7) == 0 else d.choice((0, 1, 64, 4096, 4096, 4096, (1 << 20) + 3))
     return ConvertDcp(
         size=size,
         rank=d.integer(0, size - 1),

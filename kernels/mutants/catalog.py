@@ -21,7 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from mlafuzz.kernels.builtins import CONVERT_OPTIONS, CUDA_GATHER_REJECTS, CUDA_WRITER_REJECTS, GATHER_OPTIONS
+from mlafuzz.kernels.builtins import (
+    CONVERT_OPTIONS,
+    CONVERT_RELEASE_OPTIONS,
+    CUDA_GATHER_REJECTS,
+    CUDA_WRITER_REJECTS,
+    GATHER_OPTIONS,
+)
 from mlafuzz.kernels.checks import (
     CONVERT_REJECTS,
     DCP_PEER_REJECTS,
@@ -395,6 +401,25 @@ CATALOG: tuple[Mutant, ...] = (
         group="caller-out",
         description="a compacted row stores only its prefix and leaves its tail to a -1 pre-fill the"
         " caller's out= never had: the previous step's slots survive there (vLLM #51323's review)",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_idx_mapping_ignored",
+        bug="idx_mapping_ignored",
+        kind="VALUE_MISMATCH",
+        capabilities=CONVERT_RELEASE_OPTIONS,
+        group="releases",
+        description="takes idx_mapping (vLLM 0.33.0) and reads the block table by req_id as before",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_rank_stride_ignored",
+        bug="rank_stride_ignored",
+        kind="VALUE_MISMATCH",
+        capabilities=CONVERT_RELEASE_OPTIONS,
+        group="releases",
+        description="takes prefill_workspace_rank_stride (vLLM 0.30.0) and drops it: another rank's"
+        " prefill token read from rank 0's part of the gathered workspace",
     ),
     Mutant(
         op="dcp_peer",

@@ -84,6 +84,20 @@ def deliver(
     return res, counts
 
 
+# --- the convert's arguments from vLLM's releases (SPEC 10) --------------------------------------
+
+#: bug -> the keyword the planted convert takes and drops: ``idx_mapping_ignored`` reads the table by
+#: req_id (vLLM 0.33.0's mapping taken and never applied); ``rank_stride_ignored`` puts every rank's
+#: prefill tokens in rank 0's part of the gathered workspace (vLLM 0.30.0's rank stride dropped).
+RELEASE_BUGS = {"idx_mapping_ignored": "idx_mapping", "rank_stride_ignored": "prefill_workspace_rank_stride"}
+
+
+def convert_release(bug: str, *args, **kwargs):
+    """Our torch convert with the keyword of ``RELEASE_BUGS[bug]`` accepted and dropped."""
+    kwargs.pop(RELEASE_BUGS[bug], None)
+    return convert_torch(*args, **kwargs)
+
+
 # --- DCP (SPEC 9.4) -----------------------------------------------------------------------------
 
 

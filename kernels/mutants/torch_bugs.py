@@ -440,6 +440,8 @@ def load(op: str, bug: str | None, *, revision: str | None = None) -> Callable:
         return functools.partial(_gather, bug, calls=Calls())
     if op == "convert" and bug == "stale_compacted":
         return functools.partial(_convert, bug, last=surface_bugs.LastOut())
+    if op == "convert" and bug in surface_bugs.RELEASE_BUGS:  # our torch convert, one argument dropped
+        return functools.partial(surface_bugs.convert_release, bug)
     if revision is not None:
         return functools.partial(FUNCS[op], bug, revision=revision)
     return functools.partial(FUNCS[op], bug)
