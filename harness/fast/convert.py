@@ -65,10 +65,9 @@ def prefill(case: Case, guards: Mapping[str, Guarded], state: CaseState) -> bool
 
 
 def takes(case: Case) -> bool:
-    """Every case but those with vLLM's release arguments (SPEC 10: ``idx_mapping``, the plain
-    convert's DCP arguments), which the fused kernel does not compute: they take the full path.
-    Caller-owned outputs (SPEC 9.2) too, through ``prefill``."""
-    return case.tensors.get("idx_mapping") is None and "dcp_size" not in case.params
+    """Every case: caller-owned outputs (SPEC 9.2) too, through ``prefill``, and vLLM's release
+    arguments (SPEC 10: ``idx_mapping``, the DCP arguments), which the fused kernel computes."""
+    return True
 
 
 def _callers_own(runs: list[Outputs], memo: _Callers | None) -> bool:

@@ -236,6 +236,12 @@ def oracle_inputs(case: Case) -> dict[str, Any]:
         prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
         prefill_workspace_starts=t["prefill_workspace_starts"],
         block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
+        # SPEC 10: vLLM's releases' arguments, at their defaults where the case passes none
+        idx_mapping=t.get("idx_mapping"),
+        dcp_size=p.get("dcp_size", 1),
+        dcp_rank=p.get("dcp_rank", 0),
+        dcp_interleave=p.get("cp_kv_cache_interleave_size", 1),
+        prefill_rank_stride=p.get("prefill_workspace_rank_stride") or 0,  # vLLM launches None as 0
     )
 
 
@@ -244,15 +250,7 @@ def _both(case: Case, *, loop: bool) -> tuple[Any, Any]:
     from mlafuzz.oracles import convert as oc
 
     fn = oc.convert_loop if loop else oc.convert
-    p = case.params
-    releases = dict(
-        idx_mapping=case.tensors.get("idx_mapping"),
-        dcp_size=p.get("dcp_size", 1),
-        dcp_rank=p.get("dcp_rank", 0),
-        dcp_interleave=p.get("cp_kv_cache_interleave_size", 1),
-        prefill_rank_stride=p.get("prefill_workspace_rank_stride") or 0,  # vLLM launches None as 0
-    )
-    return fn(**oracle_inputs(case), compact_to_front=compacts(case), **releases)
+    return fn(**oracle_inputs(case), compact_to_front=compacts(case))
 
 
 def _oracle(loop: bool) -> Callable[[Case], Outputs]:
