@@ -157,7 +157,7 @@ def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
     return ConvertSpec(
         requests=tuple(requests),
         paging=paging,
-        topk=block_n * dep.choice("topk_multiple", knobs.topk_multiples),
+        topk=block_n * dep.choice("topk_multiple", knobs.topk_multiples + knobs.odd_topk_multiples),
         block_n=block_n,
         topk_mode=d.choice(list(TopkMode)),
         prefill_workspace=prefill_workspace,

@@ -144,7 +144,8 @@ def _check_convert(
     hi = row * 0 - 1
     for c0 in tl.range(0, K, TILE):
         c = c0 + cols
-        tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1).to(tl.int64)
+        inside = c < K  # K need not be a multiple of the tile (vLLM 0.31.0 pads such a row to one)
+        tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1, mask=inside, other=-1).to(tl.int64)
         nonneg = tok >= 0
         t0 = tl.where(nonneg, tok, 0)
         group = t0 // interleave  # DCP: the owner and the index in its share (t0 itself with D = 1)
@@ -171,8 +172,8 @@ def _check_convert(
             sig1 += tl.sum(tl.where(valid, _mix(expected, KEY1), 0), axis=0)
             sig2 += tl.sum(tl.where(valid, _mix(expected, KEY2), 0), axis=0)
         else:
-            actual = tl.load(out_ptr + row * out_s0 + c)
-            actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two, other=0)
+            actual = tl.load(out_ptr + row * out_s0 + c, mask=inside, other=-1)
+            actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two & inside, other=-1)
             bad += tl.sum((expected != actual).to(tl.int32), axis=0)
             bad += tl.sum((two & (expected != actual2)).to(tl.int32), axis=0)
         valid_n += tl.sum(valid.to(tl.int32), axis=0)
@@ -182,7 +183,7 @@ def _check_convert(
         # the row expects both int32 extremes: then "cannot tell" (2) instead of a weaker prefill.
         fill = tl.where(lo > -2147483648, lo - 1, hi + 1).to(tl.int32)
         for c0 in tl.range(0, K, TILE):
-            tl.store(out_ptr + row * out_s0 + c0 + cols, tl.zeros([TILE], dtype=tl.int32) + fill)
+            tl.store(out_ptr + row * out_s0 + c0 + cols, tl.zeros([TILE], dtype=tl.int32) + fill, mask=c0 + cols < K)
         # -1 - n: not the count, nor what adding the count into it leaves (the zeroing forgotten)
         tl.store(counts_ptr + row, -1 - valid_n, mask=has_counts != 0)
         tl.store(bad_ptr, 2, mask=(lo == -2147483648) & (hi == 2147483647))
@@ -192,8 +193,8 @@ def _check_convert(
             sig2b = sig2
             for c0 in tl.range(0, K, TILE):
                 c = c0 + cols
-                actual = tl.load(out_ptr + row * out_s0 + c)
-                actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two, other=-1)
+                actual = tl.load(out_ptr + row * out_s0 + c, mask=c < K, other=-1)
+                actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two & (c < K), other=-1)
                 front = c < valid_n
                 sig1 -= tl.sum(tl.where(front, _mix(actual, KEY1), 0), axis=0)
                 sig2 -= tl.sum(tl.where(front, _mix(actual, KEY2), 0), axis=0)
@@ -278,7 +279,7 @@ def _launch(
 
 def _reads(token_indices: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, valid_counts) -> bool:
     """Whether the kernel reads this layout: int32 ``out`` [N, K] and ``valid_counts`` [N] on the
-    indices' device, a block table to index and K a multiple of its tile (empty rows aside)."""
+    indices' device and a block table to index (empty rows aside); any K (a last tile is masked)."""
     n, k = token_indices.shape
     if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
         return False
@@ -286,7 +287,7 @@ def _reads(token_indices: torch.Tensor, block_table: torch.Tensor, out: torch.Te
         valid_counts.shape != (n,) or valid_counts.dtype != torch.int32 or valid_counts.device != token_indices.device
     ):
         return False
-    return n == 0 or k == 0 or (block_table.numel() > 0 and k % min(triton.next_power_of_2(k), 1024) == 0)
+    return n == 0 or k == 0 or block_table.numel() > 0
 
 
 def convert_rows_flag(

@@ -84,3 +84,28 @@ def _call(case) -> dict:
 def test_each_release_mutant_is_never_clear_where_the_full_path_finds_it(mutant):
     entry = resolve("convert", mutant)
     assert fast_path_hides_nothing(entry, _cases(entry.capabilities, 40, lambda c: True), enough=2), mutant
+
+
+def test_the_fused_check_judges_a_width_that_is_not_a_multiple_of_its_tile():
+    # K = 3 * BLOCK_N = 48: its tile (next_pow2(48) = 64) runs past K; the last tile is masked.
+    from mlafuzz.generators.ops.convert import ConvertRequest, ConvertSpec
+    from mlafuzz.generators.spec import Paging
+    from mlafuzz.harness.fast.convert import convert_rows_flag
+    from mlafuzz.harness.ops.convert import oracle_inputs
+    from mlafuzz.oracles import convert as oc
+
+    spec = ConvertSpec(
+        requests=(ConvertRequest(seq_len=200, num_tokens=5),), paging=Paging(block_size=16), topk=48, block_n=16
+    )
+    case = OPS.materialize(spec, 3, DEV)
+    out, counts = oc.convert(**oracle_inputs(case), compact_to_front=compacts(case))
+
+    def flag(o, c):
+        f = convert_rows_flag(**oracle_inputs(case), out=o, valid_counts=c, compact=compacts(case))
+        assert f is not None  # it can tell
+        return bool(f.reshape(-1)[0])
+
+    assert not flag(out, counts)
+    wrong = out.clone()
+    wrong[0, 47] = 12345  # the last column of the masked tile
+    assert flag(wrong, counts) and flag(out, counts + 1)

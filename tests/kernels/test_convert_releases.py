@@ -100,3 +100,15 @@ def test_a_compacted_row_written_into_a_reused_out_leaves_no_stale_slot_in_its_t
     tail = torch.arange(out.shape[1]) >= res_counts.unsqueeze(1)
     assert res is out and res_counts is counts
     assert bool((out[tail] == -1).all()) and not bool((out == 12345).any())
+
+
+@pytest.mark.parametrize("impl", sorted(OURS))
+def test_a_width_that_is_a_multiple_of_block_n_but_not_a_power_of_two_is_converted(impl):
+    # vLLM 0.31.0 runs such a counted row as one tile padded to next_pow2(K) (GLM's K = 2176 = 17 * 128);
+    # small here: K = 3 * BLOCK_N.
+    rows = _rows(11)
+    rows["token_indices"] = torch.cat([rows["token_indices"], rows["token_indices"][:, :8].flip(1)], dim=1)
+    out, counts = _call(OURS[impl], rows, revision="2026-11")
+    exp_out, exp_counts = _expected(rows, compact=True)
+    assert out.shape == (6, 24) and torch.equal(counts, exp_counts)
+    assert bool(rows_as_sets_equal(expected=exp_out, actual=out, counts=exp_counts).all())
