@@ -120,6 +120,7 @@ def _check_convert(
     KEY1: tl.constexpr,
     KEY2: tl.constexpr,
     PREFILL: tl.constexpr,  # write the prefill instead of checking (``convert_prefill``)
+    DCP: tl.constexpr,  # dcp_size > 1: de-interleave each token (else no int64 division for it)
 ):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_ptr + row).to(tl.int64)
@@ -148,9 +149,12 @@ def _check_convert(
         tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1, mask=inside, other=-1).to(tl.int64)
         nonneg = tok >= 0
         t0 = tl.where(nonneg, tok, 0)
-        group = t0 // interleave  # DCP: the owner and the index in its share (t0 itself with D = 1)
-        owner = group % dcp_size
-        local = (group // dcp_size) * interleave + t0 % interleave
+        owner = t0 * 0  # DCP: the owner and the index in its share (rank 0 and t0 itself with D = 1)
+        local = t0
+        if DCP:
+            group = t0 // interleave
+            owner = group % dcp_size
+            local = (group // dcp_size) * interleave + t0 % interleave
         blk = local // block_size
         off = local - blk * block_size
         # another rank's decode token is invalid; a prefill token of any rank is valid
@@ -273,7 +277,15 @@ def _launch(
         inputs.get("dcp_interleave", 1),
         inputs.get("prefill_rank_stride", 0),
     )
-    consts = {"K": k, "TILE": tile, "COMPACT": bool(compact), "KEY1": _KEYS[0], "KEY2": _KEYS[1], "PREFILL": prefill}
+    consts = {
+        "K": k,
+        "TILE": tile,
+        "COMPACT": bool(compact),
+        "KEY1": _KEYS[0],
+        "KEY2": _KEYS[1],
+        "PREFILL": prefill,
+        "DCP": inputs.get("dcp_size", 1) > 1,
+    }
     (launchers or Launchers())(_check_convert)(n, args, consts)
 
 
