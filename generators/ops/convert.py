@@ -321,6 +321,8 @@ def features(spec: ConvertSpec) -> set[str]:
         out.add("stride:padded" if spec.block_stride_rows > spec.paging.block_size else "stride:block_size")
     if spec.compact:
         out.add("compact")
+    if spec.topk & (spec.topk - 1):  # vLLM 0.31.0: one padded tile when counted (GLM's 2176)
+        out.add("topk:not-pow2")
     out |= caller_out_features(spec.caller_out) | releases.features(spec.idx_mapping, spec.dcp)
     return out | view_features(spec.paging, table=spec.table_view, rows=spec.rows_view)
 
