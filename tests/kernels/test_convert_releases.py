@@ -112,3 +112,23 @@ def test_a_width_that_is_a_multiple_of_block_n_but_not_a_power_of_two_is_convert
     exp_out, exp_counts = _expected(rows, compact=True)
     assert out.shape == (6, 24) and torch.equal(counts, exp_counts)
     assert bool(rows_as_sets_equal(expected=exp_out, actual=out, counts=exp_counts).all())
+
+
+def test_the_releases_arguments_are_capabilities_read_from_a_signature_like_vllm_0_34s():
+    from mlafuzz.kernels.external import adapt_signature
+
+    def released(
+        req_id, block_table, token_indices, BLOCK_SIZE=64, BLOCK_STRIDE_ROWS=None, NUM_TOPK_TOKENS=2048,
+        BLOCK_N=128, HAS_PREFILL_WORKSPACE=False, prefill_workspace_request_ids=None,
+        prefill_workspace_starts=None, prefill_workspace_rank_stride=None, dcp_size=1, dcp_rank=0,
+        cp_kv_cache_interleave_size=1, return_valid_counts=False, out=None, valid_counts_out=None,
+        idx_mapping=None,
+    ):  # fmt: skip
+        return None
+
+    def dcp_without_stride(req_id, block_table, token_indices, dcp_size=1, dcp_rank=0, cp_kv_cache_interleave_size=1):
+        return None
+
+    _, caps = adapt_signature("convert", released)
+    assert caps == {"block_stride_rows", "caller_out", "idx_mapping", "dcp_args"}
+    assert adapt_signature("convert", dcp_without_stride)[1] == frozenset()  # all four, or none passed
