@@ -82,6 +82,9 @@ class Knobs:
     block_sizes: tuple[int, ...] = (64, 1, 3, 16)
     block_ns: tuple[int, ...] = (16, 32, 64)
     topk_multiples: tuple[int, ...] = (1, 2, 4)
+    # The convert's K also at multiples of BLOCK_N that are not a power of two (vLLM 0.31.0 runs such
+    # a counted row as one padded tile when next_pow2(K) <= 4096: GLM's K = 2176 = 17 * 128).
+    odd_topk_multiples: tuple[int, ...] = (3,)
     max_spare_blocks: int = 4
     max_extra_cols: int = 3
     # Bounds that keep a worker's memory bounded, whatever the draws: a case's rows (convert's
@@ -136,6 +139,7 @@ LARGE = Knobs(
     block_sizes=(64, 64, 64, 1, 16, 128),
     block_ns=(128,),
     topk_multiples=(16, 16, 16, 16, 1, 4, 8, 32),
+    odd_topk_multiples=(17, 3),
     max_spare_blocks=64,
     max_extra_cols=8,
     max_rows=16384,

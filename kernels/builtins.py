@@ -16,10 +16,12 @@ from mlafuzz.kernels.checks import (
     WRITER_TORCH_REJECTS,
 )
 from mlafuzz.kernels.entry import ImplEntry, module_attr
-from mlafuzz.kernels.revisions import FILTER_REVISIONS, WRITER_REVISIONS
+from mlafuzz.kernels.revisions import CONVERT_REVISIONS, FILTER_REVISIONS, WRITER_REVISIONS
 
 # Our converts take both SPEC section 7 options and SPEC 9.2's caller-owned outputs (their signatures say so too: kernels/external.py).
 CONVERT_OPTIONS = frozenset({"block_stride_rows", "compact_to_front", "caller_out"})
+# ... and the arguments of vLLM's releases (SPEC 10): idx_mapping (0.33.0), the DCP arguments (0.30.0).
+CONVERT_RELEASE_OPTIONS = CONVERT_OPTIONS | {"idx_mapping", "dcp_args"}
 # Our writers follow either contract revision through their keyword-only ``revision=``.
 FOLLOWS = frozenset(WRITER_REVISIONS)
 # Our DCP filters follow every revision (their D == 1 hand-off asks ``convert_counted``), and take
@@ -28,6 +30,9 @@ DCP_FOLLOWS = frozenset(FILTER_REVISIONS)
 DCP_OPTIONS = frozenset({"block_stride_rows"})
 # Our writers take concat_and_cache_mla's skip_scale (vLLM 0.33.0); their signatures say so too.
 WRITER_OPTIONS = frozenset({"seq_starts", "skip_scale"})
+# Our converts follow every revision's convert_counted rule through their keyword-only ``revision=``
+# (vLLM 0.30.0 compacts a counted row: revision 2026-11).
+CONVERT_FOLLOWS = frozenset(CONVERT_REVISIONS)
 
 # The CUDA kernels check on the host only what SPEC section 4 says vLLM checks, and the host tier's
 # argument shapes, dtypes and devices (SPEC 9.3).
@@ -74,7 +79,8 @@ BUILTINS: tuple[ImplEntry, ...] = (
         devices=("cpu", "cuda"),
         rejects=CONVERT_REJECTS,
         requires=("triton",),
-        capabilities=CONVERT_OPTIONS,
+        capabilities=CONVERT_RELEASE_OPTIONS,
+        revisions=CONVERT_FOLLOWS,
         description="our Triton kernel, one program per row (interpreted on CPU)",
     ),
     _entry(
@@ -84,7 +90,8 @@ BUILTINS: tuple[ImplEntry, ...] = (
         attr="convert_torch",
         devices=("cpu", "cuda"),
         rejects=CONVERT_REJECTS,
-        capabilities=CONVERT_OPTIONS,
+        capabilities=CONVERT_RELEASE_OPTIONS,
+        revisions=CONVERT_FOLLOWS,
         description="vectorized torch implementation",
     ),
     _entry(

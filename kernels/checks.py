@@ -39,6 +39,7 @@ __all__ = [
     "ROPE_DIM",
     "ROW_DIM",
     "check_convert_args",
+    "check_release_args",
     "check_dcp_filter_args",
     "check_dcp_peer_args",
     "DCP_REJECTS",
@@ -276,6 +277,40 @@ def check_convert_args(
             f"prefill_workspace_request_ids.shape[0]={ids.shape[0]} != token_indices.shape[0]={ti.shape[0]}",
         )
     check_caller_outputs(out, valid_counts_out, rows=ti.shape[0], cols=ti.shape[1], device=ti.device)
+
+
+def check_release_args(
+    *,
+    idx_mapping: object,
+    dcp_size: object,
+    dcp_rank: object,
+    interleave: object,
+    rank_stride: object,
+    device: torch.device,
+) -> tuple[int, int, int, int]:
+    """The plain convert's arguments from vLLM's releases (SPEC 10): ``idx_mapping`` int32, 1-D and
+    contiguous (vLLM asserts that much; its values are not read on the host), and the DCP layout
+    (vLLM checks none of it on this entry point; ours refuses what no layout means), the prefill
+    workspace's rank stride None (0, as vLLM launches it) or an int32 >= 0. (D, rank, I, stride)."""
+    if idx_mapping is not None:
+        m = _require_tensor("idx_mapping", idx_mapping, AssertedDtypeError)
+        _require_dtype("idx_mapping", m, (torch.int32,), AssertedDtypeError)
+        _require_dim("idx_mapping", m, 1)
+        if not m.is_contiguous():
+            raise AssertedInputError("wrong_shape", f"idx_mapping.stride()={m.stride()}: must be contiguous")
+        if m.device != device:
+            raise InvalidInputError(
+                "device_mismatch", f"idx_mapping.device={m.device} != token_indices.device={device}"
+            )
+    d = _require_int("dcp_size", dcp_size, "bad_dcp_size", 1)
+    r = _require_int("dcp_rank", dcp_rank, "bad_dcp_rank", 0)
+    if r >= d:
+        raise InvalidInputError("bad_dcp_rank", f"dcp_rank={r} must be below dcp_size={d}")
+    i = _require_int("cp_kv_cache_interleave_size", interleave, "bad_interleave", 1)
+    stride = (
+        0 if rank_stride is None else _require_int("prefill_workspace_rank_stride", rank_stride, "bad_rank_stride", 0)
+    )
+    return d, r, i, stride
 
 
 def check_caller_outputs(out: object, valid_counts_out: object, *, rows: int, cols: int, device: torch.device) -> None:

@@ -142,6 +142,8 @@ GATHER_HOST_KEYWORDS = ("host_cache", "host_row_ids", "device_row_ids")  # the `
 # SPEC 9.2's caller-owned outputs: a signature that names both keywords (vLLM's convert, and its
 # DCP peer-slot variant) gets them in some cases.
 CALLER_OUT_KEYWORDS = ("out", "valid_counts_out")
+# SPEC 10: the convert's arguments in vLLM's releases: the four DCP keywords (0.30.0) come together.
+DCP_ARG_KEYWORDS = ("dcp_size", "dcp_rank", "cp_kv_cache_interleave_size", "prefill_workspace_rank_stride")
 
 # Every optional surface, one row each: adding a surface is one row here (and its generator's
 # ``needs``/``fit``). The header, ``--features`` and signature reading all read this table.
@@ -151,6 +153,8 @@ SURFACES: tuple[Surface, ...] = (
     Surface(op="convert", name="block_stride_rows", keywords=("BLOCK_STRIDE_ROWS",)),
     Surface(op="convert", name="compact_to_front", keywords=("COMPACT_TO_FRONT",)),
     Surface(op="convert", name="caller_out", keywords=CALLER_OUT_KEYWORDS),
+    Surface(op="convert", name="idx_mapping", keywords=("idx_mapping",)),  # vLLM 0.33.0 on
+    Surface(op="convert", name="dcp_args", keywords=DCP_ARG_KEYWORDS),  # vLLM 0.30.0 on
     Surface(op="dcp_peer", name="caller_out", keywords=CALLER_OUT_KEYWORDS),
     Surface(op="dcp", name="block_stride_rows", keywords=("BLOCK_STRIDE_ROWS",)),  # vLLM 0.29.0 on
     Surface(op="writer", name="skip_scale", keywords=("skip_scale",)),  # concat_and_cache_mla, vLLM 0.33.0 on

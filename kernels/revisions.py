@@ -4,7 +4,8 @@ of ``mlafuzz.oracles.revisions``.
 An implementation under test never reads the references (kernels may not import oracles); it
 asks a revision's row for the rule it implements. Our writers implement the tile-scale rules of
 ``SCALE_RULES`` (its value is the CUDA kernels' ``scale_rule`` argument), so they follow every
-revision whose ``writer_scale`` is one of them. The step pipeline asks for ``context_chunks``.
+revision whose ``writer_scale`` is one of them. The step pipeline asks for ``context_chunks``; our
+converts ask for ``convert_counted`` (``COUNTED_RULES``: whether a counted row is compacted).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ __all__ = [
     "rule",
     "filter_compacts",
     "FILTER_REVISIONS",
+    "COUNTED_RULES",
+    "CONVERT_REVISIONS",
+    "compacts_counted",
 ]
 
 
@@ -44,7 +48,16 @@ SCALE_RULES: dict[str, ScaleRule] = {
     "pow2_1e-4": ScaleRule(floor_bits=0x38D1B717, pow2=True, cuda=1),
 }
 
+#: convert_counted rule -> whether our converts pack a counted row's valid slots into its front
+#: (vLLM 0.30.0 on: ``COMPACT_TO_FRONT = return_valid_counts``) instead of leaving them in place.
+COUNTED_RULES: dict[str, bool] = {"in_place": False, "compact": True}
+
 NEWEST: str = revisions.newest()
+
+#: The revisions our converts follow (those whose convert_counted rule they implement), oldest first.
+CONVERT_REVISIONS: tuple[str, ...] = tuple(
+    r.name for r in revisions.TABLE.rows if r.rule("convert_counted") in COUNTED_RULES
+)
 
 
 def _writer_revisions() -> tuple[str, ...]:
@@ -102,3 +115,9 @@ def filter_compacts(
     if dcp_size == 1:
         return bool(return_valid_counts) and rule(revision or revisions.newest(), "convert_counted") == "compact"
     return bool(compact_valid_to_front)
+
+
+def compacts_counted(revision: str | None) -> bool:
+    """Whether our converts compact a counted row under ``revision``; None (a direct call that
+    names no revision) is SPEC 3's call as written: in place."""
+    return revision is not None and COUNTED_RULES[rule(revision, "convert_counted")]

@@ -28,9 +28,17 @@ from mlafuzz.kernels.checks import (
     check_gather_host_args,
     check_gather_host_rows,
     check_gather_values,
+    check_release_args,
     check_writer_args,
 )
-from mlafuzz.kernels.revisions import NEWEST, WRITER_REVISIONS, check_revision, filter_compacts, scale_of
+from mlafuzz.kernels.revisions import (
+    NEWEST,
+    WRITER_REVISIONS,
+    check_revision,
+    compacts_counted,
+    filter_compacts,
+    scale_of,
+)
 
 __all__ = [
     "convert_torch",
@@ -72,6 +80,12 @@ def convert_torch(
     COMPACT_TO_FRONT: bool = False,
     out: torch.Tensor | None = None,
     valid_counts_out: torch.Tensor | None = None,
+    revision: str | None = None,
+    idx_mapping: torch.Tensor | None = None,
+    prefill_workspace_rank_stride: int | None = None,
+    dcp_size: int = 1,
+    dcp_rank: int = 0,
+    cp_kv_cache_interleave_size: int = 1,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """SPEC §3 in vectorized torch; same contract as ``triton_convert.convert``.
 
@@ -83,7 +97,12 @@ def convert_torch(
     cache slot; ``COMPACT_TO_FRONT`` packs each row's valid values at its
     front (column order, by a stable sort on "invalid"), -1 after. ``out`` /
     ``valid_counts_out`` (SPEC 9.2): the caller's buffers, every element written and returned
-    (valid_counts_out only when counts are returned, as in vLLM).
+    (valid_counts_out only when counts are returned, as in vLLM). ``revision``: the contract
+    revision whose ``convert_counted`` rule it follows (``compact``: a counted row is compacted as
+    by COMPACT_TO_FRONT, vLLM 0.30.0 on); None: in place. The releases' arguments (SPEC 10):
+    ``idx_mapping`` (a decode row's table row is ``max(idx_mapping[req], 0)``), and the DCP
+    layout: a decode token of another rank is -1; a prefill token of any rank is valid at
+    ``owner * prefill_workspace_rank_stride + start + local``; bounds on the local index.
     """
     check_convert_args(
         req_id,
@@ -99,18 +118,33 @@ def convert_torch(
         out=out,
         valid_counts_out=valid_counts_out,
     )
+    d, rank, inter, rank_stride = check_release_args(
+        idx_mapping=idx_mapping,
+        dcp_size=dcp_size,
+        dcp_rank=dcp_rank,
+        interleave=cp_kv_cache_interleave_size,
+        rank_stride=prefill_workspace_rank_stride,
+        device=token_indices.device,
+    )
     num_reqs, max_blocks = block_table.shape
     stride = BLOCK_SIZE if BLOCK_STRIDE_ROWS is None else BLOCK_STRIDE_ROWS
     tok = token_indices
     nonneg = tok >= 0
-    tok_s = torch.where(nonneg, tok, 0)  # divide non-negative values only
-    blk = torch.div(tok_s, BLOCK_SIZE, rounding_mode="floor")
-    off = tok_s - blk * BLOCK_SIZE
+    tok_s = torch.where(nonneg, tok, 0).long()  # divide non-negative values only
+    group = torch.div(tok_s, inter, rounding_mode="floor")  # DCP: the token's owner and local index
+    owner = group % d
+    local = torch.div(group, d, rounding_mode="floor") * inter + tok_s % inter
+    blk = torch.div(local, BLOCK_SIZE, rounding_mode="floor")
+    off = local - blk * BLOCK_SIZE
     in_table = nonneg & (blk < max_blocks)
 
     req = req_id.long()
+    if idx_mapping is not None:  # the table row through the mapping; a negative entry reads row 0
+        inside = (req >= 0) & (req < idx_mapping.shape[0])
+        mapped = idx_mapping.long()[torch.where(inside, req, 0)].clamp(min=0) if idx_mapping.numel() else req
+        req = torch.where(inside, mapped, -1)
     req_ok = (req >= 0) & (req < num_reqs)
-    valid = in_table & req_ok[:, None]
+    valid = in_table & req_ok[:, None] & (owner == rank)  # another rank's decode token: invalid
     if max_blocks > 0 and num_reqs > 0:
         rows = torch.where(req_ok, req, 0)[:, None]
         cols = torch.where(valid, blk, 0).long()
@@ -130,11 +164,12 @@ def convert_torch(
             pstart = torch.where(pref_ok, starts[torch.where(pref_ok, pref, 0)], 0)
         else:
             pstart = torch.zeros_like(req_id)
-        val = torch.where(is_pref[:, None], _wrap_int32(pstart[:, None].long() + tok_s.long()), val)
-        valid = in_table & torch.where(is_pref, pref_ok, req_ok)[:, None]
+        pval = owner * rank_stride + pstart[:, None].long() + local  # the rank-major workspace
+        val = torch.where(is_pref[:, None], _wrap_int32(pval), val)
+        valid = torch.where(is_pref[:, None], in_table & pref_ok[:, None], valid)
 
     res = torch.where(valid, val, -1).to(torch.int32)
-    if COMPACT_TO_FRONT and res.numel():
+    if (COMPACT_TO_FRONT or (return_valid_counts and compacts_counted(revision))) and res.numel():
         # A stable sort on "invalid" moves the valid columns to the front, keeping their order.
         order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
         res = torch.gather(res, 1, order)

@@ -58,8 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mlafuzz.kernels.checks import CONVERT_REJECTS, check_convert_args, check_dcp_filter_args
-from mlafuzz.kernels.revisions import filter_compacts
+from mlafuzz.kernels.checks import CONVERT_REJECTS, check_convert_args, check_dcp_filter_args, check_release_args
+from mlafuzz.kernels.revisions import compacts_counted, filter_compacts
 
 __all__ = ["convert", "filter_and_convert_dcp", "CONVERT_REJECTS", "INTERPRETED", "pick_tile"]
 
@@ -104,8 +104,11 @@ _RUNTIME_SCALARS = [
     "dcp_size",
     "dcp_rank",
     "interleave",
+    "rank_stride",
+    "num_idx",
+    "has_idx",
 ]
-_SCALAR_POINTERS = ["req_id_ptr", "valid_counts_ptr", "prefill_ids_ptr", "prefill_starts_ptr"]
+_SCALAR_POINTERS = ["req_id_ptr", "valid_counts_ptr", "prefill_ids_ptr", "prefill_starts_ptr", "idx_mapping_ptr"]
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SCALARS, do_not_specialize_on_alignment=_SCALAR_POINTERS)
@@ -117,6 +120,7 @@ def _convert_kernel(
     valid_counts_ptr,
     prefill_ids_ptr,
     prefill_starts_ptr,
+    idx_mapping_ptr,  # SPEC 10 (vLLM 0.33.0): each request's table row, when has_idx
     num_reqs,  # R: rows of block_table
     max_blocks,  # M: columns of block_table
     num_prefill_starts,  # len(prefill_workspace_starts)
@@ -136,6 +140,9 @@ def _convert_kernel(
     dcp_size,  # SPEC 9.4 (when DCP): ranks
     dcp_rank,  # this rank
     interleave,  # tokens per rank in turn (cp_kv_cache_interleave_size)
+    rank_stride,  # (when DCP) rows per rank of the gathered prefill workspace
+    num_idx,  # len(idx_mapping)
+    has_idx,  # idx_mapping given (0 / 1)
     K: tl.constexpr,
     TILE: tl.constexpr,
     BS_POW2: tl.constexpr,
@@ -145,6 +152,11 @@ def _convert_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_id_ptr + row * req_stride)
+    # Through idx_mapping the table row is max(idx_mapping[req], 0); a req outside the mapping reads
+    # nothing (-1: no table row), as a req outside the table does.
+    idx_ok = (req >= 0) & (req < num_idx) & (has_idx != 0)
+    mapped = tl.maximum(tl.load(idx_mapping_ptr + tl.where(idx_ok, req, 0).to(tl.int64), mask=idx_ok, other=-1), 0)
+    req = tl.where(has_idx != 0, tl.where(idx_ok, mapped, -1), req)
     req_ok = (req >= 0) & (req < num_reqs)
     # Clamp so the row pointer is in bounds even when req is not; loads from it
     # are masked with req_ok anyway.
@@ -179,10 +191,15 @@ def _convert_kernel(
         # negative token never becomes a table index.
         tok_s = tl.where(nonneg, tok, 0)
         tok_l = tok_s  # the index into this rank's share of the request (all of it without DCP)
+        pref_val = pref_start + tok_s
         if DCP:
             group = tok_s // interleave
+            owner = group % dcp_size
             tok_l = (group // dcp_size) * interleave + tok_s % interleave
-            nonneg = nonneg & (group % dcp_size == dcp_rank)  # another rank's token: invalid
+            # Another rank's decode token is invalid; a prefill token of any rank sits in the
+            # rank-major all-gathered workspace (vLLM 0.30.0's plain convert).
+            nonneg = nonneg & ((owner == dcp_rank) | is_prefill)
+            pref_val = owner * rank_stride + pref_start + tok_l
         if BS_POW2:
             blk = tok_l >> block_shift
             off = tok_l & (block_size - 1)
@@ -200,7 +217,7 @@ def _convert_kernel(
             other=0,
         )
         # int32, wrapping like vLLM's `block_table[req, blk] * BLOCK_SIZE + off`.
-        val = tl.where(is_prefill, pref_start + tok_s, base * block_stride + off)
+        val = tl.where(is_prefill, pref_val, base * block_stride + off)
         if COMPACT:
             # Valid column j of this tile goes to the row's count so far plus its rank among the
             # tile's valid columns: distinct slots, all below the row's final count.
@@ -244,6 +261,12 @@ def convert(
     COMPACT_TO_FRONT: bool = False,
     out: torch.Tensor | None = None,
     valid_counts_out: torch.Tensor | None = None,
+    revision: str | None = None,
+    idx_mapping: torch.Tensor | None = None,
+    prefill_workspace_rank_stride: int | None = None,
+    dcp_size: int = 1,
+    dcp_rank: int = 0,
+    cp_kv_cache_interleave_size: int = 1,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Map request-local top-k indices to global cache slots (SPEC §3, §7 for the options).
 
@@ -256,6 +279,10 @@ def convert(
     need a device sync. ``BLOCK_STRIDE_ROWS`` and ``COMPACT_TO_FRONT``: see
     the module docstring. ``out`` / ``valid_counts_out`` (SPEC 9.2): the caller's buffers
     (any row stride), every element written and returned; the counts only when returned.
+    ``revision``: the contract revision whose ``convert_counted`` rule it follows (``compact``, vLLM
+    0.30.0 on: a counted row compacted as by COMPACT_TO_FRONT); None: in place. The releases'
+    arguments (SPEC 10): ``idx_mapping`` and the DCP layout (``dcp_size`` > 1 runs the kernel's
+    DCP variant: another rank's decode token -1, a prefill token in the rank-major workspace).
     """
     check_convert_args(
         req_id,
@@ -270,6 +297,14 @@ def convert(
         BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
         out=out,
         valid_counts_out=valid_counts_out,
+    )
+    d, rank, inter, rank_stride = check_release_args(
+        idx_mapping=idx_mapping,
+        dcp_size=dcp_size,
+        dcp_rank=dcp_rank,
+        interleave=cp_kv_cache_interleave_size,
+        rank_stride=prefill_workspace_rank_stride,
+        device=token_indices.device,
     )
     n, k = token_indices.shape
     device = token_indices.device
@@ -306,7 +341,10 @@ def convert(
         prefill_workspace_starts=prefill_workspace_starts,
         grid_rows=n,
         BLOCK_STRIDE_ROWS=BLOCK_STRIDE_ROWS,
-        COMPACT_TO_FRONT=bool(COMPACT_TO_FRONT),
+        COMPACT_TO_FRONT=bool(COMPACT_TO_FRONT) or (bool(return_valid_counts) and compacts_counted(revision)),
+        DCP=(d, rank, inter) if d > 1 else None,  # D = 1: every token is this rank's, at its own index
+        idx_mapping=idx_mapping,
+        rank_stride=rank_stride,
     )
     return _returned(out, counts, given, given_counts)
 
@@ -382,12 +420,15 @@ def launch(
     BLOCK_STRIDE_ROWS: int | None = None,
     COMPACT_TO_FRONT: bool = False,
     DCP: tuple[int, int, int] | None = None,
+    idx_mapping: torch.Tensor | None = None,
+    rank_stride: int = 0,
 ) -> None:
     """Launch the kernel over ``grid_rows`` rows with no checks (``convert`` checks first).
 
     Separate so that planted-bug variants (kernels/mutants.py) can reproduce
     launch mistakes, such as a grid sized from req_id rather than from out. ``DCP``: (dcp_size,
-    dcp_rank, interleave) of SPEC 9.4's filter, None for the plain convert.
+    dcp_rank, interleave) of SPEC 9.4's filter, or of the plain convert's DCP arguments (SPEC 10,
+    with ``rank_stride`` for its prefill rows); None: no DCP. ``idx_mapping``: SPEC 10's.
     """
     n, k = token_indices.shape
     return_valid_counts = counts is not None
@@ -407,6 +448,7 @@ def launch(
         counts_arg,
         ids,
         starts,
+        idx_mapping if idx_mapping is not None else req_id,
         num_reqs,
         max_blocks,
         starts.shape[0],
@@ -424,6 +466,9 @@ def launch(
         int(has_prefill),
         int(return_valid_counts),
         *(DCP or (1, 0, 1)),
+        rank_stride,
+        0 if idx_mapping is None else idx_mapping.shape[0],
+        int(idx_mapping is not None),
         K=k,
         TILE=pick_tile(k, BLOCK_N),
         BS_POW2=BLOCK_SIZE & (BLOCK_SIZE - 1) == 0,

@@ -43,6 +43,23 @@ Later options (SPEC section 7), keyword-only, off by default:
   harness must compare compacted rows as multisets: `rows_as_sets_equal`.
   Validity is still decided on the inputs, so a valid value that wrapped to
   -1 sits in the prefix and counts.
+
+What vLLM's releases added to the plain convert (SPEC 10; read from the 0.30.0, 0.33.0 and 0.34.0
+wheels), keyword-only, each a no-op at its default:
+
+- ``idx_mapping`` (0.33.0; int32 [num_requests]): a decode row reads table row
+  ``max(idx_mapping[req], 0)`` instead of ``req``; a negative entry reads row 0, not nothing.
+  The host checks only its dtype and contiguity, so a req outside the mapping, or a mapped row
+  outside the table, is an undefined row as above. Prefill rows never read the table.
+- the DCP arguments (0.30.0): ``dcp_size`` D (default 1), ``dcp_rank`` (0),
+  ``dcp_interleave`` I (vLLM's ``cp_kv_cache_interleave_size``, 1) and
+  ``prefill_rank_stride`` (vLLM's ``prefill_workspace_rank_stride``; its None launches as 0).
+  A token t >= 0 belongs to rank ``owner = (t // I) % D`` at ``local = (t // (D*I)) * I + t % I``,
+  and every bound and offset is taken on ``local``: blk = local // bs, off = local % bs, and
+  0 <= blk < M must hold on every row. A decode token another rank owns is invalid. A prefill
+  token is valid whichever rank owns it, at ``owner * prefill_rank_stride +
+  prefill_workspace_starts[p] + local`` (the workspace is the rank-major all-gather of every
+  rank's shard). With D = 1 every token is rank 0's and local, so this is the rule above.
 """
 
 from __future__ import annotations
@@ -75,10 +92,17 @@ def _check(
     prefill_workspace_request_ids: Tensor | None,
     prefill_workspace_starts: Tensor | None,
     block_stride_rows: int | None,
+    idx_mapping: Tensor | None = None,
+    dcp: tuple[int, int, int] = (1, 0, 1),
 ) -> int:
     """Check the call; return the effective block stride in rows."""
     if block_size < 1:
         raise ValueError(f"block_size={block_size}: must be >= 1")
+    size, rank, interleave = dcp
+    if size < 1 or not 0 <= rank < size or interleave < 1:
+        raise ValueError(f"dcp_size={size}, dcp_rank={rank}, dcp_interleave={interleave}: need 0 <= rank < size, >= 1")
+    if idx_mapping is not None and idx_mapping.dim() != 1:
+        raise ValueError(f"idx_mapping.shape={tuple(idx_mapping.shape)}: expected [num_requests]")
     stride = block_size if block_stride_rows is None else block_stride_rows
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
         raise ValueError(f"block_stride_rows={block_stride_rows!r}: must be None or an int >= 1")
@@ -112,10 +136,15 @@ def convert_loop(
     prefill_workspace_starts: Tensor | None = None,
     block_stride_rows: int | None = None,
     compact_to_front: bool = False,
+    idx_mapping: Tensor | None = None,
+    dcp_size: int = 1,
+    dcp_rank: int = 0,
+    dcp_interleave: int = 1,
+    prefill_rank_stride: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """SPEC section 3, cell by cell in Python ints. Returns (out int32 [N, K],
     valid_counts int32 [N]) on the CPU. See the module docstring for the
-    int32 wraparound and undefined-row readings and the two options."""
+    int32 wraparound and undefined-row readings, the options and the releases' arguments."""
     stride = _check(
         req_id=req_id,
         block_table=block_table,
@@ -125,7 +154,11 @@ def convert_loop(
         prefill_workspace_request_ids=prefill_workspace_request_ids,
         prefill_workspace_starts=prefill_workspace_starts,
         block_stride_rows=block_stride_rows,
+        idx_mapping=idx_mapping,
+        dcp=(dcp_size, dcp_rank, dcp_interleave),
     )
+    mapping = idx_mapping.tolist() if idx_mapping is not None else None
+    d, inter = dcp_size, dcp_interleave
     table = block_table.tolist()
     n_req, n_blk = block_table.shape
     toks = token_indices.tolist()
@@ -136,24 +169,28 @@ def convert_loop(
     counts: list[int] = []
     for i, row in enumerate(toks):
         is_prefill = pw_ids is not None and pw_ids[i] >= 0
+        req = reqs[i]
+        if mapping is not None:  # the table row is the mapping's, a negative entry row 0
+            req = max(mapping[req], 0) if 0 <= req < len(mapping) else -1
         if is_prefill:
             defined = pw_ids[i] < len(pw_starts)
         else:
-            defined = 0 <= reqs[i] < n_req
+            defined = 0 <= req < n_req
         out_row: list[int] = []
         kept: list[int] = []  # the valid values, in column order
         for tok in row:
             if not defined or tok < 0:
                 out_row.append(-1)
                 continue
-            blk, off = tok // block_size, tok % block_size
-            if not 0 <= blk < n_blk:
+            owner, local = (tok // inter) % d, (tok // (d * inter)) * inter + tok % inter
+            blk, off = local // block_size, local % block_size
+            if not 0 <= blk < n_blk or (owner != dcp_rank and not is_prefill):
                 out_row.append(-1)
                 continue
             if is_prefill:
-                value = pw_starts[pw_ids[i]] + tok
+                value = owner * prefill_rank_stride + pw_starts[pw_ids[i]] + local
             else:
-                value = table[reqs[i]][blk] * stride + off
+                value = table[req][blk] * stride + off
             out_row.append(wrap_int32(value))
             kept.append(wrap_int32(value))
         if compact_to_front:
@@ -174,12 +211,13 @@ def convert_undefined_rows(
     has_prefill_workspace: bool = False,
     prefill_workspace_request_ids: Tensor | None = None,
     prefill_workspace_starts: Tensor | None = None,
+    idx_mapping: Tensor | None = None,
 ) -> Tensor:
     """bool [N]: rows whose result SPEC leaves undefined (the kernel would
-    read outside block_table or prefill_workspace_starts). On req_id's
+    read outside block_table, idx_mapping or prefill_workspace_starts). On req_id's
     device."""
     n_req = block_table.shape[0]
-    req = req_id.reshape(-1).to(torch.int64)
+    req = _table_rows(req_id.reshape(-1).to(torch.int64), idx_mapping)
     bad_req = (req < 0) | (req >= n_req)
     if not has_prefill_workspace:
         return bad_req
@@ -188,6 +226,17 @@ def convert_undefined_rows(
     is_prefill = pw >= 0
     bad_pw = pw >= prefill_workspace_starts.numel()
     return torch.where(is_prefill, bad_pw, bad_req)
+
+
+def _table_rows(req: Tensor, idx_mapping: Tensor | None) -> Tensor:
+    """Each row's block-table row: ``req``, or through ``idx_mapping`` ``max(idx_mapping[req], 0)``
+    (-1, undefined, where req is outside the mapping)."""
+    if idx_mapping is None:
+        return req
+    m = idx_mapping.reshape(-1).to(req.device, torch.int64)
+    inside = (req >= 0) & (req < m.numel())
+    mapped = m[req.clamp(0, max(m.numel() - 1, 0))].clamp(min=0) if m.numel() else torch.zeros_like(req)
+    return torch.where(inside, mapped, torch.full_like(req, -1))
 
 
 def convert(
@@ -201,6 +250,11 @@ def convert(
     prefill_workspace_starts: Tensor | None = None,
     block_stride_rows: int | None = None,
     compact_to_front: bool = False,
+    idx_mapping: Tensor | None = None,
+    dcp_size: int = 1,
+    dcp_rank: int = 0,
+    dcp_interleave: int = 1,
+    prefill_rank_stride: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Vectorized SPEC section 3 on token_indices' device; bit-identical to
     `convert_loop`. Indices are clamped before gathering only so that the
@@ -214,24 +268,33 @@ def convert(
         prefill_workspace_request_ids=prefill_workspace_request_ids,
         prefill_workspace_starts=prefill_workspace_starts,
         block_stride_rows=block_stride_rows,
+        idx_mapping=idx_mapping,
+        dcp=(dcp_size, dcp_rank, dcp_interleave),
     )
     dev = token_indices.device
     n, k = token_indices.shape
     n_req, n_blk = block_table.shape
     tok = token_indices.to(torch.int64)
-    req = req_id.to(dev, torch.int64)
+    req = _table_rows(req_id.to(dev, torch.int64), idx_mapping)
     table = block_table.to(dev, torch.int64)
 
-    blk = torch.div(tok, block_size, rounding_mode="floor")
-    off = tok - blk * block_size
+    # DCP: each token's owner and its index in that rank's share (t itself with D = 1).
+    t = tok.clamp(min=0)
+    group = torch.div(t, dcp_interleave, rounding_mode="floor")
+    owner = group % dcp_size
+    local = torch.div(group, dcp_size, rounding_mode="floor") * dcp_interleave + t % dcp_interleave
+    blk = torch.div(local, block_size, rounding_mode="floor")
+    off = local - blk * block_size
     invalid = (tok < 0) | (blk < 0) | (blk >= n_blk)
     undefined = convert_undefined_rows(
-        req_id=req,
+        req_id=req_id.to(dev, torch.int64),
         block_table=block_table,
         has_prefill_workspace=has_prefill_workspace,
         prefill_workspace_request_ids=prefill_workspace_request_ids,
         prefill_workspace_starts=prefill_workspace_starts,
+        idx_mapping=idx_mapping,
     )
+    remote = owner != dcp_rank  # invalid on a decode row only
 
     if n_req > 0 and n_blk > 0:
         rows = req.clamp(0, n_req - 1).unsqueeze(1).expand(n, k)
@@ -248,9 +311,11 @@ def convert(
             ws = starts[pw.clamp(0, starts.numel() - 1)]
         else:
             ws = torch.zeros_like(pw)
-        value = torch.where((pw >= 0).unsqueeze(1), ws.unsqueeze(1) + tok, value)
+        prefill_value = owner * prefill_rank_stride + ws.unsqueeze(1) + local
+        value = torch.where((pw >= 0).unsqueeze(1), prefill_value, value)
+        remote = remote & (pw < 0).unsqueeze(1)
 
-    invalid = invalid | undefined.unsqueeze(1)
+    invalid = invalid | remote | undefined.unsqueeze(1)
     out = torch.where(invalid, torch.full_like(value, -1), _wrap_int32_tensor(value))
     counts = (~invalid).sum(dim=1)
     if compact_to_front:

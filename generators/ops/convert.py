@@ -21,6 +21,8 @@ from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Deployment, Drawer, Knobs, draw_paging, sized, table_width, tile_total
 from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.invalid import InvalidClass, with_
+from mlafuzz.generators.ops import convert_releases as releases
+from mlafuzz.generators.ops.convert_releases import ConvertDcp, IdxMapping
 from mlafuzz.generators.reduce import (
     attempt,
     drop_each,
@@ -93,6 +95,8 @@ class ConvertSpec:
     block_stride_rows: int | None = None  # SPEC 7 BLOCK_STRIDE_ROWS: rows per block slot (None: not passed)
     compact: bool = False  # SPEC 7 COMPACT_TO_FRONT: valid slots packed at each row's front
     caller_out: CallerOut | None = None  # SPEC 9.2: out= / valid_counts_out= given (None: not passed)
+    idx_mapping: IdxMapping | None = None  # SPEC 10 (vLLM 0.33.0): rows read the table through a mapping
+    dcp: ConvertDcp | None = None  # SPEC 10 (vLLM 0.30.0): the plain convert's DCP arguments
 
     def __post_init__(self) -> None:
         coerce_tuple(self, "requests", ConvertRequest)
@@ -153,7 +157,7 @@ def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
     return ConvertSpec(
         requests=tuple(requests),
         paging=paging,
-        topk=block_n * dep.choice("topk_multiple", knobs.topk_multiples),
+        topk=block_n * dep.choice("topk_multiple", knobs.topk_multiples + knobs.odd_topk_multiples),
         block_n=block_n,
         topk_mode=d.choice(list(TopkMode)),
         prefill_workspace=prefill_workspace,
@@ -165,6 +169,9 @@ def draw(d: Drawer, knobs: Knobs) -> ConvertSpec:
         block_stride_rows=(bs + dep.integer("stride_extra", 0, bs + 7)) if dep.boolean("block_stride") else None,
         compact=dep.boolean("compact"),
         caller_out=draw_caller_out(d),
+        # Last, so that every earlier draw of a seed is what it was before these arguments existed.
+        idx_mapping=releases.draw_idx_mapping(d, dep),
+        dcp=releases.draw_dcp(d, dep, prefill=any(r.prefill and r.num_tokens for r in requests)),
     )
 
 
@@ -247,6 +254,11 @@ def materialize(spec: ConvertSpec, *, seed: int, device: str) -> Case:
     if spec.compact:
         params["COMPACT_TO_FRONT"] = True
     params.update(caller_out_params(spec.caller_out))
+    params.update(releases.release_params(spec.dcp))
+    if spec.idx_mapping is not None:  # the same slots, each row's table row reached through the mapping
+        tensors["idx_mapping"], tensors["req_id"] = releases.mapping_tensors(
+            spec.idx_mapping, seed=seed, owners=owners, requests=len(reqs), device=device
+        )
     if spec.caller_out is not None and spec.caller_out.steps == 2:
         tensors["prev_token_indices"] = step_before(indices, tokens=table.shape[1] * bs)
     return Case(
@@ -309,7 +321,9 @@ def features(spec: ConvertSpec) -> set[str]:
         out.add("stride:padded" if spec.block_stride_rows > spec.paging.block_size else "stride:block_size")
     if spec.compact:
         out.add("compact")
-    out |= caller_out_features(spec.caller_out)
+    if spec.topk & (spec.topk - 1):  # vLLM 0.31.0: one padded tile when counted (GLM's 2176)
+        out.add("topk:not-pow2")
+    out |= caller_out_features(spec.caller_out) | releases.features(spec.idx_mapping, spec.dcp)
     return out | view_features(spec.paging, table=spec.table_view, rows=spec.rows_view)
 
 
@@ -336,6 +350,7 @@ def needs(case: Case) -> frozenset[str]:
         frozenset({STRIDE} if "BLOCK_STRIDE_ROWS" in p else ())
         | frozenset({COMPACT} if p.get("COMPACT_TO_FRONT") else ())
         | frozenset({CALLER_OUT} if "out_steps" in p else ())
+        | releases.needs(case)
     )
 
 
@@ -348,6 +363,7 @@ def fit(spec: ConvertSpec, capabilities: frozenset[str]) -> ConvertSpec:
         changes["compact"] = False
     if spec.caller_out is not None and CALLER_OUT not in capabilities:
         changes["caller_out"] = None
+    changes.update(releases.fit(spec, capabilities))
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
@@ -377,6 +393,7 @@ def reduce(s: ConvertSpec) -> Iterator[ConvertSpec]:
     if s.compact:
         yield dataclasses.replace(s, compact=False)
     yield from caller_out_steps(s)
+    yield from releases.reduce(s)
     if s.block_stride_rows is not None:
         yield dataclasses.replace(s, block_stride_rows=None)
         if s.block_stride_rows != s.paging.block_size:

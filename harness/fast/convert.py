@@ -21,7 +21,7 @@ from mlafuzz.generators.case import Case
 from mlafuzz.harness.fast.convert_rows import convert_prefill, convert_rows_flag
 from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.memory.guards import Guarded
-from mlafuzz.harness.ops.convert import is_view_of
+from mlafuzz.harness.ops.convert import compacts, is_view_of
 from mlafuzz.harness.ops.convert import oracle_inputs as _inputs
 from mlafuzz.harness.ops.op import Outputs
 
@@ -65,7 +65,8 @@ def prefill(case: Case, guards: Mapping[str, Guarded], state: CaseState) -> bool
 
 
 def takes(case: Case) -> bool:
-    """Every case: caller-owned outputs (SPEC 9.2) too, through ``prefill``."""
+    """Every case: caller-owned outputs (SPEC 9.2) too, through ``prefill``, and vLLM's release
+    arguments (SPEC 10: ``idx_mapping``, the DCP arguments), which the fused kernel computes."""
     return True
 
 
@@ -102,7 +103,7 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
         same=caller,
         flag=flag,
         launchers=state.launchers,
-        compact=bool(p.get("COMPACT_TO_FRONT")),
+        compact=compacts(case),  # asked for, or counted under a revision whose rule compacts
         **_inputs(case),
     )
     return checked is not None

@@ -63,8 +63,23 @@ def _mix(v, key):
         "has_counts",
         "has_second",
         "same",
+        "num_idx",
+        "has_idx",
+        "dcp_size",
+        "dcp_rank",
+        "interleave",
+        "rank_stride",
     ],
-    do_not_specialize_on_alignment=["req_ptr", "table_ptr", "counts_ptr", "counts2_ptr", "pw_ptr", "ps_ptr", "bad_ptr"],
+    do_not_specialize_on_alignment=[
+        "req_ptr",
+        "table_ptr",
+        "counts_ptr",
+        "counts2_ptr",
+        "pw_ptr",
+        "ps_ptr",
+        "bad_ptr",
+        "idx_ptr",
+    ],
 )
 def _check_convert(
     req_ptr,
@@ -77,6 +92,7 @@ def _check_convert(
     pw_ptr,
     ps_ptr,
     bad_ptr,
+    idx_ptr,  # SPEC 10's idx_mapping (has_idx; else req's pointer, never read)
     num_reqs,
     max_blocks,
     num_starts,
@@ -92,15 +108,26 @@ def _check_convert(
     has_counts,  # 0 / 1: valid_counts is checked too
     has_second,  # 0 / 1: a re-run's out (and valid_counts) are checked too
     same,  # 0 / 1: a compacted row of the re-run must be the first run's bit for bit (a caller's buffer)
+    num_idx,  # SPEC 10: len(idx_mapping)
+    has_idx,  # 0 / 1: rows read the table through idx_mapping
+    dcp_size,  # SPEC 10: the plain convert's DCP arguments (1, 0, 1, 0: none)
+    dcp_rank,
+    interleave,
+    rank_stride,
     K: tl.constexpr,
     TILE: tl.constexpr,
     COMPACT: tl.constexpr,
     KEY1: tl.constexpr,
     KEY2: tl.constexpr,
     PREFILL: tl.constexpr,  # write the prefill instead of checking (``convert_prefill``)
+    DCP: tl.constexpr,  # dcp_size > 1: de-interleave each token (else no int64 division for it)
 ):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_ptr + row).to(tl.int64)
+    # idx_mapping: the table row is max(idx_mapping[req], 0); a req outside it reads no row (-1).
+    idx_ok = (req >= 0) & (req < num_idx) & (has_idx != 0)
+    mapped = tl.maximum(tl.load(idx_ptr + tl.where(idx_ok, req, 0), mask=idx_ok, other=-1).to(tl.int64), 0)
+    req = tl.where(has_idx != 0, tl.where(idx_ok, mapped, -1), req)
     row_ok = (req >= 0) & (req < num_reqs)
     pw = tl.load(pw_ptr + row, mask=has_prefill != 0, other=-1).to(tl.int64)
     is_pf = pw >= 0
@@ -118,12 +145,20 @@ def _check_convert(
     hi = row * 0 - 1
     for c0 in tl.range(0, K, TILE):
         c = c0 + cols
-        tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1).to(tl.int64)
+        inside = c < K  # K need not be a multiple of the tile (vLLM 0.31.0 pads such a row to one)
+        tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1, mask=inside, other=-1).to(tl.int64)
         nonneg = tok >= 0
         t0 = tl.where(nonneg, tok, 0)
-        blk = t0 // block_size
-        off = t0 - blk * block_size
-        valid = nonneg & (blk < max_blocks) & row_ok
+        owner = t0 * 0  # DCP: the owner and the index in its share (rank 0 and t0 itself with D = 1)
+        local = t0
+        if DCP:
+            group = t0 // interleave
+            owner = group % dcp_size
+            local = (group // dcp_size) * interleave + t0 % interleave
+        blk = local // block_size
+        off = local - blk * block_size
+        # another rank's decode token is invalid; a prefill token of any rank is valid
+        valid = nonneg & (blk < max_blocks) & row_ok & ((owner == dcp_rank) | is_pf)
         # `!= False`: a bool mask under the CPU interpreter, where the scalars row_ok and is_pf  # noqa: E712 (a bool mask: see above)
         # broadcast into integer arrays, which Triton >= 3.7's interpreter rejects as a mask;
         # compiled, the i1 compare folds away.
@@ -132,7 +167,7 @@ def _check_convert(
             mask=(valid & ~is_pf) != False,
             other=0,
         ).to(tl.int64)  # noqa: E712 (a bool mask: see above)
-        value = tl.where(is_pf, start + tok, base * block_stride + off)
+        value = tl.where(is_pf, owner * rank_stride + start + local, base * block_stride + off)
         expected = tl.where(valid, value.to(tl.int32), -1)
         if PREFILL:
             lo = tl.minimum(lo, tl.min(expected.to(tl.int64), axis=0))
@@ -141,8 +176,8 @@ def _check_convert(
             sig1 += tl.sum(tl.where(valid, _mix(expected, KEY1), 0), axis=0)
             sig2 += tl.sum(tl.where(valid, _mix(expected, KEY2), 0), axis=0)
         else:
-            actual = tl.load(out_ptr + row * out_s0 + c)
-            actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two, other=0)
+            actual = tl.load(out_ptr + row * out_s0 + c, mask=inside, other=-1)
+            actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two & inside, other=-1)
             bad += tl.sum((expected != actual).to(tl.int32), axis=0)
             bad += tl.sum((two & (expected != actual2)).to(tl.int32), axis=0)
         valid_n += tl.sum(valid.to(tl.int32), axis=0)
@@ -152,7 +187,7 @@ def _check_convert(
         # the row expects both int32 extremes: then "cannot tell" (2) instead of a weaker prefill.
         fill = tl.where(lo > -2147483648, lo - 1, hi + 1).to(tl.int32)
         for c0 in tl.range(0, K, TILE):
-            tl.store(out_ptr + row * out_s0 + c0 + cols, tl.zeros([TILE], dtype=tl.int32) + fill)
+            tl.store(out_ptr + row * out_s0 + c0 + cols, tl.zeros([TILE], dtype=tl.int32) + fill, mask=c0 + cols < K)
         # -1 - n: not the count, nor what adding the count into it leaves (the zeroing forgotten)
         tl.store(counts_ptr + row, -1 - valid_n, mask=has_counts != 0)
         tl.store(bad_ptr, 2, mask=(lo == -2147483648) & (hi == 2147483647))
@@ -162,8 +197,8 @@ def _check_convert(
             sig2b = sig2
             for c0 in tl.range(0, K, TILE):
                 c = c0 + cols
-                actual = tl.load(out_ptr + row * out_s0 + c)
-                actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two, other=-1)
+                actual = tl.load(out_ptr + row * out_s0 + c, mask=c < K, other=-1)
+                actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two & (c < K), other=-1)
                 front = c < valid_n
                 sig1 -= tl.sum(tl.where(front, _mix(actual, KEY1), 0), axis=0)
                 sig2 -= tl.sum(tl.where(front, _mix(actual, KEY2), 0), axis=0)
@@ -207,6 +242,7 @@ def _launch(
     num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
     counts = valid_counts if valid_counts is not None else out
     out2, counts2 = second if second is not None else (out, counts)
+    idx = inputs.get("idx_mapping")
     args = (
         req_id.contiguous(),
         block_table,
@@ -218,6 +254,7 @@ def _launch(
         pw.contiguous(),
         ps.contiguous(),
         bad,
+        idx.contiguous() if idx is not None else req_id,
         block_table.shape[0],
         block_table.shape[1],
         num_starts,
@@ -233,14 +270,28 @@ def _launch(
         int(valid_counts is not None),
         int(second is not None),
         int(same),
+        idx.numel() if idx is not None else 0,
+        int(idx is not None),
+        inputs.get("dcp_size", 1),
+        inputs.get("dcp_rank", 0),
+        inputs.get("dcp_interleave", 1),
+        inputs.get("prefill_rank_stride", 0),
     )
-    consts = {"K": k, "TILE": tile, "COMPACT": bool(compact), "KEY1": _KEYS[0], "KEY2": _KEYS[1], "PREFILL": prefill}
+    consts = {
+        "K": k,
+        "TILE": tile,
+        "COMPACT": bool(compact),
+        "KEY1": _KEYS[0],
+        "KEY2": _KEYS[1],
+        "PREFILL": prefill,
+        "DCP": inputs.get("dcp_size", 1) > 1,
+    }
     (launchers or Launchers())(_check_convert)(n, args, consts)
 
 
 def _reads(token_indices: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, valid_counts) -> bool:
     """Whether the kernel reads this layout: int32 ``out`` [N, K] and ``valid_counts`` [N] on the
-    indices' device, a block table to index and K a multiple of its tile (empty rows aside)."""
+    indices' device and a block table to index (empty rows aside); any K (a last tile is masked)."""
     n, k = token_indices.shape
     if out.shape != (n, k) or out.dtype != torch.int32 or out.device != token_indices.device:
         return False
@@ -248,7 +299,7 @@ def _reads(token_indices: torch.Tensor, block_table: torch.Tensor, out: torch.Te
         valid_counts.shape != (n,) or valid_counts.dtype != torch.int32 or valid_counts.device != token_indices.device
     ):
         return False
-    return n == 0 or k == 0 or (block_table.numel() > 0 and k % min(triton.next_power_of_2(k), 1024) == 0)
+    return n == 0 or k == 0 or block_table.numel() > 0
 
 
 def convert_rows_flag(

@@ -4,7 +4,8 @@ SPEC section 7's options reach the call only when the case has them (``BLOCK_STR
 ``COMPACT_TO_FRONT`` in its params), so an implementation without them is called exactly as
 before; ``needs`` and ``fit`` keep such cases away from it. A compacted ``out`` is compared row
 by row as a multiset with a -1 tail (``row_sets``, the comparator's row-set mode), valid_counts
-exactly.
+exactly. A row is compacted when the case passes ``COMPACT_TO_FRONT``, or when it is counted and
+the case's revision's ``convert_counted`` rule is ``compact`` (vLLM 0.30.0 on: ``compacts``).
 
 Caller-owned outputs (SPEC 9.2, the ``caller_out`` capability): in a case with ``out_steps`` in
 its params, ``out`` and ``valid_counts`` are guarded outputs (harness/memory/guards.py, as
@@ -24,11 +25,28 @@ import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.ops import convert as gen
+from mlafuzz.generators.ops.convert_releases import DCP_PARAMS
 from mlafuzz.generators.spec import Paging, TopkMode
 from mlafuzz.harness.memory.guards import Guarded, guarded_set
 from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
+from mlafuzz.harness.ops.revision_hint import hint_revision
+from mlafuzz.oracles import revisions
 from mlafuzz.oracles.convert import rows_as_sets_equal
 from mlafuzz.reports.findings import Finding, Kind
+
+#: convert_counted rule -> whether a counted row is compacted (SPEC 10: vLLM 0.30.0 launches the
+#: kernel with COMPACT_TO_FRONT = return_valid_counts). A rule value missing here is KeyError.
+COUNTED = {"in_place": False, "compact": True}
+
+
+def compacts(case: Case) -> bool:
+    """Whether the case's ``out`` rows are compacted: asked for (``COMPACT_TO_FRONT``), or counted
+    under a revision whose ``convert_counted`` rule compacts."""
+    p = case.params
+    if p.get("COMPACT_TO_FRONT"):
+        return True
+    rule = revisions.get(p.get("revision") or revisions.newest()).rule("convert_counted")
+    return bool(p["return_valid_counts"]) and COUNTED[rule]
 
 
 def guarded(case: Case, fill: int) -> dict[str, Guarded]:
@@ -71,6 +89,14 @@ def outputs(res: Any, counts: bool) -> Outputs:
     return {"out": res}
 
 
+def release_args(case: Case, t: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords of vLLM's releases the case passes (SPEC 10): ``idx_mapping`` and the DCP
+    arguments, by vLLM's names; none where the case has none."""
+    p = case.params
+    out = {k: p[k] for k in DCP_PARAMS if k in p}
+    return out | ({"idx_mapping": t["idx_mapping"]} if t.get("idx_mapping") is not None else {})
+
+
 def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], Callable]) -> Outputs:
     p = case.params
     options = {k: p[k] for k in ("BLOCK_STRIDE_ROWS", "COMPACT_TO_FRONT") if k in p}
@@ -89,6 +115,7 @@ def invoke(fn: Callable, case: Case, t: Mapping[str, Any], sub: Callable[[str], 
             return_valid_counts=p["return_valid_counts"],
             **options,
             **caller_outputs(s),
+            **release_args(case, s),
         )
     return outputs(res, p["return_valid_counts"])
 
@@ -209,6 +236,12 @@ def oracle_inputs(case: Case) -> dict[str, Any]:
         prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
         prefill_workspace_starts=t["prefill_workspace_starts"],
         block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
+        # SPEC 10: vLLM's releases' arguments, at their defaults where the case passes none
+        idx_mapping=t.get("idx_mapping"),
+        dcp_size=p.get("dcp_size", 1),
+        dcp_rank=p.get("dcp_rank", 0),
+        dcp_interleave=p.get("cp_kv_cache_interleave_size", 1),
+        prefill_rank_stride=p.get("prefill_workspace_rank_stride") or 0,  # vLLM launches None as 0
     )
 
 
@@ -217,7 +250,7 @@ def _both(case: Case, *, loop: bool) -> tuple[Any, Any]:
     from mlafuzz.oracles import convert as oc
 
     fn = oc.convert_loop if loop else oc.convert
-    return fn(**oracle_inputs(case), compact_to_front=bool(case.params.get("COMPACT_TO_FRONT")))
+    return fn(**oracle_inputs(case), compact_to_front=compacts(case))
 
 
 def _oracle(loop: bool) -> Callable[[Case], Outputs]:
@@ -231,12 +264,37 @@ def _oracle(loop: bool) -> Callable[[Case], Outputs]:
 def row_sets(case: Case, expected: Mapping[str, Any]) -> Mapping[str, Any]:
     """A compacted ``out`` is a multiset per row (its order is unspecified): the comparator gets the
     oracle's count of each row's valid prefix. valid_counts itself stays an exact comparison."""
-    if not case.params.get("COMPACT_TO_FRONT"):
+    if not compacts(case):
         return {}
     counts = expected.get("valid_counts")
     if counts is None:  # not asked of the implementation, still the length of each row's prefix
         counts = _both(case, loop=False)[1]
     return {"out": counts}
+
+
+_caller_review = caller_review(lambda case: _both(case, loop=False), compacts)
+
+
+def _same_rows(case: Case, expected: Any, actual: Any) -> bool:
+    """``actual`` is ``expected`` as the case's revision judges it: row sets where rows compact."""
+    if not isinstance(actual, torch.Tensor) or tuple(actual.shape) != tuple(expected.shape):
+        return False
+    if not compacts(case):
+        return torch.equal(expected.cpu(), actual.detach().cpu().to(expected.dtype))
+    counts = _both(case, loop=False)[1]
+    return bool(rows_as_sets_equal(expected=expected, actual=actual, counts=counts).all())
+
+
+def _review(case: Case, call: Any, findings: list[Finding], ctx: Any) -> list[Finding]:
+    """The caller-owned outputs' review, then the revision hint: a counted ``out`` that another
+    revision's ``convert_counted`` rule makes (an in-place convert judged under ``compact``, or the
+    reverse) says which revision it matches (harness/ops/revision_hint.py)."""
+    findings = _caller_review(case, call, findings, ctx)
+    if not case.params["return_valid_counts"] or case.params.get("COMPACT_TO_FRONT"):
+        return findings  # the rule decides nothing here: every revision's oracle is the same
+    return hint_revision(
+        case, call, findings, oracle=_oracle(False), output="out", rule="convert_counted", same=_same_rows
+    )
 
 
 def _workload(impls: dict[str, Callable], *, tokens: int = 4096, k: int = 2048, bs: int = 64) -> Workload:
@@ -287,7 +345,7 @@ CONVERT = Op(
     fit=gen.fit,
     row_sets=row_sets,
     guarded=guarded,
-    review=caller_review(lambda case: _both(case, loop=False), lambda case: bool(case.params.get("COMPACT_TO_FRONT"))),
+    review=_review,
     linked=LINKED,
     call=CallShape(
         positional=("req_id", "block_table", "token_indices"),

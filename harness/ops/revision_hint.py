@@ -30,11 +30,19 @@ def _same_bytes(a: Any, b: Any) -> bool:
 
 
 def matching_revision(
-    case: Case, actual: Any, *, oracle: Callable[[Case], Mapping[str, Any]], output: str, rule: str
+    case: Case,
+    actual: Any,
+    *,
+    oracle: Callable[[Case], Mapping[str, Any]],
+    output: str,
+    rule: str,
+    same: Callable[[Case, Any, Any], bool] | None = None,
 ) -> str | None:
     """The other revision (by ``rule``'s value) whose oracle makes ``actual`` exactly, or None.
     Of the revisions with a value, the one that differs from the case's in the fewest rules is
-    named (the user changes one thing), the newest of those."""
+    named (the user changes one thing), the newest of those. ``same(case, expected, actual)``: how
+    that revision's case judges the output (default: byte for byte; a convert's compacted rows are
+    multisets)."""
     current = revisions.get(case.params.get("revision") or revisions.newest())
     seen = {current.rule(rule)}
 
@@ -46,11 +54,12 @@ def matching_revision(
         if value in seen:
             continue
         seen.add(value)
+        other = dataclasses.replace(case, params={**case.params, "revision": row.name})
         try:
-            expected = oracle(dataclasses.replace(case, params={**case.params, "revision": row.name}))[output]
+            expected = oracle(other)[output]
         except (KeyError, ValueError):  # a rule value this oracle does not implement
             continue
-        if _same_bytes(expected, actual):
+        if same(other, expected, actual) if same is not None else _same_bytes(expected, actual):
             return row.name
     return None
 
@@ -63,12 +72,15 @@ def hint_revision(
     oracle: Callable[[Case], Mapping[str, Any]],
     output: str,
     rule: str,
+    same: Callable[[Case, Any, Any], bool] | None = None,
 ) -> list[Finding]:
     """``findings`` with each mismatch of ``output`` saying which other revision it matches exactly."""
     if not any(f.kind in _HINTED and f.tensor == output for f in findings):
         return findings
     actual = (call.outputs or {}).get(output)
-    other = matching_revision(case, actual, oracle=oracle, output=output, rule=rule)
+    if not isinstance(actual, torch.Tensor):
+        return findings
+    other = matching_revision(case, actual, oracle=oracle, output=output, rule=rule, same=same)
     if other is None:
         return findings
     value = revisions.get(other).rule(rule)

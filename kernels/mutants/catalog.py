@@ -21,7 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from mlafuzz.kernels.builtins import CONVERT_OPTIONS, CUDA_GATHER_REJECTS, CUDA_WRITER_REJECTS, GATHER_OPTIONS
+from mlafuzz.kernels.builtins import (
+    CONVERT_OPTIONS,
+    CONVERT_RELEASE_OPTIONS,
+    CUDA_GATHER_REJECTS,
+    CUDA_WRITER_REJECTS,
+    GATHER_OPTIONS,
+)
 from mlafuzz.kernels.checks import (
     CONVERT_REJECTS,
     DCP_PEER_REJECTS,
@@ -32,7 +38,7 @@ from mlafuzz.kernels.checks import (
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.mutants.planner_bugs import PLANNER_MUTANTS
 from mlafuzz.kernels.mutants.step_bugs import STEP_MUTANTS
-from mlafuzz.kernels.revisions import FILTER_REVISIONS, WRITER_REVISIONS
+from mlafuzz.kernels.revisions import CONVERT_REVISIONS, FILTER_REVISIONS, WRITER_REVISIONS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -415,6 +421,45 @@ CATALOG: tuple[Mutant, ...] = (
         description="with out= and COMPACT_TO_FRONT, a second call through the same buffer writes none of"
         " its rows (reuse keyed on the buffer, not the step): the step before's compacted rows survive",
     ),
+    # --- SPEC 10: the convert as vLLM 0.30.0 on launches it (a counted row compacted) ---
+    Mutant(
+        op="convert",
+        name="convert_compact_hole",
+        bug="compact_hole",
+        kind="VALUE_MISMATCH",
+        group="vllm-reports",
+        description="a counted row compacted from every non-negative token before the table bound: a -1"
+        " inside the valid prefix (vLLM #58058, under the 0.30.0 rule that compacts counted rows)",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_compact_tail_unwritten",
+        bug="tail_unwritten",
+        kind="MISSING_WRITE",
+        capabilities=CONVERT_OPTIONS,
+        group="caller-out",
+        description="a compacted row stores only its prefix and leaves its tail to a -1 pre-fill the"
+        " caller's out= never had: the previous step's slots survive there (vLLM #51323's review)",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_idx_mapping_ignored",
+        bug="idx_mapping_ignored",
+        kind="VALUE_MISMATCH",
+        capabilities=CONVERT_RELEASE_OPTIONS,
+        group="releases",
+        description="takes idx_mapping (vLLM 0.33.0) and reads the block table by req_id as before",
+    ),
+    Mutant(
+        op="convert",
+        name="convert_rank_stride_ignored",
+        bug="rank_stride_ignored",
+        kind="VALUE_MISMATCH",
+        capabilities=CONVERT_RELEASE_OPTIONS,
+        group="releases",
+        description="takes prefill_workspace_rank_stride (vLLM 0.30.0) and drops it: another rank's"
+        " prefill token read from rank 0's part of the gathered workspace",
+    ),
     Mutant(
         op="dcp_peer",
         name="dcp_peer_out_stale_invalid",
@@ -587,14 +632,19 @@ def _prepare_cuda_bug(device: str) -> None:
         cuda_mutants.load_extension()
 
 
+#: The revisions an op's mutants without a pin follow, as ours do (by a keyword-only ``revision=``).
+_FOLLOWS = {
+    "writer": frozenset(WRITER_REVISIONS),
+    "convert": frozenset(CONVERT_REVISIONS),
+    "dcp": frozenset(FILTER_REVISIONS),
+}
+
+
 def _revisions(m: Mutant) -> frozenset[str] | None:
-    """What a mutant's entry follows: a writer mutant without a pin follows every revision its
-    scale rule does, a DCP filter's every revision (its D == 1 hand-off asks ``convert_counted``)."""
-    if m.revision is not None:
-        return None
-    if m.op == "writer":
-        return frozenset(WRITER_REVISIONS)
-    return frozenset(FILTER_REVISIONS) if m.op == "dcp" else None
+    """What a mutant's entry follows: a writer or convert mutant without a pin follows every
+    revision its op's rule has (a convert's: whether a counted row is compacted), a DCP filter's
+    every revision (its D == 1 hand-off asks ``convert_counted``)."""
+    return _FOLLOWS.get(m.op) if m.revision is None else None
 
 
 def _overwide_loader(device: str) -> Callable:
@@ -649,6 +699,7 @@ MUTANTS: tuple[ImplEntry, ...] = (
             rejects=CONVERT_REJECTS,
             expected_kind="OOB_WRITE",
             is_mutant=True,
+            revisions=_FOLLOWS["convert"],
             requires=("triton",),
             description="Triton kernel launched over req_id rows while out has token_indices rows (pre-#48642)",
         ),

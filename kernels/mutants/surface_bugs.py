@@ -55,6 +55,8 @@ def deliver(
     """The results into the caller's buffers where given (``valid``: the output elements that hold
     a valid value), with the caller-owned output bugs:
     ``stale_invalid`` stores only the valid columns (an invalid one keeps the buffer's last value),
+    ``tail_unwritten`` the same for a compacted row (its -1 tail left to a pre-fill the caller's
+    buffer never had; the caller of a torch variant gets ``valid``: the prefix only),
     ``row_minus1`` stores a row without a valid column at row -1, the padding sentinel (the
     flash-attention #2755 class), ``fresh_out`` fills the buffers but returns copies,
     ``counts_not_zeroed`` adds the counts into valid_counts_out without zeroing it first.
@@ -62,7 +64,7 @@ def deliver(
     if out is not None:
         if keep_out:
             pass
-        elif bug == "stale_invalid":
+        elif bug == "stale_invalid" or bug == "tail_unwritten":
             out[valid] = res[valid]
         elif bug == "row_minus1":
             empty = ~valid.reshape(res.shape[0], -1).any(dim=1) if res.numel() else torch.zeros(0, dtype=torch.bool)
@@ -81,6 +83,20 @@ def deliver(
             valid_counts_out.copy_(counts)
         counts = valid_counts_out.clone() if bug == "fresh_out" else valid_counts_out
     return res, counts
+
+
+# --- the convert's arguments from vLLM's releases (SPEC 10) --------------------------------------
+
+#: bug -> the keyword the planted convert takes and drops: ``idx_mapping_ignored`` reads the table by
+#: req_id (vLLM 0.33.0's mapping taken and never applied); ``rank_stride_ignored`` puts every rank's
+#: prefill tokens in rank 0's part of the gathered workspace (vLLM 0.30.0's rank stride dropped).
+RELEASE_BUGS = {"idx_mapping_ignored": "idx_mapping", "rank_stride_ignored": "prefill_workspace_rank_stride"}
+
+
+def convert_release(bug: str, *args, **kwargs):
+    """Our torch convert with the keyword of ``RELEASE_BUGS[bug]`` accepted and dropped."""
+    kwargs.pop(RELEASE_BUGS[bug], None)
+    return convert_torch(*args, **kwargs)
 
 
 # --- DCP (SPEC 9.4) -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from mlafuzz.kernels.checks import (
     check_gather_values,
 )
 from mlafuzz.kernels.mutants import surface_bugs
-from mlafuzz.kernels.revisions import pow2_scale
+from mlafuzz.kernels.revisions import compacts_counted, pow2_scale
 
 FLT_MIN = torch.finfo(torch.float32).tiny
 
@@ -58,7 +58,10 @@ def _convert(
     out=None,
     valid_counts_out=None,
     last: surface_bugs.LastOut | None = None,
+    revision: str | None = None,
 ):
+    # Compacted when asked, or counted under a revision whose convert_counted rule compacts (as ours).
+    compact = bool(COMPACT_TO_FRONT) or (bool(return_valid_counts) and compacts_counted(revision))
     if bug != "no_length_check":
         check_convert_args(
             req_id,
@@ -110,16 +113,21 @@ def _convert(
     # invalid_to_zero: an invalid column converted to 0 instead of -1 (vLLM #45324: block 0 attended)
     res = torch.where(valid, vals, torch.full_like(vals, 0 if bug == "invalid_to_zero" else -1)).to(torch.int32)[:n]
     filled = valid[:n]  # the output elements holding a valid value
-    if COMPACT_TO_FRONT:
-        res = _compact(res, valid[:n], tile=BLOCK_N if bug == "compact_tile_restart" else None)
+    if compact:
+        # compact_hole: the prefix packed from every non-negative token, before the table bound (vLLM
+        # #58058): a token past the table leaves its -1 inside the prefix, the count stays right.
+        packed = (tok[:n] >= 0) if bug == "compact_hole" else valid[:n]
+        res = _compact(res, packed, tile=BLOCK_N if bug == "compact_tile_restart" else None)
         filled = torch.arange(res.shape[1], device=res.device) < valid[:n].sum(dim=1, keepdim=True)
     counted = (token_indices != -1) if bug == "count_all" else valid[:n]
     counts = counted.sum(dim=1).to(torch.int32) if return_valid_counts else None
     # stale_compacted: a compacted call through the out= of the call before writes none of its rows
     # (a reuse check keyed on the caller's buffer, not on the step: SPEC 9.2's conversion cache)
     again = last is not None and out is not None and last.again(out)
-    keep = bug == "stale_compacted" and again and bool(COMPACT_TO_FRONT)
-    return surface_bugs.deliver(bug, res, counts, filled, out, valid_counts_out, keep_out=keep)
+    keep = bug == "stale_compacted" and again and compact
+    # tail_unwritten is a compacted row's bug: a row kept in place is stored whole.
+    planted = bug if compact or bug != "tail_unwritten" else "none"
+    return surface_bugs.deliver(planted, res, counts, filled, out, valid_counts_out, keep_out=keep)
 
 
 def _compact(out: torch.Tensor, valid: torch.Tensor, *, tile: int | None) -> torch.Tensor:
@@ -405,8 +413,11 @@ def _triton_overwide(
     prefill_workspace_request_ids=None,
     prefill_workspace_starts=None,
     return_valid_counts=False,
+    *,
+    revision: str | None = None,
 ):
-    """The pre-#48642 bug in the real Triton kernel: grid over req_id rows, out sized from token_indices."""
+    """The pre-#48642 bug in the real Triton kernel: grid over req_id rows, out sized from token_indices
+    (a counted row compacted as ours under ``revision``)."""
     from mlafuzz.kernels import triton_convert as tc
 
     n, k = token_indices.shape
@@ -425,6 +436,7 @@ def _triton_overwide(
             prefill_workspace_request_ids=prefill_workspace_request_ids,
             prefill_workspace_starts=prefill_workspace_starts,
             grid_rows=req_id.shape[0],
+            COMPACT_TO_FRONT=bool(return_valid_counts) and compacts_counted(revision),
         )
     return (out, counts) if return_valid_counts else out
 
@@ -445,6 +457,8 @@ def load(op: str, bug: str | None, *, revision: str | None = None) -> Callable:
         return functools.partial(_gather, bug, calls=Calls())
     if op == "convert" and bug == "stale_compacted":
         return functools.partial(_convert, bug, last=surface_bugs.LastOut())
+    if op == "convert" and bug in surface_bugs.RELEASE_BUGS:  # our torch convert, one argument dropped
+        return functools.partial(surface_bugs.convert_release, bug)
     if revision is not None:
         return functools.partial(FUNCS[op], bug, revision=revision)
     return functools.partial(FUNCS[op], bug)

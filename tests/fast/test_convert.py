@@ -16,6 +16,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mlafuzz.harness.fast.convert import convert_rows_flag  # noqa: E402
+from mlafuzz.harness.ops.convert import compacts, oracle_inputs  # noqa: E402
 from mlafuzz.oracles import convert as oc  # noqa: E402
 from mlafuzz.tests.support.helpers import (  # noqa: E402
     matches,
@@ -28,39 +29,17 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _check(case, out, counts, *, second=None, same=False) -> bool:
-    t, p = case.tensors, case.params
+    # The case's inputs as the op row hands them (SPEC 10's idx_mapping and DCP arguments included),
+    # its rows compacted where the case's revision or COMPACT_TO_FRONT says so.
     return matches(
         convert_rows_flag(
-            req_id=t["req_id"],
-            block_table=t["block_table"],
-            token_indices=t["token_indices"],
-            block_size=p["BLOCK_SIZE"],
-            has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
-            prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-            prefill_workspace_starts=t["prefill_workspace_starts"],
-            out=out,
-            valid_counts=counts,
-            block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
-            compact=bool(p.get("COMPACT_TO_FRONT")),
-            second=second,
-            same=same,
+            **oracle_inputs(case), out=out, valid_counts=counts, compact=compacts(case), second=second, same=same
         )
     )
 
 
 def _oracle(case):
-    t, p = case.tensors, case.params
-    return oc.convert(
-        req_id=t["req_id"],
-        block_table=t["block_table"],
-        token_indices=t["token_indices"],
-        block_size=p["BLOCK_SIZE"],
-        has_prefill_workspace=p["HAS_PREFILL_WORKSPACE"],
-        prefill_workspace_request_ids=t["prefill_workspace_request_ids"],
-        prefill_workspace_starts=t["prefill_workspace_starts"],
-        block_stride_rows=p.get("BLOCK_STRIDE_ROWS"),
-        compact_to_front=bool(p.get("COMPACT_TO_FRONT")),
-    )
+    return oc.convert(**oracle_inputs(case), compact_to_front=compacts(case))
 
 
 def _shuffled_prefixes(out, counts, seed: int):
@@ -80,7 +59,7 @@ def test_yes_on_the_oracles_outputs_and_no_after_any_single_change(spec, seed, w
     # Every drawn option is judged here: a block stride, and compaction (rows as multisets).
     out, counts = _oracle(case)
     assert _check(case, out, counts) and _check(case, out, None)
-    if case.params.get("COMPACT_TO_FRONT"):
+    if compacts(case):
         assert _check(case, _shuffled_prefixes(out, counts, seed), counts)
     if out.numel():
         bad = out.clone()
@@ -101,7 +80,7 @@ def test_a_rerun_judged_in_the_same_launch_passes_only_where_both_runs_are_the_o
     out, counts = _oracle(case)
     assert _check(case, out, counts, second=(out.clone(), counts.clone()), same=True)
     assert _check(case, out, None, second=(out.clone(), None))
-    if case.params.get("COMPACT_TO_FRONT"):
+    if compacts(case):
         shuffled = _shuffled_prefixes(out, counts, seed)
         assert _check(case, out, counts, second=(shuffled, counts))
         assert _check(case, out, counts, second=(shuffled, counts), same=True) == torch.equal(shuffled, out)

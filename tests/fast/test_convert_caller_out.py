@@ -19,7 +19,7 @@ pytest.importorskip("triton")  # Triton kernels: without triton (an optional ext
 from mlafuzz.generators.draw import SMALL, Knobs  # noqa: E402
 from mlafuzz.harness.fast.convert import convert_prefill  # noqa: E402
 from mlafuzz.harness.fast.path import Clear  # noqa: E402
-from mlafuzz.harness.ops.convert import oracle_inputs  # noqa: E402
+from mlafuzz.harness.ops.convert import compacts, oracle_inputs  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.registry import default_registry  # noqa: E402
 from mlafuzz.oracles import convert as oc  # noqa: E402
@@ -50,7 +50,7 @@ def _caller_cases(capabilities: frozenset[str], count: int, knobs: Knobs = SMALL
 
 
 def _oracle(case):
-    return oc.convert(**oracle_inputs(case), compact_to_front=bool(case.params.get("COMPACT_TO_FRONT")))
+    return oc.convert(**oracle_inputs(case), compact_to_front=compacts(case))
 
 
 def _prefill(case, out, counts, undecided):

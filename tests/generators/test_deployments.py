@@ -74,7 +74,7 @@ def test_over_runs_every_option_value_and_every_int_specialization_appears(size)
             seen["width"].add("one" if w == 1 else "x16" if w % 16 == 0 else "other")
     assert seen["block_size"] == set(knobs.block_sizes)
     assert seen["block_n"] == set(knobs.block_ns)
-    assert seen["topk_multiple"] == set(knobs.topk_multiples)
+    assert seen["topk_multiple"] == set(knobs.topk_multiples) | set(knobs.odd_topk_multiples)
     for flag in ("prefill_workspace", "return_valid_counts", "compact", "stride", "stride_equal"):
         assert seen[flag] == {False, True}, flag
     assert seen["table_view"] == {View.PLAIN, View.COLUMNS, View.ROWS}
