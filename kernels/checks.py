@@ -368,8 +368,11 @@ def check_gather_args(
     workspace_starts: object,
     batch_size: object,
     seq_starts: object,
+    *,
+    record_bytes: int = RECORD_BYTES,
 ) -> None:
-    """Shape, dtype and device checks for gather (what vLLM checks, plus dims).
+    """Shape, dtype and device checks for gather (what vLLM checks, plus dims); ``record_bytes``:
+    the cache format's (656 for fp8_ds_mla, 352 for nvfp4_ds_mla's upconvert gather).
 
     Reads no tensor values; ``check_gather_values`` does the value checks.
     """
@@ -394,8 +397,8 @@ def check_gather_args(
     _require_same_device(
         [("src_cache", src), ("dst", d), ("block_table", bt), ("workspace_starts", ws), ("seq_starts", ss)]
     )
-    if src.shape[-1] != RECORD_BYTES:
-        raise InvalidInputError("wrong_shape", f"src_cache.shape[-1]={src.shape[-1]} != {RECORD_BYTES}")
+    if src.shape[-1] != record_bytes:
+        raise InvalidInputError("wrong_shape", f"src_cache.shape[-1]={src.shape[-1]} != {record_bytes}")
     if d.shape[1] != ROW_DIM:
         raise InvalidInputError("wrong_shape", f"dst.shape[1]={d.shape[1]} != {ROW_DIM}")
     if ws.shape[0] < b:
