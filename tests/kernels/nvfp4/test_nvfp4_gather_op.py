@@ -112,3 +112,25 @@ def test_our_cuda_gather_is_the_oracle_at_deepseeks_shape():
     entry = resolve("nvfp4_gather", "cuda")
     case = materialize(OP.bench.realistic(), 1, "cuda")
     assert run_case(case=case, entry=entry).findings == ()
+
+
+def test_each_nvfp4_gather_mutant_is_killed_with_its_kind_on_the_cpu(tmp_path):
+    from mlafuzz.harness.drive.mutants import run_mutants
+    from mlafuzz.harness.drive.workers import InProcess
+    from mlafuzz.tests.support.helpers import session
+
+    s = session()
+    results, clean = run_mutants(
+        session=s,
+        ops=["nvfp4_gather"],
+        device="cpu",
+        budget=None,
+        cases=40,
+        out=tmp_path,
+        seed=0,
+        shrink_budget=0,
+        executor=InProcess(session=s),
+    )
+    names = {"identity_scales", "swapped_nibbles", "fp8_stride", "staging_clip"}
+    assert {r.name for r in results} == {f"nvfp4_gather_{n}" for n in names} and clean == []
+    assert all(r.killed and r.found == ("VALUE_MISMATCH",) for r in results), results
