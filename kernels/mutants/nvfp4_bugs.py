@@ -5,7 +5,7 @@ anywhere and the catalog is scored on the CPU. Each draws VALUE_MISMATCH on writ
 - ``identity_scales``: block s's scale read at byte 320 + s, FlashMLA's permuted layout
   (``320 + 8 * (s & 3) + (s >> 2)``, vllm-project/FlashMLA ``nvfp4_head64/config.h`` @29b0d03c)
   taken for the plain order.
-- ``swapped_nibbles``: the high nibble read as the even element (SPEC 11.1: the low one is).
+- ``swapped_nibbles``: the high nibble read as the even element (the low one is: docs/contract.md, Cache formats).
 - ``fp8_stride``: records addressed with fp8_ds_mla's 656-byte stride, as a kernel that keeps the
   fp8 gather's record size (the bytes past the cache's end wrap around here, where a kernel would
   read past it).
@@ -71,7 +71,7 @@ def _gather(
 
 _BUGS = {
     "identity_scales": "block s's scale read at byte 320 + s: FlashMLA's permuted scale layout ignored",
-    "swapped_nibbles": "the high nibble read as the even element (SPEC 11.1: the low one is)",
+    "swapped_nibbles": "the high nibble read as the even element (the low one is: docs/contract.md, Cache formats)",
     "fp8_stride": "records addressed with fp8_ds_mla's 656-byte stride, not 352",
     "staging_clip": "products clipped to +-448 like the FP8 staging gather; the bf16 upconvert must not clip",
 }
