@@ -94,6 +94,18 @@ def test_unwritten_scales_are_judged_on_nan_and_sign_but_every_other_element_bit
     assert f.kind is Kind.VALUE_MISMATCH and f.count == 1
 
 
+def test_our_cuda_gather_refuses_cpu_tensors_and_fp8_records_before_any_build():
+    from mlafuzz.kernels import nvfp4_cuda
+    from mlafuzz.kernels.checks import InvalidInputError
+
+    args = (torch.zeros(1, 576, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32))
+    ws = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="CUDA"):
+        nvfp4_cuda.gather(torch.zeros(1, 1, 352, dtype=torch.uint8), *args, ws, 1)
+    with pytest.raises(InvalidInputError, match="352"):
+        gather_nvfp4_torch(torch.zeros(1, 1, 656, dtype=torch.uint8), *args, ws, 1)
+
+
 @gpu
 @pytest.mark.parametrize("force_scalar", [False, True])
 def test_our_cuda_gather_equals_the_exact_reader_over_60_drawn_cases(force_scalar):
