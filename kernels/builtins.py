@@ -155,6 +155,15 @@ BUILTINS: tuple[ImplEntry, ...] = (
         description="our CUDA nvfp4_ds_mla gather: one warp per row, e2m1 decoded on the bits (runs on Hopper)",
     ),
     _entry(
+        op="nvfp4_writer",
+        name="torch",
+        module="mlafuzz.kernels.nvfp4_writer_torch",
+        attr="writer_nvfp4_torch",
+        devices=("cpu", "cuda"),
+        rejects=WRITER_TORCH_REJECTS,
+        description="torch nvfp4_ds_mla writer (concat_and_cache_mla signature), revision rn_bump.mul_recip",
+    ),
+    _entry(
         op="writer",
         name="torch",
         module="mlafuzz.kernels.torch_impl",

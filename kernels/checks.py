@@ -528,12 +528,20 @@ def check_block_ids(used_block_ids: torch.Tensor, num_blocks: int) -> None:
 
 
 def check_writer_args(
-    kv_c: object, k_pe: object, kv_cache: object, slot_mapping: object, kv_cache_dtype: object
+    kv_c: object,
+    k_pe: object,
+    kv_cache: object,
+    slot_mapping: object,
+    kv_cache_dtype: object,
+    *,
+    record_format: str = "fp8_ds_mla",
+    record_bytes: int = RECORD_BYTES,
 ) -> None:
-    """Shape, dtype and device checks for the fp8_ds_mla writer (no value reads)."""
-    if kv_cache_dtype != "fp8_ds_mla":
+    """Shape, dtype and device checks for a writer of ``record_format`` records of
+    ``record_bytes`` bytes (the fp8_ds_mla writer's by default; no value reads)."""
+    if kv_cache_dtype != record_format:
         raise InvalidInputError(
-            "unsupported_kv_cache_dtype", f"kv_cache_dtype={kv_cache_dtype!r}, only 'fp8_ds_mla' is implemented"
+            "unsupported_kv_cache_dtype", f"kv_cache_dtype={kv_cache_dtype!r}, only {record_format!r} is implemented"
         )
     kc = _require_tensor("kv_c", kv_c)
     kp = _require_tensor("k_pe", k_pe)
@@ -552,8 +560,8 @@ def check_writer_args(
         raise InvalidInputError("wrong_shape", f"kv_c.shape[1]={kc.shape[1]} != {NOPE_DIM}")
     if kp.shape[1] != ROPE_DIM:
         raise InvalidInputError("wrong_shape", f"k_pe.shape[1]={kp.shape[1]} != {ROPE_DIM}")
-    if cache.shape[-1] != RECORD_BYTES:
-        raise InvalidInputError("wrong_shape", f"kv_cache.shape[-1]={cache.shape[-1]} != {RECORD_BYTES}")
+    if cache.shape[-1] != record_bytes:
+        raise InvalidInputError("wrong_shape", f"kv_cache.shape[-1]={cache.shape[-1]} != {record_bytes}")
     if kp.shape[0] != kc.shape[0]:
         raise InvalidInputError("wrong_shape", f"k_pe.shape[0]={kp.shape[0]} != kv_c.shape[0]={kc.shape[0]}")
     if sm.shape[0] > kc.shape[0]:
