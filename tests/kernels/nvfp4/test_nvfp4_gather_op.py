@@ -120,6 +120,13 @@ def test_our_cuda_gather_equals_the_exact_reader_over_60_drawn_cases(force_scala
 
 
 @gpu
+def test_our_torch_gather_is_clean_on_cuda_over_40_drawn_cases():
+    entry = resolve("nvfp4_gather", "torch")
+    for case in _cases(40, device="cuda"):
+        assert run_case(case=case, entry=entry).findings == (), case.spec
+
+
+@gpu
 def test_our_cuda_gather_is_the_oracle_at_deepseeks_shape():
     entry = resolve("nvfp4_gather", "cuda")
     case = materialize(OP.bench.realistic(), 1, "cuda")

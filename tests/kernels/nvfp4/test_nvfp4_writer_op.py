@@ -61,3 +61,11 @@ def test_each_nvfp4_writer_mutant_is_killed_with_its_kind_on_the_cpu(tmp_path):
     )
     assert {r.name for r in results} == {f"nvfp4_writer_{b}" for b in ("no_bump", "div", "rope_unsaturated")}
     assert clean == [] and all(r.killed and r.found == ("VALUE_MISMATCH",) for r in results), results
+
+
+@pytest.mark.gpu
+def test_our_torch_writer_writes_the_oracles_records_on_cuda():
+    entry = resolve("nvfp4_writer", "torch")
+    for seed in range(40):
+        case = materialize(draw_spec("nvfp4_writer", seed=seed), seed, "cuda")
+        assert run_case(case=case, entry=entry, rerun=True).findings == (), case.spec
