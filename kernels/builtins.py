@@ -39,6 +39,8 @@ CONVERT_FOLLOWS = frozenset(CONVERT_REVISIONS)
 CUDA_GATHER_REJECTS = frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"}) | GATHER_HOST_ARG_REJECTS
 # Our gathers take seq_starts and the host tier (SPEC 9.3); their signatures say so too.
 GATHER_OPTIONS = frozenset({"seq_starts", "host_tier"})
+# The nvfp4_ds_mla gather's: the fp8 gather's without the host tier (vLLM has none for nvfp4).
+NVFP4_GATHER_TORCH_REJECTS = GATHER_TORCH_REJECTS - GATHER_HOST_ARG_REJECTS
 CUDA_WRITER_REJECTS = frozenset({"wrong_dtype", "wrong_shape", "device_mismatch", "unsupported_kv_cache_dtype"})
 
 
@@ -147,6 +149,34 @@ BUILTINS: tuple[ImplEntry, ...] = (
         rejects=CUDA_GATHER_REJECTS,
         capabilities=GATHER_OPTIONS,
         description="our CUDA kernel: one warp per output row, 16-byte lanes",
+    ),
+    _entry(
+        op="nvfp4_gather",
+        name="torch",
+        module="mlafuzz.kernels.nvfp4_torch",
+        attr="gather_nvfp4_torch",
+        devices=("cpu", "cuda"),
+        rejects=NVFP4_GATHER_TORCH_REJECTS,
+        description="torch nvfp4_ds_mla upconvert gather (e2m1 table x e4m3 scale) with host-side checks",
+    ),
+    _entry(
+        op="nvfp4_gather",
+        name="cuda",
+        module="mlafuzz.kernels.nvfp4_cuda",
+        extension=True,
+        attr="gather",
+        devices=("cuda",),
+        rejects=frozenset({"wrong_dtype", "wrong_shape", "device_mismatch"}),
+        description="our CUDA nvfp4_ds_mla gather: one warp per row, e2m1 decoded on the bits (runs on Hopper)",
+    ),
+    _entry(
+        op="nvfp4_writer",
+        name="torch",
+        module="mlafuzz.kernels.nvfp4_writer_torch",
+        attr="writer_nvfp4_torch",
+        devices=("cpu", "cuda"),
+        rejects=WRITER_TORCH_REJECTS,
+        description="torch nvfp4_ds_mla writer (concat_and_cache_mla signature), revision rn_bump.mul_recip",
     ),
     _entry(
         op="writer",

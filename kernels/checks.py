@@ -409,8 +409,11 @@ def check_gather_args(
     workspace_starts: object,
     batch_size: object,
     seq_starts: object,
+    *,
+    record_bytes: int = RECORD_BYTES,
 ) -> None:
-    """Shape, dtype and device checks for gather (what vLLM checks, plus dims).
+    """Shape, dtype and device checks for gather (what vLLM checks, plus dims); ``record_bytes``:
+    the cache format's (656 for fp8_ds_mla, 352 for nvfp4_ds_mla's upconvert gather).
 
     Reads no tensor values; ``check_gather_values`` does the value checks.
     """
@@ -435,8 +438,8 @@ def check_gather_args(
     _require_same_device(
         [("src_cache", src), ("dst", d), ("block_table", bt), ("workspace_starts", ws), ("seq_starts", ss)]
     )
-    if src.shape[-1] != RECORD_BYTES:
-        raise InvalidInputError("wrong_shape", f"src_cache.shape[-1]={src.shape[-1]} != {RECORD_BYTES}")
+    if src.shape[-1] != record_bytes:
+        raise InvalidInputError("wrong_shape", f"src_cache.shape[-1]={src.shape[-1]} != {record_bytes}")
     if d.shape[1] != ROW_DIM:
         raise InvalidInputError("wrong_shape", f"dst.shape[1]={d.shape[1]} != {ROW_DIM}")
     if ws.shape[0] < b:
@@ -566,12 +569,20 @@ def check_block_ids(used_block_ids: torch.Tensor, num_blocks: int) -> None:
 
 
 def check_writer_args(
-    kv_c: object, k_pe: object, kv_cache: object, slot_mapping: object, kv_cache_dtype: object
+    kv_c: object,
+    k_pe: object,
+    kv_cache: object,
+    slot_mapping: object,
+    kv_cache_dtype: object,
+    *,
+    record_format: str = "fp8_ds_mla",
+    record_bytes: int = RECORD_BYTES,
 ) -> None:
-    """Shape, dtype and device checks for the fp8_ds_mla writer (no value reads)."""
-    if kv_cache_dtype != "fp8_ds_mla":
+    """Shape, dtype and device checks for a writer of ``record_format`` records of
+    ``record_bytes`` bytes (the fp8_ds_mla writer's by default; no value reads)."""
+    if kv_cache_dtype != record_format:
         raise InvalidInputError(
-            "unsupported_kv_cache_dtype", f"kv_cache_dtype={kv_cache_dtype!r}, only 'fp8_ds_mla' is implemented"
+            "unsupported_kv_cache_dtype", f"kv_cache_dtype={kv_cache_dtype!r}, only {record_format!r} is implemented"
         )
     kc = _require_tensor("kv_c", kv_c)
     kp = _require_tensor("k_pe", k_pe)
@@ -590,8 +601,8 @@ def check_writer_args(
         raise InvalidInputError("wrong_shape", f"kv_c.shape[1]={kc.shape[1]} != {NOPE_DIM}")
     if kp.shape[1] != ROPE_DIM:
         raise InvalidInputError("wrong_shape", f"k_pe.shape[1]={kp.shape[1]} != {ROPE_DIM}")
-    if cache.shape[-1] != RECORD_BYTES:
-        raise InvalidInputError("wrong_shape", f"kv_cache.shape[-1]={cache.shape[-1]} != {RECORD_BYTES}")
+    if cache.shape[-1] != record_bytes:
+        raise InvalidInputError("wrong_shape", f"kv_cache.shape[-1]={cache.shape[-1]} != {record_bytes}")
     if kp.shape[0] != kc.shape[0]:
         raise InvalidInputError("wrong_shape", f"k_pe.shape[0]={kp.shape[0]} != kv_c.shape[0]={kc.shape[0]}")
     if sm.shape[0] > kc.shape[0]:

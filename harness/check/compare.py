@@ -16,6 +16,11 @@ before it (shape, dtype), one finding per output like every other mode.
 never-written elements: their values are the fill pattern, so a value or NaN
 mismatch there is the MISSING_WRITE again, not a second problem). They are
 left out of the value and NaN checks; every other element is compared.
+
+``loose`` names elements whose contract is only their NaN-ness and sign (an nvfp4_ds_mla record
+read through a scale byte no writer makes, SPEC 11.2): both sides are compared as what
+``_loose_bits`` makes of them (a NaN, or a zero of the element's sign), so a finding there shows
+those canonical bits.
 """
 
 from __future__ import annotations
@@ -90,6 +95,18 @@ def _skip_mask(skip: torch.Tensor | None, n: int, device: torch.device) -> torch
     if skip is None or skip.numel() != n or not bool(skip.any()):
         return None
     return skip.reshape(-1).to(device=device, dtype=torch.bool)
+
+
+def _loose_bits(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``t`` with its ``mask`` elements made the canonical NaN, or +-0 of their sign (payloads,
+    magnitudes and the sign of a NaN are no contract there)."""
+    view = _BITS_VIEW[t.dtype]
+    width = 16 if view is torch.int16 else 32
+    bits = t.contiguous().view(view)
+    nan = torch.tensor(0x7FC0 if width == 16 else 0x7FC00000, dtype=view, device=t.device)
+    sign = bits & torch.tensor(-(1 << (width - 1)), dtype=view, device=t.device)
+    canon = torch.where(torch.isnan(t), nan, sign)
+    return torch.where(mask.to(t.device), canon, bits).view(t.dtype)
 
 
 def _skipped_note(skip: torch.Tensor | None) -> str:
@@ -273,16 +290,24 @@ def compare(
     row_sets: Mapping[str, torch.Tensor] | None = None,
     skip: Mapping[str, torch.Tensor] | None = None,
     origin: Mapping[str, int] | None = None,
+    loose: Mapping[str, torch.Tensor] | None = None,
 ) -> list[Finding]:
     """All differences between two output dicts, as findings (empty when equal). ``row_sets``:
     outputs compared in row-set mode (see the module docstring), name -> the expected count of
     each row's valid prefix; ``skip``: per output, a bool mask of elements not to compare;
     ``origin``: per output, the first row its tensors start at in the full one (indices are
-    reported there)."""
+    reported there); ``loose``: per float output, a bool mask of elements judged on NaN-ness and
+    sign alone."""
     row_sets = row_sets or {}
     skip = skip or {}
     origin = origin or {}
     actual = _beside(expected, actual)
+    for name, mask in (loose or {}).items():
+        exp, act = expected.get(name), actual.get(name)
+        if isinstance(exp, torch.Tensor) and isinstance(act, torch.Tensor) and exp.dtype in _BITS_VIEW:
+            if exp.shape == act.shape == mask.shape and exp.dtype == act.dtype:
+                expected = {**expected, name: _loose_bits(exp, mask)}
+                actual = {**actual, name: _loose_bits(act, mask)}
     differs, row_ok = _differs(expected, actual, row_sets)
     findings: list[Finding] = []
     for name, exp in expected.items():

@@ -114,6 +114,7 @@ def _compare(ev: Evidence) -> list[Finding]:
         row_sets=ev.row_sets,
         skip=ev.unwritten,
         origin=narrowed_names(ev.op, ev.case),
+        loose=ev.op.loose(ev.case) if ev.op.loose else None,
     )
 
 

@@ -7,7 +7,17 @@ they cannot drift apart. The revisions are the revision table's
 
 from mlafuzz.oracles import revisions
 
-NAMES: tuple[str, ...] = ("convert", "gather", "writer", "step", "plan", "dcp", "dcp_peer")
+NAMES: tuple[str, ...] = (
+    "convert",
+    "gather",
+    "writer",
+    "step",
+    "plan",
+    "dcp",
+    "dcp_peer",
+    "nvfp4_gather",
+    "nvfp4_writer",
+)
 # SPEC section 7's contract revisions, oldest first; the newest is every run's default.
 REVISIONS: tuple[str, ...] = revisions.names()
 NEWEST_REVISION: str = revisions.newest()

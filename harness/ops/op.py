@@ -112,6 +112,9 @@ class Op:
     # mode, harness/check/compare.py): (case, expected outputs) -> {name: the expected count of
     # each row's valid prefix}; after it every column must be -1. Convert's compact-to-front.
     row_sets: Callable[[Case, Mapping[str, Any]], Mapping[str, Any]] | None = None
+    # Elements whose contract is only NaN-ness and sign (the comparator's ``loose``): case -> {output:
+    # bool mask}. nvfp4_gather's records read through a scale byte no writer makes (SPEC 11.2).
+    loose: Callable[[Case], Mapping[str, Any]] | None = None
     # Re-files the first call's findings (the comparator's, or the EXCEPTION of a call that raised):
     # (case, call, findings, ctx) -> findings. The step op files metadata problems as METADATA_MISMATCH.
     review: Callable[[Case, Any, list, Any], list] | None = None

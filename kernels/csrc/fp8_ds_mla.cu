@@ -2,6 +2,8 @@
 //
 //   gather  - cp_gather_and_upconvert with seq_starts: paged 656-byte records -> bf16 [total, 576]
 //   writer  - concat_and_cache_mla for kv_cache_dtype "fp8_ds_mla" (both contract revisions, SPEC section 7)
+//   nvfp4_gather - cp_gather_and_upconvert_nvfp4_kv_cache: paged 352-byte nvfp4_ds_mla records ->
+//             bf16 [total, 576] (SPEC section 11; nvfp4_device.cuh, nvfp4_host.cuh)
 //
 // Design (gather, the bandwidth-bound one): one warp per output row, each warp one run of
 // `rows_per_warp` (1/2/4/8) consecutive rows, all of a run's loads in flight before its first
@@ -42,6 +44,7 @@
 
 #include "gather_device.cuh"  // constants, conversions, row -> record search, vector gather kernel
 #include "writer_device.cuh"  // the writer kernel and its parameters
+#include "nvfp4_device.cuh"  // the nvfp4_ds_mla upconvert gather's kernels (SPEC 11)
 
 namespace mlafuzz_ds_mla {
 
@@ -313,6 +316,8 @@ void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor&
 
 }  // namespace mlafuzz_ds_mla
 
+#include "nvfp4_host.cuh"  // nvfp4_gather_op: its host checks and launch
+
 TORCH_LIBRARY(mlafuzz_fp8_ds_mla, m) {
   m.def(
       "gather(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor workspace_starts, "
@@ -322,9 +327,13 @@ TORCH_LIBRARY(mlafuzz_fp8_ds_mla, m) {
   m.def(
       "writer(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, Tensor slot_mapping, "
       "bool convert_fp16_rope=False, int scale_rule=0) -> ()");
+  m.def(
+      "nvfp4_gather(Tensor src_cache, Tensor(a!) dst, Tensor block_table, Tensor workspace_starts, "
+      "int batch_size, Tensor? seq_starts=None, bool force_scalar=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(mlafuzz_fp8_ds_mla, CUDA, m) {
   m.impl("gather", &mlafuzz_ds_mla::gather_op);
   m.impl("writer", &mlafuzz_ds_mla::writer_op);
+  m.impl("nvfp4_gather", &mlafuzz_ds_mla::nvfp4_gather_op);
 }

@@ -36,6 +36,8 @@ from mlafuzz.kernels.checks import (
     WRITER_TORCH_REJECTS,
 )
 from mlafuzz.kernels.entry import ImplEntry
+from mlafuzz.kernels.mutants.nvfp4_bugs import NVFP4_MUTANTS
+from mlafuzz.kernels.mutants.nvfp4_writer_bugs import NVFP4_WRITER_MUTANTS
 from mlafuzz.kernels.mutants.planner_bugs import PLANNER_MUTANTS
 from mlafuzz.kernels.mutants.step_bugs import STEP_MUTANTS
 from mlafuzz.kernels.revisions import CONVERT_REVISIONS, FILTER_REVISIONS, WRITER_REVISIONS
@@ -719,4 +721,6 @@ MUTANTS: tuple[ImplEntry, ...] = (
     )
     + PLANNER_MUTANTS  # the packing chunk planner's (SPEC 9.1): planner_bugs.py
     + STEP_MUTANTS  # the step pipeline's (SPEC 5): step_bugs.py
+    + NVFP4_MUTANTS  # the nvfp4_ds_mla gather's (SPEC 11): nvfp4_bugs.py
+    + NVFP4_WRITER_MUTANTS  # the nvfp4_ds_mla writer's (SPEC 11.3): nvfp4_writer_bugs.py
 )

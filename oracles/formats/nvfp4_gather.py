@@ -24,11 +24,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mlafuzz.oracles.formats.nvfp4_read import ROW_DIM, dequant, dequant_loop, stage_fp8, stage_fp8_loop
+from mlafuzz.oracles.formats.nvfp4_read import ROW_DIM, dequant, dequant_loop, loose_mask, stage_fp8, stage_fp8_loop
 from mlafuzz.oracles.formats.nvfp4_record import RECORD_BYTES, as_records
 from mlafuzz.oracles.gather import addressing_violations, row_records
 
-__all__ = ["gather_preconditions", "gather_loop", "gather", "gather_fp8_loop", "gather_fp8"]
+__all__ = ["gather_preconditions", "gather_loop", "gather", "gather_fp8_loop", "gather_fp8", "gather_loose"]
 
 
 def _host_args(
@@ -249,3 +249,25 @@ def gather_fp8(
         total=total,
     )
     return stage_fp8(records, inv_scale=inv_scale).reshape(-1, ROW_DIM)
+
+
+def gather_loose(
+    *,
+    src_cache: Tensor,
+    block_table: Tensor,
+    workspace_starts: Tensor,
+    batch_size: int,
+    seq_starts: Tensor | None,
+    total: int,
+) -> Tensor:
+    """bool [total, 576] on the cache's device: the elements ``gather`` reads through a scale
+    byte no writer makes (``nvfp4_read.loose_mask``), where only NaN-ness and sign are contract."""
+    records = _records(
+        src_cache=src_cache,
+        block_table=block_table,
+        workspace_starts=workspace_starts,
+        batch_size=batch_size,
+        seq_starts=seq_starts,
+        total=total,
+    )
+    return loose_mask(records).reshape(-1, ROW_DIM)

@@ -27,7 +27,13 @@ def test_nvcc_compile_check(tmp_path):
     obj = cuda_ext.nvcc_compile_check(out_dir=tmp_path)
     seconds = time.perf_counter() - t0
     data = obj.read_bytes()
-    for kernel in (b"gather_vec_kernel", b"gather_scalar_kernel", b"writer_kernel"):
+    for kernel in (
+        b"gather_vec_kernel",
+        b"gather_scalar_kernel",
+        b"writer_kernel",
+        b"nvfp4_gather_vec_kernel",
+        b"nvfp4_gather_scalar_kernel",
+    ):
         assert kernel in data, f"{kernel!r} missing from {obj}"
     print(f"nvcc compile check: {seconds:.1f} s -> {obj} ({len(data)} bytes)")
 

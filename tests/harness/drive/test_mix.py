@@ -17,7 +17,17 @@ from mlafuzz.harness.drive.workers import InProcess
 from mlafuzz.harness.ops.table import OPS
 
 # Shares fixed here where a test's arithmetic reads them (the op table's are tuned to the H200).
-FIXED = {"convert": 6, "gather": 6, "writer": 8, "step": 1, "plan": 16, "dcp": 4, "dcp_peer": 2}
+FIXED = {
+    "convert": 6,
+    "gather": 6,
+    "writer": 8,
+    "step": 1,
+    "plan": 16,
+    "dcp": 4,
+    "dcp_peer": 2,
+    "nvfp4_gather": 6,
+    "nvfp4_writer": 5,
+}
 
 
 def _config(ops: tuple[str, ...] = OPS.names, **kw) -> FuzzConfig:

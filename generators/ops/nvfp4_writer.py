@@ -1,0 +1,97 @@
+"""The ``nvfp4_writer`` op's inputs (SPEC.md section 11.3): vLLM's ``concat_and_cache_mla(kv_c,
+k_pe, kv_cache, slot_mapping, kv_cache_dtype="nvfp4_ds_mla", scale)`` into 352-byte records.
+
+The calls are the fp8_ds_mla writer's (generators/ops/writer.py): its spec fields, drawer, input
+pools (normal, wide, extreme, NaN: the NaN class is the tagged one, judged under the revision's
+rule), padding slots, the column view of one [T, 576] tensor, shrink steps and error inputs. Only
+the cache differs: nvfp4_ds_mla records (rng/nvfp4_records.py), so a write to a wrong slot shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from mlafuzz.generators.case import Case
+from mlafuzz.generators.draw import Drawer, Knobs
+from mlafuzz.generators.generator import Generator
+from mlafuzz.generators.ops import writer
+from mlafuzz.generators.rng.fill import distinct_slots, writer_inputs
+from mlafuzz.generators.rng.hashing import Stream
+from mlafuzz.generators.rng.nvfp4_records import Nvfp4Values, nvfp4_cache
+from mlafuzz.generators.rng.pool import Draws
+from mlafuzz.generators.spec import View
+
+__all__ = ["Nvfp4WriterSpec", "GENERATOR", "KV_CACHE_DTYPE"]
+
+KV_CACHE_DTYPE = "nvfp4_ds_mla"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Nvfp4WriterSpec(writer.WriterSpec):
+    """An nvfp4_ds_mla writer call: the fp8 writer's fields, another op."""
+
+    op: ClassVar[str] = "nvfp4_writer"
+
+
+def draw(d: Drawer, knobs: Knobs) -> Nvfp4WriterSpec:
+    s = writer.draw(d, knobs)
+    return Nvfp4WriterSpec(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
+
+
+def materialize(spec: Nvfp4WriterSpec, *, seed: int, device: str) -> Case:
+    """As writer.materialize: the cache's pool (every token's block, plus spares) starts full of
+    other nvfp4 records; blocks below paging.base_block are zeros no valid slot maps to."""
+    draws = Draws(seed, "nvfp4_writer")
+    bs, base, t = spec.paging.block_size, spec.paging.base_block, spec.num_tokens
+    pool = -(-t // bs) + spec.paging.spare_blocks
+    cache = nvfp4_cache(
+        Stream(int(seed), "nvfp4_writer/cache"),
+        Nvfp4Values.WRITTEN,
+        pool_blocks=pool,
+        block_size=bs,
+        base_block=base,
+        device=device,
+    )
+    slots = distinct_slots(
+        draws.child("slots"), n=t, num_slots=pool * bs, padding=spec.padding, offset=base * bs, device=device
+    )
+    rows = writer_inputs(
+        draws.child("inputs"),
+        num_tokens=t,
+        values=spec.values,
+        dtype=getattr(torch, spec.input_dtype.value),
+        device=device,
+    )
+    kv_c, k_pe = rows[:, :512], rows[:, 512:]
+    if spec.inputs_view is View.PLAIN:
+        kv_c, k_pe = kv_c.contiguous(), k_pe.contiguous()
+    return Case(
+        op="nvfp4_writer",
+        spec=spec,
+        seed=int(seed),
+        device=str(torch.device(device)),
+        tensors={
+            "kv_c": kv_c,
+            "k_pe": k_pe,
+            "kv_cache": cache,
+            "slot_mapping": slots,
+            "scale": torch.ones(1, dtype=torch.float32, device=device),
+        },
+        params={"kv_cache_dtype": KV_CACHE_DTYPE},
+        zero_blocks={"kv_cache": base} if base else {},
+    )
+
+
+GENERATOR = Generator(
+    spec_type=Nvfp4WriterSpec,
+    draw=draw,
+    materialize=materialize,
+    features=writer.features,
+    size=writer.size,
+    reduce=writer.reduce,
+    invalid=writer.INVALID,
+)
