@@ -28,12 +28,13 @@ if [[ $device == cpu && $TIER_TRITON != project ]]; then
     base=$("$PROJECT_PY" -c "import sys; print(sys.base_prefix)")/bin/python3
     "$base" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --no-deps "triton==$TIER_TRITON"
-    site=$("$PROJECT_PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    tier_site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    # After the venv's own site-packages (its Triton wins), the project's, with its .pth files
-    # (torch, the editable mlafuzz).
-    echo "import site; site.addsitedir('$site')" >"$tier_site/mlafuzz_project.pth"
   fi
+  # After the venv's own site-packages (its Triton wins), this checkout's, with its .pth files
+  # (torch, the editable mlafuzz). Written on every run: the venv is shared by every checkout that
+  # uses this cache, and a line left by another would import that checkout's mlafuzz.
+  site=$("$PROJECT_PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  tier_site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "import site; site.addsitedir('$site')" >"$tier_site/mlafuzz_project.pth"
   PY="$venv/bin/python"
 fi
 exec "$PY" .ci/vllm_releases.py --cache "$CACHE" --pip "$PROJECT_PY -m pip" "$@"
