@@ -94,6 +94,10 @@ def _batch(d: Drawer, knobs: Knobs, *, low_blocks: bool, stride: bool = False) -
         block_stride_rows=b.block_stride_rows if stride else None,
         compact=False,
         caller_out=None,
+        # The plain convert's release arguments (SPEC 10) are no argument of the DCP filter or the
+        # peer map: with an idx_mapping the batch's req_id would index a mapping they never get.
+        idx_mapping=None,
+        dcp=None,
     )
 
 
