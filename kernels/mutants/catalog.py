@@ -489,7 +489,7 @@ CATALOG: tuple[Mutant, ...] = (
         capabilities=frozenset(),
         group="vllm-reports",
         description="a req_id longer than token_indices accepted: the length check of vLLM #48642 missing from"
-        " the DCP filter, as in every release 0.27.0-0.34.0 (SPEC 10; the release tier's ledger)",
+        " the DCP filter, as in every release 0.27.0-0.34.0 (docs/vllm.md; the release tier's ledger)",
     ),
     Mutant(
         op="dcp",

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlafuzz.kernels import torch_impl, triton_convert
+pytest.importorskip("triton")  # our Triton convert is among the implementations checked
+
+from mlafuzz.kernels import torch_impl, triton_convert  # noqa: E402
 from mlafuzz.oracles import convert as oracle
 from mlafuzz.oracles.convert import rows_as_sets_equal
 

@@ -14,6 +14,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+pytest.importorskip("triton")  # our Triton DCP filter is among the implementations checked
+
 from mlafuzz.generators.draw import SMALL  # noqa: E402
 from mlafuzz.harness.check.session import Session  # noqa: E402
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz  # noqa: E402

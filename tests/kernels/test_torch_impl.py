@@ -27,6 +27,7 @@ from mlafuzz.kernels.torch_impl import (  # noqa: E402
     gather_torch,
     writer_torch,
 )
+from mlafuzz.oracles import revisions  # noqa: E402
 from mlafuzz.oracles.codec import dequant_records as oracle_dequant  # noqa: E402
 from mlafuzz.oracles.codec import write_records as oracle_write_records  # noqa: E402
 from mlafuzz.oracles.convert import convert as oracle_convert  # noqa: E402
@@ -373,7 +374,8 @@ def test_writer_special_values_nan_inf_zero_tiny_and_saturation(revision):
     assert rec[5] == 0x7F and (rec[128:256] == 0x80).all() and rec[384] == 0x7F
     scales = rec[512:528].view(torch.float32)
     # An all-zero tile gets the floor: FLT_MIN, or 2**-13 (the power of two above 1e-4f).
-    assert scales[1] == (FLT_MIN if revision == "2026-07" else 2.0**-13) and torch.isinf(scales[3])
+    floor = FLT_MIN if revisions.get(revision).rule("writer_scale") == "flt_min" else 2.0**-13
+    assert scales[1] == floor and torch.isinf(scales[3])
     assert (cache[0, 2, :128] == 0x7F).all()
 
 

@@ -71,8 +71,8 @@ def test_the_session_loads_a_following_entry_once_per_revision_bound_to_it():
     assert old.keywords == {"revision": REVISIONS[0]} and new.keywords == {"revision": REVISIONS[-1]}
     assert s.load(entry, "cpu", revision=REVISIONS[0]) is old
     assert s.load(entry, "cpu") is new  # no revision named: the newest
-    dcp = s.entry("dcp", "torch")  # follows nothing: one callable, whatever is asked
-    assert s.load(dcp, "cpu", revision=REVISIONS[0]) is s.load(dcp, "cpu", revision=REVISIONS[1])
+    gather = s.entry("gather", "torch")  # follows nothing: one callable, whatever is asked
+    assert s.load(gather, "cpu", revision=REVISIONS[0]) is s.load(gather, "cpu", revision=REVISIONS[1])
 
 
 def test_execute_hands_the_effective_revision_to_the_oracle_the_call_and_the_finding():

@@ -45,11 +45,11 @@ def test_the_header_names_what_a_readable_signature_is_not_given_and_why(tmp_pat
     assert _fuzz(tmp_path / "ours", "torch", cases=2) == 0
     err = capsys.readouterr().err
     assert _surface_lines(err, OLD) == [
-        f"mlafuzz: convert={OLD}: given none; not given: block_stride_rows, compact_to_front, caller_out"
-        " (not in its signature)"
+        f"mlafuzz: convert={OLD}: given none; not given: block_stride_rows, compact_to_front, caller_out,"
+        " idx_mapping, dcp_args (not in its signature)"
     ]
     assert _surface_lines(err, "torch") == [
-        "mlafuzz: convert=torch: given block_stride_rows, compact_to_front, caller_out"
+        "mlafuzz: convert=torch: given block_stride_rows, compact_to_front, caller_out, idx_mapping, dcp_args"
     ]
 
 
