@@ -48,8 +48,14 @@ from mlafuzz.harness.fast.launch import Launchers
 from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.memory.guards import Guarded
 from mlafuzz.harness.ops.op import Outputs
+from mlafuzz.oracles.formats import table as formats
 
-ROW_DIM = 576
+# The record this check's kernels read: fp8_ds_mla's row of the format table. The kernel bodies
+# below spell its planes as their own constants (codes at 0, scales at 512, RoPE at 528); the
+# record stride reaches them as a constexpr, RECORD_BYTES.
+FORMAT = formats.get("fp8_ds_mla")
+RECORD_BYTES = FORMAT.record_bytes
+ROW_DIM = FORMAT.row_dim
 
 
 @triton.jit
@@ -294,6 +300,7 @@ def _record_map(
     HAS_SS: tl.constexpr,
     HAS_HOST: tl.constexpr,
     BLOCK: tl.constexpr,
+    RECORD_BYTES: tl.constexpr,
 ):
     """out[row] = byte offset of the record dst row ``row`` reads: row_records, per row. The owner
     is the last request b < batch_size with ws[b] <= row (a right-sided binary search over the
@@ -324,9 +331,9 @@ def _record_map(
     if HAS_HOST:
         d = tl.load(dmap_ptr + slot, mask=live, other=0).to(tl.int64)
         h = tl.load(hmap_ptr + slot, mask=live, other=0).to(tl.int64)
-        tl.store(out_ptr + rows, tl.where(d >= 0, d * 656, -1 - h * 656), mask=live)
+        tl.store(out_ptr + rows, tl.where(d >= 0, d * RECORD_BYTES, -1 - h * RECORD_BYTES), mask=live)
     else:
-        tl.store(out_ptr + rows, slot * 656, mask=live)
+        tl.store(out_ptr + rows, slot * RECORD_BYTES, mask=live)
 
 
 def record_offsets(
@@ -376,7 +383,7 @@ def record_offsets(
     (launchers or Launchers())(_record_map)(
         -(-total // block),
         args,  # not triton.cdiv: ~5 us a call
-        {"HAS_SS": seq_starts is not None, "HAS_HOST": tiered, "BLOCK": block},
+        {"HAS_SS": seq_starts is not None, "HAS_HOST": tiered, "BLOCK": block, "RECORD_BYTES": RECORD_BYTES},
     )
     return out
 
@@ -412,7 +419,7 @@ def contiguous_records(src_cache: torch.Tensor) -> torch.Tensor | None:
     the typed views of the kernel need the alignment), or None for another shape. Already so:
     the same tensor, no copy (a caller preparing a case once passes the result on)."""
     cache = src_cache.view(torch.uint8) if src_cache.dtype != torch.uint8 else src_cache
-    if cache.dim() != 3 or cache.shape[2] != 656:
+    if cache.dim() != 3 or cache.shape[2] != RECORD_BYTES:
         return None
     if not cache.is_contiguous() or cache.data_ptr() % 16:
         cache = cache.clone(memory_format=torch.contiguous_format)
@@ -427,7 +434,7 @@ def host_records(host_cache: torch.Tensor | None, device: torch.device) -> torch
     if host_cache is None:
         return None
     host = host_cache.view(torch.uint8) if host_cache.dtype != torch.uint8 else host_cache
-    if host.dim() != 2 or host.shape[1] != 656:
+    if host.dim() != 2 or host.shape[1] != RECORD_BYTES:
         return None
     host = host.to(device, non_blocking=True)
     if not host.is_contiguous() or host.data_ptr() % 16:
