@@ -352,7 +352,8 @@ def record_offsets(
     ``oracles.gather.row_records``'s mapping in one launch (its ten-odd torch ops cost more host
     time than the rest of a fast-path gather check), held equal to it by tests. With the host
     tier's maps (SPEC 9.3, on the cache's device), the oracle's choice of tier per slot: a row
-    read from host row h gets -1 - h x 656. Valid cases only (non-decreasing ws from 0, every slot
+    read from host row h gets -1 - h x 656. Any cache format's: the record stride is the
+    cache's last dimension (656 bytes for fp8_ds_mla's). Valid cases only (non-decreasing ws from 0, every slot
     read inside the maps, its host row inside the host cache). A case's offsets are computed once
     and passed to both ``gather_prefill`` and ``gather_rows_flag`` (``rec=``)."""
     dev = src_cache.device
@@ -383,7 +384,7 @@ def record_offsets(
     (launchers or Launchers())(_record_map)(
         -(-total // block),
         args,  # not triton.cdiv: ~5 us a call
-        {"HAS_SS": seq_starts is not None, "HAS_HOST": tiered, "BLOCK": block, "RECORD_BYTES": RECORD_BYTES},
+        {"HAS_SS": seq_starts is not None, "HAS_HOST": tiered, "BLOCK": block, "RECORD_BYTES": src_cache.shape[-1]},
     )
     return out
 
