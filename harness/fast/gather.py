@@ -51,10 +51,12 @@ from mlafuzz.harness.ops.op import Outputs
 from mlafuzz.oracles.formats import table as formats
 
 # The record this check's kernels read: fp8_ds_mla's row of the format table. The kernel bodies
-# below spell its planes as their own constants (codes at 0, scales at 512, RoPE at 528); the
-# record stride reaches them as a constexpr, RECORD_BYTES.
+# below spell the tile shapes as their own constants (4 x 128 codes, 64 RoPE values); the
+# planes' offsets reach them as constexprs, and the record stride is the cache's last dimension.
 FORMAT = formats.get("fp8_ds_mla")
 RECORD_BYTES = FORMAT.record_bytes
+_SCALE_AT = FORMAT.plane("scale").offset
+_ROPE_AT = FORMAT.plane("rope").offset
 ROW_DIM = FORMAT.row_dim
 
 
@@ -217,6 +219,8 @@ def _rows(
     USE_ASM: tl.constexpr,
     USE_CVT: tl.constexpr,
     HAS_HOST: tl.constexpr,
+    SCALE_AT: tl.constexpr,
+    ROPE_AT: tl.constexpr,
 ):
     """ROWS dst rows per program, each rebuilt from its record (rec: byte offsets into the device
     cache; with HAS_HOST, -1 - the offset into the host tier's records for a row read from there)
@@ -240,7 +244,7 @@ def _rows(
     if HAS_HOST:
         on_dev = live & (raw >= 0)
         raw = tl.where(raw < 0, -1 - raw, raw)
-    # Byte offset of each row's record: multiples of 16 (656 = 41 x 16), said so loads vectorize.
+    # Byte offset of each row's record: multiples of 16 (the format's align), said so loads vectorize.
     rec = tl.multiple_of(raw, 16)
     pairs = tl.arange(0, 64)
     nope_bad = tl.zeros((ROWS, 64), dtype=tl.int1)  # the 4 tiles' mismatches, or-ed elementwise
@@ -253,11 +257,11 @@ def _rows(
             on_host[:, None],
             HAS_HOST,
         )
-        scale = _words(cache32_ptr, host32_ptr, rec // 4 + 128 + t, on_dev, on_host, HAS_HOST)
+        scale = _words(cache32_ptr, host32_ptr, rec // 4 + SCALE_AT // 4 + t, on_dev, on_host, HAS_HOST)
         scale = scale.to(tl.float32, bitcast=True)
         expected = _expected_pairs(codes, tl.broadcast_to(scale[:, None], (ROWS, 64)), USE_ASM, USE_CVT)
         nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 64, expected, 64, MODE)
-    rope_at = rec[:, None] // 4 + 132 + tl.arange(0, 32)[None, :]
+    rope_at = rec[:, None] // 4 + ROPE_AT // 4 + tl.arange(0, 32)[None, :]
     rope = _words(cache32_ptr, host32_ptr, rope_at, on_dev[:, None], on_host[:, None], HAS_HOST)
     rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 256, rope, 32, MODE)
     if MODE != 0:
@@ -410,7 +414,7 @@ def _launch(
         (launchers or Launchers())(_rows)(
             -(-total // ROWS_PER_PROGRAM),
             (*args, dst.stride(0) // 2, other.stride(0) // 2),
-            {**constexprs, "HAS_HOST": host is not None},
+            {**constexprs, "HAS_HOST": host is not None, "SCALE_AT": _SCALE_AT, "ROPE_AT": _ROPE_AT},
             num_warps=NUM_WARPS,
         )
 
