@@ -9,8 +9,8 @@ pieces take it with no other change:
 - the format table: the row is validated like the real ones (planes tile the record, codec widths
   match byte counts, scales cover the NoPE values), and found by name and by record size, which is
   how FlashMLA tells formats apart and how a bundle's cache names its format;
-- the gather addressing: ``oracles.gather.row_records`` and ``addressing_violations`` (which
-  record each dst row reads, which preconditions a call breaks) name no format, and the fused
+- the gather addressing: ``oracles.formats.addressing`` (which record each dst row reads, which
+  preconditions a call breaks; fp8_ds_mla's and nvfp4_ds_mla's gathers use it) names no format, and the fused
   check's offsets kernel (``harness.fast.gather.record_offsets``) strides by the cache's record
   size, so a 44-byte record is addressed as a 656-byte one is.
 
@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from mlafuzz.oracles import gather as og
+from mlafuzz.oracles.formats import addressing as og
 from mlafuzz.oracles.formats import table
 from mlafuzz.oracles.formats.table import Format, Plane
 
