@@ -20,6 +20,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar
 from hypothesis import strategies as st
 
 from mlafuzz.generators.spec import Layout, Paging, View
+from mlafuzz.oracles.formats import table as formats
 
 T = TypeVar("T")
 
@@ -199,17 +200,26 @@ def draw_view(d: Drawer, knobs: Knobs, kinds: tuple[View, ...]) -> View:
     return d.choice(kinds) if one_in(d, knobs.views_one_in) else View.PLAIN
 
 
-def draw_paging(d: Drawer, knobs: Knobs, *, high: bool = True, block_size: int | None = None) -> Paging:
+def draw_paging(
+    d: Drawer,
+    knobs: Knobs,
+    *,
+    high: bool = True,
+    block_size: int | None = None,
+    record_bytes: int = formats.get("fp8_ds_mla").record_bytes,
+) -> Paging:
     """Block size (unless given: a deployment's), layout, spares, extra columns; with ``high``, 1
     case in base_one_in at the top of a larger cache (base_block: the cache's first byte offset near
-    one of base_offsets)."""
+    one of base_offsets, records of ``record_bytes``: the op's cache format's)."""
     bs = d.choice(knobs.block_sizes) if block_size is None else block_size
     layout = d.choice(list(Layout))
     spare = d.integer(0, knobs.max_spare_blocks)
     extra = d.integer(0, knobs.max_extra_cols)
     base = 0
     if high and knobs.base_offsets and one_in(d, knobs.base_one_in):
-        base = d.choice(knobs.base_offsets) // (bs * 656) + d.integer(0, 1)  # the first block just below or above
+        base = d.choice(knobs.base_offsets) // (bs * record_bytes) + d.integer(
+            0, 1
+        )  # the first block just below or above
     return Paging(block_size=bs, layout=layout, spare_blocks=spare, extra_table_cols=extra, base_block=base)
 
 

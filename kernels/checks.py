@@ -26,6 +26,8 @@ from typing import Sequence
 
 import torch
 
+from mlafuzz.oracles.formats.table import get as get_format
+
 __all__ = [
     "InvalidInputError",
     "InvalidDtypeError",
@@ -53,10 +55,12 @@ __all__ = [
     "check_writer_args",
 ]
 
-RECORD_BYTES = 656  # 512 fp8 codes + 4 f32 scales + 64 bf16 rope values
-NOPE_DIM = 512
-ROPE_DIM = 64
-ROW_DIM = NOPE_DIM + ROPE_DIM  # 576 bf16 values in a dequantized row
+# fp8_ds_mla's record, as the format table has it: 512 fp8 codes + 4 f32 scales + 64 bf16 rope values.
+_FP8 = get_format("fp8_ds_mla")
+RECORD_BYTES = _FP8.record_bytes
+NOPE_DIM = _FP8.nope_dim
+ROPE_DIM = _FP8.rope_dim
+ROW_DIM = _FP8.row_dim  # bf16 values in a dequantized row
 _INT32_MAX = 2**31 - 1
 
 # Invalid-input classes that convert (Triton and torch) rejects before launch.

@@ -47,10 +47,11 @@ from torch import Tensor
 from mlafuzz.kernels.entry import ImplEntry, module_attr
 from mlafuzz.kernels.revisions import rule
 from mlafuzz.oracles import revisions
+from mlafuzz.oracles.formats.table import get as get_format
 
 __all__ = ["STEP_ENTRIES", "Fp8Separate", "Split", "StepPipeline", "step", "step_entry"]
 
-ROW = 576  # bf16 values in a dequantized row
+ROW = get_format("fp8_ds_mla").row_dim  # bf16 values in a dequantized row
 
 
 @dataclass(frozen=True)

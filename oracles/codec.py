@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mlafuzz.oracles.formats import table as formats_table
 from mlafuzz.oracles.fpbits import (
     E4M3_NAN_CODE,
     FLT_MIN,
@@ -96,14 +97,16 @@ __all__ = [
     "write_records",
 ]
 
-RECORD_BYTES = 656
-NOPE_DIM = 512
-ROPE_DIM = 64
-TILE = 128
-ROW_DIM = NOPE_DIM + ROPE_DIM  # 576
-N_TILES = NOPE_DIM // TILE  # 4
-SCALE_OFF = NOPE_DIM  # 512
-ROPE_OFF = NOPE_DIM + 4 * N_TILES  # 528
+# The layout's numbers are the format table's (oracles.formats.table), named here for the code below.
+FORMAT = formats_table.get("fp8_ds_mla")
+RECORD_BYTES = FORMAT.record_bytes  # 656
+NOPE_DIM = FORMAT.nope_dim  # 512
+ROPE_DIM = FORMAT.rope_dim  # 64
+TILE = FORMAT.scale_block  # 128
+ROW_DIM = FORMAT.row_dim  # 576
+N_TILES = FORMAT.scales  # 4
+SCALE_OFF = FORMAT.plane("scale").offset  # 512
+ROPE_OFF = FORMAT.plane("rope").offset  # 528
 
 _BF16_NAN = 0x7FC0
 

@@ -792,7 +792,16 @@ def fill_records(
 
 @triton.jit(do_not_specialize=["num_tokens", "token_offset", "tile_mask", "rope_mask", "rope_row"])
 def _writer_kernel(
-    out_ptr, table_ptr, chunks_ptr, num_tokens, token_offset, tile_mask, rope_mask, rope_row, RB: tl.constexpr
+    out_ptr,
+    table_ptr,
+    chunks_ptr,
+    num_tokens,
+    token_offset,
+    tile_mask,
+    rope_mask,
+    rope_row,
+    RB: tl.constexpr,
+    ROW_WORDS: tl.constexpr,
 ):
     out32 = out_ptr.to(tl.pointer_type(tl.int32))  # halves as int32 pairs: no view op on the host
     chunks32 = chunks_ptr.to(tl.pointer_type(tl.int32))
@@ -804,15 +813,23 @@ def _writer_kernel(
     chunk = tl.where(is_tile, (word & tile_mask) * 2 + (part & 1), (word & rope_mask) + rope_row)
     c = tl.arange(0, 32)[None, :]  # 32 int32 words: the chunk's 64 halves
     value = tl.load(chunks32 + chunk[:, None] * 32 + c, mask=tm[:, None], other=0)
-    tl.store(out32 + t[:, None].to(tl.int64) * 288 + part * 32 + c, value, mask=tm[:, None])
+    tl.store(out32 + t[:, None].to(tl.int64) * ROW_WORDS + part * 32 + c, value, mask=tm[:, None])
 
 
 def writer_rows(
-    *, table: torch.Tensor, token_offset: int, chunks: torch.Tensor, num_tokens: int, tiles: int, ropes: int
+    *,
+    table: torch.Tensor,
+    token_offset: int,
+    chunks: torch.Tensor,
+    num_tokens: int,
+    tiles: int,
+    ropes: int,
+    width: int,
 ) -> torch.Tensor:
-    """rng.fill.writer_inputs's rows, [T, 576] of chunks' dtype: token t's five words at
-    ``token_offset + 5t``, chunks [2 * tiles + ropes, 64] (tiles and ropes powers of two)."""
-    out = torch.empty((num_tokens, 576), dtype=chunks.dtype, device=chunks.device)
+    """rng.fill.writer_inputs's rows, [T, width] of chunks' dtype (width: the caller's format's
+    row, this room imports nothing of mlafuzz): token t's five words at ``token_offset + 5t``,
+    chunks [2 * tiles + ropes, 64] (tiles and ropes powers of two)."""
+    out = torch.empty((num_tokens, width), dtype=chunks.dtype, device=chunks.device)
     if num_tokens == 0:
         return out
     _WRITER(
@@ -820,6 +837,7 @@ def writer_rows(
         (out, table, chunks),
         (num_tokens, token_offset, tiles - 1, ropes - 1, 2 * tiles),
         RB=_TOKENS_PER_PROGRAM,
+        ROW_WORDS=width // 2,  # a row's halves as int32 pairs
     )
     return out
 

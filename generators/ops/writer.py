@@ -39,6 +39,7 @@ from mlafuzz.generators.spec import (
     coerce_enum,
     fail,
 )
+from mlafuzz.oracles.formats import table as formats
 
 # At most 4 layers: a case's copy (generators/case.py clone_like) keeps a view's base, and with it
 # the other layers, only while the base is at most about four times the view.
@@ -109,7 +110,8 @@ def materialize(spec: WriterSpec, *, seed: int, device: str) -> Case:
         dtype=getattr(torch, spec.input_dtype.value),
         device=device,
     )
-    kv_c, k_pe = rows[:, :512], rows[:, 512:]
+    nope = formats.get("fp8_ds_mla").nope_dim  # kv_c is the row's NoPE part, k_pe its RoPE
+    kv_c, k_pe = rows[:, :nope], rows[:, nope:]
     if spec.inputs_view is View.PLAIN:
         kv_c, k_pe = kv_c.contiguous(), k_pe.contiguous()
     tensors = {

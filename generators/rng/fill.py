@@ -52,6 +52,7 @@ from mlafuzz.generators.rng.pool import (
 )
 from mlafuzz.generators.rng.shuffle import permute
 from mlafuzz.generators.spec import Layout
+from mlafuzz.oracles.formats import table as formats
 
 __all__ = [
     "upload",
@@ -307,14 +308,16 @@ def writer_inputs(
             num_tokens=num_tokens,
             tiles=WRITER_TILES,
             ropes=WRITER_ROPES,
+            width=_ROW_DIM,
         )
     # Token t's 9 chunks: tile k's two halves (2 * tile + 0, 1) from its word k, the rope from word 4.
     picks = draws.child("token").grid(num_tokens, 5, device=device)[:, const(_CHUNK_WORD, dev)]
     index = (picks & const(_CHUNK_MASK, dev, torch.int32)) * const(_CHUNK_MUL, dev, torch.int32)
     index += const(_CHUNK_ADD, dev, torch.int32)
-    return torch.index_select(chunks, 0, index.reshape(-1)).reshape(num_tokens, 576)
+    return torch.index_select(chunks, 0, index.reshape(-1)).reshape(num_tokens, _ROW_DIM)
 
 
+_ROW_DIM = formats.get("fp8_ds_mla").row_dim  # kv_c then k_pe: the writer's format's dequantized row
 _CHUNK_WORD = (0, 0, 1, 1, 2, 2, 3, 3, 4)
 _CHUNK_MASK = (WRITER_TILES - 1,) * 8 + (WRITER_ROPES - 1,)
 _CHUNK_MUL = (2,) * 8 + (1,)

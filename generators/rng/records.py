@@ -65,6 +65,7 @@ from mlafuzz.generators.rng.pool import (
 )
 from mlafuzz.generators.spec import ValueMode
 from mlafuzz.oracles.codec import encode_rows
+from mlafuzz.oracles.formats import table as formats
 
 __all__ = [
     "POOL_RECORDS",
@@ -79,10 +80,16 @@ __all__ = [
     "zeros",
 ]
 
-RECORD_BYTES = 656
+# The record's layout: fp8_ds_mla's row of the format table (the pools below are its codecs'
+# values: e4m3fn codes, f32 tile scales, bf16 RoPE).
+FORMAT = formats.get("fp8_ds_mla")
+RECORD_BYTES = FORMAT.record_bytes
+_NOPE = FORMAT.plane("nope")
+_SCALE = FORMAT.plane("scale")
+_ROPE_PLANE = FORMAT.plane("rope")
 POOL_RECORDS = 1024
-_SCALES = slice(512, 528)
-_ROPE = slice(528, 656)
+_SCALES = slice(_SCALE.offset, _SCALE.stop)
+_ROPE = slice(_ROPE_PLANE.offset, _ROPE_PLANE.stop)
 _FLT_MIN_BITS = 0x0080_0000
 
 _EXTREME_SCALE_BITS = tuple(f32_pattern(v) for v in catalog.EXTREME_SCALES)
@@ -91,22 +98,22 @@ _NONFINITE_SCALE_BITS = tuple(f32_pattern(v) for v in catalog.NONFINITE_SCALES)
 
 
 def _rope_bytes(bits: Tensor) -> Tensor:
-    return to_half(bits, torch.bfloat16).view(torch.uint8).reshape(bits.shape[0], 128)
+    return to_half(bits, torch.bfloat16).view(torch.uint8).reshape(bits.shape[0], _ROPE_PLANE.nbytes)
 
 
 def _from_parts(codes: Tensor, rope_bits: Tensor) -> Tensor:
     """Pool records from codes (uint8 [P, 512]) and rope patterns; scales are per record."""
-    zeros = torch.zeros((codes.shape[0], 16), dtype=torch.uint8, device=codes.device)
+    zeros = torch.zeros((codes.shape[0], _SCALE.nbytes), dtype=torch.uint8, device=codes.device)
     return torch.cat([codes, zeros, _rope_bytes(rope_bits)], dim=1)
 
 
 def _finite_rope(stream: Stream) -> Tensor:
-    return normal_bits(stream.child("rope").words((POOL_RECORDS, 64), device="cpu"), BF16)
+    return normal_bits(stream.child("rope").words((POOL_RECORDS, _ROPE_PLANE.elements), device="cpu"), BF16)
 
 
 def _random_codes(stream: Stream) -> Tensor:
     """Uniform codes with the two NaN codes moved to their neighbours 0x7E / 0xFE."""
-    codes = stream.child("codes").bytes(POOL_RECORDS * 512, device="cpu").reshape(POOL_RECORDS, 512)
+    codes = stream.child("codes").bytes(POOL_RECORDS * _NOPE.nbytes, device="cpu").reshape(POOL_RECORDS, _NOPE.nbytes)
     return torch.where((codes & 0x7F) == 0x7F, codes - 1, codes)
 
 
@@ -114,10 +121,12 @@ def _random_codes(stream: Stream) -> Tensor:
 
 
 def _activations_pool(stream: Stream) -> Tensor:
-    w = stream.child("kv_c").words((POOL_RECORDS, 4, 128), device="cpu")
+    w = stream.child("kv_c").words((POOL_RECORDS, FORMAT.scales, FORMAT.scale_block), device="cpu")
     bits = normal_bits(w, BF16)
-    zero_tile = stream.child("zero_tile").coin(1, 16, (POOL_RECORDS, 4, 1), device="cpu")  # -> scale FLT_MIN
-    bits = bits.masked_fill(zero_tile, 0).reshape(POOL_RECORDS, 512)
+    zero_tile = stream.child("zero_tile").coin(
+        1, 16, (POOL_RECORDS, FORMAT.scales, 1), device="cpu"
+    )  # -> scale FLT_MIN
+    bits = bits.masked_fill(zero_tile, 0).reshape(POOL_RECORDS, FORMAT.nope_dim)
     k_pe = to_half(_finite_rope(stream), torch.bfloat16)
     # 2026-07 records: unrounded scales, so a gather's f32 multiply rounds (a power of two never would).
     return encode_rows(kv_c=to_half(bits, torch.bfloat16), k_pe=k_pe, revision="2026-07")
@@ -125,7 +134,7 @@ def _activations_pool(stream: Stream) -> Tensor:
 
 def _all_codes_pool(stream: Stream) -> Tensor:
     perms = stream.child("codes").permutation(256, batch=(POOL_RECORDS, 2), device="cpu")
-    return _from_parts(perms.reshape(POOL_RECORDS, 512).to(torch.uint8), _finite_rope(stream))
+    return _from_parts(perms.reshape(POOL_RECORDS, _NOPE.nbytes).to(torch.uint8), _finite_rope(stream))
 
 
 def _plain_pool(stream: Stream) -> Tensor:
@@ -133,10 +142,10 @@ def _plain_pool(stream: Stream) -> Tensor:
 
 
 def _nan_pool(stream: Stream) -> Tensor:
-    w = stream.child("codes").words((POOL_RECORDS, 512), device="cpu")
+    w = stream.child("codes").words((POOL_RECORDS, _NOPE.nbytes), device="cpu")
     nan_code = 0x7F | (((w >> 11) & 1) << 7)  # 0x7F or 0xFF
     codes = torch.where(((w >> 8) & 7) == 0, nan_code, w & 0xFF).to(torch.uint8)
-    rw = stream.child("rope").words((POOL_RECORDS, 64), device="cpu")
+    rw = stream.child("rope").words((POOL_RECORDS, _ROPE_PLANE.elements), device="cpu")
     specials = const(catalog.ROPE_SPECIAL_BITS, "cpu")
     special = specials[pick((rw >> 10) & 63, 6, len(catalog.ROPE_SPECIAL_BITS))]
     rope = torch.where(pick((rw >> 24) & 0x7F, 7, 6) == 0, special, normal_bits(rw, BF16))

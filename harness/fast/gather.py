@@ -48,8 +48,16 @@ from mlafuzz.harness.fast.launch import Launchers
 from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.memory.guards import Guarded
 from mlafuzz.harness.ops.op import Outputs
+from mlafuzz.oracles.formats import table as formats
 
-ROW_DIM = 576
+# The record this check's kernels read: fp8_ds_mla's row of the format table. The kernel bodies
+# below spell the tile shapes as their own constants (4 x 128 codes, 64 RoPE values); the
+# planes' offsets reach them as constexprs, and the record stride is the cache's last dimension.
+FORMAT = formats.get("fp8_ds_mla")
+RECORD_BYTES = FORMAT.record_bytes
+_SCALE_AT = FORMAT.plane("scale").offset
+_ROPE_AT = FORMAT.plane("rope").offset
+ROW_DIM = FORMAT.row_dim
 
 
 @triton.jit
@@ -211,6 +219,8 @@ def _rows(
     USE_ASM: tl.constexpr,
     USE_CVT: tl.constexpr,
     HAS_HOST: tl.constexpr,
+    SCALE_AT: tl.constexpr,
+    ROPE_AT: tl.constexpr,
 ):
     """ROWS dst rows per program, each rebuilt from its record (rec: byte offsets into the device
     cache; with HAS_HOST, -1 - the offset into the host tier's records for a row read from there)
@@ -234,7 +244,7 @@ def _rows(
     if HAS_HOST:
         on_dev = live & (raw >= 0)
         raw = tl.where(raw < 0, -1 - raw, raw)
-    # Byte offset of each row's record: multiples of 16 (656 = 41 x 16), said so loads vectorize.
+    # Byte offset of each row's record: multiples of 16 (the format's align), said so loads vectorize.
     rec = tl.multiple_of(raw, 16)
     pairs = tl.arange(0, 64)
     nope_bad = tl.zeros((ROWS, 64), dtype=tl.int1)  # the 4 tiles' mismatches, or-ed elementwise
@@ -247,11 +257,11 @@ def _rows(
             on_host[:, None],
             HAS_HOST,
         )
-        scale = _words(cache32_ptr, host32_ptr, rec // 4 + 128 + t, on_dev, on_host, HAS_HOST)
+        scale = _words(cache32_ptr, host32_ptr, rec // 4 + SCALE_AT // 4 + t, on_dev, on_host, HAS_HOST)
         scale = scale.to(tl.float32, bitcast=True)
         expected = _expected_pairs(codes, tl.broadcast_to(scale[:, None], (ROWS, 64)), USE_ASM, USE_CVT)
         nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 64, expected, 64, MODE)
-    rope_at = rec[:, None] // 4 + 132 + tl.arange(0, 32)[None, :]
+    rope_at = rec[:, None] // 4 + ROPE_AT // 4 + tl.arange(0, 32)[None, :]
     rope = _words(cache32_ptr, host32_ptr, rope_at, on_dev[:, None], on_host[:, None], HAS_HOST)
     rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 256, rope, 32, MODE)
     if MODE != 0:
@@ -294,6 +304,7 @@ def _record_map(
     HAS_SS: tl.constexpr,
     HAS_HOST: tl.constexpr,
     BLOCK: tl.constexpr,
+    RECORD_BYTES: tl.constexpr,
 ):
     """out[row] = byte offset of the record dst row ``row`` reads: row_records, per row. The owner
     is the last request b < batch_size with ws[b] <= row (a right-sided binary search over the
@@ -324,9 +335,9 @@ def _record_map(
     if HAS_HOST:
         d = tl.load(dmap_ptr + slot, mask=live, other=0).to(tl.int64)
         h = tl.load(hmap_ptr + slot, mask=live, other=0).to(tl.int64)
-        tl.store(out_ptr + rows, tl.where(d >= 0, d * 656, -1 - h * 656), mask=live)
+        tl.store(out_ptr + rows, tl.where(d >= 0, d * RECORD_BYTES, -1 - h * RECORD_BYTES), mask=live)
     else:
-        tl.store(out_ptr + rows, slot * 656, mask=live)
+        tl.store(out_ptr + rows, slot * RECORD_BYTES, mask=live)
 
 
 def record_offsets(
@@ -345,7 +356,8 @@ def record_offsets(
     ``oracles.gather.row_records``'s mapping in one launch (its ten-odd torch ops cost more host
     time than the rest of a fast-path gather check), held equal to it by tests. With the host
     tier's maps (SPEC 9.3, on the cache's device), the oracle's choice of tier per slot: a row
-    read from host row h gets -1 - h x 656. Valid cases only (non-decreasing ws from 0, every slot
+    read from host row h gets -1 - h x 656. Any cache format's: the record stride is the
+    cache's last dimension (656 bytes for fp8_ds_mla's). Valid cases only (non-decreasing ws from 0, every slot
     read inside the maps, its host row inside the host cache). A case's offsets are computed once
     and passed to both ``gather_prefill`` and ``gather_rows_flag`` (``rec=``)."""
     dev = src_cache.device
@@ -376,7 +388,7 @@ def record_offsets(
     (launchers or Launchers())(_record_map)(
         -(-total // block),
         args,  # not triton.cdiv: ~5 us a call
-        {"HAS_SS": seq_starts is not None, "HAS_HOST": tiered, "BLOCK": block},
+        {"HAS_SS": seq_starts is not None, "HAS_HOST": tiered, "BLOCK": block, "RECORD_BYTES": src_cache.shape[-1]},
     )
     return out
 
@@ -402,7 +414,7 @@ def _launch(
         (launchers or Launchers())(_rows)(
             -(-total // ROWS_PER_PROGRAM),
             (*args, dst.stride(0) // 2, other.stride(0) // 2),
-            {**constexprs, "HAS_HOST": host is not None},
+            {**constexprs, "HAS_HOST": host is not None, "SCALE_AT": _SCALE_AT, "ROPE_AT": _ROPE_AT},
             num_warps=NUM_WARPS,
         )
 
@@ -412,7 +424,7 @@ def contiguous_records(src_cache: torch.Tensor) -> torch.Tensor | None:
     the typed views of the kernel need the alignment), or None for another shape. Already so:
     the same tensor, no copy (a caller preparing a case once passes the result on)."""
     cache = src_cache.view(torch.uint8) if src_cache.dtype != torch.uint8 else src_cache
-    if cache.dim() != 3 or cache.shape[2] != 656:
+    if cache.dim() != 3 or cache.shape[2] != RECORD_BYTES:
         return None
     if not cache.is_contiguous() or cache.data_ptr() % 16:
         cache = cache.clone(memory_format=torch.contiguous_format)
@@ -427,7 +439,7 @@ def host_records(host_cache: torch.Tensor | None, device: torch.device) -> torch
     if host_cache is None:
         return None
     host = host_cache.view(torch.uint8) if host_cache.dtype != torch.uint8 else host_cache
-    if host.dim() != 2 or host.shape[1] != 656:
+    if host.dim() != 2 or host.shape[1] != RECORD_BYTES:
         return None
     host = host.to(device, non_blocking=True)
     if not host.is_contiguous() or host.data_ptr() % 16:

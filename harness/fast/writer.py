@@ -55,8 +55,12 @@ from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import Outputs
 from mlafuzz.oracles import revisions
+from mlafuzz.oracles.formats import table as formats
 
-RECORD_BYTES = 656
+# The record written: fp8_ds_mla's row of the format table; its stride and plane offsets reach the
+# kernel as constexprs (the kernel's tile shapes, 4 x 128 codes and 64 RoPE values, stay its own).
+FORMAT = formats.get("fp8_ds_mla")
+RECORD_BYTES = FORMAT.record_bytes
 # writer_scale rule -> the kernel's POW2_SCALE constexpr; a rule not here is "cannot tell".
 _SCALE_RULES = {"flt_min": False, "pow2_1e-4": True}
 
@@ -141,6 +145,9 @@ def _check_records(
     USE_ASM: tl.constexpr,
     USE_CVT: tl.constexpr,
     POW2_SCALE: tl.constexpr,
+    RECORD_BYTES: tl.constexpr,
+    SCALE_AT: tl.constexpr,
+    ROPE_AT: tl.constexpr,
 ):
     # The caches' bytes read as 16- and 32-bit words too, and the 16-bit floats as their patterns:
     # pointer casts here rather than typed views on the host (a view costs a few us there).
@@ -158,8 +165,8 @@ def _check_records(
     owner = tl.load(inv_ptr + r)
     written = owner >= 0
     t0 = tl.where(written, owner, 0)
-    # Byte offset of the record: a multiple of 16 (656 = 41 x 16), said so the loads vectorize.
-    rec = tl.multiple_of(r * 656, 16)
+    # Byte offset of the record: a multiple of 16 (the format's align), said so the loads vectorize.
+    rec = tl.multiple_of(r * RECORD_BYTES, 16)
     tiles = tl.arange(0, 4)
     cols = tiles[:, None] * 128 + tl.arange(0, 128)[None, :]  # [4, 128]: element e of tile e // 128
     rcols = tl.arange(0, 64)
@@ -168,8 +175,8 @@ def _check_records(
     # interpreter rejects as a mask, and the compare makes it bool; compiled, it folds away.
     # What the record must hold if no token writes it: its old bytes.
     old_code = tl.load(before8_ptr + rec + cols, mask=(~written & (cols >= 0)) != False, other=0).to(tl.int32)  # noqa: E712 (a bool mask: see above)
-    old_scale = tl.load(before32_ptr + (rec + 512) // 4 + tiles, mask=(~written & (tiles >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
-    old_rope = tl.load(before16_ptr + (rec + 528) // 2 + rcols, mask=(~written & (rcols >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
+    old_scale = tl.load(before32_ptr + (rec + SCALE_AT) // 4 + tiles, mask=(~written & (tiles >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
+    old_rope = tl.load(before16_ptr + (rec + ROPE_AT) // 2 + rcols, mask=(~written & (rcols >= 0)) != False, other=0)  # noqa: E712 (a bool mask: see above)
     # What it must hold if token t0 writes it: the token's encoding.
     h = (
         tl.load(
@@ -200,8 +207,8 @@ def _check_records(
     exp_rope = tl.where(written, new_rope, old_rope)
     # Compare with the cache after the call.
     code = tl.load(after8_ptr + rec + cols).to(tl.int32)
-    sc = tl.load(after32_ptr + (rec + 512) // 4 + tiles)
-    rope = tl.load(after16_ptr + (rec + 528) // 2 + rcols)
+    sc = tl.load(after32_ptr + (rec + SCALE_AT) // 4 + tiles)
+    rope = tl.load(after16_ptr + (rec + ROPE_AT) // 2 + rcols)
     # A mismatch sets bad[0] = 1 (masked stores: no reductions, nothing to synchronize).
     tl.store(bad_ptr + tl.zeros_like(code), 1, mask=code != exp_code)
     tl.store(bad_ptr + tl.zeros_like(sc), 1, mask=sc != exp_scale)
@@ -284,7 +291,7 @@ def writer_records_flag(
         return None
     if slot_mapping.dtype == torch.bool or slot_mapping.is_complex():
         return None
-    kv, pe = _rows(kv_c, 512), _rows(k_pe, 64)
+    kv, pe = _rows(kv_c, FORMAT.nope_dim), _rows(k_pe, FORMAT.rope_dim)
     n = slot_mapping.numel()
     if kv is None or pe is None or n > min(kv.shape[0], pe.shape[0]) or n >= 2**31:
         return None
@@ -309,6 +316,9 @@ def writer_records_flag(
                 "USE_ASM": use_asm(dev),
                 "USE_CVT": use_cvt(dev),
                 "POW2_SCALE": _SCALE_RULES[rule],
+                "RECORD_BYTES": RECORD_BYTES,
+                "SCALE_AT": FORMAT.plane("scale").offset,
+                "ROPE_AT": FORMAT.plane("rope").offset,
             },
             num_warps=1,
         )

@@ -33,7 +33,9 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
-RECORD_BYTES = 656
+from mlafuzz.oracles.formats import table as formats
+
+RECORD_BYTES = formats.get("fp8_ds_mla").record_bytes  # the paged caches' records (nvfp4's are smaller)
 HUGE_BYTES = 1 << 30  # a cache head this large is a huge case (the large preset's are 2.1 and 4.3 GB)
 SLOT_BYTES = 40 << 30  # a huge case's peak is about 5x its 4.3 GB cache, with margin
 TRIM_BYTES = 8 << 30  # reserved memory a worker hands back after any case

@@ -13,6 +13,9 @@ from mlafuzz.generators.ops import gather as gen
 from mlafuzz.generators.spec import Paging, ValueMode
 from mlafuzz.harness.memory.guards import Guarded, guarded_empty
 from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
+from mlafuzz.oracles.formats import table as formats
+
+FORMAT = formats.get("fp8_ds_mla")  # the records this op reads
 
 
 def guarded(case: Case, fill: int) -> dict[str, Guarded]:
@@ -22,7 +25,7 @@ def guarded(case: Case, fill: int) -> dict[str, Guarded]:
     dtype = getattr(torch, p.get("dst_dtype", "bfloat16"))
     return {
         "dst": guarded_empty(
-            shape=(p["total"], p.get("dst_cols", 576)),
+            shape=(p["total"], p.get("dst_cols", FORMAT.row_dim)),
             dtype=dtype,
             device=case.device,
             fill=fill,
@@ -67,15 +70,16 @@ def _workload(impls: dict[str, Callable], *, requests: int = 64, context: int = 
     g = torch.Generator(device=dev).manual_seed(0)
     blocks_per_req = context // bs
     num_blocks = requests * blocks_per_req
-    cache = torch.randint(0, 256, (num_blocks, bs, 656), dtype=torch.uint8, device=dev, generator=g)
+    cache = torch.randint(0, 256, (num_blocks, bs, FORMAT.record_bytes), dtype=torch.uint8, device=dev, generator=g)
     # Finite scales, so the timed math is the common path.
-    cache[..., 512:528] = torch.full((4,), 0.01, device=dev).view(torch.uint8)
+    scale = FORMAT.plane("scale")
+    cache[..., scale.offset : scale.stop] = torch.full((scale.elements,), 0.01, device=dev).view(torch.uint8)
     table = torch.randperm(num_blocks, device=dev, generator=g).to(torch.int32).reshape(requests, blocks_per_req)
     ws = torch.arange(requests, device=dev, dtype=torch.int32) * context
     starts = torch.zeros(requests, dtype=torch.int32, device=dev)
     total = requests * context
-    dst = torch.empty((total, 576), dtype=torch.bfloat16, device=dev)
-    nbytes = total * 656 + total * 576 * 2 + table.numel() * 4
+    dst = torch.empty((total, FORMAT.row_dim), dtype=torch.bfloat16, device=dev)
+    nbytes = total * FORMAT.record_bytes + total * FORMAT.row_dim * 2 + table.numel() * 4
     run = {name: (lambda fn=fn: fn(cache, dst, table, ws, requests, starts)) for name, fn in impls.items()}
     return Workload(name=f"gather {requests} req x {context} ctx, bs {bs}", nbytes=nbytes, run=run)
 

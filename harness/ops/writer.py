@@ -27,6 +27,9 @@ from mlafuzz.generators.spec import Paging
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.harness.ops.op import Bench, CallShape, Op, Outputs, Workload
 from mlafuzz.harness.ops.revision_hint import hint_revision
+from mlafuzz.oracles.formats import table as formats
+
+FORMAT = formats.get("fp8_ds_mla")  # the records this op writes
 
 # The cause of a writer VALUE_MISMATCH that fp32 log2f could explain (see ``review``).
 LOG2F_BAND_CAUSE = "kv_cache:log2f_band"
@@ -142,8 +145,8 @@ def _band_review(case: Case, call: Any, findings: list, ctx: Any) -> list:
     if not bool(band.any()):
         return findings
     # Both past the cache's zero blocks when it has them (the full path compares only those).
-    expected = _oracle(False)(case)["kv_cache"].reshape(-1, 656).cpu()
-    actual = call.outputs["kv_cache"].reshape(-1, 656).cpu()
+    expected = _oracle(False)(case)["kv_cache"].reshape(-1, FORMAT.record_bytes).cpu()
+    actual = call.outputs["kv_cache"].reshape(-1, FORMAT.record_bytes).cpu()
     slots = case.tensors["slot_mapping"].cpu().to(torch.int64)
     written = slots >= 0
     slots = torch.where(written, slots - case.zero_blocks.get("kv_cache", 0) * case.tensors["kv_cache"].shape[1], slots)
@@ -161,12 +164,12 @@ def _workload(impls: dict[str, Callable], *, tokens: int = 65536, bs: int = 64) 
     """bench: 65536 tokens written to a cache of as many slots, in a random order."""
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
-    kv_c = torch.randn((tokens, 512), device=dev, generator=g).to(torch.bfloat16)
-    k_pe = torch.randn((tokens, 64), device=dev, generator=g).to(torch.bfloat16)
-    cache = torch.zeros((tokens // bs, bs, 656), dtype=torch.uint8, device=dev)
+    kv_c = torch.randn((tokens, FORMAT.nope_dim), device=dev, generator=g).to(torch.bfloat16)
+    k_pe = torch.randn((tokens, FORMAT.rope_dim), device=dev, generator=g).to(torch.bfloat16)
+    cache = torch.zeros((tokens // bs, bs, FORMAT.record_bytes), dtype=torch.uint8, device=dev)
     slots = torch.randperm(tokens, device=dev, generator=g)
     scale = torch.ones(1, device=dev)
-    nbytes = kv_c.numel() * 2 + k_pe.numel() * 2 + slots.numel() * 8 + tokens * 656
+    nbytes = kv_c.numel() * 2 + k_pe.numel() * 2 + slots.numel() * 8 + tokens * FORMAT.record_bytes
     run = {name: (lambda fn=fn: fn(kv_c, k_pe, cache, slots, "fp8_ds_mla", scale)) for name, fn in impls.items()}
     return Workload(name=f"writer {tokens} tokens", nbytes=nbytes, run=run)
 

@@ -25,6 +25,7 @@ from mlafuzz.kernels.checks import (
 )
 from mlafuzz.kernels.mutants import surface_bugs
 from mlafuzz.kernels.revisions import compacts_counted, pow2_scale
+from mlafuzz.oracles.formats.table import get as get_format
 
 FLT_MIN = torch.finfo(torch.float32).tiny
 
@@ -154,10 +155,14 @@ def _compact(out: torch.Tensor, valid: torch.Tensor, *, tile: int | None) -> tor
 # --- gather --------------------------------------------------------------------
 
 
+_FP8 = get_format("fp8_ds_mla")
+_NOPE, _SCALE, _ROPE = (_FP8.plane(name) for name in ("nope", "scale", "rope"))
+
+
 def _dequant(bug: str, records: torch.Tensor) -> torch.Tensor:
-    codes = records[:, :512].contiguous().view(torch.float8_e4m3fn).float()
-    scales = records[:, 512:528].contiguous().view(torch.float32)
-    tile = torch.arange(512, device=records.device) // 128
+    codes = records[:, _NOPE.offset : _NOPE.stop].contiguous().view(torch.float8_e4m3fn).float()
+    scales = records[:, _SCALE.offset : _SCALE.stop].contiguous().view(torch.float32)
+    tile = torch.arange(_FP8.nope_dim, device=records.device) // _FP8.scale_block
     if bug == "wrong_scale_tile":
         tile = torch.tensor([0, 2, 1, 3], device=records.device)[tile]
     if bug == "scale_inverted":  # the stored scale held to be the writer's inverse (FlashMLA #184)
@@ -174,7 +179,7 @@ def _dequant(bug: str, records: torch.Tensor) -> torch.Tensor:
         nope = ((prod.view(torch.int32) >> 16).to(torch.int16)).view(torch.bfloat16)
     else:
         nope = prod.to(torch.bfloat16)
-    rope = records[:, 528:656].contiguous().view(torch.int16)
+    rope = records[:, _ROPE.offset : _ROPE.stop].contiguous().view(torch.int16)
     rope = rope.view(torch.float16).to(torch.bfloat16) if bug == "rope_as_fp16" else rope.view(torch.bfloat16)
     return torch.cat([nope, rope], dim=1)
 
@@ -399,7 +404,7 @@ def _writer(
     if bug in ("writes_padding", "padding_nan_slot0"):
         slots = slots.clamp(min=0)
     keep = slots >= 0
-    kv_cache.view(-1, 656)[slots[keep]] = records[keep]
+    kv_cache.view(-1, _FP8.record_bytes)[slots[keep]] = records[keep]
 
 
 def _triton_overwide(

@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mlafuzz.oracles.formats.addressing import addressing_violations, row_records
 from mlafuzz.oracles.formats.nvfp4_read import ROW_DIM, dequant, dequant_loop, loose_mask, stage_fp8, stage_fp8_loop
 from mlafuzz.oracles.formats.nvfp4_record import RECORD_BYTES, as_records
-from mlafuzz.oracles.gather import addressing_violations, row_records
 
 __all__ = ["gather_preconditions", "gather_loop", "gather", "gather_fp8_loop", "gather_fp8", "gather_loose"]
 

@@ -335,14 +335,19 @@ def test_the_runner_skips_the_oracle_on_yes_and_a_mutant_is_still_found(mutant):
 
 _PTX_SCRIPT = textwrap.dedent("""
     from mlafuzz.harness.fast.writer import _check_records
+    from mlafuzz.oracles.formats.table import get
+    fp8 = get("fp8_ds_mla")
+    layout = {"RECORD_BYTES": fp8.record_bytes, "SCALE_AT": fp8.plane("scale").offset,
+              "ROPE_AT": fp8.plane("rope").offset}
     for is_bf16, use_cvt, revision in ((True, True, 0), (True, False, 1), (False, True, 1), (False, False, 0)):
         sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv_ptr": "*bf16" if is_bf16 else "*fp16",
                "pe_ptr": "*bf16" if is_bf16 else "*fp16", "inv_ptr": "*i64",
                "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32",
-               "IS_BF16": "constexpr", "USE_ASM": "constexpr", "USE_CVT": "constexpr", "REVISION": "constexpr"}
+               "IS_BF16": "constexpr", "USE_ASM": "constexpr", "USE_CVT": "constexpr", "POW2_SCALE": "constexpr",
+               **dict.fromkeys(layout, "constexpr")}
         src = ASTSource(fn=_check_records, signature=sig,
                         constexprs={"IS_BF16": is_bf16, "USE_ASM": True, "USE_CVT": use_cvt,
-                                    "REVISION": revision})
+                                    "POW2_SCALE": bool(revision), **layout})
         try:
             k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
         except ImportError as exc:
