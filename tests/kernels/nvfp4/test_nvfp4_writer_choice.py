@@ -67,3 +67,14 @@ def test_fuzz_records_the_choice_reports_ties_apart_and_resume_refuses_another(t
     assert json.loads((out / "run.json").read_text())["knobs"]["nvfp4_ties"] == "either"
     assert main([*argv, "--ties", "either", "--nvfp4-writer", "rn.div", "--resume"]) == 2
     assert "its knobs is" in capsys.readouterr().err
+
+
+def test_a_bundle_replays_under_the_writer_revision_its_run_named(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["fuzz", "--op", "nvfp4_writer", "--impl", "nvfp4_writer=nvfp4_writer_bump_added", "--device", "cpu"]
+    argv += ["--cases", "4", "--seed", "1", "--workers", "1", "--in-process", "--out", str(out)]
+    assert main([*argv, "--nvfp4-writer", "rn.mul_recip", "--shrink-budget", "5"]) == 1
+    (bundle,) = (out / "bundles").iterdir()
+    capsys.readouterr()
+    assert main(["replay", str(bundle)]) == 1  # judged under rn.mul_recip again, where it bumps
+    assert "reproduces" in capsys.readouterr().out
