@@ -15,7 +15,9 @@ byte's two nibbles need no reshape. Arithmetic is exact where the rules ask for 
 - e2m1 codes by comparison with the midpoints of neighbouring magnitudes (exact).
 
 A NaN is left out of amax and gets code 0 (its sign dropped); RoPE NaN becomes 0x7F. The host
-refuses what the torch writer refuses (``checks.check_writer_args``, a slot past the cache).
+refuses what the torch writer refuses (``checks.check_writer_args``, a slot past the cache). Two
+tokens of one slot race, as in vLLM's CUDA writer (vLLM never maps two tokens to one slot; the
+drawn cases don't either).
 """
 
 from __future__ import annotations

@@ -61,3 +61,12 @@ def test_our_triton_writer_saturates_and_rounds_rope_and_special_values_as_the_o
     kv_c[1, :16] = torch.linspace(-7e-3, 7e-3, 16)  # amax near the scale floor: subnormal scales
     expected, ours = _write(kv_c.bfloat16(), k_pe)
     assert torch.equal(ours, expected)
+
+
+@pytest.mark.gpu
+def test_our_triton_writer_writes_the_oracles_records_on_cuda():
+    # Compiled, its f32 division is div.full unless asked: div_rn keeps the reciprocal exact there.
+    entry = resolve("nvfp4_writer", "triton")
+    for seed in range(40):
+        case = materialize(draw_spec("nvfp4_writer", seed=seed), seed, "cuda")
+        assert run_case(case=case, entry=entry, rerun=True).findings == (), case.spec
