@@ -78,3 +78,14 @@ def test_a_bundle_replays_under_the_writer_revision_its_run_named(tmp_path, caps
     capsys.readouterr()
     assert main(["replay", str(bundle)]) == 1  # judged under rn.mul_recip again, where it bumps
     assert "reproduces" in capsys.readouterr().out
+
+
+def test_merged_shards_sum_their_tie_hits(tmp_path):
+    argv = ["fuzz", "--op", "nvfp4_writer", "--impl", "nvfp4_writer=nvfp4_writer_div", "--device", "cpu"]
+    argv += ["--cases", "8", "--seed", "1", "--workers", "1", "--in-process", "--ties", "either"]
+    shards = [tmp_path / f"s{k}" for k in range(2)]
+    for k, out in enumerate(shards):
+        assert main([*argv, "--shard", f"{k}/2", "--out", str(out)]) == 0
+    ties = [json.loads((out / "summary.json").read_text())["tie_hits"] for out in shards]
+    assert main(["merge", "--out", str(tmp_path / "merged"), *map(str, shards)]) == 0
+    assert json.loads((tmp_path / "merged" / "summary.json").read_text())["tie_hits"] == sum(ties) > 0
