@@ -71,8 +71,13 @@ def _misplaced(bug: str, kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype="nvf
         rec[:, nope.offset : nope.stop] = (b << 4) | (b >> 4)
     flat = kv_cache.view(torch.uint8).reshape(-1)
     stride = _FP8_RECORD_BYTES if bug == "fp8_stride" else FORMAT.record_bytes
-    idx = slots[tok][:, None] * stride + torch.arange(FORMAT.record_bytes, device=flat.device)
-    flat[idx % flat.numel()] = rec
+    idx = (slots[tok][:, None] * stride + torch.arange(FORMAT.record_bytes, device=flat.device)) % flat.numel()
+    # Wrapped records may overlap: the later token's byte wins, deterministically (index_put with
+    # repeated indices is unordered), so the bug is a wrong place, not a race.
+    where, inverse = torch.unique(idx.reshape(-1), return_inverse=True)
+    order = torch.arange(inverse.numel(), device=flat.device)
+    last = torch.full_like(where, -1).scatter_reduce(0, inverse, order, reduce="amax")
+    flat[where] = rec.reshape(-1)[last]
 
 
 _BUGS: dict[str, tuple[Callable, str]] = {
