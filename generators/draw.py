@@ -105,6 +105,11 @@ class Knobs:
     # value from this many deployments, a pool fixed by the run seed (0: every case draws its own).
     deployments: int = 8
     run_seed: int | None = None  # the pool's seed, set by the fuzz loop (``for_run``); None: no pool
+    # The nvfp4 writer's judging (SPEC 11.3), chosen by the user (fuzz --nvfp4-writer, --ties):
+    # the writer revision its cases name (oracles.formats.writer_rules) and whether an exact e2m1
+    # tie's other neighbour is accepted (``either``) or a mismatch (``exact``).
+    nvfp4_writer: str = "rn_bump.mul_recip"
+    nvfp4_ties: str = "exact"
 
     def __post_init__(self) -> None:
         for name in (

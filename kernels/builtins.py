@@ -179,6 +179,16 @@ BUILTINS: tuple[ImplEntry, ...] = (
         description="torch nvfp4_ds_mla writer (concat_and_cache_mla signature), revision rn_bump.mul_recip",
     ),
     _entry(
+        op="nvfp4_writer",
+        name="triton",
+        module="mlafuzz.kernels.nvfp4_writer_triton",
+        attr="writer_nvfp4_triton",
+        devices=("cpu", "cuda"),
+        rejects=WRITER_TORCH_REJECTS,
+        requires=("triton",),
+        description="our Triton nvfp4_ds_mla writer, one program per token, revision rn_bump.mul_recip (exact division)",
+    ),
+    _entry(
         op="writer",
         name="torch",
         module="mlafuzz.kernels.torch_impl",

@@ -36,6 +36,9 @@ class ImplEntry:
     awaits: str | None = None  # for mutants: the drawn inputs its bug needs that are not drawn yet
     size: str = "small"  # for mutants: the case sizes (fuzz --size) that draw the inputs its bug needs
     group: str | None = None  # for mutants: the family `mutants` sums one recall line for (e.g. "vllm-reports")
+    # For mutants: knob values (generators.draw.Knobs) its cases are drawn with, e.g. the nvfp4 writer
+    # revision a writer bug is judged under (it writes another revision's rule: fuzz --nvfp4-writer).
+    draws: tuple[tuple[str, object], ...] = ()
     # Contract revisions (SPEC section 7). ``revision``: the one this entry is always judged under
     # (a pin, e.g. a mutant of one revision's rule), whatever the run names. ``revisions``: the
     # ones it can follow, by a keyword-only ``revision=`` argument the harness binds (our writers);

@@ -170,6 +170,8 @@ def summary_line(s: Mapping[str, Any]) -> str:
     held += f", {plural(restarts, 'worker restart')}" if restarts else ""
     unfinished = len(s.get("unfinished") or ())
     held += f", {unfinished} unfinished (--resume runs them first)" if unfinished else ""
+    ties = s.get("tie_hits") or 0
+    held += f", bit-exact except {plural(int(ties), 'tie')} (--ties either)" if ties else ""
     return (
         f"mlafuzz: {plural(s.get('cases', 0), 'case')} ({ops or 'none'}), {plural(s.get('findings', 0), 'finding')}"
         f"{' (' + kinds + ')' if kinds else ''} in {plural(s.get('buckets', 0), 'bucket')},"

@@ -5,11 +5,17 @@ The calls are the fp8_ds_mla writer's (generators/ops/writer.py): its spec field
 pools (normal, wide, extreme, NaN: the NaN class is the tagged one, judged under the revision's
 rule), padding slots, the column view of one [T, 576] tensor, shrink steps and error inputs. Only
 the cache differs: nvfp4_ds_mla records (rng/nvfp4_records.py), so a write to a wrong slot shows.
+
+How the case is judged travels with its spec, so a bundle, a replay and a shrink judge it alike:
+``writer_revision`` (a row of ``oracles.formats.writer_rules``, from the run's knobs: fuzz
+--nvfp4-writer) and ``ties`` (``either``: an exact e2m1 tie's other neighbouring code is accepted
+and counted apart; fuzz --ties). Neither draws from the case's randomness.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,22 +30,38 @@ from mlafuzz.generators.rng.hashing import Stream
 from mlafuzz.generators.rng.nvfp4_records import Nvfp4Values, nvfp4_cache
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.spec import View
+from mlafuzz.oracles.formats import writer_rules
 
-__all__ = ["Nvfp4WriterSpec", "GENERATOR", "KV_CACHE_DTYPE"]
+__all__ = ["Nvfp4WriterSpec", "GENERATOR", "KV_CACHE_DTYPE", "WriterRevision", "Ties"]
 
 KV_CACHE_DTYPE = "nvfp4_ds_mla"
 
 
+#: The writer revisions by name (the table's rows), as a spec field's values.
+WriterRevision = enum.Enum("WriterRevision", {n.replace(".", "_").upper(): n for n in writer_rules.names()}, type=str)
+
+
+class Ties(str, enum.Enum):
+    EXACT = "exact"  # every byte as the revision writes it
+    EITHER = "either"  # at an exact e2m1 tie, either neighbouring code (counted apart, never a failure)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Nvfp4WriterSpec(writer.WriterSpec):
-    """An nvfp4_ds_mla writer call: the fp8 writer's fields, another op."""
+    """An nvfp4_ds_mla writer call: the fp8 writer's fields, another op, and how it is judged."""
 
     op: ClassVar[str] = "nvfp4_writer"
+    writer_revision: WriterRevision = WriterRevision(writer_rules.DEFAULT)
+    ties: Ties = Ties.EXACT
 
 
 def draw(d: Drawer, knobs: Knobs) -> Nvfp4WriterSpec:
     s = writer.draw(d, knobs)
-    return Nvfp4WriterSpec(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
+    return Nvfp4WriterSpec(
+        **{f.name: getattr(s, f.name) for f in dataclasses.fields(s)},
+        writer_revision=WriterRevision(knobs.nvfp4_writer),
+        ties=Ties(knobs.nvfp4_ties),
+    )
 
 
 def materialize(spec: Nvfp4WriterSpec, *, seed: int, device: str) -> Case:
@@ -81,7 +103,11 @@ def materialize(spec: Nvfp4WriterSpec, *, seed: int, device: str) -> Case:
             "slot_mapping": slots,
             "scale": torch.ones(1, dtype=torch.float32, device=device),
         },
-        params={"kv_cache_dtype": KV_CACHE_DTYPE},
+        params={
+            "kv_cache_dtype": KV_CACHE_DTYPE,
+            "nvfp4_revision": spec.writer_revision.value,
+            "nvfp4_ties": spec.ties.value,
+        },
         zero_blocks={"kv_cache": base} if base else {},
     )
 

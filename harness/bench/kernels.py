@@ -45,6 +45,18 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 5, repeats: int = 30) -> 
     return statistics.median(times), how
 
 
+def bench_order(ops: list[str]) -> list[str]:
+    """``ops`` in the order bench prints them: the given order, each op whose ``Bench.beside`` is
+    also benched moved right after that op, so one job's cache formats sit together."""
+    from mlafuzz.harness.ops.table import OPS
+
+    beside = {n: OPS.get(n).bench.beside if OPS.get(n).bench is not None else None for n in ops}
+    order: list[str] = []
+    for name in (n for n in ops if beside[n] not in ops):
+        order += [name, *(m for m in ops if beside[m] == name)]
+    return order
+
+
 def bench_kernels(ops: list[str], *, repeats: int = 30, variants: bool = False) -> list[str]:
     from mlafuzz.harness.bench.harness import ours
     from mlafuzz.harness.ops.table import OPS

@@ -67,12 +67,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     lacking = [name for name in args.op or () if name not in benched]
     if lacking:
         raise UsageError(f"mlafuzz: bench has no workload for op {lacking[0]} (ops with one: {', '.join(benched)})")
-    ops = list(dict.fromkeys(args.op or benched))
+    from mlafuzz.harness.bench.kernels import bench_kernels, bench_order
+
+    ops = bench_order(list(dict.fromkeys(args.op or benched)))
     if not torch.cuda.is_available():
         raise UsageError("mlafuzz: bench measures GPU kernels: no CUDA device is available here")
     from mlafuzz.harness.bench.fuzz import bench_fuzz
     from mlafuzz.harness.bench.harness import bench_harness
-    from mlafuzz.harness.bench.kernels import bench_kernels
 
     if args.fuzz:
         lines = bench_fuzz(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -39,6 +40,7 @@ from mlafuzz.harness.cli.fuzz_choices import SEED_ENV, corpus_lines, default_not
 from mlafuzz.harness.drive.campaign import AUTO
 from mlafuzz.harness.ops.names import NEWEST_REVISION
 from mlafuzz.oracles import revisions
+from mlafuzz.oracles.formats import writer_rules
 
 DEFAULT_OUT = "mlafuzz-out"
 
@@ -128,6 +130,21 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
         help=f"contract revision (docs/contract.md, Revisions) to judge the implementations under; auto: the"
         f" installed vLLM's release's (MLAFUZZ_VLLM_VERSION wins), the default when an --impl is vllm; else the"
         f" newest, {NEWEST_REVISION}; a registry entry that pins one (a mutant of one revision's rule) keeps its own",
+    )
+    f.add_argument(
+        "--nvfp4-writer",
+        choices=writer_rules.names(),  # the nvfp4 writer revisions (oracles/formats/writer_rules.py)
+        default=writer_rules.DEFAULT,
+        help=f"the nvfp4_writer op's writer revision, <scale rounding>.<quotient> (docs/contract.md, Cache"
+        f" formats; default {writer_rules.DEFAULT}, vLLM's CUDA writer's); a case's bundle keeps the one it was"
+        f" judged under",
+    )
+    f.add_argument(
+        "--ties",
+        choices=("exact", "either"),
+        default="exact",
+        help="nvfp4_writer: at an exact e2m1 tie accept either neighbouring code, counted apart as an info"
+        " ('bit-exact except N ties'), not a failure (either); default exact",
     )
     f.add_argument(
         "--shard",
@@ -315,7 +332,7 @@ def campaign_of(args: argparse.Namespace) -> tuple[Any, bool, bool]:
         budget=60.0 if args.cases is None and args.budget is None else args.budget,
         seed=seed,
         out_dir=out,
-        knobs=KNOB_PRESETS[args.size],
+        knobs=dataclasses.replace(KNOB_PRESETS[args.size], nvfp4_writer=args.nvfp4_writer, nvfp4_ties=args.ties),
         ulp=args.ulp,
         fixed_spec=fixed_spec,
         shard=args.shard,

@@ -222,6 +222,7 @@ class FuzzSummary:
     coverage: collections.Counter = field(default_factory=collections.Counter)
     findings: int = 0  # error-severity findings
     infos: int = 0
+    tie_hits: int = 0  # exact e2m1 ties written as the other neighbour, accepted (nvfp4_writer under --ties either)
     buckets: dict = field(default_factory=dict)  # dedup key -> (task, first finding)
     bundles: list = field(default_factory=list)
     seconds: float = 0.0
@@ -252,6 +253,7 @@ class FuzzSummary:
             "coverage": dict(self.coverage),
             "findings": self.findings,
             "infos": self.infos,
+            "tie_hits": self.tie_hits,
             "buckets": len(set(self.buckets) | self.known),
             "bundles": self.bundles,
             "bucket_counts": {BUCKET_SEP.join(k): n for k, n in self.bucket_counts.items()},
@@ -291,6 +293,7 @@ class FuzzSummary:
             coverage=counter("coverage"),
             findings=int(s.get("findings", 0)),
             infos=int(s.get("infos", 0)),
+            tie_hits=int(s.get("tie_hits", 0)),
             bundles=list(s.get("bundles") or ()),
             seconds=float(s.get("seconds", 0.0)),
             quarantined={tuple(k) for k in s.get("quarantined") or () if len(k) == 3},
@@ -346,6 +349,7 @@ class Recorder:
                     s.buckets[f.dedup_key] = (dataclasses.replace(task, spec=spec) if spec is not None else task, f)
             else:
                 s.infos += 1
+                s.tie_hits += int(f.extra.get("tie_hits", 0))
             s.bucket_counts[f.dedup_key] += 1
             if s.bucket_counts[f.dedup_key] <= MAX_LINES_PER_BUCKET:
                 line = f.to_json()

@@ -177,7 +177,7 @@ def _run_mutant(
         cases=cases,
         seed=seed,
         out_dir=out / entry.name,  # cleared first: a catalog run replaces the last one
-        knobs=KNOB_PRESETS[entry.size],
+        knobs=dataclasses.replace(KNOB_PRESETS[entry.size], **dict(entry.draws)),
         timeout=None,
     )
     start = time.monotonic()

@@ -12,11 +12,13 @@ ops of equal shares) and is refused, saying why, where it is not.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from mlafuzz.generators.draw import Knobs
 from mlafuzz.reports.findings import Finding, Severity
 from mlafuzz.reports.jsonl import FINDINGS_FILE, JsonlError, read_findings
 from mlafuzz.reports.model import RUN_FILE, SUMMARY_FILE
@@ -104,6 +106,8 @@ def load_resume(out_dir: Path, run: Mapping[str, Any]) -> Resume:
     if old:
         before = {**before, "shares": dict.fromkeys(before.get("ops") or (), 1)}
     before.setdefault("features", {})  # a run.json from before --features declared none
+    if isinstance(before.get("knobs"), dict):  # a run.json from before a knob existed ran under its default
+        before = {**before, "knobs": {**dataclasses.asdict(Knobs()), **before["knobs"]}}
     for key in CASE_KEYS:  # "shares" last: a run with other options is told those first
         if _normal(before.get(key)) == mine.get(key):
             continue

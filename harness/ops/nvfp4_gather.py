@@ -55,9 +55,13 @@ def loose(case: Case) -> Mapping[str, Any]:
     return {"dst": og.gather_loose(**_args(case))}
 
 
-def _workload(impls: dict[str, Callable], *, requests: int = 64, context: int = 4096, bs: int = 64) -> Workload:
-    """bench: the upconvert gather of 64 requests of 4096 tokens each from a shuffled paged cache."""
-    dev = "cuda"
+def _workload(
+    impls: dict[str, Callable], *, requests: int = 64, context: int = 4096, bs: int = 64, device: str = "cuda"
+) -> Workload:
+    """bench: the upconvert gather of 64 requests of 4096 tokens each from a shuffled paged cache,
+    as the fp8_ds_mla gather's row (its bytes: every record read, every bf16 row written, the
+    table read). ``device`` and the sizes: a small CPU check of the row."""
+    dev = device
     g = torch.Generator(device=dev).manual_seed(0)
     blocks_per_req = context // bs
     num_blocks = requests * blocks_per_req
@@ -98,5 +102,5 @@ NVFP4_GATHER = Op(
     call=CallShape(positional=("src_cache", "dst", "block_table", "workspace_starts", "batch_size", "seq_starts")),
     ours="cuda",
     vllm=(("vllm._custom_ops", "cp_gather_and_upconvert_nvfp4_kv_cache"),),
-    bench=Bench(workload=_workload, realistic=_realistic),
+    bench=Bench(workload=_workload, realistic=_realistic, beside="gather"),
 )

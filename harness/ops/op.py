@@ -82,6 +82,9 @@ class Bench:
     # With ``bench --variants``: more implementations to time (name -> callable), e.g. every tuning
     # variant of our CUDA gather, to pick its defaults on the GPU at hand.
     variants: Callable[[], dict[str, Callable]] | None = None
+    # The op whose row this one's is printed after: the same job in another cache format (the
+    # nvfp4_ds_mla gather beside the fp8_ds_mla gather), so the two read as one comparison.
+    beside: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,7 @@ from mlafuzz.reports.model import BUCKET_SEP, bucket_counts, impls_from_findings
 
 Records = list[tuple[dict[str, Any], Finding]]
 
-_SUMMED = ("cases", "skipped", "findings", "infos", "worker_restarts", "lines_dropped", "cut")
+_SUMMED = ("cases", "skipped", "findings", "infos", "worker_restarts", "lines_dropped", "cut", "tie_hits")
 _COUNTERS = ("per_op", "by_kind", "coverage", "features", "skip_reasons")  # key -> n, or op -> key -> n: summed per key
 _RUN_KEYS = ("seed", "device", "shard", "cases", "features")  # what a finding needs to be re-run
 

@@ -59,7 +59,8 @@ def test_each_nvfp4_writer_mutant_is_killed_with_its_kind_on_the_cpu(tmp_path):
         shrink_budget=0,
         executor=InProcess(session=s),
     )
-    assert {r.name for r in results} == {f"nvfp4_writer_{b}" for b in ("no_bump", "div", "rope_unsaturated")}
+    bugs = ("no_bump", "div", "rope_unsaturated", "bump_added", "mul_recip", "identity_scales", "swapped_nibbles")
+    assert {r.name for r in results} == {f"nvfp4_writer_{b}" for b in (*bugs, "fp8_stride")}
     assert clean == [] and all(r.killed and r.found == ("VALUE_MISMATCH",) for r in results), results
 
 
