@@ -344,7 +344,8 @@ class BundleCall:
         guards = op.guarded(self.case, PATTERNS[0]) if op.guarded else {}
         args = {**inputs, **{k: g.view for k, g in guards.items()}}
         sub = Session(table=self.table).sub(self.case.device)
-        return op.invoke(fn, self.case, args, sub)
+        outputs = op.invoke(fn, self.case, args, sub)
+        return {**outputs, **op.derived(self.case, args)} if op.derived is not None else outputs
 
     def expected(self) -> dict[str, Any]:
         """What a correct implementation returns: the op's reference outputs."""

@@ -99,6 +99,10 @@ class Op:
     oracle: Callable[[Case], Outputs]  # vectorized, for the hot path
     oracle_slow: Callable[[Case], Outputs]  # the loop version, for minimized cases
     invoke: Invoke
+    # Outputs the harness derives from the call's tensors on the device, (case, args) -> outputs:
+    # run after the call's pending CUDA error is taken (harness/check/calls.py), so an error the
+    # call left unchecked is charged to it, never to these ops. The writer's other_layers.
+    derived: Callable[[Case, Mapping[str, Any]], Outputs] | None = None
     # Device kind -> implementation names in order of preference: the first one this machine can
     # load is the default (our Triton convert where triton is installed, else the torch one).
     defaults: Mapping[str, tuple[str, ...]]

@@ -14,7 +14,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402
+try:
+    import triton
+except ImportError:  # an optional extra: without it the tests that run Triton skip, the rest run
+    triton = None
 
 from mlafuzz.harness.check import interpreter  # noqa: E402
 from mlafuzz.harness.check.interpreter import interpreter_limit  # noqa: E402
@@ -23,19 +26,22 @@ from mlafuzz.harness.cli.main import main  # noqa: E402
 PLANTED = Path(__file__).parents[2] / "support" / "planted"
 MASKED = f"{PLANTED / 'interpreter_mask_convert.py'}:convert"
 RAISING = f"{PLANTED / 'raising_convert.py'}:convert"
-NEW_INTERPRETER = tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 7)
+NEW_INTERPRETER = triton is not None and tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 7)
 
 
-def _fuzz(out: Path, impl: str) -> int:
+def _fuzz(out: Path, impl: str, *revision: str) -> int:
     return main(
         ["fuzz", "--impl", f"convert={impl}", "--device", "cpu", "--cases", "24", "--seed", "3"]
-        + ["--out", str(out), "--in-process", "--shrink-budget", "0"]
+        + ["--out", str(out), "--in-process", "--shrink-budget", "0", *revision]
     )
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or not NEW_INTERPRETER, reason="Triton >= 3.7's CPU interpreter")
 def test_a_vllm_style_masked_load_under_the_interpreter_is_a_skip_naming_triton_not_an_exception(tmp_path, capsys):
-    assert _fuzz(tmp_path, MASKED) == 0
+    # The planted convert leaves a counted row in place (-1 where a slot is invalid), as vLLM did
+    # before 0.30.0: judged under that revision, its decode cases are correct. Under the default
+    # (2026-11: counted rows compacted) they would be VALUE_MISMATCHes, which this test is not about.
+    assert _fuzz(tmp_path, MASKED, "--revision", "2026-10") == 0
     err = capsys.readouterr().err
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["by_kind"] == {}  # no EXCEPTION, and the decode cases it runs are correct
@@ -63,7 +69,7 @@ def _raised_from(inner: BaseException, outer_type: type = RuntimeError) -> BaseE
 
 
 def test_only_the_interpreters_own_error_on_a_triton_that_raises_it_is_the_environments(monkeypatch):
-    from triton.runtime.errors import InterpreterError
+    InterpreterError = pytest.importorskip("triton.runtime.errors").InterpreterError  # noqa: N806
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(interpreter, "_triton_version", lambda: ("3.9.0", (3, 9)))

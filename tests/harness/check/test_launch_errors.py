@@ -23,6 +23,7 @@ from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
 from mlafuzz.harness.drive.tasks import Task, execute
 from mlafuzz.harness.drive.workers import InProcess
+from mlafuzz.harness.ops import writer as writer_op
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.kernels.registry import Registry, default_registry
 from mlafuzz.reports.findings import Kind
@@ -39,6 +40,8 @@ def _fake_entry(runtime: FakeRuntime):
         resolve("writer", "torch"),
         name="fake_zero_grid",
         revisions=None,
+        # Its signature is vLLM's writer before 0.33.0, as the catalog's writer_zero_grid: no skip_scale.
+        capabilities=resolve("writer", "torch").capabilities - {"skip_scale"},
         loader=lambda device: runtime.zero_grid_writer(),
     )
 
@@ -79,6 +82,21 @@ def test_the_full_path_syncs_each_call_only_after_taking_its_pending_error(monke
     monkeypatch.setattr(calls.cuda_errors, "take_pending", lambda device: order.append("take") or take(device))
     assert run_case(case=materialize(FULL, 2), entry=resolve("writer", "torch"), fast=False).findings == ()
     assert order == ["take", "sync"]  # a sync first would raise the call's error in the harness
+
+
+def test_a_packed_caches_other_layers_are_read_only_after_the_pending_error_is_taken(monkeypatch):
+    # On CUDA the torch.cat that reads the other layers trips over the zero-grid launch's error:
+    # read first, it was an EXCEPTION of a valid input instead of the call's LAUNCH_ERROR.
+    runtime = FakeRuntime().install(monkeypatch)
+    order: list[str] = []
+    take = runtime.take_pending
+    monkeypatch.setattr(calls.cuda_errors, "take_pending", lambda device: order.append("take") or take(device))
+    read = writer_op.other_layers
+    monkeypatch.setattr(writer_op, "other_layers", lambda cache: order.append("other_layers") or read(cache))
+    packed = dataclasses.replace(EMPTY, layers=2, layer=1, paging=dataclasses.replace(EMPTY.paging, spare_blocks=2))
+    fn = runtime.zero_grid_writer()
+    (finding,) = run_case(case=materialize(packed, 1), entry=_fake_entry(runtime), fn=fn, fast=False).findings
+    assert finding.kind is Kind.LAUNCH_ERROR and order[:2] == ["take", "other_layers"]
 
 
 def test_a_pending_error_after_an_error_input_is_a_launch_error_too(monkeypatch):
