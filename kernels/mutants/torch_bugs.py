@@ -401,10 +401,19 @@ def _writer(
         s = tile_scales_torch(kv, revision=revision)
     records = records_with_scales(kv, pe, scale=s)
     slots = slot_mapping.long()
-    if bug in ("writes_padding", "padding_nan_slot0"):
+    flat = kv_cache.view(-1, _FP8.record_bytes)
+    if bug == "padding_nan_slot0":
+        # The real rows first, then the padded ones at slot 0, in that order: a real token whose slot
+        # is 0 is overwritten every time, never in a racy order (an index_put with repeats is not).
+        keep = slots >= 0
+        flat[slots[keep]] = records[keep]
+        if bool((~keep).any()):
+            flat[0] = records[~keep][-1]
+        return
+    if bug == "writes_padding":
         slots = slots.clamp(min=0)
     keep = slots >= 0
-    kv_cache.view(-1, _FP8.record_bytes)[slots[keep]] = records[keep]
+    flat[slots[keep]] = records[keep]
 
 
 def _triton_overwide(
