@@ -31,6 +31,24 @@ def test_catalog_has_at_least_20_described_mutants_across_all_ops():
     assert {m.name for m in mutants if m.awaits} == AWAITING_ON_CUDA
 
 
+def test_the_mutants_command_kills_the_gather_and_writer_groups_and_their_correct_implementations_draw_nothing(
+    tmp_path, capsys
+):
+    """The command end to end on two ops' groups (the whole catalog is the slow test below, and the
+    next test holds every CPU mutant to its kind through the same driver)."""
+    # The crashing mutant (gather_cpp_throw) runs in a worker process: this process survives it.
+    rc = main(["mutants", "--device", "cpu", "--op", "gather", "--op", "writer", "--cases-per-mutant", "40",
+               "--shrink-budget", "0", "--out", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "SURVIVED" not in out, out
+    rows = {line.split()[0]: line.split()[2] for line in out.splitlines()[1:] if line.split()[2:3] == ["killed"]}
+    for name in ("gather_cpp_throw", "gather_dst_storage_start", *LAYOUT_MUTANTS):
+        assert rows[name] == "killed", out
+    assert "no findings" in out and "stale mark" not in out, out
+    assert rc == 0
+
+
+@pytest.mark.slow  # the whole CPU catalog through the command: about 90 s on a 2-core machine
 def test_the_mutants_command_kills_the_cpu_catalog_and_the_correct_implementations_draw_nothing(tmp_path, capsys):
     # The crashing mutant (gather_cpp_throw) runs in a worker process: this process survives it.
     rc = main(
