@@ -71,6 +71,8 @@ host_cache not [rows, 656]) are argument errors: ValueError.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -81,7 +83,13 @@ from mlafuzz.oracles.codec import (
     dequant_records,
     dequant_records_loop,
 )
-from mlafuzz.oracles.formats.addressing import PRECONDITION_CLASSES, addressing_violations, row_records, violations
+from mlafuzz.oracles.formats.addressing import (
+    PRECONDITION_CLASSES,
+    addressing_violations,
+    host_args,
+    row_records,
+    violations,
+)
 
 __all__ = [
     "PRECONDITION_CLASSES",
@@ -133,31 +141,9 @@ def _tier_violations(slots: Tensor, tier: tuple[Tensor, Tensor, Tensor], num_slo
     return found
 
 
-def _host_args(
-    *,
-    src_cache: Tensor,
-    block_table: Tensor,
-    workspace_starts: Tensor,
-    batch_size: int,
-    seq_starts: Tensor | None,
-    total: int,
-) -> tuple[list[int], list[int], list[list[int]], int, int]:
-    """Shape checks; returns (ws[:B], seq_starts[:B], table rows, bs, num_blocks)."""
-    cache = as_record_bytes(src_cache)
-    if cache.dim() != 3 or cache.shape[2] != RECORD_BYTES:
-        raise ValueError(f"src_cache.shape={tuple(cache.shape)}: expected [num_blocks, bs, 656]")
-    if batch_size < 0 or total < 0:
-        raise ValueError(f"batch_size={batch_size}, total={total}: must be >= 0")
-    ws = workspace_starts.reshape(-1).tolist()
-    if len(ws) < batch_size:
-        raise ValueError(f"workspace_starts has {len(ws)} entries < batch_size={batch_size}")
-    ss = [0] * batch_size if seq_starts is None else seq_starts.reshape(-1).tolist()
-    if len(ss) < batch_size:
-        raise ValueError(f"seq_starts has {len(ss)} entries < batch_size={batch_size}")
-    if block_table.dim() != 2 or (batch_size > 0 and block_table.shape[0] < batch_size):
-        raise ValueError(f"block_table.shape={tuple(block_table.shape)}: expected [>= {batch_size}, M]")
-    table = block_table[:batch_size].tolist()
-    return ws[:batch_size], ss[:batch_size], table, cache.shape[1], cache.shape[0]
+def _host_args(*, src_cache: Tensor, **call: Any) -> tuple[list[int], list[int], list[list[int]], int, int]:
+    """Shape checks (the shared ones, on 656-byte records); (ws[:B], seq_starts[:B], table rows, bs, num_blocks)."""
+    return host_args(cache=as_record_bytes(src_cache), record_bytes=RECORD_BYTES, **call)
 
 
 def gather_preconditions(

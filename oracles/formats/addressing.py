@@ -91,3 +91,31 @@ def row_records(
     blk_idx = torch.div(pos, block_size, rounding_mode="floor")
     block = block_table[:batch_size].to(device, torch.int64)[owner, blk_idx]
     return block, pos - blk_idx * block_size
+
+
+def host_args(
+    *,
+    cache: Tensor,
+    record_bytes: int,
+    block_table: Tensor,
+    workspace_starts: Tensor,
+    batch_size: int,
+    seq_starts: Tensor | None,
+    total: int,
+) -> tuple[list[int], list[int], list[list[int]], int, int]:
+    """A gather call's host-side shape checks, for any record format (``cache`` already viewed as
+    ``[num_blocks, bs, record_bytes]`` bytes); (ws[:B], seq_starts[:B], table rows, bs, num_blocks)."""
+    if cache.dim() != 3 or cache.shape[2] != record_bytes:
+        raise ValueError(f"src_cache.shape={tuple(cache.shape)}: expected [num_blocks, bs, {record_bytes}]")
+    if batch_size < 0 or total < 0:
+        raise ValueError(f"batch_size={batch_size}, total={total}: must be >= 0")
+    ws = workspace_starts.reshape(-1).tolist()
+    if len(ws) < batch_size:
+        raise ValueError(f"workspace_starts has {len(ws)} entries < batch_size={batch_size}")
+    ss = [0] * batch_size if seq_starts is None else seq_starts.reshape(-1).tolist()
+    if len(ss) < batch_size:
+        raise ValueError(f"seq_starts has {len(ss)} entries < batch_size={batch_size}")
+    if block_table.dim() != 2 or (batch_size > 0 and block_table.shape[0] < batch_size):
+        raise ValueError(f"block_table.shape={tuple(block_table.shape)}: expected [>= {batch_size}, M]")
+    table = block_table[:batch_size].tolist()
+    return ws[:batch_size], ss[:batch_size], table, cache.shape[1], cache.shape[0]

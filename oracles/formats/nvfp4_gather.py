@@ -21,40 +21,21 @@ violated classes when the call is not well defined.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from mlafuzz.oracles.formats.addressing import addressing_violations, row_records
+from mlafuzz.oracles.formats.addressing import addressing_violations, host_args, row_records
 from mlafuzz.oracles.formats.nvfp4_read import ROW_DIM, dequant, dequant_loop, loose_mask, stage_fp8, stage_fp8_loop
 from mlafuzz.oracles.formats.nvfp4_record import RECORD_BYTES, as_records
 
 __all__ = ["gather_preconditions", "gather_loop", "gather", "gather_fp8_loop", "gather_fp8", "gather_loose"]
 
 
-def _host_args(
-    *,
-    src_cache: Tensor,
-    block_table: Tensor,
-    workspace_starts: Tensor,
-    batch_size: int,
-    seq_starts: Tensor | None,
-    total: int,
-) -> tuple[list[int], list[int], list[list[int]], int, int]:
-    """Shape checks; (ws[:B], seq_starts[:B], table rows, bs, num_blocks)."""
-    cache = as_records(src_cache)
-    if cache.dim() != 3:
-        raise ValueError(f"src_cache.shape={tuple(cache.shape)}: expected [num_blocks, bs, {RECORD_BYTES}]")
-    if batch_size < 0 or total < 0:
-        raise ValueError(f"batch_size={batch_size}, total={total}: must be >= 0")
-    ws = workspace_starts.reshape(-1).tolist()
-    ss = [0] * batch_size if seq_starts is None else seq_starts.reshape(-1).tolist()
-    if len(ws) < batch_size or len(ss) < batch_size:
-        raise ValueError(
-            f"workspace_starts ({len(ws)}) and seq_starts ({len(ss)}) need >= batch_size={batch_size} entries"
-        )
-    if block_table.dim() != 2 or (batch_size > 0 and block_table.shape[0] < batch_size):
-        raise ValueError(f"block_table.shape={tuple(block_table.shape)}: expected [>= {batch_size}, M]")
-    return ws[:batch_size], ss[:batch_size], block_table[:batch_size].tolist(), cache.shape[1], cache.shape[0]
+def _host_args(*, src_cache: Tensor, **call: Any) -> tuple[list[int], list[int], list[list[int]], int, int]:
+    """Shape checks (the shared ones, on 352-byte records); (ws[:B], seq_starts[:B], table rows, bs, num_blocks)."""
+    return host_args(cache=as_records(src_cache), record_bytes=RECORD_BYTES, **call)
 
 
 def gather_preconditions(
