@@ -182,8 +182,15 @@ def _serve(conn: Connection, state: Any, device: str, session: Session, share: G
 
     loaded: set[tuple[str, str]] = set()
 
+    early: list[str | None] = [None]  # the valid part's broken context, pinned before the error input runs
+
     def phase(part: str) -> None:
-        state[1] = PHASES.get(part, CONTRACT)
+        code = PHASES.get(part, CONTRACT)
+        if code == CONTRACT and device.startswith("cuda"):
+            # One sync, and only for tasks with an error input: a break seen here is the valid case's,
+            # one seen after the task is the error input's (charge_broken_context names it).
+            early[0] = cuda_broken(device)
+        state[1] = code
 
     def publish(index: int, part: int) -> None:
         # The start time first, the part last: the parent reads "running since" only once the
@@ -214,10 +221,12 @@ def _serve(conn: Connection, state: Any, device: str, session: Session, share: G
             publish(task.index, LOADING)
             _load(session, task)
         publish(task.index, VALID)
+        early[0] = None
         result = execute(task, session, on_phase=phase, hold=share.case if share is not None else None)
-        broken = cuda_broken(device) if device.startswith("cuda") else None
+        broken = early[0] or (cuda_broken(device) if device.startswith("cuda") else None)
         if broken is not None:
-            result = charge_broken_context(task, result, broken, session.table)
+            in_contract = early[0] is None and state[1] == CONTRACT
+            result = charge_broken_context(task, result, broken, session.table, in_contract=in_contract)
         # An illegal address leaves the process's CUDA context unusable (every later case would
         # fail here), and an accepted memory-unsafe error input may have damaged its heap (a later
         # valid case would crash for it): either way this worker takes no other case.

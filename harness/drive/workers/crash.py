@@ -49,19 +49,29 @@ def cuda_broken(device: str) -> str | None:
         return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def charge_broken_context(task: Task, result: TaskResult, error: str, table: OpTable) -> TaskResult:
+def charge_broken_context(
+    task: Task, result: TaskResult, error: str, table: OpTable, *, in_contract: bool = False
+) -> TaskResult:
     """The case after which the CUDA context broke caused it: a CRASH for it (its other findings
     kept; dropped, what the broken context explains: harness errors, and the fault itself surfacing
-    in the harness's next CUDA op, which alone would read as a LAUNCH_ERROR)."""
+    in the harness's next CUDA op, which alone would read as a LAUNCH_ERROR). ``in_contract``: the
+    context still worked when the task's error input began (the worker synced there), so that
+    input broke it: the CRASH names its class (cause ``contract:<class>:crash``, as a worker that
+    dies in it), never the valid case, whose bundle would replay clean."""
     kept = tuple(f for f in result.findings if f.cause not in (HARNESS_ERROR, AFTER_CALL))
+    cause, where, extra = "cuda_context", "", {}
+    if in_contract and task.contract:
+        cause, where = f"contract:{task.contract}:crash", f" in its error input {task.contract}"
+        extra = {"part": "contract", "invalid_class": task.contract}
     crash = (
         task.resolve(table)
         .context()
         .finding(
             None,
-            "cuda_context",
+            cause,
             kind=Kind.CRASH,
-            message=f"the CUDA context broke during this case ({error}); worker replaced",
+            message=f"the CUDA context broke{where or ' during this case'} ({error}); worker replaced",
+            extra=extra,
         )
     )
     return TaskResult(
