@@ -473,7 +473,10 @@ INVALID: tuple[InvalidClass, ...] = (
         make=_k_not_multiple,
         description="NUM_TOPK_TOKENS is not a multiple of BLOCK_N",
     ),
-    InvalidClass(name="bad_block_size", memory_safe=True, make=_bad_block_size, description="BLOCK_SIZE == 0"),
+    # Not memory-safe: a kernel without the check divides by zero, and a GPU's integer division by
+    # zero is no trap but an arbitrary quotient, so the block index read is anyone's (vLLM 0.30.0's
+    # convert took an illegal address on it, on an H100; the other releases happened to survive).
+    InvalidClass(name="bad_block_size", memory_safe=False, make=_bad_block_size, description="BLOCK_SIZE == 0"),
     InvalidClass(
         name="bad_block_stride",
         memory_safe=True,
