@@ -11,6 +11,7 @@ x op and exits 1 when any finding is not in the ledger (2 when a run could not b
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import glob
 import json
 import os
@@ -81,6 +82,7 @@ def fuzz_one(*, tree: Path, release: str, op: str, cases: int, args: argparse.Na
     cmd = [sys.executable, "-m", "mlafuzz.harness.cli", "fuzz", "--impl", f"{op}=vllm", "--cases", str(cases)]
     cmd += ["--seed", str(args.seed), "--device", args.device, "--out", str(out), "--overwrite", *contract]
     cmd += ["--ledger", args.ledger] if args.ledger else []
+    cmd += ["--workers", str(args.workers)] if args.workers else []
     env = {k: v for k, v in os.environ.items() if k != "MLAFUZZ_VLLM_VERSION"}  # the tree's __version__ says
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH", "")) if p)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,6 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ledger", default=str(ROOT / ".ci" / "vllm_releases_ledger.toml"))
     p.add_argument("--cache", default=os.environ.get("MLAFUZZ_CACHE") or str(Path.home() / ".cache" / "mlafuzz"))
     p.add_argument("--pip", default=f"{sys.executable} -m pip", help="the pip that downloads wheels")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="releases fuzzed at once (default 1). On a GPU machine most of a release's time is Triton"
+        " compiling its kernels and workers starting, so 4 jobs of 2 workers each finish the table in a"
+        " fraction of the time; each row's cases/s is then measured beside the others",
+    )
+    p.add_argument("--workers", type=int, default=None, help="fuzz --workers for each run (default: fuzz's own)")
     args = p.parse_args(argv)
     cases = dict(CASES)
     for item in filter(None, args.cases.split(",")):
@@ -164,13 +175,21 @@ def main(argv: list[str] | None = None) -> int:
         f"vllm_releases: {', '.join(args.versions)} on {args.device}, Triton {triton.__version__}, seed {args.seed}",
         file=sys.stderr,
     )
-    rows: list[Row] = []
-    for version in args.versions:
+    if args.jobs < 1 or (args.workers is not None and args.workers < 1):
+        p.error("--jobs and --workers take a whole number >= 1")
+
+    def release(version: str) -> list[Row]:
         tree = tree_of(Path(args.cache), version, args.pip)
+        done = []
         for op in ops:
             row = fuzz_one(tree=tree, release=version, op=op, cases=cases[op], args=args)
-            print(f"vllm_releases: {version} {op}: {row.verdict} ({row.findings or '-'})", file=sys.stderr)
-            rows.append(row)
+            print(f"vllm_releases: {version} {op}: {row.verdict} ({row.findings or '-'})", file=sys.stderr, flush=True)
+            done.append(row)
+        return done
+
+    # Releases are independent runs (each its own out folder and PYTHONPATH); the table keeps their order.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = [row for rows_of in pool.map(release, args.versions) for row in rows_of]
     print(table(rows))
     if any(r.verdict.startswith(("error", "exit")) for r in rows):
         return 2

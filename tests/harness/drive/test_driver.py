@@ -239,6 +239,22 @@ def test_a_fault_that_broke_the_cuda_context_is_one_crash_not_also_a_launch_erro
     ]
 
 
+def test_a_context_broken_by_the_error_input_is_charged_to_its_class_not_to_the_valid_case():
+    # The worker syncs before a task's error input: a context that still worked then was broken by
+    # that input, and the CRASH names its class (the valid case's bundle would replay clean).
+    from mlafuzz.harness.drive.tasks import Task, TaskResult
+    from mlafuzz.harness.drive.workers import DEFAULT_TABLE, charge_broken_context, table_from_ref
+
+    task = Task(index=3, op="convert", seed=9, impl_ref="torch", device="cuda:0", contract="bad_block_size")
+    table = table_from_ref(DEFAULT_TABLE)
+    error = "AcceleratorError: CUDA error: an illegal memory access was encountered"
+    [crash] = charge_broken_context(task, TaskResult(), error, table, in_contract=True).findings
+    assert crash.cause == "contract:bad_block_size:crash" and "in its error input bad_block_size" in crash.message
+    assert crash.extra["invalid_class"] == "bad_block_size"
+    [valid] = charge_broken_context(task, TaskResult(), error, table).findings
+    assert valid.cause == "cuda_context"
+
+
 def test_each_of_4_shards_fuzzes_every_op_in_the_unsharded_mix(tmp_path):
     mix = FuzzConfig(ops=OPS.names, impls=dict.fromkeys(OPS.names, "torch"), cases=1).mix
     for k in range(4):
