@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a user's run gets on a GPU runner, measured as issue 29 asks (the device tool, one call):
 #   bash .ci/field.sh STAGE...     stages: cold warm ops startup profile lookalike bench basebench surfaces knee redzone
+#   mutants gputests tier nvfp4
 # cold: every cache removed (listed in the log), then the README's main job as printed
 #   (bash .ci/setup && .venv/bin/mlafuzz fuzz --budget 60): its "first case done" line and case count.
 # warm: the same command again. ops: each op with default flags. lookalike: the constexpr-specializing
@@ -55,6 +56,12 @@ for s in "$@"; do
         --shrink-budget 0 --out "$W/rz" ;;
     mutants) TAIL=40 run mutants "${MUTANT_LIMIT:-400}" $M mutants --device cuda $(for o in ${MUTANT_OPS:-}; do echo --op $o; done) --budget-per-mutant 10 --shrink-budget 3 --out "$W/mutants" ;;
     gputests) TAIL=12 run gputests "${TESTS_LIMIT:-400}" .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider -n 8 tests ;;
+    tier)  # the release tier on CUDA (docs/vllm.md), the extracted trees carried in .mlafuzz-cache
+      TAIL=40 run tier "${TIER_LIMIT:-400}" env MLAFUZZ_CACHE="$PWD/.mlafuzz-cache" bash .ci/vllm_releases.sh --device cuda \
+        --jobs "${TIER_JOBS:-4}" --workers 2 --cases "${TIER_CASES:-convert=200,dcp=200,plan=1000}" --out "$W/releases" ;;
+    nvfp4)  # issue 39's GPU figures: each nvfp4 op at default flags, and the bench rows beside fp8_ds_mla's
+      for op in nvfp4_gather nvfp4_writer; do run "op-$op" 60 $M fuzz --op "$op" --budget 30 --out "$W/op-$op"; done
+      TAIL=20 run bench-nvfp4 180 $M bench --op gather --op nvfp4_gather --op writer --op nvfp4_writer ;;
     *) echo "unknown stage $s" >>"$LOG" ;;
   esac
 done
