@@ -247,6 +247,16 @@ def test_on_the_gpu_our_cuda_gather_is_clear_on_the_fast_path_over_60_drawn_case
     assert _clear_without_the_oracle("cuda", _drawn(60, "cuda")) == 60
 
 
+def test_a_default_runs_nvfp4_gather_cases_meet_only_the_checks_fixed_kernel_variants():
+    """Nothing the case draws (row counts, views, a table's strides) makes a new variant of the
+    check or its map, each a compile in the middle of a GPU run: the check's are its three modes,
+    the map's are seq_starts or not (``mlafuzz warmup`` meets them all)."""
+    from tests.fast.test_variants import _by_kernel, _variants
+
+    counts = _by_kernel(_variants("nvfp4_gather", range(100 * len(OPS.names))))
+    assert counts["_rows"] == 3 and counts["_record_map"] <= 2, counts
+
+
 _PTX_SCRIPT = """
 from mlafuzz.harness.fast.nvfp4_gather import LAYOUT, _rows
 sig = {"cache8_ptr": "*u8", "rec_ptr": "*i64", "dst_bf16_ptr": "*bf16", "dst2_bf16_ptr": "*bf16",
