@@ -247,6 +247,69 @@ def test_on_the_gpu_our_cuda_gather_is_clear_on_the_fast_path_over_60_drawn_case
     assert _clear_without_the_oracle("cuda", _drawn(60, "cuda")) == 60
 
 
+def _prepared(cases: list) -> list[tuple]:
+    """Each case with its state, its guarded dst, the oracle's rows and two zeroed flags."""
+    from mlafuzz.harness.fast.state import CaseState, Resources
+    from mlafuzz.harness.memory.guards import PATTERNS
+
+    def flags(case):
+        return torch.zeros(2, dtype=torch.int64, device=case.device)
+
+    return [
+        (
+            case,
+            CaseState(case=case, res=Resources(), slots=flags(case)),
+            OP.guarded(case, PATTERNS[0]),
+            _oracle(case),
+            flags(case),
+        )
+        for case in cases
+    ]
+
+
+def _prefill_and_check(work: list[tuple]) -> list[torch.Tensor]:
+    """The path's adapters on each prepared case, its dst written with the oracle's rows between
+    the prefill and the checks (of one run, and of two): the flags, unread."""
+    from mlafuzz.harness.fast.nvfp4_gather import check, prefill
+
+    for case, state, guards, want, flag in work:
+        dst = guards["dst"].view
+        assert prefill(case, guards, state)
+        dst.copy_(want)
+        assert check(case, {"dst": dst}, None, flag[:1], state)
+        assert check(case, {"dst": dst}, {"dst": want}, flag[1:], state)
+    return [flag for *_, flag in work]
+
+
+def test_the_prefill_and_the_checks_read_nothing_back_to_the_host():
+    from tests.support.syncs import counting
+
+    work = _prepared(_drawn(4, DEV))
+    with counting() as count:
+        flags = _prefill_and_check(work)
+    assert count.total == 0, dict(count.sites)
+    assert not any(bool(f.any()) for f in flags)
+
+
+@gpu
+def test_on_the_gpu_the_prefill_and_the_checks_make_no_cuda_sync():
+    import warnings
+
+    from tests.support.syncs import cuda_syncs
+
+    work = _prepared(_drawn(12, "cuda"))
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            flags = _prefill_and_check(work)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert cuda_syncs(seen) == 0
+    assert not any(bool(f.any()) for f in flags)
+
+
 def test_a_default_runs_nvfp4_gather_cases_meet_only_the_checks_fixed_kernel_variants():
     """Nothing the case draws (row counts, views, a table's strides) makes a new variant of the
     check or its map, each a compile in the middle of a GPU run: the check's are its three modes,
