@@ -90,6 +90,7 @@ def _read_layout() -> dict[str, int]:
     slot_rows, slot_cols = _scale_transpose(FORMAT.scale_slots)
     return {
         "NOPE_AT": _NOPE.offset,
+        "TILE": _TILE,
         "NOPE_TILES": _NOPE.nbytes // _TILE,
         "SCALE_AT": _SCALE.offset,
         "PAIRS_PER_SCALE": FORMAT.scale_block // 2,
@@ -154,6 +155,7 @@ def _rows(
     ROWS: tl.constexpr,
     USE_ASM: tl.constexpr,
     NOPE_AT: tl.constexpr,
+    TILE: tl.constexpr,
     NOPE_TILES: tl.constexpr,
     SCALE_AT: tl.constexpr,
     PAIRS_PER_SCALE: tl.constexpr,
@@ -163,7 +165,7 @@ def _rows(
     ROPE_PAIRS: tl.constexpr,
 ):
     """ROWS dst rows per program, each rebuilt from its record (rec: its byte offset in the cache)
-    one pair of elements (one code byte) at a time: NOPE_TILES tiles of 64 code bytes, each with
+    one pair of elements (one code byte) at a time: NOPE_TILES tiles of TILE code bytes, each with
     its block's scale byte read beside it (a byte of the same 32-byte plane: one cache line), then
     the RoPE bytes two at a time; each slice filled or checked by ``_part`` (MODE 0 / 1 / 2).
     dst_stride, dst2_stride: in element pairs. A mismatch sets bad[0] = 1 with a masked store."""
@@ -174,21 +176,23 @@ def _rows(
     live = rows < total
     rec = tl.multiple_of(tl.load(rec_ptr + rows, mask=live, other=0), 16)  # records are 16-byte aligned
     on = live[:, None]
-    pairs = tl.arange(0, 64)
-    nope_bad = tl.zeros((ROWS, 64), dtype=tl.int1)  # the tiles' mismatches, or-ed elementwise
+    pairs = tl.arange(0, TILE)
+    nope_bad = tl.zeros((ROWS, TILE), dtype=tl.int1)  # the tiles' mismatches, or-ed elementwise
     for t in tl.static_range(NOPE_TILES):
-        k = t * 64 + pairs  # the code byte, and the dst pair it makes
+        k = t * TILE + pairs  # the code byte, and the dst pair it makes
         codes = tl.load(cache8_ptr + rec[:, None] + NOPE_AT + k[None, :], mask=on, other=0).to(tl.int32)
         block = k // PAIRS_PER_SCALE
         slot = SLOT_COLS * (block % SLOT_ROWS) + block // SLOT_ROWS
         raw = tl.load(cache8_ptr + rec[:, None] + SCALE_AT + slot[None, :], mask=on, other=0).to(tl.int32)
         expected = _nope_pairs(codes, _fp8_value(raw, USE_ASM), USE_ASM)
-        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 64, expected, 64, MODE)
+        nope_bad = nope_bad | _part(
+            dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * TILE, expected, TILE, MODE
+        )
     rope_at = (rec[:, None] + ROPE_AT) // 2 + tl.arange(0, ROPE_PAIRS)[None, :]
     words = tl.load(cache16_ptr + rope_at, mask=on, other=0).to(tl.int32) & 0xFFFF
     expected = _rope_pairs(words, USE_ASM)
     rope_bad = _part(
-        dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, NOPE_TILES * 64, expected, ROPE_PAIRS, MODE
+        dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, NOPE_TILES * TILE, expected, ROPE_PAIRS, MODE
     )
     if MODE != 0:
         row_bad = tl.max(nope_bad.to(tl.int32), axis=1) | tl.max(rope_bad.to(tl.int32), axis=1)
