@@ -153,7 +153,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
     _entry(
         op="nvfp4_gather",
         name="torch",
-        module="mlafuzz.kernels.nvfp4_torch",
+        module="mlafuzz.kernels.nvfp4.torch_gather",
         attr="gather_nvfp4_torch",
         devices=("cpu", "cuda"),
         rejects=NVFP4_GATHER_TORCH_REJECTS,
@@ -162,7 +162,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
     _entry(
         op="nvfp4_gather",
         name="cuda",
-        module="mlafuzz.kernels.nvfp4_cuda",
+        module="mlafuzz.kernels.nvfp4.cuda_gather",
         extension=True,
         attr="gather",
         devices=("cuda",),
@@ -172,7 +172,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
     _entry(
         op="nvfp4_writer",
         name="torch",
-        module="mlafuzz.kernels.nvfp4_writer_torch",
+        module="mlafuzz.kernels.nvfp4.torch_writer",
         attr="writer_nvfp4_torch",
         devices=("cpu", "cuda"),
         rejects=WRITER_TORCH_REJECTS,
@@ -181,7 +181,7 @@ BUILTINS: tuple[ImplEntry, ...] = (
     _entry(
         op="nvfp4_writer",
         name="triton",
-        module="mlafuzz.kernels.nvfp4_writer_triton",
+        module="mlafuzz.kernels.nvfp4.triton_writer",
         attr="writer_nvfp4_triton",
         devices=("cpu", "cuda"),
         rejects=WRITER_TORCH_REJECTS,

@@ -12,8 +12,8 @@ from mlafuzz.harness.ops.convert import CONVERT
 from mlafuzz.harness.ops.dcp import DCP, DCP_PEER
 from mlafuzz.harness.ops.gather import GATHER
 from mlafuzz.harness.ops.names import NAMES
-from mlafuzz.harness.ops.nvfp4_gather import NVFP4_GATHER
-from mlafuzz.harness.ops.nvfp4_writer import NVFP4_WRITER
+from mlafuzz.harness.ops.nvfp4.gather import NVFP4_GATHER
+from mlafuzz.harness.ops.nvfp4.writer import NVFP4_WRITER
 from mlafuzz.harness.ops.op import Op, OpTable, Outputs
 from mlafuzz.harness.ops.plan import PLAN
 from mlafuzz.harness.ops.step import STEP

@@ -1,5 +1,5 @@
 """Planted bugs in the nvfp4_ds_mla upconvert gather (SPEC.md section 11): torch variants of our
-gather (kernels/nvfp4_torch.py), each a realistic misreading of the 352-byte record, so they run
+gather (kernels/nvfp4/torch_gather.py), each a realistic misreading of the 352-byte record, so they run
 anywhere and the catalog is scored on the CPU. Each draws VALUE_MISMATCH on written records.
 
 - ``identity_scales``: block s's scale read at byte 320 + s, FlashMLA's permuted layout
@@ -23,7 +23,7 @@ import torch
 
 from mlafuzz.kernels.builtins import NVFP4_GATHER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry
-from mlafuzz.kernels.nvfp4_torch import E2M1_VALUES, FORMAT, record_slots
+from mlafuzz.kernels.nvfp4.torch_gather import E2M1_VALUES, FORMAT, record_slots
 from mlafuzz.oracles.formats.table import get
 
 __all__ = ["NVFP4_MUTANTS"]

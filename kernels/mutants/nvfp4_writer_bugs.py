@@ -1,5 +1,5 @@
 """Planted bugs in the nvfp4_ds_mla writer (SPEC.md section 11.3): our torch writer
-(kernels/nvfp4_writer_torch.py) with one rule of another source, judged under vLLM's CUDA
+(kernels/nvfp4/torch_writer.py) with one rule of another source, judged under vLLM's CUDA
 writer's revision ``rn_bump.mul_recip`` unless it names another (its cases drawn under it, as
 ``fuzz --nvfp4-writer`` draws them). Each draws VALUE_MISMATCH on the CPU.
 
@@ -33,7 +33,7 @@ import torch
 
 from mlafuzz.kernels.checks import WRITER_TORCH_REJECTS
 from mlafuzz.kernels.entry import ImplEntry
-from mlafuzz.kernels.nvfp4_writer_torch import FORMAT, encode_records, writer_nvfp4_torch
+from mlafuzz.kernels.nvfp4.torch_writer import FORMAT, encode_records, writer_nvfp4_torch
 from mlafuzz.oracles.formats.table import get
 
 __all__ = ["NVFP4_WRITER_MUTANTS"]

@@ -10,7 +10,7 @@ import torch
 from mlafuzz.generators.ops.gather import GatherRequest
 from mlafuzz.generators.ops.nvfp4_gather import Nvfp4GatherSpec, Nvfp4Values
 from mlafuzz.harness.ops.table import OPS
-from mlafuzz.kernels.nvfp4_torch import gather_nvfp4_torch
+from mlafuzz.kernels.nvfp4.torch_gather import gather_nvfp4_torch
 from mlafuzz.reports.findings import Kind
 from mlafuzz.tests.support.cuda_cases import gpu
 from mlafuzz.tests.support.helpers import draw_spec, materialize, resolve, run_case
@@ -95,8 +95,8 @@ def test_unwritten_scales_are_judged_on_nan_and_sign_but_every_other_element_bit
 
 
 def test_our_cuda_gather_refuses_cpu_tensors_and_fp8_records_before_any_build():
-    from mlafuzz.kernels import nvfp4_cuda
     from mlafuzz.kernels.checks import InvalidInputError
+    from mlafuzz.kernels.nvfp4 import cuda_gather as nvfp4_cuda
 
     args = (torch.zeros(1, 576, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.int32))
     ws = torch.zeros(1, dtype=torch.int32)
@@ -111,7 +111,7 @@ def test_our_cuda_gather_refuses_cpu_tensors_and_fp8_records_before_any_build():
 def test_our_cuda_gather_equals_the_exact_reader_over_60_drawn_cases(force_scalar):
     import functools
 
-    from mlafuzz.kernels import nvfp4_cuda
+    from mlafuzz.kernels.nvfp4 import cuda_gather as nvfp4_cuda
 
     entry = resolve("nvfp4_gather", "cuda")
     fn = functools.partial(nvfp4_cuda.gather_impl, force_scalar=force_scalar)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlafuzz.kernels.nvfp4_writer_torch import encode_records
+from mlafuzz.kernels.nvfp4.torch_writer import encode_records
 from mlafuzz.oracles.formats import nvfp4_write, writer_rules
 from mlafuzz.tests.support.helpers import draw_spec, materialize, resolve, run_case
 

@@ -26,7 +26,7 @@ def test_our_triton_writer_is_clean_over_24_drawn_cases():
 
 
 def _write(kv_c: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    from mlafuzz.kernels.nvfp4_writer_triton import writer_nvfp4_triton
+    from mlafuzz.kernels.nvfp4.triton_writer import writer_nvfp4_triton
 
     n = kv_c.shape[0]
     cache = torch.full((n, 1, 352), 0xA5, dtype=torch.uint8)
