@@ -54,8 +54,8 @@ for s in "$@"; do
     redzone)
       run redzone 150 $M fuzz --op convert --impl "convert=$L:convert_prefix_bug" --redzone --workers 8 --budget 30 \
         --shrink-budget 0 --out "$W/rz" ;;
-    mutants) TAIL=40 run mutants "${MUTANT_LIMIT:-400}" $M mutants --device cuda $(for o in ${MUTANT_OPS:-}; do echo --op $o; done) --budget-per-mutant 10 --shrink-budget 3 --out "$W/mutants" ;;
-    gputests) TAIL=12 run gputests "${TESTS_LIMIT:-400}" .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider -n 8 tests ;;
+    mutants) TAIL=40 run mutants "${MUTANT_LIMIT:-400}" $M mutants --device cuda $(for o in ${MUTANT_OPS:-}; do echo --op $o; done) --budget-per-mutant "${MUTANT_BUDGET:-10}" --shrink-budget "${MUTANT_SHRINK:-3}" --out "$W/mutants" ;;
+    gputests) TAIL=12 run gputests "${TESTS_LIMIT:-400}" .venv/bin/python -m pytest -v -m gpu -p no:cacheprovider -n "${TESTS_N:-8}" --timeout 150 -rfE --tb=short tests ;;
     tier)  # the release tier on CUDA (docs/vllm.md), the extracted trees carried in .mlafuzz-cache
       TAIL=40 run tier "${TIER_LIMIT:-400}" env MLAFUZZ_CACHE="$PWD/.mlafuzz-cache" bash .ci/vllm_releases.sh --device cuda \
         --jobs "${TIER_JOBS:-4}" --workers 2 --cases "${TIER_CASES:-convert=200,dcp=200,plan=1000}" --out "$W/releases" ;;
