@@ -1,0 +1,287 @@
+"""The nvfp4 writer's fast check (harness/fast/nvfp4_writer.py) is the oracle: clear on the oracle's
+cache under every writer revision, flagged on any changed byte or misplaced record, "cannot tell"
+where it cannot, and through the runner every planted nvfp4 writer bug is still found."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")  # slot_owners is a Triton kernel: without triton this module skips
+
+from mlafuzz.generators.draw import Knobs  # noqa: E402
+from mlafuzz.generators.ops.nvfp4_writer import Nvfp4WriterSpec, WriterRevision  # noqa: E402
+from mlafuzz.generators.ops.writer import WriterValues  # noqa: E402
+from mlafuzz.generators.spec import Paging  # noqa: E402
+from mlafuzz.harness.fast import nvfp4_writer as fast_nvfp4_writer  # noqa: E402
+from mlafuzz.harness.fast.path import Clear, Undecided  # noqa: E402
+from mlafuzz.harness.ops.table import OPS  # noqa: E402
+from mlafuzz.kernels.mutants.nvfp4_writer_bugs import NVFP4_WRITER_MUTANTS  # noqa: E402
+from mlafuzz.oracles.formats import writer_rules  # noqa: E402
+from mlafuzz.oracles.formats.nvfp4_write import write_records  # noqa: E402
+from mlafuzz.tests.support.helpers import (  # noqa: E402
+    fast_path_hides_nothing,
+    fast_verdict,
+    materialize,
+    resolve,
+    run_case,
+    session_with,
+)
+from tests.support.syncs import counting, cuda_syncs  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+OP = OPS.get("nvfp4_writer")
+REVISIONS = writer_rules.names()
+RECORD = fast_nvfp4_writer.RECORD_BYTES
+# SPEC 11.3's tie tile (codes 7,7,5,3 under mul_recip, 7,6,4,2 under div), then tiles whose amax is
+# zero, a bf16 subnormal, the largest bf16, an inf, a NaN (left out of amax), and a scale that
+# saturates at 448 (amax / 6 past it).
+HARD_TILES = (
+    [5.5, 4.6875, 2.34375, 1.171875],
+    [0.0, -0.0],
+    [2.0**-133, -(2.0**-130), 2.0**-126],
+    [3.3895313892515355e38, -1.0, 0.5],
+    [float("inf"), 1.0, -3.0],
+    [float("nan"), 2.5, -0.75],
+    [6.0 * 500, -6.0 * 448, 1.0],
+    [-0.0009765625, 0.0029296875, 0.001953125],  # near the 2^-9 scale floor: a tie of its own
+)
+
+
+def _hard_case(revision: str, seed: int = 0):
+    """A bf16 case drawn with extreme values, every token's leading tiles replaced by HARD_TILES and
+    its first RoPE values by saturation edges (432: the tie between 416 and 448; 464 and past: 448)."""
+    spec = Nvfp4WriterSpec(
+        num_tokens=12,
+        paging=Paging(block_size=4, spare_blocks=2),
+        values=WriterValues.EXTREME,
+        padding=True,
+        writer_revision=WriterRevision(revision),
+    )
+    case = materialize(spec, seed, DEV)
+    kv, pe = case.tensors["kv_c"], case.tensors["k_pe"]
+    for i, tile in enumerate(HARD_TILES):
+        kv[:, 16 * i : 16 * i + 16] = 0
+        kv[:, 16 * i : 16 * i + len(tile)] = torch.tensor(tile, dtype=torch.float32).to(kv.dtype)
+    pe[:, :4] = torch.tensor([432.0, 464.0, -1e4, float("inf")]).to(pe.dtype)
+    return case
+
+
+def _oracle_cache(case) -> torch.Tensor:
+    """The whole cache after a correct call: its zero blocks, then the oracle's blocks past them."""
+    full = case.tensors["kv_cache"].clone()
+    full[case.zero_blocks.get("kv_cache", 0) :] = OP.oracle(case)["kv_cache"]
+    return full
+
+
+def _flag(case, after: torch.Tensor, **params) -> list[int] | None:
+    """The check's two board slots for ``after`` (None: it cannot tell from the host side)."""
+    if params:
+        case = dataclasses.replace(case, params={**case.params, **params})
+    flag = torch.zeros(2, dtype=torch.int64, device=DEV)
+    if not fast_nvfp4_writer.check(case, {"kv_cache": after}, None, flag, None):
+        return None
+    return flag.tolist()
+
+
+def _drawn(count: int, *, start: int = 0, knobs: Knobs = Knobs()) -> list:
+    return [
+        OPS.materialize(OPS.draw_spec("nvfp4_writer", seed=s, knobs=knobs), s, DEV) for s in range(start, start + count)
+    ]
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
+def test_clear_on_the_oracles_cache_under_each_revision_with_hard_bf16_tiles(revision):
+    case = _hard_case(revision)
+    assert case.tensors["kv_c"].dtype == torch.bfloat16
+    # The tiles are hard for this check: the revisions write them differently.
+    others = {
+        name: write_records(
+            kv_c=case.tensors["kv_c"],
+            k_pe=case.tensors["k_pe"],
+            kv_cache=case.tensors["kv_cache"],
+            slot_mapping=case.tensors["slot_mapping"],
+            revision=name,
+        )
+        for name in REVISIONS
+    }
+    assert len({bytes(c.cpu().reshape(-1).numpy()) for c in others.values()}) == len(REVISIONS)
+    assert _flag(case, _oracle_cache(case)) == [0, 0]
+    for name, other in others.items():
+        if name != revision:
+            assert _flag(case, other) == [1, 0], name
+
+
+def test_clear_on_the_oracles_cache_for_drawn_cases_of_every_value_pool_and_zero_blocks():
+    cases = _drawn(40)
+    assert {c.spec.values for c in cases} == set(WriterValues)
+    assert any(c.zero_blocks for c in cases) and any(c.spec.num_tokens == 0 for c in cases)
+    for case in cases:
+        assert _flag(case, _oracle_cache(case)) == [0, 0], case.case_id
+
+
+def _written_and_free(case) -> tuple[int, int]:
+    """(a slot some token writes, a slot of the case's pool none does), past the zero blocks."""
+    slots = case.tensors["slot_mapping"].tolist()
+    head = case.zero_blocks.get("kv_cache", 0) * case.tensors["kv_cache"].shape[1]
+    owned = {s for s in slots if s >= 0}
+    free = next(
+        s for s in range(head, case.tensors["kv_cache"].shape[0] * case.tensors["kv_cache"].shape[1]) if s not in owned
+    )
+    return min(owned), free
+
+
+def test_any_single_flipped_byte_of_a_written_or_unwritten_record_flags():
+    """A flipped bit in each 8-byte word of a record (the unit the check compares; a different byte
+    and bit of each word), in a record a token writes and in one no token does."""
+    case = _hard_case(REVISIONS[0])
+    good = _oracle_cache(case)
+    written, free = _written_and_free(case)
+    for slot in (written, free):
+        for word in range(RECORD // 8):
+            byte = 8 * word + word % 8
+            bad = good.clone()
+            bad.view(-1, RECORD)[slot, byte] ^= 1 << (word * 3 % 8)
+            assert _flag(case, bad) == [1, 0], (slot, byte)
+
+
+def test_a_byte_written_into_the_zero_blocks_flags():
+    case = next(c for c in _drawn(40) if c.zero_blocks and c.spec.num_tokens)
+    good = _oracle_cache(case)
+    for at in (0, good.view(-1).shape[0] // 3, case.zero_blocks["kv_cache"] * good.shape[1] * RECORD - 1):
+        bad = good.clone()
+        bad.view(-1)[at] = 0x5A
+        assert _flag(case, bad) == [1, 0], at
+
+
+def test_a_token_written_to_the_wrong_slot_flags():
+    case = _hard_case(REVISIONS[0])
+    good = _oracle_cache(case)
+    written, free = _written_and_free(case)
+    moved = good.clone()
+    rows, before = moved.view(-1, RECORD), case.tensors["kv_cache"].view(-1, RECORD)
+    rows[free], rows[written] = rows[written].clone(), before[written]
+    assert _flag(case, moved) == [1, 0]
+    copied = good.clone()  # written to the right slot and to a wrong one as well
+    copied.view(-1, RECORD)[free] = good.view(-1, RECORD)[written]
+    assert _flag(case, copied) == [1, 0]
+
+
+def test_repeated_or_out_of_range_slots_and_an_unknown_revision_cannot_tell():
+    case = _hard_case(REVISIONS[0])
+    t, good = case.tensors, _oracle_cache(case)
+    slots = t["slot_mapping"]
+    live = (slots >= 0).nonzero().reshape(-1).tolist()
+    repeated = slots.clone()
+    repeated[live[1]] = slots[live[0]]
+    past = slots.clone()
+    past[live[0]] = t["kv_cache"].shape[0] * t["kv_cache"].shape[1]
+    for bad_slots in (repeated, past):
+        other = dataclasses.replace(case, tensors={**t, "slot_mapping": bad_slots})
+        assert _flag(other, good)[1] == 2
+    assert _flag(case, good, nvfp4_revision="rn_bump.exact") is None
+    assert _flag(case, good.view(torch.float8_e4m3fn)) is None  # not the oracle's uint8: the comparator's
+    assert _flag(case, good[:, :2]) is None
+    unknown = dataclasses.replace(case, params={**case.params, "nvfp4_revision": "rn_bump.exact"})
+    assert fast_verdict(unknown, "torch") == Undecided(seen="")
+
+
+def test_the_check_reads_nothing_back_to_the_host():
+    """The oracle's arithmetic, the packing and the comparison are torch ops on the case's device
+    and slot_owners one launch: no sync of their own (the path's one read of the board is the
+    case's only one)."""
+    cases = _drawn(12)
+    expected = [_oracle_cache(c) for c in cases]
+    _flag(cases[0], expected[0])  # the codecs' constant tables are made once per device
+    for case, exp in zip(cases, expected):
+        flag = torch.zeros(2, dtype=torch.int64, device=DEV)
+        with counting() as count:
+            assert fast_nvfp4_writer.check(case, {"kv_cache": exp}, None, flag, None)
+        assert count.total == 0, (case.case_id, dict(count.sites))
+
+
+def _mutant_cases(entry, count: int) -> list:
+    """Drawn cases of a default run's sizes, under the writer revision the mutant is judged by."""
+    return _drawn(count, knobs=dataclasses.replace(Knobs(), **dict(entry.draws)))
+
+
+@pytest.mark.parametrize("mutant", [e.name for e in NVFP4_WRITER_MUTANTS])
+def test_every_nvfp4_writer_mutant_is_still_found_with_its_kind_through_the_fast_path(mutant):
+    """Where the full path finds the planted bug, the fast check itself flags the case (not a
+    "cannot tell") and a run that starts on the fast path names the bug's kind."""
+    entry = resolve("nvfp4_writer", mutant)
+    cases = _mutant_cases(entry, 40)
+    assert fast_path_hides_nothing(entry, cases, enough=3), f"{mutant}: no drawn case showed its bug"
+    shown = next(c for c in cases if run_case(case=c, entry=entry, fast=False).findings)
+    assert fast_verdict(shown, mutant).seen.startswith("gave outputs the fused check found different")
+
+
+def test_a_packed_cache_view_is_left_to_the_full_path_and_a_plain_one_is_taken_whatever_the_spec_says():
+    case = next(c for c in _drawn(20) if c.spec.layers > 1)  # the nvfp4 generator builds no packed cache
+    assert fast_nvfp4_writer.takes(case)
+    cache = case.tensors["kv_cache"]
+    packed = torch.zeros((2,) + tuple(cache.shape), dtype=cache.dtype, device=DEV)
+    packed[1] = cache
+    layer = dataclasses.replace(case, tensors={**case.tensors, "kv_cache": packed[1]})
+    assert not fast_nvfp4_writer.takes(layer)
+    assert fast_verdict(layer, "torch") == Undecided(seen="", ran=False)
+
+
+def test_our_torch_writer_is_clear_on_the_fast_path_and_the_oracle_never_runs():
+    def boom(case):
+        raise AssertionError("the oracle ran although the fast check said the cache matches")
+
+    no_oracle = session_with("nvfp4_writer", oracle=boom)
+    entry = no_oracle.entry("nvfp4_writer", "torch")
+    for i, case in enumerate(_drawn(30)):
+        assert isinstance(fast_verdict(case, "torch", rerun=i % 2 == 0), Clear), case.case_id
+        assert run_case(case=case, entry=entry, fast=True, in_session=no_oracle).findings == (), case.case_id
+
+
+# ------------------------------------------------------------------ on the GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_on_cuda_our_writers_are_clear_on_the_fast_path_and_each_revision_is_held(impl):
+    for i, case in enumerate(_drawn(100)):
+        assert isinstance(fast_verdict(case, impl, rerun=i % 2 == 0), Clear), case.case_id
+    for revision in REVISIONS:
+        case = _hard_case(revision)
+        assert _flag(case, _oracle_cache(case)) == [0, 0], revision
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mutant", [e.name for e in NVFP4_WRITER_MUTANTS])
+def test_on_cuda_every_nvfp4_writer_mutant_is_still_found_with_its_kind(mutant):
+    entry = resolve("nvfp4_writer", mutant)
+    assert fast_path_hides_nothing(entry, _mutant_cases(entry, 60), enough=5), mutant
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_check_makes_no_cuda_sync():
+    """CUDA's own count (torch's sync debug mode warns at every blocking copy and stream sync)."""
+    import warnings
+
+    cases = _drawn(24)
+    expected = [_oracle_cache(c) for c in cases]
+    flags = [torch.zeros(2, dtype=torch.int64, device=DEV) for _ in cases]
+    _flag(cases[0], expected[0])  # warm: the codecs' tables, slot_owners' compile
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for case, exp, flag in zip(cases, expected, flags):
+                assert fast_nvfp4_writer.check(case, {"kv_cache": exp}, None, flag, None)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert cuda_syncs(seen) == 0
+    assert not any(f.tolist() != [0, 0] for f in flags)
