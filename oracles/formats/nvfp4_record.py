@@ -17,7 +17,6 @@ inverses on every record (tests/oracles/formats).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -25,17 +24,7 @@ from torch import Tensor
 
 from mlafuzz.oracles.formats.table import NVFP4_DS_MLA
 
-__all__ = [
-    "FORMAT",
-    "RECORD_BYTES",
-    "Planes",
-    "as_records",
-    "pack",
-    "pack_encoded",
-    "pack_loop",
-    "unpack",
-    "unpack_loop",
-]
+__all__ = ["FORMAT", "RECORD_BYTES", "Planes", "as_records", "pack", "pack_loop", "unpack", "unpack_loop"]
 
 FORMAT = NVFP4_DS_MLA
 RECORD_BYTES = FORMAT.record_bytes  # 352
@@ -82,25 +71,12 @@ def _check_planes(codes: Tensor, scales: Tensor, rope: Tensor) -> tuple[int, ...
     return lead
 
 
-@functools.lru_cache(maxsize=8)
-def _inverse(device: torch.device) -> Tensor:
-    # INVERSE as an index on the planes' device, made once per device (a constant nobody writes to):
-    # indexing with the Python list uploads it at every call, a blocking copy on a GPU.
-    return torch.tensor(INVERSE, dtype=torch.int64, device=device)
-
-
 def pack(*, codes: Tensor, scales: Tensor, rope: Tensor) -> Tensor:
     """Planes (element order) -> records uint8 ``[..., 352]``, vectorized on the planes' device."""
-    _check_planes(codes, scales, rope)
-    return pack_encoded(codes=codes, scales=scales, rope=rope)
-
-
-def pack_encoded(*, codes: Tensor, scales: Tensor, rope: Tensor) -> Tensor:
-    """``pack`` of planes an encoder made (uint8, codes 0..15 by construction), unchecked: it reads
-    nothing back to the host (``pack``'s check of the codes does), so a GPU check packs this way."""
-    out = torch.empty(tuple(codes.shape[:-1]) + (RECORD_BYTES,), dtype=torch.uint8, device=codes.device)
+    lead = _check_planes(codes, scales, rope)
+    out = torch.empty(lead + (RECORD_BYTES,), dtype=torch.uint8, device=codes.device)
     out[..., _NOPE.offset : _NOPE.stop] = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    out[..., _SCALE.offset : _SCALE.stop] = scales.index_select(-1, _inverse(scales.device))
+    out[..., _SCALE.offset : _SCALE.stop] = scales[..., list(INVERSE)]
     out[..., _ROPE.offset : _ROPE.stop] = rope
     return out
 

@@ -43,7 +43,7 @@ from mlafuzz.oracles.formats.minifloat import (
     e4m3_rn_satfinite_code,
     e4m3_value,
 )
-from mlafuzz.oracles.formats.nvfp4_record import FORMAT, RECORD_BYTES, Planes, as_records, pack, pack_loop
+from mlafuzz.oracles.formats.nvfp4_record import FORMAT, RECORD_BYTES, as_records, pack, pack_loop
 from mlafuzz.oracles.fpbits import f32_div, f32_mul
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "tile_scale_loop",
     "tile_scales",
     "encode_rows_loop",
-    "encode_planes",
     "encode_rows",
     "write_records_loop",
     "write_records",
@@ -151,9 +150,8 @@ def tile_scales(*, kv_c: Tensor, revision: str = writer_rules.DEFAULT) -> Tensor
     return sf
 
 
-def encode_planes(*, kv_c: Tensor, k_pe: Tensor, revision: str = writer_rules.DEFAULT) -> Planes:
-    """The planes of ``encode_rows``' records (element order), on kv_c's device; nothing is read
-    back to the host (the GPU fast path's check packs them with ``pack_encoded``)."""
+def encode_rows(*, kv_c: Tensor, k_pe: Tensor, revision: str = writer_rules.DEFAULT) -> Tensor:
+    """Vectorized ``encode_rows_loop`` on kv_c's device, bit-identical to it."""
     rev = writer_rules.get(revision)
     n = _check_inputs(kv_c, k_pe, None)
     sf = tile_scales(kv_c=kv_c[:n], revision=revision)
@@ -161,13 +159,7 @@ def encode_planes(*, kv_c: Tensor, k_pe: Tensor, revision: str = writer_rules.DE
     q = _QUOTIENT[rev.rule("quotient")](x, e4m3_decode(sf).unsqueeze(-1))
     codes = e2m1_rn_satfinite(q).reshape(n, _NOPE)
     rope = e4m3_rn_satfinite(k_pe[:n].float()).to(codes.device)
-    return Planes(codes=codes, scales=sf, rope=rope)
-
-
-def encode_rows(*, kv_c: Tensor, k_pe: Tensor, revision: str = writer_rules.DEFAULT) -> Tensor:
-    """Vectorized ``encode_rows_loop`` on kv_c's device, bit-identical to it."""
-    p = encode_planes(kv_c=kv_c, k_pe=k_pe, revision=revision)
-    return pack(codes=p.codes, scales=p.scales, rope=p.rope)
+    return pack(codes=codes, scales=sf, rope=rope)
 
 
 # ------------------------------------------------------------------ the writer over a cache
