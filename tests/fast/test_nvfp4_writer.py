@@ -52,8 +52,8 @@ REVISIONS = writer_rules.names()
 FORMAT = fast_nvfp4_writer.FORMAT
 RECORD = FORMAT.record_bytes
 # SPEC 11.3's tie tile (codes 7,7,5,3 under mul_recip, 7,6,4,2 under div), then tiles whose amax is
-# zero, a bf16 subnormal, the largest bf16, an inf, a NaN (left out of amax), and a scale that
-# saturates at 448 (amax / 6 past it).
+# zero, a bf16 subnormal, the largest bf16, an inf, a NaN (left out of amax), a scale that
+# saturates at 448 (amax / 6 past it), and one floored at 2^-9.
 HARD_TILES = (
     [5.5, 4.6875, 2.34375, 1.171875],
     [0.0, -0.0],
@@ -62,7 +62,7 @@ HARD_TILES = (
     [float("inf"), 1.0, -3.0],
     [float("nan"), 2.5, -0.75],
     [6.0 * 500, -6.0 * 448, 1.0],
-    [-0.0009765625, 0.0029296875, 0.001953125],  # near the 2^-9 scale floor: a tie of its own
+    [-0.0009765625, 0.0029296875, 0.001953125],  # amax / 6 below the 2^-9 scale floor
 )
 
 
@@ -134,6 +134,10 @@ def test_clear_on_the_oracles_cache_for_drawn_cases_of_every_value_pool_and_zero
     cases = _drawn(40)
     assert {c.spec.values for c in cases} == set(WriterValues)
     assert any(c.zero_blocks for c in cases) and any(c.spec.num_tokens == 0 for c in cases)
+    # kv_c and k_pe as columns of one [T, 576] tensor and as their own, bf16 and fp16, padded slots
+    assert {(c.spec.inputs_view.value, c.tensors["kv_c"].dtype, c.spec.padding) for c in cases} >= {
+        (view, dtype, True) for view in ("columns", "plain") for dtype in (torch.bfloat16, torch.float16)
+    }
     for case in cases:
         assert _flag(case, _oracle_cache(case)) == [0, 0], case.case_id
 
