@@ -10,8 +10,10 @@ by exactly one token (its bytes must be that token's encoding) or by none (its b
 ones before the call); the zero blocks must still be zeros (no slot maps there; the full path
 checks the same, one reduction here). Anything this check cannot tell (a repeated slot, a slot
 past the cache, an unknown writer revision, dtypes, shapes or devices it does not read, a packed
-multi-layer cache) is "cannot tell", never a verdict. Under ``--ties either`` a tie's other
-neighbour is a mismatch here: the full path's review then accepts it.
+multi-layer cache) is "cannot tell", never a verdict. Under ``--ties either`` a record that
+differs is "cannot tell" too: the full path's review accepts an exact tie's other neighbour and
+counts it apart (an info), and a difference this check called a mismatch that the full path then
+accepts would be filed as a non-reproduced one (NONDETERMINISM, drive/run.py).
 
 Each step is the oracle's arithmetic (nvfp4_write.py's module docstring), spelled so nothing can
 bend it: kv_c and k_pe decoded from their 16-bit patterns (exact, subnormals kept); amax the
@@ -116,6 +118,8 @@ def _check_records(
     PAIRS: tl.constexpr,
     ROPE_DIM: tl.constexpr,
     RECS: tl.constexpr,
+    DIFFER_AT: tl.constexpr,
+    DIFFER: tl.constexpr,
 ):
     kv16_ptr = kv_ptr.to(tl.pointer_type(tl.int16))
     pe16_ptr = pe_ptr.to(tl.pointer_type(tl.int16))
@@ -179,13 +183,14 @@ def _check_records(
     exp_nope = tl.where(new_b, new_nope, old_nope)
     exp_scale = tl.where(new_s, sf, old_scale)
     exp_rope = tl.where(new_r, new_rope, old_rope)
-    # Compare with the cache after the call; a mismatch sets bad[0] = 1 (masked stores, no reduction).
+    # Compare with the cache after the call; a mismatch sets bad[DIFFER_AT] = DIFFER (bad[0] = 1, or
+    # under --ties either bad[1] = 2: "cannot tell"), masked stores, no reduction.
     nope = tl.load(after8_ptr + nope_at, mask=live_b, other=0).to(tl.int32)
     scale = tl.load(after8_ptr + scale_at, mask=live_s, other=0).to(tl.int32)
     rope = tl.load(after8_ptr + rope_at, mask=live_r, other=0).to(tl.int32)
-    tl.store(bad_ptr + tl.zeros_like(nope), 1, mask=live_b & (nope != exp_nope))
-    tl.store(bad_ptr + tl.zeros_like(scale), 1, mask=live_s & (scale != exp_scale))
-    tl.store(bad_ptr + tl.zeros_like(rope), 1, mask=live_r & (rope != exp_rope))
+    tl.store(bad_ptr + DIFFER_AT + tl.zeros_like(nope), DIFFER, mask=live_b & (nope != exp_nope))
+    tl.store(bad_ptr + DIFFER_AT + tl.zeros_like(scale), DIFFER, mask=live_s & (scale != exp_scale))
+    tl.store(bad_ptr + DIFFER_AT + tl.zeros_like(rope), DIFFER, mask=live_r & (rope != exp_rope))
 
 
 def _records(cache: torch.Tensor) -> torch.Tensor | None:
@@ -216,6 +221,7 @@ def nvfp4_records_flag(
     flag: torch.Tensor,
     revision: str = writer_rules.DEFAULT,
     zero_blocks: int = 0,
+    ties_either: bool = False,
     launchers: Launchers | None = None,
 ) -> bool:
     """Sets ``flag`` (a zeroed int tensor [2] on the cache's device: the board's two slots) with no
@@ -223,7 +229,8 @@ def nvfp4_records_flag(
     writer ``revision`` makes of ``kv_cache_before``, element 1 to 2 when a slot is repeated or past
     the cache (the full path decides). ``zero_blocks``: the cache's first blocks, which hold zeros
     and which no slot maps to (``Case.zero_blocks``; the oracle's slots are shifted past them).
-    False, nothing set: it cannot tell from the host side (an unknown revision, shapes, dtypes or
+    ``ties_either``: a record past them that differs sets element 1 to 2 instead of element 0 (the
+    full path's review decides: see the module docstring). False, nothing set: it cannot tell from the host side (an unknown revision, shapes, dtypes or
     devices it does not read)."""
     if revision not in writer_rules.names():
         return False
@@ -273,6 +280,8 @@ def nvfp4_records_flag(
                 "PAIRS": FORMAT.scale_block // 2,
                 "ROPE_DIM": FORMAT.rope_dim,
                 "RECS": recs,
+                "DIFFER_AT": 1 if ties_either else 0,
+                "DIFFER": 2 if ties_either else 1,
             },
             num_warps=1,
         )
@@ -310,5 +319,6 @@ def check(case: Case, outputs: Outputs, second: Outputs | None, flag: torch.Tens
         flag=flag,
         revision=revision_of(case),
         zero_blocks=case.zero_blocks.get("kv_cache", 0),
+        ties_either=case.params.get("nvfp4_ties") == "either",
         launchers=state.launchers if state is not None else None,
     )

@@ -31,6 +31,7 @@ from mlafuzz.kernels.mutants.nvfp4_writer_bugs import NVFP4_WRITER_MUTANTS  # no
 from mlafuzz.oracles.formats import writer_rules  # noqa: E402
 from mlafuzz.oracles.formats.minifloat import e2m1_rn_satfinite, e4m3_decode  # noqa: E402
 from mlafuzz.oracles.formats.nvfp4_write import write_records  # noqa: E402
+from mlafuzz.reports.findings import Severity  # noqa: E402
 from mlafuzz.tests.support.helpers import (  # noqa: E402
     fast_path_hides_nothing,
     fast_verdict,
@@ -261,6 +262,10 @@ def test_repeated_or_out_of_range_slots_and_an_unknown_revision_cannot_tell():
         other = dataclasses.replace(case, tensors={**t, "slot_mapping": bad_slots})
         assert _flag(other, good)[1] == 2
     assert _flag(case, good, nvfp4_revision="rn_bump.exact") is None
+    differs = good.clone()
+    differs.view(-1, RECORD)[_written_and_free(case)[0], 7] ^= 1
+    assert _flag(case, differs, nvfp4_ties="either") == [0, 2]  # the full path's review counts ties
+    assert _flag(case, good, nvfp4_ties="either") == [0, 0]
     assert _flag(case, good.view(torch.float8_e4m3fn)) is None  # not the oracle's uint8: the comparator's
     assert _flag(case, good[:, :2]) is None
     unknown = dataclasses.replace(case, params={**case.params, "nvfp4_revision": "rn_bump.exact"})
@@ -294,6 +299,23 @@ def test_every_nvfp4_writer_mutant_is_still_found_with_its_kind_through_the_fast
     assert fast_path_hides_nothing(entry, cases, enough=3), f"{mutant}: no drawn case showed its bug"
     shown = next(c for c in cases if run_case(case=c, entry=entry, fast=False).findings)
     assert fast_verdict(shown, mutant).seen.startswith("gave outputs the fused check found different")
+
+
+def test_under_ties_either_a_differing_record_is_cannot_tell_and_the_run_reports_the_full_paths_tie_info():
+    """The check knows no ties: under --ties either a record that differs is "cannot tell" (not a
+    mismatch the full path would then call unreproduced), so a writer that differs on exact ties
+    only gets what the full path alone gives it, a "bit-exact except N ties" info, and nothing more."""
+    entry = resolve("nvfp4_writer", "nvfp4_writer_div")
+    tied = 0
+    for case in _drawn(16, knobs=dataclasses.replace(KNOBS, nvfp4_ties="either")):
+        full = run_case(case=case, entry=entry, fast=False).findings
+        fast = run_case(case=case, entry=entry, fast=True).findings
+        assert [(f.kind, f.severity, f.message) for f in fast] == [(f.kind, f.severity, f.message) for f in full]
+        if full:
+            assert all(f.severity is Severity.INFO and f.extra["tie_hits"] > 0 for f in full)
+            assert fast_verdict(case, entry.name) == Undecided(seen="")
+            tied += 1
+    assert tied
 
 
 def test_a_packed_cache_view_is_left_to_the_full_path_and_a_plain_one_is_taken_whatever_the_spec_says():
@@ -347,7 +369,8 @@ _PTX_SCRIPT = """
 from mlafuzz.harness.fast.nvfp4_writer import FORMAT, _check_records
 layout = {"RECORD_BYTES": FORMAT.record_bytes, "NOPE_AT": FORMAT.plane("nope").offset,
           "SCALE_AT": FORMAT.plane("scale").offset, "ROPE_AT": FORMAT.plane("rope").offset,
-          "TILES": FORMAT.scales, "PAIRS": FORMAT.scale_block // 2, "ROPE_DIM": FORMAT.rope_dim, "RECS": 1}
+          "TILES": FORMAT.scales, "PAIRS": FORMAT.scale_block // 2, "ROPE_DIM": FORMAT.rope_dim, "RECS": 1,
+          "DIFFER_AT": 0, "DIFFER": 1}
 for is_bf16, use_cvt, bump, mul_recip in ((True, True, True, True), (True, False, False, False), (False, True, True, False)):
     half = "*bf16" if is_bf16 else "*fp16"
     sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv_ptr": half, "pe_ptr": half, "inv_ptr": "*i64",
