@@ -423,7 +423,7 @@ def contiguous_records(src_cache: torch.Tensor, *, record_bytes: int = RECORD_BY
     """The cache as contiguous, 16-byte aligned uint8 [blocks, bs, 656] (a copy when it is not:
     the typed views of the kernel need the alignment), or None for another shape. Already so:
     the same tensor, no copy (a caller preparing a case once passes the result on).
-    ``record_bytes``: another format's record (the nvfp4 check's, harness/fast/nvfp4_gather.py)."""
+    ``record_bytes``: another format's record (the nvfp4 check's, harness/fast/nvfp4/gather.py)."""
     cache = src_cache.view(torch.uint8) if src_cache.dtype != torch.uint8 else src_cache
     if cache.dim() != 3 or cache.shape[2] != record_bytes:
         return None

@@ -22,6 +22,8 @@ drawn cases don't either).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -145,6 +147,13 @@ def _writer_kernel(
     tl.store(rec + ROPE_OFF + r, rb.to(tl.uint8), mask=(r.to(tl.int64) * 0 + raw) >= 0)
 
 
+@functools.cache
+def _places(device: torch.device) -> torch.Tensor:
+    """The scale plane's slot of each element block, on ``device``: made once per device (a fresh
+    upload each call was a blocking host-to-device copy)."""
+    return torch.tensor(FORMAT.scale_slots, dtype=torch.int32, device=device)
+
+
 def writer_nvfp4_triton(
     kv_c: torch.Tensor,
     k_pe: torch.Tensor,
@@ -175,7 +184,7 @@ def writer_nvfp4_triton(
     cache = kv_cache.view(torch.uint8)
     if cache.stride(2) != 1:
         raise InvalidInputError("wrong_shape", "kv_cache: a record's bytes must be contiguous")
-    places = torch.tensor(FORMAT.scale_slots, dtype=torch.int32, device=kv_cache.device)
+    places = _places(kv_cache.device)
     _writer_kernel[(n,)](
         kv_c,
         k_pe,

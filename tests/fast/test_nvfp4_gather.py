@@ -1,4 +1,4 @@
-"""The fused nvfp4 gather check (harness/fast/nvfp4_gather.py) agrees with the exact reader: its
+"""The fused nvfp4 gather check (harness/fast/nvfp4/gather.py) agrees with the exact reader: its
 expected rows are the oracle's bit for bit over every code x every scale byte and every RoPE byte;
 it says yes on the oracle's rows and no on a flipped bit, an unwritten byte, a wrong record or a
 re-run that differs; on the fast path every planted nvfp4 gather bug is still found with its kind
@@ -20,7 +20,7 @@ from mlafuzz.generators.ops.gather import GatherRequest  # noqa: E402
 from mlafuzz.generators.ops.nvfp4_gather import Nvfp4GatherSpec, Nvfp4Values  # noqa: E402
 from mlafuzz.generators.spec import Paging  # noqa: E402
 from mlafuzz.harness.fast import path  # noqa: E402
-from mlafuzz.harness.fast.nvfp4_gather import nvfp4_prefill, nvfp4_rows_flag, takes  # noqa: E402
+from mlafuzz.harness.fast.nvfp4.gather import nvfp4_prefill, nvfp4_rows_flag, takes  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.registry import default_registry  # noqa: E402
 from mlafuzz.oracles.formats import nvfp4_gather as og  # noqa: E402
@@ -275,7 +275,7 @@ def _prepared(cases: list) -> list[tuple]:
 def _prefill_and_check(work: list[tuple]) -> list[torch.Tensor]:
     """The path's adapters on each prepared case, its dst written with the oracle's rows between
     the prefill and the checks (of one run, and of two): the flags, unread."""
-    from mlafuzz.harness.fast.nvfp4_gather import check, prefill
+    from mlafuzz.harness.fast.nvfp4.gather import check, prefill
 
     for case, state, guards, want, flag in work:
         dst = guards["dst"].view
@@ -326,7 +326,7 @@ def test_a_default_runs_nvfp4_gather_cases_meet_only_the_checks_fixed_kernel_var
 
 
 _PTX_SCRIPT = """
-from mlafuzz.harness.fast.nvfp4_gather import LAYOUT, _rows
+from mlafuzz.harness.fast.nvfp4.gather import LAYOUT, _rows
 sig = {"cache8_ptr": "*u8", "rec_ptr": "*i64", "dst_bf16_ptr": "*bf16", "dst2_bf16_ptr": "*bf16",
        "bad_ptr": "*i64", "total": "i32", "dst_stride": "i32", "dst2_stride": "i32"}
 for mode in (0, 1, 2):

@@ -1,4 +1,4 @@
-"""The nvfp4 writer's fast check (harness/fast/nvfp4_writer.py) is the oracle: clear on the oracle's
+"""The nvfp4 writer's fast check (harness/fast/nvfp4/writer.py) is the oracle: clear on the oracle's
 cache under every writer revision, flagged on any changed byte or misplaced record, "cannot tell"
 where it cannot, and through the runner every planted nvfp4 writer bug is still found."""
 
@@ -23,8 +23,8 @@ from mlafuzz.generators.draw import Knobs  # noqa: E402
 from mlafuzz.generators.ops.nvfp4_writer import Nvfp4WriterSpec, WriterRevision  # noqa: E402
 from mlafuzz.generators.ops.writer import WriterValues  # noqa: E402
 from mlafuzz.generators.spec import Paging  # noqa: E402
-from mlafuzz.harness.fast import nvfp4_writer as fast_nvfp4_writer  # noqa: E402
-from mlafuzz.harness.fast.nvfp4_writer import _e2m1_code, _e4m3_value  # noqa: E402
+from mlafuzz.harness.fast.nvfp4 import writer as fast_nvfp4_writer  # noqa: E402
+from mlafuzz.harness.fast.nvfp4.writer import _e2m1_code, _e4m3_value  # noqa: E402
 from mlafuzz.harness.fast.path import Clear, Undecided  # noqa: E402
 from mlafuzz.harness.ops.table import OPS  # noqa: E402
 from mlafuzz.kernels.mutants.nvfp4_writer_bugs import NVFP4_WRITER_MUTANTS  # noqa: E402
@@ -366,7 +366,7 @@ def test_a_fast_path_nvfp4_writer_case_makes_a_few_device_operations_against_the
 
 
 _PTX_SCRIPT = """
-from mlafuzz.harness.fast.nvfp4_writer import FORMAT, _check_records
+from mlafuzz.harness.fast.nvfp4.writer import FORMAT, _check_records
 layout = {"RECORD_BYTES": FORMAT.record_bytes, "NOPE_AT": FORMAT.plane("nope").offset,
           "SCALE_AT": FORMAT.plane("scale").offset, "ROPE_AT": FORMAT.plane("rope").offset,
           "TILES": FORMAT.scales, "PAIRS": FORMAT.scale_block // 2, "ROPE_DIM": FORMAT.rope_dim, "RECS": 1,

@@ -100,7 +100,7 @@ NVFP4_GATHER = Op(
     needs=gen.needs,
     loose=loose,
     call=CallShape(positional=("src_cache", "dst", "block_table", "workspace_starts", "batch_size", "seq_starts")),
-    fast="nvfp4_gather",  # harness/fast/nvfp4_gather.py; the unwritten scale class takes the full path
+    fast="nvfp4.gather",  # harness/fast/nvfp4/gather.py; the unwritten scale class takes the full path
     ours="cuda",
     vllm=(("vllm._custom_ops", "cp_gather_and_upconvert_nvfp4_kv_cache"),),
     bench=Bench(workload=_workload, realistic=_realistic, beside="gather"),

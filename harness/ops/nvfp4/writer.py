@@ -168,5 +168,5 @@ NVFP4_WRITER = Op(
     ours="triton",  # bench times it beside the torch writer
     vllm=(("vllm._custom_ops", "concat_and_cache_mla"),),
     bench=Bench(workload=_workload, realistic=_realistic, beside="writer"),
-    fast="nvfp4_writer",  # the GPU fast path's check: harness/fast/nvfp4_writer.py
+    fast="nvfp4.writer",  # the GPU fast path's check: harness/fast/nvfp4/writer.py
 )

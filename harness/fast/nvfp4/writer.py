@@ -38,7 +38,7 @@ from mlafuzz.harness.fast.ieee import INTERPRETED, div_rn, mul_rn, quiet, use_as
 from mlafuzz.harness.fast.launch import Launchers
 from mlafuzz.harness.fast.state import CaseState
 from mlafuzz.harness.fast.writer import _e4m3fn_code, _f32_bits_of_16, slot_owners
-from mlafuzz.harness.ops.nvfp4_writer import revision_of
+from mlafuzz.harness.ops.nvfp4.writer import revision_of
 from mlafuzz.harness.ops.op import Outputs
 from mlafuzz.oracles.formats import writer_rules
 from mlafuzz.oracles.formats.table import get
