@@ -17,6 +17,7 @@ harness op can trip over it and blame itself, and charged to the call
 
 from __future__ import annotations
 
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,32 @@ def own_traceback(exc: BaseException) -> list[str]:
         frames.pop(0)
     lines = [ln.rstrip() for chunk in traceback.format_list(frames[-TRACEBACK_FRAMES:]) for ln in chunk.splitlines()]
     return lines + [first_line(exc)]
+
+
+def raised_in_launch(exc: BaseException) -> str | None:
+    """Where a kernel's launch raised ``exc``, or an exception it came from or met on the way
+    (``__cause__``, ``__context__``): the launch's frame as "file:line", else None. A raise out of
+    Triton's runtime (the launcher, the interpreter running the programs) is no refusal made before
+    launching: the programs may have run, and written out of bounds, before it. vLLM's DCP filter,
+    given ``length_mismatch`` under the interpreter, wrote past its own ``out`` and then raised out of
+    the interpreter, whose own objects the stores had reached (InterpreterError: "missing 26
+    required positional arguments")."""
+    triton = sys.modules.get("triton")  # never imported: no frame of it can be in a traceback
+    if triton is None or not getattr(triton, "__file__", None):
+        return None
+    runtime = Path(triton.__file__).resolve().parent / "runtime"
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        for frame in traceback.extract_tb(e.__traceback__):
+            if Path(frame.filename).resolve().is_relative_to(runtime):
+                return f"triton/runtime/{Path(frame.filename).name}:{frame.lineno}"
+        todo += [e.__cause__, e.__context__]
+    return None
 
 
 def _invoke(

@@ -2,6 +2,11 @@
 
 For a promised class the call must raise (any exception) and leave every
 output and input byte as it was; running instead is ACCEPTED_INVALID_INPUT.
+A class that is not memory-safe must be refused before any kernel is launched
+(SPEC 3): a raise out of the launch itself is ACCEPTED_INVALID_INPUT too, since
+the launch may have written past buffers no guard watches (ones the
+implementation allocated itself), and the worker that ran it is replaced
+(harness/drive/workers/crash.py).
 A class outside the contract that runs is reported at INFO severity: worth
 knowing, never failing the run.
 """
@@ -12,7 +17,7 @@ from typing import Callable
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.invalid import InvalidClass
-from mlafuzz.harness.check.calls import call_copied, first_line
+from mlafuzz.harness.check.calls import call_copied, first_line, raised_in_launch
 from mlafuzz.harness.check.compare import Context
 from mlafuzz.harness.check.detectors import input_mutations, launch_error_findings, redzone_findings
 from mlafuzz.harness.memory.guards import PATTERNS
@@ -69,6 +74,18 @@ def check_contract(
             + redzone_findings(call, ctx)
             + pending
         )
+    launch = None if klass.memory_safe else raised_in_launch(call.error)
+    if launch is not None:
+        return [
+            ctx.finding(
+                None,
+                cause,
+                kind=Kind.ACCEPTED_INVALID_INPUT,
+                extra=extra,
+                message=f"raised on {klass.name} ({first_line(call.error)}) only out of its kernel's launch "
+                f"({launch}), not before launching: the launch may have written out of bounds",
+            )
+        ] + pending
     touched = []
     for name, g in call.guards.items():
         changed = int((g.full != g.fill).sum())

@@ -559,20 +559,22 @@ def shrink_and_bundle(
                     "step", {"attempts": attempts, "accepted": accepted, "size": table.get(op).size(table.decode(spec))}
                 )
 
-        result = shrink(
-            task=task.with_spec(table),
-            finding=finding,
-            evaluate=lambda t, deadline: evaluate_sync(executor, t, deadline=deadline),
-            budget=budget,
-            table=table,
-            on_step=step,
-            attempt_seconds=config.timeout if finding.kind is Kind.TIMEOUT else 0.0,
-        )
+        with _running_its_class(executor, summary, task, finding):
+            result = shrink(
+                task=task.with_spec(table),
+                finding=finding,
+                evaluate=lambda t, deadline: evaluate_sync(executor, t, deadline=deadline),
+                budget=budget,
+                table=table,
+                on_step=step,
+                attempt_seconds=config.timeout if finding.kind is Kind.TIMEOUT else 0.0,
+            )
+            if result.stopped is None:  # its check runs the class too
+                entry = _bundle(config, summary, executor, key=key, finding=finding, result=result, deadline=deadline)
         if result.stopped is not None:
             if result.accepted:
                 _bundle(config, summary, executor, key=key, finding=finding, result=result)
             raise result.stopped
-        entry = _bundle(config, summary, executor, key=key, finding=finding, result=result, deadline=deadline)
         if on_shrink is not None:
             limit = config.timeout if finding.kind is Kind.TIMEOUT else None
             note = (
@@ -593,6 +595,24 @@ def shrink_and_bundle(
                     "note": note,
                 },
             )
+
+
+@contextlib.contextmanager
+def _running_its_class(executor: Executor, summary: FuzzSummary, task: Task, finding: Finding) -> Iterator[None]:
+    """While the bucket of a quarantined error-input class is shrunk, that class runs again for its
+    implementation. The quarantine keeps the fuzz loop from crashing on it over and over; a shrink
+    must run it, or no attempt can show the finding (every attempt had the class stripped: a
+    contract crash's shrink made 100 attempts and kept none)."""
+    held = frozenset(summary.quarantined)
+    mine = (task.op, task.impl_ref, str(finding.extra.get("invalid_class")))
+    if mine not in held:
+        yield
+        return
+    executor.quarantine(held - {mine})
+    try:
+        yield
+    finally:
+        executor.quarantine(held)
 
 
 def _bundle(

@@ -20,7 +20,8 @@ from mlafuzz.harness.ops.op import OpTable
 from mlafuzz.reports.findings import Finding, Kind
 
 # The kinds by which a case says its implementation ran an error input instead of refusing it
-# cleanly (accepted it, or raised only after writing out of bounds).
+# cleanly (accepted it, raised only after writing out of bounds, or raised only out of its kernel's
+# launch: harness/check/contracts.py).
 RAN_ERROR_INPUT = frozenset({Kind.ACCEPTED_INVALID_INPUT})
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from mlafuzz.harness.cli.main import main
-from mlafuzz.harness.drive.fuzz import FuzzConfig, FuzzSummary, Recorder
-from mlafuzz.harness.drive.tasks import TaskResult
+from mlafuzz.harness.drive.fuzz import FuzzConfig, FuzzSummary, Recorder, shrink_and_bundle
+from mlafuzz.harness.drive.tasks import Task, TaskResult
+from mlafuzz.harness.drive.workers import strip_quarantined
 from mlafuzz.reports.findings import Finding, Kind
 
 PLANTED = Path(__file__).parents[2] / "support" / "planted"
@@ -99,6 +100,58 @@ def test_a_second_crash_of_a_quarantined_class_is_counted_not_reported(tmp_path)
     assert summary.quarantined == {("gather", "x", "wrong_dtype")} and summary.quarantined_crashes == 1
     assert pool.held == [frozenset({("gather", "x", "wrong_dtype")})]  # broadcast once, to every worker
     assert config.task(40, held=frozenset(summary.quarantined)).contract == "wrong_shape"  # its turn moves on
+
+
+class _CrashesOnItsClass:
+    """An executor whose worker dies in every error input it is given (reported as the pool
+    reports it), honouring the quarantine as workers do; it records what it held as each ran."""
+
+    def __init__(self) -> None:
+        self.held: frozenset = frozenset()
+        self.done: list[tuple[Task, TaskResult]] = []
+        self.ran: list[str | None] = []
+
+    def free_slots(self) -> int:
+        return 0 if self.done else 1
+
+    def in_flight(self) -> int:
+        return len(self.done)
+
+    def submit(self, task: Task) -> None:
+        task = strip_quarantined(task, self.held)
+        self.ran.append(task.contract)
+        self.done.append((task, TaskResult(findings=(_crash(task.index),) if task.contract else ())))
+
+    def wait(self, timeout: float) -> list[tuple[Task, TaskResult]]:
+        done, self.done = self.done, []
+        return done
+
+    def quarantine(self, classes: frozenset) -> None:
+        self.held = classes
+
+    def restarts(self) -> int:
+        return 0
+
+    def cancel(self) -> None:
+        self.done = []
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_crash_of_a_quarantined_class_is_shrunk_with_that_class_run_and_held_again_after(tmp_path):
+    # Held while shrinking too, every attempt ran without the class: none could crash, none was kept.
+    config = FuzzConfig(ops=("gather",), impls={"gather": "x"}, cases=3, shrink_budget=60.0, out_dir=tmp_path)
+    task = config.task(1)
+    assert task.contract == "wrong_dtype"
+    summary, pool, finding = FuzzSummary(), _CrashesOnItsClass(), _crash(1)
+    summary.quarantined = {("gather", "x", "wrong_dtype")}
+    pool.quarantine(frozenset(summary.quarantined))
+    shrink_and_bundle(config, summary, pool, todo=[(finding.dedup_key, task.with_spec(config.table), finding)])
+    (bundle,) = summary.bundles
+    shrunk = json.loads((Path(bundle["path"]) / "case.json").read_text())["shrink"]
+    assert shrunk["accepted"] >= 1 and set(pool.ran) == {"wrong_dtype"}, (shrunk, set(pool.ran))
+    assert pool.held == frozenset(summary.quarantined)  # the fuzz loop's quarantine is back
 
 
 @pytest.mark.gpu
