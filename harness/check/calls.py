@@ -80,12 +80,17 @@ def raised_in_launch(exc: BaseException) -> str | None:
     if triton is None or not getattr(triton, "__file__", None):
         return None
     runtime = Path(triton.__file__).resolve().parent / "runtime"
+    # A compiled kernel that fails to compile on the input (a tl.static_assert, say) ran no program:
+    # that refusal is made before anything was launched.
+    compile_error = getattr(getattr(getattr(triton, "compiler", None), "errors", None), "CompilationError", None)
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
             continue
+        if compile_error is not None and isinstance(e, compile_error):
+            return None
         seen.add(id(e))
         for frame in traceback.extract_tb(e.__traceback__):
             if Path(frame.filename).resolve().is_relative_to(runtime):
