@@ -72,7 +72,9 @@ def bench_kernels(ops: list[str], *, repeats: int = 30, variants: bool = False) 
         wl = op.bench.workload(impls)
         # A copy moving the same bytes: n/2 read plus n/2 written.
         half = wl.nbytes // 2
-        src = torch.empty(half, dtype=torch.uint8, device="cuda").random_(0, 256)
+        # Any bytes will do, and no draw from the default CUDA generator: a capture that failed part way
+        # (an implementation that syncs) can leave that generator unusable outside a capture.
+        src = torch.full((half,), 0x5A, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         copy_ms, how = time_ms(lambda: dst.copy_(src), repeats=repeats)
         copy_bw = wl.nbytes / copy_ms / 1e6
