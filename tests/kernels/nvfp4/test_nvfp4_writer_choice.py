@@ -12,6 +12,7 @@ from mlafuzz.generators.draw import SMALL
 from mlafuzz.generators.spec import spec_to_dict
 from mlafuzz.harness.cli.main import main
 from mlafuzz.reports.findings import Severity
+from mlafuzz.tests.support.cuda_cases import cpu_triton
 from mlafuzz.tests.support.helpers import draw_spec, materialize, resolve, run_case, spec_from_dict
 
 
@@ -56,6 +57,7 @@ def test_the_spec_carries_the_writer_revision_and_tie_mode_through_a_bundle():
     assert materialize(spec_from_dict(old), 3).params["nvfp4_revision"] == "rn_bump.mul_recip"
 
 
+@cpu_triton
 def test_fuzz_records_the_choice_reports_ties_apart_and_resume_refuses_another(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["fuzz", "--op", "nvfp4_writer", "--impl", "nvfp4_writer=nvfp4_writer_div", "--device", "cpu"]
@@ -69,6 +71,7 @@ def test_fuzz_records_the_choice_reports_ties_apart_and_resume_refuses_another(t
     assert "its knobs is" in capsys.readouterr().err
 
 
+@cpu_triton
 def test_a_bundle_replays_under_the_writer_revision_its_run_named(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["fuzz", "--op", "nvfp4_writer", "--impl", "nvfp4_writer=nvfp4_writer_bump_added", "--device", "cpu"]
@@ -80,6 +83,7 @@ def test_a_bundle_replays_under_the_writer_revision_its_run_named(tmp_path, caps
     assert "reproduces" in capsys.readouterr().out
 
 
+@cpu_triton
 def test_merged_shards_sum_their_tie_hits(tmp_path):
     argv = ["fuzz", "--op", "nvfp4_writer", "--impl", "nvfp4_writer=nvfp4_writer_div", "--device", "cpu"]
     argv += ["--cases", "8", "--seed", "1", "--workers", "1", "--in-process", "--ties", "either"]

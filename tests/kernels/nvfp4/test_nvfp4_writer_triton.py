@@ -13,8 +13,10 @@ from mlafuzz.oracles.formats.nvfp4_ties import quotient_rule_disagreements
 from mlafuzz.tests.support.helpers import draw_spec, materialize, resolve, run_case
 
 pytest.importorskip("triton")
+from mlafuzz.tests.support.cuda_cases import cpu_triton
 
 
+@cpu_triton
 def test_our_triton_writer_is_clean_over_24_drawn_cases():
     entry = resolve("nvfp4_writer", "triton")
     modes = set()
@@ -36,6 +38,7 @@ def _write(kv_c: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, torch.
     return expected, cache
 
 
+@cpu_triton
 def test_our_triton_writer_writes_vllms_codes_on_every_tie_the_quotient_rules_split():
     # Each pair: a tile whose amax makes scale byte sf (6 * e4m3(sf) rounds to sf without a bump
     # where bf16 can hold it), then the tie value; the reciprocal multiply's code is vLLM's.
@@ -52,6 +55,7 @@ def test_our_triton_writer_writes_vllms_codes_on_every_tie_the_quotient_rules_sp
     assert torch.equal(ours, expected)
 
 
+@cpu_triton
 def test_our_triton_writer_saturates_and_rounds_rope_and_special_values_as_the_oracle():
     special = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 448.0, 456.0, 464.0, 1e5, -1e5]
     special += [2.0**-10, 2.0**-9, 3 * 2.0**-10, 2.0**-6 * 1.0625, 1.0625, 1.1875, 2.0**-130]
