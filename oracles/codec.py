@@ -45,6 +45,7 @@ Readings chosen where SPEC is silent:
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -52,7 +53,7 @@ import torch
 from torch import Tensor
 
 from mlafuzz.oracles.formats import table as formats_table
-from mlafuzz.oracles.formats.slots import place, place_loop, writer_rows
+from mlafuzz.oracles.formats.slots import write, write_loop, writer_rows
 from mlafuzz.oracles.fpbits import (
     E4M3_NAN_CODE,
     FLT_MIN,
@@ -351,11 +352,9 @@ def write_records_loop(
     of these records (docs/contract.md, Writer; what 0.34.0's wheel shows of it too).
     """
     check_revision(revision)
-    cache = _check_cache(kv_cache).cpu().clone()
-    slots = [int(s) for s in slot_mapping.reshape(-1).tolist()]
-    writer_rows(kv_c, k_pe, len(slots), fmt=FORMAT)
-    return place_loop(
-        cache, slots, lambda i: encode_rows_loop(kv_c=kv_c[i : i + 1], k_pe=k_pe[i : i + 1], revision=revision)[0]
+    encode = functools.partial(encode_rows_loop, revision=revision)
+    return write_loop(
+        cache=_check_cache(kv_cache), slot_mapping=slot_mapping, kv_c=kv_c, k_pe=k_pe, fmt=FORMAT, encode=encode
     )
 
 
@@ -372,7 +371,7 @@ def write_records(
     last token explicitly (index_put with duplicates is unordered on CUDA).
     """
     check_revision(revision)
-    cache = _check_cache(kv_cache).clone(memory_format=torch.contiguous_format)
-    slots = slot_mapping.reshape(-1).to(device=cache.device, dtype=torch.int64)
-    n = writer_rows(kv_c, k_pe, int(slots.shape[0]), fmt=FORMAT)
-    return place(cache, slots, lambda: encode_rows(kv_c=kv_c[:n], k_pe=k_pe[:n], revision=revision).to(cache.device))
+    encode = functools.partial(encode_rows, revision=revision)
+    return write(
+        cache=_check_cache(kv_cache), slot_mapping=slot_mapping, kv_c=kv_c, k_pe=k_pe, fmt=FORMAT, encode=encode
+    )

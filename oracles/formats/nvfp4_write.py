@@ -27,6 +27,7 @@ into a reciprocal multiply, which is the other revision's quotient).
 
 from __future__ import annotations
 
+import functools
 from types import MappingProxyType
 from typing import Callable, Mapping
 
@@ -44,7 +45,7 @@ from mlafuzz.oracles.formats.minifloat import (
     e4m3_value,
 )
 from mlafuzz.oracles.formats.nvfp4_record import FORMAT, RECORD_BYTES, as_records, pack, pack_loop
-from mlafuzz.oracles.formats.slots import place, place_loop, writer_rows
+from mlafuzz.oracles.formats.slots import write, write_loop, writer_rows
 from mlafuzz.oracles.fpbits import f32_div, f32_mul
 
 __all__ = [
@@ -163,21 +164,19 @@ def write_records_loop(
     """A new uint8 cache [num_blocks, bs, 352] (a CPU clone of kv_cache) with every token of a
     slot >= 0 written there, token by token (a later token wins a repeated slot)."""
     writer_rules.get(revision)
-    cache = _check_cache(kv_cache).cpu().clone()
-    slots = [int(s) for s in slot_mapping.reshape(-1).tolist()]
-    writer_rows(kv_c, k_pe, len(slots), fmt=FORMAT)
-    return place_loop(
-        cache, slots, lambda i: encode_rows_loop(kv_c=kv_c[i : i + 1], k_pe=k_pe[i : i + 1], revision=revision)[0]
+    encode = functools.partial(encode_rows_loop, revision=revision)
+    return write_loop(
+        cache=_check_cache(kv_cache), slot_mapping=slot_mapping, kv_c=kv_c, k_pe=k_pe, fmt=FORMAT, encode=encode
     )
 
 
 def write_records(
     *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, revision: str = writer_rules.DEFAULT
 ) -> Tensor:
-    """Vectorized ``write_records_loop`` on the cache's device, bit-identical to it (``slots.place``:
+    """Vectorized ``write_records_loop`` on the cache's device, bit-identical to it (``slots.write``:
     a repeated slot resolved to the last token explicitly)."""
     writer_rules.get(revision)
-    cache = _check_cache(kv_cache).clone(memory_format=torch.contiguous_format)
-    slots = slot_mapping.reshape(-1).to(device=cache.device, dtype=torch.int64)
-    n = writer_rows(kv_c, k_pe, int(slots.shape[0]), fmt=FORMAT)
-    return place(cache, slots, lambda: encode_rows(kv_c=kv_c[:n], k_pe=k_pe[:n], revision=revision).to(cache.device))
+    encode = functools.partial(encode_rows, revision=revision)
+    return write(
+        cache=_check_cache(kv_cache), slot_mapping=slot_mapping, kv_c=kv_c, k_pe=k_pe, fmt=FORMAT, encode=encode
+    )

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from mlafuzz.oracles.formats.table import Format
 
-__all__ = ["writer_rows", "place_loop", "place"]
+__all__ = ["writer_rows", "write_loop", "write"]
 
 
 def writer_rows(kv_c: Tensor, k_pe: Tensor, n_tokens: int | None, *, fmt: Format) -> int:
@@ -45,29 +45,40 @@ def _check_slots(slots: list[int], n_slots: int) -> None:
         raise ValueError(f"slot_mapping has slots past the cache: {bad[:4]} >= num_blocks*bs={n_slots}")
 
 
-def place_loop(cache: Tensor, slots: list[int], record: Callable[[int], Tensor]) -> Tensor:
-    """``cache`` ([num_blocks, bs, record_bytes], written in place and returned) with token i's
-    ``record(i)`` at its slot, token by token; ValueError for a slot past the cache, before any
-    write."""
-    _check_slots(slots, cache.shape[0] * cache.shape[1])
-    bs = cache.shape[1]
+def write_loop(
+    *, cache: Tensor, slot_mapping: Tensor, kv_c: Tensor, k_pe: Tensor, fmt: Format, encode: Callable[..., Tensor]
+) -> Tensor:
+    """A CPU clone of ``cache`` (the format's checked uint8 view of kv_cache, [num_blocks, bs,
+    record_bytes]) with token i's record ``encode(kv_c=kv_c[i : i + 1], k_pe=k_pe[i : i + 1])[0]``
+    at its slot, token by token; ValueError for inputs ``writer_rows`` refuses or a slot past the
+    cache, before any write."""
+    out = cache.cpu().clone()
+    slots = [int(s) for s in slot_mapping.reshape(-1).tolist()]
+    writer_rows(kv_c, k_pe, len(slots), fmt=fmt)
+    _check_slots(slots, out.shape[0] * out.shape[1])
+    bs = out.shape[1]
     for i, slot in enumerate(slots):
         if slot >= 0:
-            cache[slot // bs, slot % bs] = record(i)
-    return cache
+            out[slot // bs, slot % bs] = encode(kv_c=kv_c[i : i + 1], k_pe=k_pe[i : i + 1])[0]
+    return out
 
 
-def place(cache: Tensor, slots: Tensor, records: Callable[[], Tensor]) -> Tensor:
-    """``place_loop`` vectorized on the cache's device (``slots`` int64 there, ``records()`` the
-    tokens' records, made only when a token writes); a repeated slot is resolved to the last token
-    explicitly (index_put with duplicates is unordered on CUDA)."""
-    num_blocks, bs, width = cache.shape
-    if slots.numel() and int(slots.max()) >= num_blocks * bs:
+def write(
+    *, cache: Tensor, slot_mapping: Tensor, kv_c: Tensor, k_pe: Tensor, fmt: Format, encode: Callable[..., Tensor]
+) -> Tensor:
+    """``write_loop`` vectorized on the cache's device, bit-identical to it: the tokens' records
+    ``encode(kv_c=..., k_pe=...)`` made once (only when a token writes), a repeated slot resolved
+    to the last token explicitly (index_put with duplicates is unordered on CUDA)."""
+    out = cache.clone(memory_format=torch.contiguous_format)
+    slots = slot_mapping.reshape(-1).to(device=out.device, dtype=torch.int64)
+    n = writer_rows(kv_c, k_pe, int(slots.shape[0]), fmt=fmt)
+    num_blocks, bs, width = out.shape
+    if n and int(slots.max()) >= num_blocks * bs:
         _check_slots(slots.tolist(), num_blocks * bs)
     tok = torch.nonzero(slots >= 0).reshape(-1)
     if tok.numel() == 0:
-        return cache
+        return out
     uniq, inverse = torch.unique(slots[tok], return_inverse=True)
     last = torch.full_like(uniq, -1).scatter_reduce(0, inverse, tok, reduce="amax")
-    cache.view(num_blocks * bs, width)[uniq] = records()[last]
-    return cache
+    out.view(num_blocks * bs, width)[uniq] = encode(kv_c=kv_c[:n], k_pe=k_pe[:n]).to(out.device)[last]
+    return out
