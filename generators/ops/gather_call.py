@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from mlafuzz.generators.case import Case
+from mlafuzz.generators.case import Case, paged_case
 from mlafuzz.generators.reduce import (
     attempt,
     drop_each,
@@ -139,15 +139,7 @@ def materialize(
     if spec.dst_view is View.ROWS:
         pick = draws.host_int(9)
         params.update(dst_rows_before=DST_ROWS_BEFORE[pick % 3], dst_rows_after=DST_ROWS_AFTER[pick // 3])
-    return Case(
-        op=spec.op,
-        spec=spec,
-        seed=int(seed),
-        device=str(torch.device(device)),
-        tensors=tensors,
-        params=params,
-        zero_blocks={"src_cache": base} if base else {},
-    )
+    return paged_case(spec, seed=seed, device=device, tensors=tensors, params=params, cache="src_cache")
 
 
 def features(spec: Any) -> set[str]:

@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 
-from mlafuzz.generators.case import Case
+from mlafuzz.generators.case import Case, paged_case
 from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, one_in, sized
 from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.invalid import InvalidClass, with_
@@ -138,15 +138,7 @@ def call_case(
         "slot_mapping": slots,
         "scale": torch.ones(1, dtype=torch.float32, device=device),
     }
-    return Case(
-        op=spec.op,
-        spec=spec,
-        seed=int(seed),
-        device=str(torch.device(device)),
-        tensors=tensors,
-        params=params,
-        zero_blocks={"kv_cache": base} if base else {},
-    )
+    return paged_case(spec, seed=seed, device=device, tensors=tensors, params=params, cache="kv_cache")
 
 
 def _packed(cache: torch.Tensor, *, draws: Draws, spec: WriterSpec, pool: int, device: str) -> torch.Tensor:
