@@ -1,5 +1,8 @@
 """The ``gather`` op's inputs (SPEC.md section 4): spec, drawer, materializer, features, shrink
 steps and error-input classes. The op table (harness/ops) wires them to the oracle and the call.
+The call itself (its requests, paging, views, ws form: checked, materialized, described and shrunk)
+is gather_call.py's, shared with nvfp4_gather; this module adds fp8_ds_mla's records and the host
+tier. ``GatherRequest`` lives there and is named here too, as callers name it.
 
 The host tier (SPEC 9.3, vLLM's HiSparse) is an optional capability (``host_tier``): the drawer
 draws it in some cases, ``fit`` takes it out for an implementation without it, and ``needs`` says
