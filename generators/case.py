@@ -71,6 +71,16 @@ class Case:
         }
 
 
+def paged_case(
+    spec: Any, *, seed: int, device: str, tensors: Mapping[str, Any], params: Mapping[str, Any], cache: str
+) -> Case:
+    """The case of ``spec``'s op (its ``op`` tag) whose tensor ``cache`` is a paged cache above
+    ``spec.paging.base_block`` zero blocks (its ``zero_blocks``; none when there are none)."""
+    base, dev = spec.paging.base_block, str(torch.device(device))
+    zero = {cache: base} if base else {}
+    return Case(op=spec.op, spec=spec, seed=int(seed), device=dev, tensors=tensors, params=params, zero_blocks=zero)
+
+
 def case_id_for(*, op: str, seed: int, spec_json: str) -> str:
     """A short stable id: op, seed and a digest of the spec."""
     digest = hashlib.sha256(spec_json.encode()).hexdigest()[:10]

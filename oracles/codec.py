@@ -45,6 +45,7 @@ Readings chosen where SPEC is silent:
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ import torch
 from torch import Tensor
 
 from mlafuzz.oracles.formats import table as formats_table
+from mlafuzz.oracles.formats.slots import write, write_loop, writer_rows
 from mlafuzz.oracles.fpbits import (
     E4M3_NAN_CODE,
     FLT_MIN,
@@ -217,22 +219,6 @@ def dequant_records(records: Tensor) -> Tensor:
 # ----------------------------------------------------------------- encoder
 
 
-def _check_writer_inputs(kv_c: Tensor, k_pe: Tensor, n_tokens: int | None = None) -> int:
-    for name, t, dim in (("kv_c", kv_c, NOPE_DIM), ("k_pe", k_pe, ROPE_DIM)):
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"{name}.dtype={t.dtype}: expected bfloat16 or float16")
-        if t.dim() != 2 or t.shape[1] != dim:
-            raise ValueError(f"{name}.shape={tuple(t.shape)}: expected [T, {dim}]")
-    t_rows = min(kv_c.shape[0], k_pe.shape[0])
-    if n_tokens is None:
-        if kv_c.shape[0] != k_pe.shape[0]:
-            raise ValueError(f"kv_c.shape[0]={kv_c.shape[0]} != k_pe.shape[0]={k_pe.shape[0]}")
-        return t_rows
-    if n_tokens > t_rows:
-        raise ValueError(f"len(slot_mapping)={n_tokens} > rows of kv_c/k_pe ({kv_c.shape[0]}, {k_pe.shape[0]})")
-    return n_tokens
-
-
 def encode_rows_loop(*, kv_c: Tensor, k_pe: Tensor, revision: str = NEWEST) -> Tensor:
     """Encode tokens into records, element by element (SPEC section 2 "Writer").
 
@@ -243,7 +229,7 @@ def encode_rows_loop(*, kv_c: Tensor, k_pe: Tensor, revision: str = NEWEST) -> T
     16-bit patterns of k_pe. Returns uint8 [T, 656] on the CPU.
     """
     check_revision(revision)
-    n = _check_writer_inputs(kv_c, k_pe)
+    n = writer_rows(kv_c, k_pe, None, fmt=FORMAT)
     xs = kv_c.cpu().to(torch.float32).tolist()  # bf16/fp16 -> f32 is exact
     pe = k_pe.cpu().contiguous().view(torch.int16).tolist()
     out: list[list[int]] = []
@@ -325,7 +311,7 @@ def encode_rows(*, kv_c: Tensor, k_pe: Tensor, revision: str = NEWEST) -> Tensor
     correctly rounded quotient the CUDA kernel computes.
     """
     check_revision(revision)
-    n = _check_writer_inputs(kv_c, k_pe)
+    n = writer_rows(kv_c, k_pe, None, fmt=FORMAT)
     x = kv_c.to(torch.float32).reshape(n, N_TILES, TILE)
     scale = tile_scales(kv_c=kv_c[:n], revision=revision).scale
     codes = _f32_to_e4m3fn_satfinite(x / scale.unsqueeze(2)).reshape(n, NOPE_DIM)
@@ -342,12 +328,6 @@ def _check_cache(kv_cache: Tensor) -> Tensor:
     if cache.dim() != 3 or cache.shape[2] != RECORD_BYTES:
         raise ValueError(f"kv_cache.shape={tuple(cache.shape)}: expected [num_blocks, bs, 656]")
     return cache
-
-
-def _check_slots(slots: list[int], n_slots: int) -> None:
-    bad = [s for s in slots if s >= n_slots]
-    if bad:
-        raise ValueError(f"slot_mapping has slots past the cache: {bad[:4]} >= num_blocks*bs={n_slots}")
 
 
 def write_records_loop(
@@ -372,18 +352,10 @@ def write_records_loop(
     of these records (docs/contract.md, Writer; what 0.34.0's wheel shows of it too).
     """
     check_revision(revision)
-    cache = _check_cache(kv_cache).cpu().clone()
-    slots = [int(s) for s in slot_mapping.reshape(-1).tolist()]
-    n = _check_writer_inputs(kv_c, k_pe, len(slots))
-    _check_slots(slots, cache.shape[0] * cache.shape[1])
-    bs = cache.shape[1]
-    for i, slot in enumerate(slots):
-        if slot < 0:
-            continue
-        record = encode_rows_loop(kv_c=kv_c[i : i + 1], k_pe=k_pe[i : i + 1], revision=revision)
-        cache[slot // bs, slot % bs] = record[0]
-    assert n == len(slots)
-    return cache
+    encode = functools.partial(encode_rows_loop, revision=revision)
+    return write_loop(
+        cache=_check_cache(kv_cache), slot_mapping=slot_mapping, kv_c=kv_c, k_pe=k_pe, fmt=FORMAT, encode=encode
+    )
 
 
 def write_records(
@@ -399,18 +371,7 @@ def write_records(
     last token explicitly (index_put with duplicates is unordered on CUDA).
     """
     check_revision(revision)
-    cache = _check_cache(kv_cache).clone(memory_format=torch.contiguous_format)
-    slots = slot_mapping.reshape(-1).to(device=cache.device, dtype=torch.int64)
-    n = _check_writer_inputs(kv_c, k_pe, int(slots.shape[0]))
-    num_blocks, bs, _ = cache.shape
-    if n and int(slots.max()) >= num_blocks * bs:
-        _check_slots(slots.tolist(), num_blocks * bs)
-    records = encode_rows(kv_c=kv_c[:n], k_pe=k_pe[:n], revision=revision).to(cache.device)
-    tok = torch.nonzero(slots >= 0).reshape(-1)
-    if tok.numel() == 0:
-        return cache
-    uniq, inverse = torch.unique(slots[tok], return_inverse=True)
-    last = torch.full_like(uniq, -1).scatter_reduce(0, inverse, tok, reduce="amax")
-    flat = cache.view(num_blocks * bs, RECORD_BYTES)
-    flat[uniq] = records[last]
-    return cache
+    encode = functools.partial(encode_rows, revision=revision)
+    return write(
+        cache=_check_cache(kv_cache), slot_mapping=slot_mapping, kv_c=kv_c, k_pe=k_pe, fmt=FORMAT, encode=encode
+    )

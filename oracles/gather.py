@@ -71,25 +71,14 @@ host_cache not [rows, 656]) are argument errors: ValueError.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from mlafuzz.oracles.codec import (
-    RECORD_BYTES,
-    ROW_DIM,
-    as_record_bytes,
-    dequant_records,
-    dequant_records_loop,
-)
-from mlafuzz.oracles.formats.addressing import (
-    PRECONDITION_CLASSES,
-    addressing_violations,
-    host_args,
-    row_records,
-    violations,
-)
+from mlafuzz.oracles.codec import RECORD_BYTES, as_record_bytes, dequant_records, dequant_records_loop
+from mlafuzz.oracles.formats.addressing import PRECONDITION_CLASSES, GatherCall, addressing_violations, row_records
 
 __all__ = [
     "PRECONDITION_CLASSES",
@@ -141,9 +130,17 @@ def _tier_violations(slots: Tensor, tier: tuple[Tensor, Tensor, Tensor], num_slo
     return found
 
 
-def _host_args(*, src_cache: Tensor, **call: Any) -> tuple[list[int], list[int], list[list[int]], int, int]:
-    """Shape checks (the shared ones, on 656-byte records); (ws[:B], seq_starts[:B], table rows, bs, num_blocks)."""
-    return host_args(cache=as_record_bytes(src_cache), record_bytes=RECORD_BYTES, **call)
+# A call's first six arguments as one shape-checked call on 656-byte records (host_tier takes the rest).
+_call = functools.partial(GatherCall, as_records=as_record_bytes, record_bytes=RECORD_BYTES)
+
+
+def _violations(call: GatherCall, tier: tuple[Tensor, Tensor, Tensor] | None) -> list[str]:
+    """The violated classes of a shape-checked call (module docstring), in vocabulary order."""
+    found = call.violations()
+    if tier is None or found or call.total == 0:
+        return found
+    block, entry = call.row_records(torch.device("cpu"))
+    return _tier_violations(block * call.block_size + entry, tier, call.num_blocks * call.block_size)
 
 
 def gather_preconditions(
@@ -161,68 +158,21 @@ def gather_preconditions(
     """The violated precondition classes (module docstring), in vocabulary
     order; [] when the call is well defined."""
     tier = host_tier(host_cache, host_row_ids, device_row_ids)
-    ws, ss, table, bs, num_blocks = _host_args(
-        src_cache=src_cache,
-        block_table=block_table,
-        workspace_starts=workspace_starts,
-        batch_size=batch_size,
-        seq_starts=seq_starts,
-        total=total,
-    )
-    found = violations(ws, ss, table, bs, num_blocks, total)
-    if tier is None or found or total == 0:
-        return found
-    block, entry = row_records(
-        block_size=bs,
-        block_table=block_table,
-        workspace_starts=workspace_starts,
-        batch_size=batch_size,
-        seq_starts=seq_starts,
-        total=total,
-        device=torch.device("cpu"),
-    )
-    return _tier_violations(block * bs + entry, tier, num_blocks * bs)
+    return _violations(_call(src_cache, block_table, workspace_starts, batch_size, seq_starts, total), tier)
 
 
-def _require_preconditions(
-    *,
-    src_cache: Tensor,
-    block_table: Tensor,
-    workspace_starts: Tensor,
-    batch_size: int,
-    seq_starts: Tensor | None,
-    total: int,
-    host_cache: Tensor | None = None,
-    host_row_ids: Tensor | None = None,
-    device_row_ids: Tensor | None = None,
-) -> tuple[list[int], list[int], list[list[int]], int]:
-    """Like gather_preconditions, but raises ValueError naming the violated
-    classes; returns (ws[:B], seq_starts[:B], table rows, bs)."""
-    ws, ss, table, bs, _ = _host_args(
-        src_cache=src_cache,
-        block_table=block_table,
-        workspace_starts=workspace_starts,
-        batch_size=batch_size,
-        seq_starts=seq_starts,
-        total=total,
-    )
-    bad = gather_preconditions(
-        src_cache=src_cache,
-        block_table=block_table,
-        workspace_starts=workspace_starts,
-        batch_size=batch_size,
-        seq_starts=seq_starts,
-        total=total,
-        host_cache=host_cache,
-        host_row_ids=host_row_ids,
-        device_row_ids=device_row_ids,
-    )
-    if bad:
-        raise ValueError(
-            f"gather preconditions violated: {bad} (batch_size={batch_size}, "
-            f"total={total}, workspace_starts={ws}, seq_starts={ss})"
-        )
-    return ws, ss, table, bs
+def _tier_record(call: GatherCall, tier: tuple[Tensor, Tensor, Tensor]) -> Callable[[int, int], Tensor]:
+    """The record at (block, entry) with the host tier: its slot's device row when the device map
+    has one (>= 0), else its host row."""
+    host, hmap, dmap = tier
+    cache, bs = call.cache.cpu(), call.block_size
+
+    def record(block: int, entry: int) -> Tensor:
+        slot = block * bs + entry
+        d = int(dmap[slot])
+        return cache[d // bs, d % bs] if d >= 0 else host[int(hmap[slot])]
+
+    return record
 
 
 def gather_loop(
@@ -238,40 +188,12 @@ def gather_loop(
     device_row_ids: Tensor | None = None,
 ) -> Tensor:
     """SPEC section 4 (and 9.3 with the host tier), request by request and row by
-    row, dequantizing each record with `dequant_records_loop`. Returns bf16
+    row, dequantizing the records with `dequant_records_loop`. Returns bf16
     [total, 576] on the CPU."""
-    ws, ss, table, bs = _require_preconditions(
-        src_cache=src_cache,
-        block_table=block_table,
-        workspace_starts=workspace_starts,
-        batch_size=batch_size,
-        seq_starts=seq_starts,
-        total=total,
-        host_cache=host_cache,
-        host_row_ids=host_row_ids,
-        device_row_ids=device_row_ids,
-    )
     tier = host_tier(host_cache, host_row_ids, device_row_ids)
-    cache = as_record_bytes(src_cache).cpu()
-    rows: list[Tensor | None] = [None] * total
-    for b in range(batch_size):
-        end = ws[b + 1] if b + 1 < batch_size else total
-        for j in range(end - ws[b]):
-            p = ss[b] + j
-            block = table[b][p // bs]
-            if tier is None:
-                record = cache[block, p % bs]
-            else:
-                host, hmap, dmap = tier
-                slot = block * bs + p % bs
-                d = int(dmap[slot])
-                record = cache[d // bs, d % bs] if d >= 0 else host[int(hmap[slot])]
-            rows[ws[b] + j] = dequant_records_loop(record.unsqueeze(0))[0]
-    if any(r is None for r in rows):  # cannot happen once preconditions hold
-        raise AssertionError("gather_loop left a dst row unowned")
-    if total == 0:
-        return torch.empty(0, ROW_DIM, dtype=torch.bfloat16)
-    return torch.stack(rows)  # type: ignore[arg-type]
+    call = _call(src_cache, block_table, workspace_starts, batch_size, seq_starts, total)
+    call.require(_violations(call, tier))
+    return dequant_records_loop(call.records_loop(None if tier is None else _tier_record(call, tier)))
 
 
 def gather(
@@ -288,43 +210,22 @@ def gather(
 ) -> Tensor:
     """Vectorized SPEC section 4 (and 9.3) on src_cache's device; bit-identical
     to `gather_loop`. Each dst row finds its owner with a right-sided
-    searchsorted over ws[:B] (with empty requests, the last request whose
-    start is <= the row is the one that owns it); with the host tier, each
-    row's slot then picks its tier with one `where`."""
-    _require_preconditions(
-        src_cache=src_cache,
-        block_table=block_table,
-        workspace_starts=workspace_starts,
-        batch_size=batch_size,
-        seq_starts=seq_starts,
-        total=total,
-        host_cache=host_cache,
-        host_row_ids=host_row_ids,
-        device_row_ids=device_row_ids,
-    )
-    cache = as_record_bytes(src_cache)
-    dev = cache.device
-    if total == 0:
-        return torch.empty(0, ROW_DIM, dtype=torch.bfloat16, device=dev)
-    block, entry = row_records(
-        block_size=cache.shape[1],
-        block_table=block_table,
-        workspace_starts=workspace_starts,
-        batch_size=batch_size,
-        seq_starts=seq_starts,
-        total=total,
-        device=dev,
-    )
-    if host_cache is None or host_row_ids is None or device_row_ids is None:
-        return dequant_records(cache[block, entry])
-    bs = cache.shape[1]
+    searchsorted over ws[:B] (``row_records``: with empty requests, the last
+    request whose start is <= the row is the one that owns it); with the host
+    tier, each row's slot then picks its tier with one `where`."""
+    tier = host_tier(host_cache, host_row_ids, device_row_ids)
+    call = _call(src_cache, block_table, workspace_starts, batch_size, seq_starts, total)
+    call.require(_violations(call, tier))
+    if tier is None or total == 0:
+        return dequant_records(call.records())
+    cache, dev, bs = call.cache, call.cache.device, call.block_size
+    block, entry = call.row_records(dev)
+    host, hmap, dmap = (t.to(dev) for t in tier)
     slot = block * bs + entry
-    d = device_row_ids.reshape(-1).to(dev, torch.int64)[slot]
-    h = host_row_ids.reshape(-1).to(dev, torch.int64)[slot]
+    d, h = dmap[slot], hmap[slot]
     on_device = d >= 0
     d = torch.where(on_device, d, 0)  # a host row's d is never used; 0 keeps the index legal
     h = torch.where(on_device, 0, h)
-    host = as_record_bytes(host_cache).to(dev)
     if host.shape[0] == 0:  # every slot on the device: a row to index, never selected
         host = torch.zeros(1, RECORD_BYTES, dtype=torch.uint8, device=dev)
     records = torch.where(on_device[:, None], cache[d // bs, d % bs], host[h])

@@ -1,5 +1,8 @@
 """The ``gather`` op's inputs (SPEC.md section 4): spec, drawer, materializer, features, shrink
 steps and error-input classes. The op table (harness/ops) wires them to the oracle and the call.
+The call itself (its requests, paging, views, ws form: checked, materialized, described and shrunk)
+is gather_call.py's, shared with nvfp4_gather; this module adds fp8_ds_mla's records and the host
+tier. ``GatherRequest`` lives there and is named here too, as callers name it.
 
 The host tier (SPEC 9.3, vLLM's HiSparse) is an optional capability (``host_tier``): the drawer
 draws it in some cases, ``fit`` takes it out for an implementation without it, and ``needs`` says
@@ -12,51 +15,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Iterator
 
-import numpy as np
 import torch
 
 from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, draw_view, sized, tile_total
 from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.invalid import InvalidClass, with_
-from mlafuzz.generators.reduce import (
-    attempt,
-    drop_each,
-    halvings,
-    paging_steps,
-    view_features,
-    view_steps,
-    with_request,
-)
-from mlafuzz.generators.rng.fill import block_table, plan_table, upload
+from mlafuzz.generators.ops import gather_call
+from mlafuzz.generators.ops.gather_call import GatherRequest
 from mlafuzz.generators.rng.hashing import Stream, mix
 from mlafuzz.generators.rng.pool import Draws
 from mlafuzz.generators.rng.records import paged_cache
 from mlafuzz.generators.rng.shuffle import permutation
-from mlafuzz.generators.spec import Paging, ValueMode, View, WsForm, check_int, coerce_enum, coerce_tuple, fail
-from mlafuzz.generators.views import table_view
+from mlafuzz.generators.spec import Paging, ValueMode, View, WsForm, check_int
 from mlafuzz.oracles.gather import row_records
-
-
-@dataclass(frozen=True, kw_only=True)
-class GatherRequest:
-    """A gather request: the context it holds and the slice [seq_start, seq_start+length) read."""
-
-    context_len: int
-    seq_start: int = 0
-    length: int = 0
-
-    def __post_init__(self) -> None:
-        check_int("GatherRequest", "context_len", self.context_len, lo=0, hi=1 << 24)
-        check_int("GatherRequest", "seq_start", self.seq_start, lo=0, hi=1 << 24)
-        check_int("GatherRequest", "length", self.length, lo=0, hi=1 << 24)
-        if self.seq_start + self.length > self.context_len:
-            fail(
-                "GatherRequest",
-                "length",
-                self.length,
-                f"reads past context_len={self.context_len} from seq_start={self.seq_start}",
-            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,17 +62,7 @@ class GatherSpec:
     host: HostTier | None = None  # the host tier's arguments (SPEC 9.3), or none of them
 
     def __post_init__(self) -> None:
-        coerce_tuple(self, "requests", GatherRequest)
-        coerce_enum(self, "values", ValueMode)
-        coerce_enum(self, "ws_form", WsForm)
-        coerce_enum(self, "table_view", View)
-        coerce_enum(self, "dst_view", View)
-        if not self.requests:
-            fail("GatherSpec", "requests", self.requests, "must hold at least one request")
-        if not self.pass_seq_starts and any(r.seq_start for r in self.requests):
-            fail("GatherSpec", "pass_seq_starts", False, "but a request has seq_start != 0")
-        if self.dst_view is View.COLUMNS:
-            fail("GatherSpec", "dst_view", self.dst_view.value, "must be plain or rows")
+        gather_call.check(self, ValueMode)
 
 
 # --- drawing ---------------------------------------------------------------
@@ -160,53 +122,14 @@ def _draw_host(d: Drawer, spec: GatherSpec) -> GatherSpec:
 
 
 def materialize(spec: GatherSpec, *, seed: int, device: str) -> Case:
-    """The call's tensors on ``device``. Only the blocks a call reads hold records (blocks of the rows
-    [seq_start, seq_start + length) of each request, plus spares); a request's other table columns
-    hold ids of those (block_table's ``live``); blocks below paging.base_block are zeros
-    (``Case.zero_blocks``). With dst_view ROWS, params say how many workspace rows lie before and
-    after dst (the harness allocates and guards the workspace)."""
-    draws = Draws(seed, "gather")
-    bs, base = spec.paging.block_size, spec.paging.base_block
-    # The requests' numbers as columns (numpy: vector ops, not a Python loop per request).
-    ctx, seq_start, length = np.array([(r.context_len, r.seq_start, r.length) for r in spec.requests], dtype=np.int64).T
-    reads = length > 0  # a request that reads nothing has no live column (lo > hi)
-    live = np.stack([np.where(reads, seq_start // bs, 1), np.where(reads, (seq_start + length - 1) // bs, 0)], axis=1)
-    plan = plan_table(
-        need=(ctx + bs - 1) // bs,
-        layout=spec.paging.layout,
-        spare_blocks=spec.paging.spare_blocks,
-        extra_cols=spec.paging.extra_table_cols,
-        base_block=base,
-        live=live,
-    )
-    starts = np.concatenate([[0], np.cumsum(length)])
-    ws = starts if spec.ws_form is WsForm.CUMULATIVE else starts[:-1]
-    table_rows, ws_dev, seq_starts = upload(plan.rows, ws, seq_start, device=device)
-    table = block_table(draws.child("table"), plan, rows=table_rows, device=device)
-    cache = paged_cache(
-        draws.child("cache"), spec.values, pool_blocks=plan.pool, block_size=bs, base_block=base, device=device
-    )
-    table = table_view(table, spec.table_view, draws=draws.child("table-view"), num_blocks=base + plan.pool)
-    tensors = {
-        "src_cache": cache,
-        "block_table": table,
-        "workspace_starts": ws_dev,
-        "seq_starts": seq_starts if spec.pass_seq_starts else None,
-    }
-    if spec.host is not None:
-        tensors.update(host_tensors(spec, draws.child("host"), num_blocks=base + plan.pool, device=device))
-    params = {"batch_size": len(spec.requests), "total": int(starts[-1])}
-    if spec.dst_view is View.ROWS:
-        pick = draws.host_int(9)
-        params.update(dst_rows_before=DST_ROWS_BEFORE[pick % 3], dst_rows_after=DST_ROWS_AFTER[pick // 3])
-    return Case(
-        op="gather",
-        spec=spec,
-        seed=int(seed),
-        device=str(torch.device(device)),
-        tensors=tensors,
-        params=params,
-        zero_blocks={"src_cache": base} if base else {},
+    """The call's tensors on ``device`` (``gather_call.materialize``: fp8_ds_mla records), with the
+    host tier's three when the spec has one."""
+
+    def host(draws: Draws, num_blocks: int) -> dict[str, torch.Tensor]:
+        return host_tensors(spec, draws.child("host"), num_blocks=num_blocks, device=device)
+
+    return gather_call.materialize(
+        spec, seed=seed, device=device, cache=paged_cache, extra=None if spec.host is None else host
     )
 
 
@@ -252,26 +175,11 @@ def host_tensors(spec: GatherSpec, draws: Draws, *, num_blocks: int, device: str
     return {"host_cache": host, "host_row_ids": hmap, "device_row_ids": dmap}
 
 
-# Workspace rows around a dst row slice: few layouts (the fast path caches a fingerprint of each
-# guard-zone layout), from one row to a few hundred KB.
-DST_ROWS_BEFORE = (1, 8, 200)
-DST_ROWS_AFTER = (0, 3, 64)
-
-
 # --- features, size, shrinking -------------------------------------------------
 
 
 def features(spec: GatherSpec) -> set[str]:
-    bs = spec.paging.block_size
-    out = {f"values:{spec.values.value}", f"layout:{spec.paging.layout.value}", f"ws:{spec.ws_form.value}"}
-    if any(r.length == 0 for r in spec.requests):
-        out.add("empty-request")
-    if any(r.seq_start > 0 for r in spec.requests):
-        out.add("seq_starts")
-    if any(r.length and (r.seq_start // bs) != ((r.seq_start + r.length - 1) // bs) for r in spec.requests):
-        out.add("block-boundary")
-    if sum(r.length for r in spec.requests) == 0:
-        out.add("total==0")
+    out = gather_call.features(spec)
     if spec.host is not None:
         out.add(f"host:{'all' if spec.host.host_pct == 100 else 'none' if spec.host.host_pct == 0 else 'mixed'}")
         if spec.host.remap:
@@ -280,34 +188,11 @@ def features(spec: GatherSpec) -> set[str]:
             out.add("host:chunk-call")
         if spec.host.maps_2d:
             out.add("host:maps-2d")
-    return out | view_features(spec.paging, table=spec.table_view, dst=spec.dst_view)
-
-
-def size(spec: GatherSpec) -> dict[str, int]:
-    return {
-        "requests": len(spec.requests),
-        "rows": sum(r.length for r in spec.requests),
-        "context": max((r.context_len for r in spec.requests), default=0),
-    }
+    return out
 
 
 def reduce(s: GatherSpec) -> Iterator[GatherSpec]:
-    for reqs in drop_each(s.requests):
-        yield from attempt(lambda: dataclasses.replace(s, requests=reqs))
-    for j, r in enumerate(s.requests):
-        if r.context_len > r.seq_start + r.length:
-            yield from attempt(lambda: with_request(s, j, context_len=r.seq_start + r.length))
-        for v in halvings(r.length):
-            yield from attempt(lambda: with_request(s, j, length=v, context_len=r.seq_start + v))
-        for v in halvings(r.seq_start):
-            yield from attempt(lambda: with_request(s, j, seq_start=v, context_len=v + r.length))
-    for p in paging_steps(s.paging):
-        yield dataclasses.replace(s, paging=p)
-    yield from view_steps(s, "table_view", "dst_view")
-    if s.ws_form is not WsForm.EXACT:
-        yield dataclasses.replace(s, ws_form=WsForm.EXACT)
-    if s.values is not ValueMode.ACTIVATIONS:
-        yield dataclasses.replace(s, values=ValueMode.ACTIVATIONS)
+    yield from gather_call.reduce(s)
     if s.host is not None:
         yield dataclasses.replace(s, host=None)
         if s.host.remap:
@@ -324,8 +209,7 @@ HOST_ARGS = ("host_cache", "host_row_ids", "device_row_ids")
 
 def needs(case: Case) -> frozenset[str]:
     """Optional implementation capabilities this case calls for (non-zero seq_starts, the host tier)."""
-    starts = case.tensors["seq_starts"]
-    out = {"seq_starts"} if starts is not None and bool((starts != 0).any()) else set()
+    out = set(gather_call.needs(case))
     if any(case.tensors.get(k) is not None for k in HOST_ARGS):
         out.add(HOST_TIER)
     return frozenset(out)
@@ -575,7 +459,7 @@ GENERATOR = Generator(
     draw=draw,
     materialize=materialize,
     features=features,
-    size=size,
+    size=gather_call.size,
     reduce=reduce,
     invalid=INVALID,
     promisable=HOST_VALUE_INVALID,

@@ -25,11 +25,9 @@ from mlafuzz.generators.case import Case
 from mlafuzz.generators.draw import Drawer, Knobs
 from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.ops import writer
-from mlafuzz.generators.rng.fill import distinct_slots, writer_inputs
 from mlafuzz.generators.rng.hashing import Stream
 from mlafuzz.generators.rng.nvfp4_records import Nvfp4Values, nvfp4_cache
 from mlafuzz.generators.rng.pool import Draws
-from mlafuzz.generators.spec import View
 from mlafuzz.oracles.formats import writer_rules
 
 __all__ = ["Nvfp4WriterSpec", "GENERATOR", "KV_CACHE_DTYPE", "WriterRevision", "Ties"]
@@ -65,51 +63,24 @@ def draw(d: Drawer, knobs: Knobs) -> Nvfp4WriterSpec:
 
 
 def materialize(spec: Nvfp4WriterSpec, *, seed: int, device: str) -> Case:
-    """As writer.materialize: the cache's pool (every token's block, plus spares) starts full of
-    other nvfp4 records; blocks below paging.base_block are zeros no valid slot maps to."""
-    draws = Draws(seed, "nvfp4_writer")
-    bs, base, t = spec.paging.block_size, spec.paging.base_block, spec.num_tokens
-    pool = -(-t // bs) + spec.paging.spare_blocks
-    cache = nvfp4_cache(
-        Stream(int(seed), "nvfp4_writer/cache"),
-        Nvfp4Values.WRITTEN,
-        pool_blocks=pool,
-        block_size=bs,
-        base_block=base,
-        device=device,
-    )
-    slots = distinct_slots(
-        draws.child("slots"), n=t, num_slots=pool * bs, padding=spec.padding, offset=base * bs, device=device
-    )
-    rows = writer_inputs(
-        draws.child("inputs"),
-        num_tokens=t,
-        values=spec.values,
-        dtype=getattr(torch, spec.input_dtype.value),
-        device=device,
-    )
-    kv_c, k_pe = rows[:, :512], rows[:, 512:]
-    if spec.inputs_view is View.PLAIN:
-        kv_c, k_pe = kv_c.contiguous(), k_pe.contiguous()
-    return Case(
-        op="nvfp4_writer",
-        spec=spec,
-        seed=int(seed),
-        device=str(torch.device(device)),
-        tensors={
-            "kv_c": kv_c,
-            "k_pe": k_pe,
-            "kv_cache": cache,
-            "slot_mapping": slots,
-            "scale": torch.ones(1, dtype=torch.float32, device=device),
-        },
-        params={
-            "kv_cache_dtype": KV_CACHE_DTYPE,
-            "nvfp4_revision": spec.writer_revision.value,
-            "nvfp4_ties": spec.ties.value,
-        },
-        zero_blocks={"kv_cache": base} if base else {},
-    )
+    """As writer.materialize (``writer.call_case``), the cache's pool full of other nvfp4 records."""
+
+    def cache(draws: Draws, pool: int) -> torch.Tensor:
+        return nvfp4_cache(
+            Stream(int(seed), "nvfp4_writer/cache"),
+            Nvfp4Values.WRITTEN,
+            pool_blocks=pool,
+            block_size=spec.paging.block_size,
+            base_block=spec.paging.base_block,
+            device=device,
+        )
+
+    params = {
+        "kv_cache_dtype": KV_CACHE_DTYPE,
+        "nvfp4_revision": spec.writer_revision.value,
+        "nvfp4_ties": spec.ties.value,
+    }
+    return writer.call_case(spec, seed=seed, device=device, cache=cache, params=params)
 
 
 GENERATOR = Generator(

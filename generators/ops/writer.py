@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 
-from mlafuzz.generators.case import Case
+from mlafuzz.generators.case import Case, paged_case
 from mlafuzz.generators.draw import Drawer, Knobs, draw_paging, one_in, sized
 from mlafuzz.generators.generator import Generator
 from mlafuzz.generators.invalid import InvalidClass, with_
@@ -89,17 +89,34 @@ class WriterSpec:
 
 
 def materialize(spec: WriterSpec, *, seed: int, device: str) -> Case:
-    """The call's tensors on ``device``: the cache's pool (enough blocks for every token, plus spares)
-    starts full of other records, so a writer that touches a slot it should not is caught byte for
-    byte; blocks below paging.base_block are zeros no valid slot maps to (``Case.zero_blocks``)."""
-    draws = Draws(seed, "writer")
+    """The call's tensors on ``device`` (``call_case``): its cache's pool starts full of other
+    fp8_ds_mla records (a packed multi-layer cache's other layers too)."""
+    bs, base = spec.paging.block_size, spec.paging.base_block
+
+    def cache(draws: Draws, pool: int) -> torch.Tensor:
+        made = paged_cache(
+            draws.child("cache"), ValueMode.ALL_CODES, pool_blocks=pool, block_size=bs, base_block=base, device=device
+        )
+        return _packed(made, draws=draws, spec=spec, pool=pool, device=device) if spec.layers > 1 else made
+
+    params = {} if spec.skip_scale is None else {"skip_scale": spec.skip_scale}
+    return call_case(spec, seed=seed, device=device, cache=cache, params=params)
+
+
+def call_case(
+    spec: WriterSpec, *, seed: int, device: str, cache: Callable[[Draws, int], torch.Tensor], params: dict[str, Any]
+) -> Case:
+    """A writer call's case on ``device`` (the fp8 and nvfp4 writers'): ``cache(draws, pool)`` makes
+    the cache, its pool (enough blocks for every token, plus spares) full of other records, so a
+    writer that touches a slot it should not is caught byte for byte; blocks below
+    paging.base_block are zeros no valid slot maps to (``Case.zero_blocks``). Distinct slots in the
+    pool (some -1 with padding), kv_c and k_pe the NoPE and RoPE parts of one drawn [T, 576] row
+    (contiguous copies unless inputs_view is COLUMNS), the global scale 1.0. Streams are named by
+    the op (``Draws(seed, spec.op)``)."""
+    draws = Draws(seed, spec.op)
     bs, base, t = spec.paging.block_size, spec.paging.base_block, spec.num_tokens
     pool = -(-t // bs) + spec.paging.spare_blocks
-    cache = paged_cache(
-        draws.child("cache"), ValueMode.ALL_CODES, pool_blocks=pool, block_size=bs, base_block=base, device=device
-    )
-    if spec.layers > 1:
-        cache = _packed(cache, draws=draws, spec=spec, pool=pool, device=device)
+    kv_cache = cache(draws, pool)
     slots = distinct_slots(
         draws.child("slots"), n=t, num_slots=pool * bs, padding=spec.padding, offset=base * bs, device=device
     )
@@ -117,19 +134,11 @@ def materialize(spec: WriterSpec, *, seed: int, device: str) -> Case:
     tensors = {
         "kv_c": kv_c,
         "k_pe": k_pe,
-        "kv_cache": cache,
+        "kv_cache": kv_cache,
         "slot_mapping": slots,
         "scale": torch.ones(1, dtype=torch.float32, device=device),
     }
-    return Case(
-        op="writer",
-        spec=spec,
-        seed=int(seed),
-        device=str(torch.device(device)),
-        tensors=tensors,
-        params={} if spec.skip_scale is None else {"skip_scale": spec.skip_scale},
-        zero_blocks={"kv_cache": base} if base else {},
-    )
+    return paged_case(spec, seed=seed, device=device, tensors=tensors, params=params, cache="kv_cache")
 
 
 def _packed(cache: torch.Tensor, *, draws: Draws, spec: WriterSpec, pool: int, device: str) -> torch.Tensor:

@@ -8,7 +8,9 @@
 - ``minifloat``: e2m1 and e4m3 decoding and round-to-nearest-even with saturation.
 - ``nvfp4_record``: packing and unpacking a 352-byte record.
 - ``nvfp4_read``: the exact bf16 reader and the FP8 staging reader (SPEC 11.2).
+- ``addressing``: SPEC 4's format-free gather addressing and its preconditions (``GatherCall``).
 - ``nvfp4_gather``: both readers over the paged cache with SPEC 4's addressing.
+- ``slots``: where a written token's record goes (any format's writer: its inputs, its slots).
 - ``nvfp4_write``: the writer under each writer revision (SPEC 11.3).
 - ``nvfp4_ties``: the exact e2m1 tie set and the tie-aware record comparison.
 

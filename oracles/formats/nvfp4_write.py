@@ -27,6 +27,7 @@ into a reciprocal multiply, which is the other revision's quotient).
 
 from __future__ import annotations
 
+import functools
 from types import MappingProxyType
 from typing import Callable, Mapping
 
@@ -44,6 +45,7 @@ from mlafuzz.oracles.formats.minifloat import (
     e4m3_value,
 )
 from mlafuzz.oracles.formats.nvfp4_record import FORMAT, RECORD_BYTES, as_records, pack, pack_loop
+from mlafuzz.oracles.formats.slots import write, write_loop, writer_rows
 from mlafuzz.oracles.fpbits import f32_div, f32_mul
 
 __all__ = [
@@ -76,22 +78,6 @@ _QUOTIENT: Mapping[str, Callable[[Tensor, Tensor], Tensor]] = MappingProxyType(
 )
 
 
-def _check_inputs(kv_c: Tensor, k_pe: Tensor, n_tokens: int | None) -> int:
-    for name, t, dim in (("kv_c", kv_c, _NOPE), ("k_pe", k_pe, _ROPE)):
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"{name}.dtype={t.dtype}: expected bfloat16 or float16")
-        if t.dim() != 2 or t.shape[1] != dim:
-            raise ValueError(f"{name}.shape={tuple(t.shape)}: expected [T, {dim}]")
-    rows = min(kv_c.shape[0], k_pe.shape[0])
-    if n_tokens is None:
-        if kv_c.shape[0] != k_pe.shape[0]:
-            raise ValueError(f"kv_c.shape[0]={kv_c.shape[0]} != k_pe.shape[0]={k_pe.shape[0]}")
-        return rows
-    if n_tokens > rows:
-        raise ValueError(f"len(slot_mapping)={n_tokens} > rows of kv_c/k_pe ({kv_c.shape[0]}, {k_pe.shape[0]})")
-    return n_tokens
-
-
 # ------------------------------------------------------------------ scalar
 
 
@@ -111,7 +97,7 @@ def tile_scale_loop(values: list[float], *, scale_rounding: str) -> int:
 def encode_rows_loop(*, kv_c: Tensor, k_pe: Tensor, revision: str = writer_rules.DEFAULT) -> Tensor:
     """kv_c [T, 512], k_pe [T, 64] -> records uint8 [T, 352] on the CPU, value by value."""
     rev = writer_rules.get(revision)
-    n = _check_inputs(kv_c, k_pe, None)
+    n = writer_rows(kv_c, k_pe, None, fmt=FORMAT)
     quotient = _QUOTIENT_LOOP[rev.rule("quotient")]
     xs = kv_c[:n].cpu().float().tolist()
     pe = k_pe[:n].cpu().float().tolist()
@@ -153,7 +139,7 @@ def tile_scales(*, kv_c: Tensor, revision: str = writer_rules.DEFAULT) -> Tensor
 def encode_rows(*, kv_c: Tensor, k_pe: Tensor, revision: str = writer_rules.DEFAULT) -> Tensor:
     """Vectorized ``encode_rows_loop`` on kv_c's device, bit-identical to it."""
     rev = writer_rules.get(revision)
-    n = _check_inputs(kv_c, k_pe, None)
+    n = writer_rows(kv_c, k_pe, None, fmt=FORMAT)
     sf = tile_scales(kv_c=kv_c[:n], revision=revision)
     x = kv_c[:n].float().reshape(n, FORMAT.scales, _BLOCK)
     q = _QUOTIENT[rev.rule("quotient")](x, e4m3_decode(sf).unsqueeze(-1))
@@ -172,48 +158,25 @@ def _check_cache(kv_cache: Tensor) -> Tensor:
     return cache
 
 
-def _check_slots(slots: list[int], n_slots: int) -> None:
-    bad = [s for s in slots if s >= n_slots]
-    if bad:
-        raise ValueError(f"slot_mapping has slots past the cache: {bad[:4]} >= num_blocks*bs={n_slots}")
-
-
 def write_records_loop(
     *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, revision: str = writer_rules.DEFAULT
 ) -> Tensor:
     """A new uint8 cache [num_blocks, bs, 352] (a CPU clone of kv_cache) with every token of a
     slot >= 0 written there, token by token (a later token wins a repeated slot)."""
     writer_rules.get(revision)
-    cache = _check_cache(kv_cache).cpu().clone()
-    slots = [int(s) for s in slot_mapping.reshape(-1).tolist()]
-    _check_inputs(kv_c, k_pe, len(slots))
-    _check_slots(slots, cache.shape[0] * cache.shape[1])
-    bs = cache.shape[1]
-    for i, slot in enumerate(slots):
-        if slot >= 0:
-            cache[slot // bs, slot % bs] = encode_rows_loop(
-                kv_c=kv_c[i : i + 1], k_pe=k_pe[i : i + 1], revision=revision
-            )[0]
-    return cache
+    encode = functools.partial(encode_rows_loop, revision=revision)
+    return write_loop(
+        cache=_check_cache(kv_cache), slot_mapping=slot_mapping, kv_c=kv_c, k_pe=k_pe, fmt=FORMAT, encode=encode
+    )
 
 
 def write_records(
     *, kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor, revision: str = writer_rules.DEFAULT
 ) -> Tensor:
-    """Vectorized ``write_records_loop`` on the cache's device, bit-identical to it; a repeated
-    slot is resolved to the last token explicitly (index_put with duplicates is unordered on CUDA)."""
+    """Vectorized ``write_records_loop`` on the cache's device, bit-identical to it (``slots.write``:
+    a repeated slot resolved to the last token explicitly)."""
     writer_rules.get(revision)
-    cache = _check_cache(kv_cache).clone(memory_format=torch.contiguous_format)
-    slots = slot_mapping.reshape(-1).to(device=cache.device, dtype=torch.int64)
-    n = _check_inputs(kv_c, k_pe, int(slots.shape[0]))
-    num_blocks, bs, _ = cache.shape
-    if n and int(slots.max()) >= num_blocks * bs:
-        _check_slots(slots.tolist(), num_blocks * bs)
-    tok = torch.nonzero(slots >= 0).reshape(-1)
-    if tok.numel() == 0:
-        return cache
-    records = encode_rows(kv_c=kv_c[:n], k_pe=k_pe[:n], revision=revision).to(cache.device)
-    uniq, inverse = torch.unique(slots[tok], return_inverse=True)
-    last = torch.full_like(uniq, -1).scatter_reduce(0, inverse, tok, reduce="amax")
-    cache.view(num_blocks * bs, RECORD_BYTES)[uniq] = records[last]
-    return cache
+    encode = functools.partial(encode_rows, revision=revision)
+    return write(
+        cache=_check_cache(kv_cache), slot_mapping=slot_mapping, kv_c=kv_c, k_pe=k_pe, fmt=FORMAT, encode=encode
+    )

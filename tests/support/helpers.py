@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from hypothesis import strategies as st
 
@@ -21,6 +22,9 @@ from mlafuzz.harness.ops.table import OPS
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.reports.findings import Finding
 
+if TYPE_CHECKING:
+    from mlafuzz.harness.drive.mutants import MutantResult
+
 INVALID_CLASSES = {op.name: op.invalid for op in OPS.ops}
 # triton is an optional extra: tests of Triton code skip without it (tests/test_collection.py holds them to that)
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -34,6 +38,35 @@ def session() -> Session:
 
 def materialize(spec: Any, seed: int, device: str = "cpu") -> Case:
     return OPS.materialize(spec, seed, device)
+
+
+def cpu_mutants(
+    *ops: str,
+    cases: int | None,
+    out: Path,
+    budget: float | None = None,
+    in_session: Session | None = None,
+    **more: Any,
+) -> tuple[list[MutantResult], list[str]]:
+    """``run_mutants`` as a test runs a catalog: the mutants of ``ops``, ``cases`` cases each (and
+    ``budget`` seconds, if given), on the CPU in this process (``in_session``, else this process's
+    session), seed 0, no shrinking; ``more`` goes to ``run_mutants`` as is."""
+    from mlafuzz.harness.drive.mutants import run_mutants  # the mutants driver, only where a test runs it
+    from mlafuzz.harness.drive.workers import InProcess
+
+    s = in_session or session()
+    return run_mutants(
+        session=s,
+        ops=list(ops),
+        device="cpu",
+        budget=budget,
+        cases=cases,
+        out=out,
+        seed=0,
+        shrink_budget=0.0,
+        executor=InProcess(session=s),
+        **more,
+    )
 
 
 def draw_spec(op: str, *, seed: int, knobs: Knobs = SMALL) -> Any:

@@ -25,12 +25,12 @@ from mlafuzz.generators.spec import check_int
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.cli.main import build_parser
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
-from mlafuzz.harness.drive.mutants import run_mutants
 from mlafuzz.harness.drive.workers import InProcess
 from mlafuzz.harness.ops.op import Op
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.registry import Registry, default_registry
+from mlafuzz.tests.support.helpers import cpu_mutants
 
 
 # --- generators/ops/toy.py ------------------------------------------------------
@@ -142,18 +142,7 @@ def test_a_toy_op_is_fuzzed_shrunk_and_bundled_through_the_table_alone(tmp_path)
 
 
 def test_the_mutation_score_and_the_cli_take_the_toy_op_from_the_table(tmp_path):
-    session = _session()
-    results, clean = run_mutants(
-        session=session,
-        ops=["toy"],
-        device="cpu",
-        budget=None,
-        cases=10,
-        out=tmp_path,
-        seed=0,
-        shrink_budget=0,
-        executor=InProcess(session=session),
-    )
+    results, clean = cpu_mutants("toy", cases=10, out=tmp_path, in_session=_session())
     assert [(r.name, r.killed) for r in results] == [("toy_last_wrong", True)] and clean == []
     args = build_parser(names=TABLE.names).parse_args(["fuzz", "--op", "toy", "--cases", "1"])
     assert args.op == ["toy"]

@@ -9,11 +9,11 @@ import pytest
 
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.cli.main import main
-from mlafuzz.harness.drive.mutants import run_mutants
-from mlafuzz.harness.drive.workers import InProcess, WorkerPool
+from mlafuzz.harness.drive.workers import WorkerPool
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.kernels.registry import Registry, default_registry
 from mlafuzz.reports import console
+from mlafuzz.tests.support.helpers import cpu_mutants
 
 # SPEC 8's call-site layouts and huge caches are drawn now: no mutant of the catalog awaits its inputs
 # (the mark and its stale note stay for the next bug class that outruns the generators).
@@ -79,17 +79,8 @@ def test_every_cpu_mutant_is_killed_drawing_only_its_kind_and_correct_implementa
         return pools[0]
 
     try:
-        results, clean = run_mutants(
-            session=session,
-            ops=list(OPS.names),
-            device="cpu",
-            budget=None,
-            cases=CASES_PER_MUTANT,
-            out=tmp_path,
-            seed=0,
-            shrink_budget=0.0,
-            executor=InProcess(session=session),
-            isolated=isolated,
+        results, clean = cpu_mutants(
+            *OPS.names, cases=CASES_PER_MUTANT, out=tmp_path, in_session=session, isolated=isolated
         )
     finally:
         for pool in pools:
@@ -116,18 +107,7 @@ def _session_with_mutant(**changes) -> Session:
 
 def _gather_catalog(session: Session, out, *, cases: int, **kwargs):
     """run_mutants over the gather catalog of ``session``, on the CPU in this process."""
-    return run_mutants(
-        session=session,
-        ops=["gather"],
-        device="cpu",
-        budget=None,
-        cases=cases,
-        out=out,
-        seed=0,
-        shrink_budget=0.0,
-        executor=InProcess(session=session),
-        **kwargs,
-    )
+    return cpu_mutants("gather", cases=cases, out=out, in_session=session, **kwargs)
 
 
 @pytest.mark.parametrize("awaits, failed, result", [(None, True, "SURVIVED"), ("huge caches", False, "awaiting")])
@@ -227,17 +207,7 @@ def test_a_correct_run_whose_budget_went_to_building_still_runs_enough_cases_to_
 
     session = _session_with_mutant()
     lines = []
-    run_mutants(
-        session=session,
-        ops=["plan"],
-        device="cpu",
-        budget=1e-6,  # over before a case is done
-        cases=None,
-        out=tmp_path,
-        seed=0,
-        shrink_budget=0.0,
-        executor=InProcess(session=session),
-        on_clean=lines.append,
-    )
+    over = 1e-6  # a budget over before a case is done
+    cpu_mutants("plan", cases=None, out=tmp_path, budget=over, in_session=session, on_clean=lines.append)
     (line,) = lines
     assert line.startswith("correct-plan") and int(line.split(": ")[1].split()[0]) >= CLEAN_FLOOR, line

@@ -8,12 +8,12 @@ import dataclasses
 from mlafuzz.harness.check.session import Session
 from mlafuzz.harness.cli.main import main
 from mlafuzz.harness.drive.fuzz import FuzzConfig, fuzz
-from mlafuzz.harness.drive.mutants import run_mutants
 from mlafuzz.harness.drive.workers import InProcess
 from mlafuzz.harness.ops.table import OPS
 from mlafuzz.kernels.entry import ImplEntry
 from mlafuzz.kernels.planner import plan_context_chunks
 from mlafuzz.kernels.registry import Registry, default_registry
+from mlafuzz.tests.support.helpers import cpu_mutants
 
 PLANNER_MUTANTS = {"plan_unaligned_split", "plan_zero_context_joins", "plan_padding_ignored", "plan_no_max_chunk"}
 
@@ -66,18 +66,7 @@ def test_chunks_as_dicts_or_tuples_are_read_and_a_chunk_without_its_fields_is_a_
 
 
 def test_every_planted_planner_bug_is_killed_with_metadata_mismatch(tmp_path):
-    session = Session(table=OPS)
-    results, clean = run_mutants(
-        session=session,
-        ops=["plan"],
-        device="cpu",
-        budget=None,
-        cases=200,
-        out=tmp_path,
-        seed=0,
-        shrink_budget=0.0,
-        executor=InProcess(session=session),
-    )
+    results, clean = cpu_mutants("plan", cases=200, out=tmp_path, in_session=Session(table=OPS))
     assert {r.name for r in results} == PLANNER_MUTANTS
     assert {r.name: r.found for r in results if not r.killed or set(r.found) != {"METADATA_MISMATCH"}} == {}
     assert clean == []

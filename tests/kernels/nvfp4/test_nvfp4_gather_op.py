@@ -13,7 +13,7 @@ from mlafuzz.harness.ops.table import OPS
 from mlafuzz.kernels.nvfp4.torch_gather import gather_nvfp4_torch
 from mlafuzz.reports.findings import Kind
 from mlafuzz.tests.support.cuda_cases import gpu
-from mlafuzz.tests.support.helpers import draw_spec, materialize, resolve, run_case
+from mlafuzz.tests.support.helpers import cpu_mutants, draw_spec, materialize, resolve, run_case
 
 OP = OPS.get("nvfp4_gather")
 
@@ -134,22 +134,7 @@ def test_our_cuda_gather_is_the_oracle_at_deepseeks_shape():
 
 
 def test_each_nvfp4_gather_mutant_is_killed_with_its_kind_on_the_cpu(tmp_path):
-    from mlafuzz.harness.drive.mutants import run_mutants
-    from mlafuzz.harness.drive.workers import InProcess
-    from mlafuzz.tests.support.helpers import session
-
-    s = session()
-    results, clean = run_mutants(
-        session=s,
-        ops=["nvfp4_gather"],
-        device="cpu",
-        budget=None,
-        cases=40,
-        out=tmp_path,
-        seed=0,
-        shrink_budget=0,
-        executor=InProcess(session=s),
-    )
+    results, clean = cpu_mutants("nvfp4_gather", cases=40, out=tmp_path)
     names = {"identity_scales", "swapped_nibbles", "fp8_stride", "staging_clip"}
     assert {r.name for r in results} == {f"nvfp4_gather_{n}" for n in names} and clean == []
     assert all(r.killed and r.found == ("VALUE_MISMATCH",) for r in results), results

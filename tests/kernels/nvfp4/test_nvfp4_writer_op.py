@@ -9,7 +9,7 @@ import torch
 
 from mlafuzz.kernels.nvfp4.torch_writer import encode_records
 from mlafuzz.oracles.formats import nvfp4_write, writer_rules
-from mlafuzz.tests.support.helpers import draw_spec, materialize, resolve, run_case
+from mlafuzz.tests.support.helpers import cpu_mutants, draw_spec, materialize, resolve, run_case
 
 
 def _drawn(n: int):
@@ -43,22 +43,7 @@ def test_our_torch_writer_is_clean_over_40_drawn_cases():
 
 
 def test_each_nvfp4_writer_mutant_is_killed_with_its_kind_on_the_cpu(tmp_path):
-    from mlafuzz.harness.drive.mutants import run_mutants
-    from mlafuzz.harness.drive.workers import InProcess
-    from mlafuzz.tests.support.helpers import session
-
-    s = session()
-    results, clean = run_mutants(
-        session=s,
-        ops=["nvfp4_writer"],
-        device="cpu",
-        budget=None,
-        cases=40,
-        out=tmp_path,
-        seed=0,
-        shrink_budget=0,
-        executor=InProcess(session=s),
-    )
+    results, clean = cpu_mutants("nvfp4_writer", cases=40, out=tmp_path)
     bugs = ("no_bump", "div", "rope_unsaturated", "bump_added", "mul_recip", "identity_scales", "swapped_nibbles")
     assert {r.name for r in results} == {f"nvfp4_writer_{b}" for b in (*bugs, "fp8_stride")}
     assert clean == [] and all(r.killed and r.found == ("VALUE_MISMATCH",) for r in results), results

@@ -147,6 +147,29 @@ def test_the_toy_gather_reads_the_rows_the_generic_addressing_names(toy: Format)
     ) == ["block_id_past_cache"]
 
 
+def test_the_toy_oracle_reads_through_the_shared_checked_call(toy: Format) -> None:
+    """``GatherCall`` (what both real gather oracles read through) takes the toy's 44-byte records
+    as they are: its loop and vectorized addressing read the same records, a cache of another
+    record size is refused naming 44, and a call past the cache defines nothing."""
+    cache, _ = _toy_cache(toy, blocks=6)
+    table_ = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32)
+    ws = torch.tensor([0, 5], dtype=torch.int32)
+
+    def call(src: Tensor, table: Tensor) -> og.GatherCall:
+        return og.GatherCall(src, table, ws, 2, None, 12, as_records=lambda t: t, record_bytes=toy.record_bytes)
+
+    records = call(cache, table_).require().records()
+    assert torch.equal(records, call(cache, table_).records_loop())
+    assert torch.equal(
+        decode(toy, records).view(torch.int16),
+        gather(toy, src_cache=cache, block_table=table_, workspace_starts=ws, total=12).view(torch.int16),
+    )
+    with pytest.raises(ValueError, match="expected \\[num_blocks, bs, 44\\]"):
+        call(cache[..., :40], table_)
+    with pytest.raises(ValueError, match="block_id_past_cache"):
+        call(cache, torch.tensor([[4, 1], [0, 6]], dtype=torch.int32)).require()
+
+
 def test_the_fused_checks_offsets_stride_by_the_toy_record(toy: Format) -> None:
     """The fused gather check's kernel addresses records by the cache's record size: a toy
     cache's rows are found at multiples of 44 bytes, the same records the oracle reads."""
