@@ -57,7 +57,15 @@ def test_our_step_pipeline_is_clear_on_the_fast_path_on_a_default_runs_cases_eve
         assert isinstance(result, Clear), (case.case_id, _route(case), result)
 
 
-@pytest.mark.parametrize("mutant", MUTANTS)
+# step_ws_not_restarted shows its bug in few of these cases: finding it twice takes most of the 80
+# (40 s under the interpreter, the suite's slowest but one). `-m slow` runs it; the CPU mutant run
+# (tests/harness/drive/test_mutants.py) kills it in every suite.
+_SLOW_TO_SHOW = frozenset({"step_ws_not_restarted"})
+
+
+@pytest.mark.parametrize(
+    "mutant", [pytest.param(m, marks=pytest.mark.slow) if m in _SLOW_TO_SHOW else m for m in MUTANTS]
+)
 def test_no_step_mutant_is_clear_on_the_fast_path_where_the_full_path_finds_it(mutant):
     cases = (_case(seed) for seed in range(80))
     assert fast_path_hides_nothing(resolve("step", mutant), cases, enough=2) == 2, (
@@ -72,6 +80,7 @@ def _work(case, *, fast: bool):
     return work
 
 
+@pytest.mark.slow  # 26 s under the interpreter; the GPU's own sync count of a step case: tests/harness/check/test_syncs.py
 @pytest.mark.skipif(torch.cuda.is_available(), reason="counts the Triton interpreter's launches (a CPU run)")
 def test_a_fast_path_step_case_makes_few_device_operations_and_one_read_against_the_full_paths():
     """Each launch, copy and read is a context's turn on a GPU shared by eight workers (issue 27):

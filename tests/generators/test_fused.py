@@ -54,7 +54,9 @@ def _both(monkeypatch, spec, seed: int, device: str = DEV):
     return torch_made, materialize(spec, seed, device)
 
 
-@pytest.mark.parametrize("base_block", [0, 300], ids=["low", "high"])
+# "low" meets every fused kernel in every mode and view; "high" the same past 300 zero blocks (25 s
+# more under the interpreter): `-m slow`, and on a GPU with `-m gpu` too (test_on_cuda.py).
+@pytest.mark.parametrize("base_block", [0, pytest.param(300, marks=pytest.mark.slow)], ids=["low", "high"])
 def test_every_op_mode_and_view_is_the_same_bytes_fused_or_not(monkeypatch, launches, base_block):
     for i, spec in enumerate(every_layout_spec(base_block=base_block)):
         slow, fast = _both(monkeypatch, spec, 5 + i)
