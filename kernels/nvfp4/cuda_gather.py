@@ -32,14 +32,18 @@ def gather_impl(
     force_scalar: bool = False,
 ) -> None:
     """``gather`` with the scalar kernel selectable (tests): byte loads, any alignment."""
-    if not (isinstance(src_cache, torch.Tensor) and src_cache.is_cuda):
-        raise ValueError("src_cache must be a CUDA tensor")
+    # The extension's own helpers: the same CUDA check, byte view and loading as its fp8 gather.
+    cuda_ext._require_cuda("src_cache", src_cache)
     # The host checks in Python first, as cuda_ext.gather_impl does (see its note on TORCH_CHECK).
     check_gather_args(src_cache, dst, block_table, workspace_starts, batch_size, seq_starts, record_bytes=_RECORD_BYTES)
-    cuda_ext.load_extension()
-    cache = src_cache.view(torch.uint8) if src_cache.dtype != torch.uint8 else src_cache
-    torch.ops.mlafuzz_fp8_ds_mla.nvfp4_gather(
-        cache, dst, block_table, workspace_starts, int(batch_size), seq_starts, bool(force_scalar)
+    cuda_ext._ops().nvfp4_gather(
+        cuda_ext._as_bytes(src_cache),
+        dst,
+        block_table,
+        workspace_starts,
+        int(batch_size),
+        seq_starts,
+        bool(force_scalar),
     )
 
 
