@@ -156,7 +156,7 @@ def add_parser(sub: argparse._SubParsersAction, *, names: tuple[str, ...]) -> No
     )
     _add_run_options(f)
     _add_judging_options(f)
-    f.set_defaults(func=cmd_fuzz)
+    f.set_defaults(func=cmd_fuzz, workers_early=lambda a: not a.in_process and not a.sanitizer)
 
 
 def _add_run_options(f: argparse.ArgumentParser) -> None:

@@ -123,6 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(join_dash_values(parser, sys.argv[1:] if argv is None else argv))
+        early = getattr(args, "workers_early", None)
+        if early is not None and early(args):  # the workers' server imports torch beside this process
+            from mlafuzz.harness.drive.workers.context import StartMethodError, start_early
+
+            try:
+                start_early()
+            except StartMethodError as exc:
+                raise UsageError(f"mlafuzz: {exc}") from None
         from mlafuzz.harness.drive.environment import EnvironmentProblem
 
         try:

@@ -42,8 +42,8 @@ PER_LAUNCH = 8
 
 
 @triton.jit
-def _fold(words_ptr, n, block, out_ptr, fill, mirror, SIGN: tl.constexpr, BLOCK: tl.constexpr):
-    """Adds SIGN x (this block's share of the fingerprint of the n words at words_ptr) to out[0]
+def _fold(words_ptr, n, block, out_ptr, fill, mirror, sign, BLOCK: tl.constexpr):
+    """Adds sign x (this block's share of the fingerprint of the n words at words_ptr) to out[0]
     (and to out[mirror] too where mirror != 0); with ``fill`` >= 0 (a guard zone) instead the count
     of its words other than that byte repeated."""
     offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -58,7 +58,7 @@ def _fold(words_ptr, n, block, out_ptr, fill, mirror, SIGN: tl.constexpr, BLOCK:
     other = (raw != (fill.to(tl.int64) * 0x01010101).to(raw.dtype)).to(tl.uint64)
     x = tl.where(fill >= 0, other, x)
     x = tl.where(inside, x, 0)
-    share = tl.sum(x, axis=0).to(tl.int64, bitcast=True) * SIGN
+    share = tl.sum(x, axis=0).to(tl.int64, bitcast=True) * sign
     tl.atomic_add(out_ptr, share)
     if mirror != 0:
         tl.atomic_add(out_ptr + mirror, share)
@@ -68,18 +68,20 @@ def _fold(words_ptr, n, block, out_ptr, fill, mirror, SIGN: tl.constexpr, BLOCK:
 # default: == 1, divisible by 16) compiled a new variant for most new cases, seconds each; so did
 # the tensors' addresses (16-byte aligned or not). A variant per combination of word widths is left.
 # Each argument also costs host time at every launch (~1 us): the programs' split is computed here
-# from the sizes rather than passed, and the sign is a constexpr.
-_SCALARS = ["mirror"] + [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
+# from the sizes rather than passed. The sign (+1, or -1 for a snapshot) is an argument, not a
+# constexpr: as a constexpr it doubled the variants, each ~1.6 s to compile on an H100, in every
+# worker of a cold run.
+_SCALARS = ["mirror", "sign"] + [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
 
 
 @triton.jit
-def _share(words_ptr, n, code, out_ptr, mirror, pid, start, SIGN: tl.constexpr, BLOCK: tl.constexpr):
+def _share(words_ptr, n, code, out_ptr, mirror, pid, start, sign, BLOCK: tl.constexpr):
     """The programs [start, start + cdiv(n, BLOCK)) fold the n words at words_ptr into out's slot
     ``code`` % 2**16 (a guard zone's fill byte + 1 above it: see ``_code``); returns where the
     next tensor's programs start (n = 0: an unused slot, no programs)."""
     stop = start + tl.cdiv(n, BLOCK)
     if (pid >= start) & (pid < stop):
-        _fold(words_ptr, n, pid - start, out_ptr + (code & 0xFFFF), (code >> 16) - 1, mirror, SIGN, BLOCK)
+        _fold(words_ptr, n, pid - start, out_ptr + (code & 0xFFFF), (code >> 16) - 1, mirror, sign, BLOCK)
     return stop
 
 
@@ -87,6 +89,7 @@ def _share(words_ptr, n, code, out_ptr, mirror, pid, start, SIGN: tl.constexpr, 
 def _fingerprints(
     out_ptr,
     mirror,
+    sign,
     p0,
     n0,
     s0,
@@ -111,21 +114,20 @@ def _fingerprints(
     p7,
     n7,
     s7,
-    SIGN: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Tensor j (n_j words at p_j) owns the programs after tensor j - 1's and adds SIGN x its
+    """Tensor j (n_j words at p_j) owns the programs after tensor j - 1's and adds sign x its
     fingerprint into out[s_j] (and out[s_j + mirror], mirror != 0). A program's branch is uniform
     (one scalar compare per tensor)."""
     pid = tl.program_id(0)
-    end = _share(p0, n0, s0, out_ptr, mirror, pid, 0, SIGN, BLOCK)
-    end = _share(p1, n1, s1, out_ptr, mirror, pid, end, SIGN, BLOCK)
-    end = _share(p2, n2, s2, out_ptr, mirror, pid, end, SIGN, BLOCK)
-    end = _share(p3, n3, s3, out_ptr, mirror, pid, end, SIGN, BLOCK)
-    end = _share(p4, n4, s4, out_ptr, mirror, pid, end, SIGN, BLOCK)
-    end = _share(p5, n5, s5, out_ptr, mirror, pid, end, SIGN, BLOCK)
-    end = _share(p6, n6, s6, out_ptr, mirror, pid, end, SIGN, BLOCK)
-    _share(p7, n7, s7, out_ptr, mirror, pid, end, SIGN, BLOCK)
+    end = _share(p0, n0, s0, out_ptr, mirror, pid, 0, sign, BLOCK)
+    end = _share(p1, n1, s1, out_ptr, mirror, pid, end, sign, BLOCK)
+    end = _share(p2, n2, s2, out_ptr, mirror, pid, end, sign, BLOCK)
+    end = _share(p3, n3, s3, out_ptr, mirror, pid, end, sign, BLOCK)
+    end = _share(p4, n4, s4, out_ptr, mirror, pid, end, sign, BLOCK)
+    end = _share(p5, n5, s5, out_ptr, mirror, pid, end, sign, BLOCK)
+    end = _share(p6, n6, s6, out_ptr, mirror, pid, end, sign, BLOCK)
+    _share(p7, n7, s7, out_ptr, mirror, pid, end, sign, BLOCK)
 
 
 def _code(slot: int, fill: int | None) -> int:
@@ -151,7 +153,7 @@ def add_words(
     work = [(item[0], _code(item[1], item[2] if len(item) > 2 else None)) for item in items if item[0].numel()]
     for at in range(0, len(work), PER_LAUNCH):
         chunk = work[at : at + PER_LAUNCH]
-        args: list = [out, mirror]
+        args: list = [out, mirror, sign]
         programs = 0
         for w, code in chunk:
             programs += -(-w.numel() // BLOCK)  # not triton.cdiv: ~5 us a call from the host
@@ -160,7 +162,7 @@ def add_words(
         # by each pointer's dtype, so 3 words and 5 words of int32 share one, where padding with
         # out (int64) compiled one per count (a caller-owned convert has 1 to 14).
         args += [chunk[-1][0], 0, 0] * (PER_LAUNCH - len(chunk))
-        launch(programs, args, {"SIGN": sign, "BLOCK": BLOCK})
+        launch(programs, args, {"BLOCK": BLOCK})
 
 
 def fingerprints(tensors: Sequence[torch.Tensor], *, launchers: Launchers | None = None) -> torch.Tensor:

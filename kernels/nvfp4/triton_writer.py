@@ -178,9 +178,10 @@ def writer_nvfp4_triton(
     n = slot_mapping.shape[0]
     if n == 0:
         return
-    slots = slot_mapping.long()
-    if bool((slots >= 0).any()) and int(slots.max()) >= num_blocks * bs:
-        raise InvalidInputError("slot_past_cache", f"slot_mapping max={int(slots.max())} >= {num_blocks * bs}")
+    # One host sync: the largest slot (a negative one is skipped, and below any limit anyway).
+    top = int(slot_mapping.max())
+    if top >= num_blocks * bs:
+        raise InvalidInputError("slot_past_cache", f"slot_mapping max={top} >= {num_blocks * bs}")
     cache = kv_cache.view(torch.uint8)
     if cache.stride(2) != 1:
         raise InvalidInputError("wrong_shape", "kv_cache: a record's bytes must be contiguous")

@@ -1,47 +1,47 @@
-"""Executors: run tasks in-process, or in spawned worker processes that may die.
+"""Executors: run tasks in-process, or in worker processes that may die.
 
 The room, along its seams: ``protocol`` (what the fuzz loop asks of an executor, and the
-in-process one), ``bootstrap`` (the worker process: start, warm-up, serving loop), ``phases``
-(the codes a worker publishes about the part of its task it is in), ``crash`` (what a death, a
-hang or a broken CUDA context is charged to), ``pool`` (the crash- and hang-proof pool of
+in-process one), ``context`` (how a worker process starts: forked from a server that imported
+torch once, or spawned), ``bootstrap`` (the worker process: start, warm-up, serving loop),
+``phases`` (the codes a worker publishes about the part of its task it is in), ``crash`` (what a
+death, a hang or a broken CUDA context is charged to), ``pool`` (the crash- and hang-proof pool of
 workers) and ``slots`` (how many workers a device gets). The names callers use are re-exported
 here, so ``from mlafuzz.harness.drive.workers import WorkerPool`` reads as it always did.
+
+The re-exports load on first use (PEP 562): a worker unpickles ``context.entry`` first, and
+importing this package must not import Triton before that function has set the worker's
+environment (``context``).
 """
 
-from mlafuzz.harness.drive.workers.crash import charge_broken_context
-from mlafuzz.harness.drive.workers.pool import WorkerPool
-from mlafuzz.harness.drive.workers.protocol import (
-    DEFAULT_TABLE,
-    Executor,
-    InProcess,
-    WorkerStartError,
-    drop_queued,
-    strip_quarantined,
-    table_from_ref,
-)
-from mlafuzz.harness.drive.workers.slots import (
-    WORKER_BYTES,
-    WORKER_CAP,
-    SlotPlan,
-    device_slots,
-    plan_slots,
-    slot_plan,
-)
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_TABLE",
-    "WORKER_BYTES",
-    "WORKER_CAP",
-    "Executor",
-    "InProcess",
-    "SlotPlan",
-    "WorkerPool",
-    "WorkerStartError",
-    "charge_broken_context",
-    "device_slots",
-    "drop_queued",
-    "plan_slots",
-    "slot_plan",
-    "strip_quarantined",
-    "table_from_ref",
-]
+import importlib
+from typing import Any
+
+_HOME = {
+    "charge_broken_context": "crash",
+    "WorkerPool": "pool",
+    "DEFAULT_TABLE": "protocol",
+    "Executor": "protocol",
+    "InProcess": "protocol",
+    "WorkerStartError": "protocol",
+    "drop_queued": "protocol",
+    "strip_quarantined": "protocol",
+    "table_from_ref": "protocol",
+    "WORKER_BYTES": "slots",
+    "WORKER_CAP": "slots",
+    "SlotPlan": "slots",
+    "device_slots": "slots",
+    "plan_slots": "slots",
+    "slot_plan": "slots",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value  # found once; later reads skip this function
+    return value

@@ -1,7 +1,8 @@
 """The worker process: its start (parent-death signal, no core files, warm-up), how it says why
 it died before it was ready, and its serving loop.
 
-Workers are started with the ``spawn`` method (never fork after CUDA is initialised). Each
+Workers are forked from a server that imported torch, or spawned (``context``); never forked
+after CUDA is initialised. Each
 holds a short queue of tasks (so it never waits on the parent between cases) and publishes, in a
 few words of shared memory (``phases``), which task it is running, which part of it and since
 when: the parent charges a death or a hang to that part (``crash``, ``pool``).
@@ -40,24 +41,44 @@ from mlafuzz.harness.ops.names import NEWEST_REVISION
 
 
 def _die_with_parent(parent: int) -> None:
-    """End this process when its parent does: PR_SET_PDEATHSIG where the kernel has it, and a
-    watchdog thread that polls the parent's pid everywhere (a parent killed with -9 runs no
-    cleanup; its workers must not linger on the GPU)."""
+    """End this process when the run's process ``parent`` does: PR_SET_PDEATHSIG where the kernel
+    has it (it fires when this process's own parent exits: the run, or the fork server, which exits
+    with the run), and a watchdog thread that polls ``parent`` everywhere (a parent killed with -9
+    runs no cleanup; its workers must not linger on the GPU)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent:  # it died before the signal was armed
+    direct = os.getppid()  # the run (spawned) or the fork server (forked from it)
+    if not _alive(parent) or direct == 1:  # it died before the signal was armed
         os._exit(0)
 
     def watch() -> None:
         while True:
             time.sleep(1.0)
-            if os.getppid() != parent:
+            if os.getppid() != direct or not _alive(parent):
                 os._exit(0)
 
     threading.Thread(target=watch, name="mlafuzz-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs. A parent killed with -9 stays a zombie until its own parent reaps
+    it, and a caller reading this worker's output reaps it only once that output ends: so a zombie
+    counts as gone, where /proc says so."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, IndexError):
+        pass  # no /proc here: whether the number exists at all
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # gone; or the number is someone else's now
+        return False
+    return True
 
 
 def _no_core_files() -> None:

@@ -1,5 +1,5 @@
-"""The worker pool: one spawned worker per device slot, each with a short queue; crash- and
-hang-proof.
+"""The worker pool: one worker process per device slot (forked from a server that imported torch,
+or spawned: ``context``), each with a short queue; crash- and hang-proof.
 
 A worker that dies yields a CRASH finding for the task and part it held, one that exceeds the
 task timeout is killed and yields TIMEOUT (``crash``), and the tasks queued behind it go to the
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mlafuzz.harness.drive.tasks import Task, TaskResult
-from mlafuzz.harness.drive.workers.bootstrap import worker_main
+from mlafuzz.harness.drive.workers.context import context, entry, environment
 from mlafuzz.harness.drive.workers.crash import death_message, lost_finding
 from mlafuzz.harness.drive.workers.phases import IDLE, LOAD_SECONDS, LOADING
 from mlafuzz.harness.drive.workers.protocol import DEFAULT_TABLE, WorkerStartError, table_from_ref
@@ -33,6 +33,7 @@ from mlafuzz.reports.findings import Kind
 
 QUEUE_DEPTH = 3  # tasks a worker holds: it starts the next case as soon as one is done
 MAX_START_FAILURES = 3
+WORKER_MAIN = "mlafuzz.harness.drive.workers.bootstrap:worker_main"  # named: imported after the env is set
 START_LOG_LINES = 3  # lines of a dead worker's start-up stderr its WorkerStartError quotes
 
 
@@ -74,7 +75,7 @@ class _Worker:
 
 
 class WorkerPool:
-    """One spawned worker per device slot, each with a short queue; crash- and hang-proof."""
+    """One worker process per device slot, each with a short queue; crash- and hang-proof."""
 
     def __init__(
         self,
@@ -89,7 +90,7 @@ class WorkerPool:
             raise ValueError("WorkerPool: devices=[] must name at least one device")
         self._table_ref = table_ref
         self._table = table_from_ref(table_ref)
-        self._ctx = mp.get_context("spawn")
+        self._ctx = context()
         self._timeout = timeout
         self._redzone = redzone
         self._depth = depth
@@ -120,8 +121,19 @@ class WorkerPool:
         fd, log = tempfile.mkstemp(prefix="mlafuzz-worker-", suffix=".log")
         os.close(fd)
         proc = self._ctx.Process(
-            target=worker_main,
-            args=(child, state, device, self._redzone, threads, self._table_ref, os.getpid(), log),
+            target=entry,
+            args=(
+                environment(),
+                WORKER_MAIN,
+                child,
+                state,
+                device,
+                self._redzone,
+                threads,
+                self._table_ref,
+                os.getpid(),
+                log,
+            ),
             daemon=True,
             name=f"mlafuzz-{device}",
         )
