@@ -51,7 +51,7 @@ def _die_with_parent(parent: int) -> None:
     except (OSError, AttributeError):
         pass
     direct = os.getppid()  # the run (spawned) or the fork server (forked from it)
-    if not _alive(parent) or direct == 1:  # it died before the signal was armed
+    if not _alive(parent):  # it died before the signal was armed
         os._exit(0)
 
     def watch() -> None:
