@@ -1,4 +1,4 @@
-// gather_lab.cu -- standalone bandwidth lab for the fp8_ds_mla gather (kernels/csrc/fp8_ds_mla.cu).
+// gather_lab.cu -- standalone bandwidth lab for the fp8_ds_mla gather (kernels/csrc/kernels.cu).
 //
 // Question: can any gather design reach >= 0.90x the bandwidth of a device-to-device copy of the
 // same byte count? (gather_vec_kernel reached 0.87-0.88x on the H200 on a persistent one-wave

@@ -32,7 +32,9 @@ def test_wheel_ships_every_source_file_the_gpu_paths_build_and_nothing_generic(t
     (wheel,) = tmp_path.glob("mlafuzz-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
-        "mlafuzz/kernels/csrc/fp8_ds_mla.cu",
+        "mlafuzz/kernels/csrc/kernels.cu",
+        "mlafuzz/kernels/csrc/ops.cpp",
+        "mlafuzz/kernels/csrc/params.h",
         "mlafuzz/kernels/csrc/gather_device.cuh",
         "mlafuzz/harness/memory/csrc/redzone_alloc.cpp",
         "mlafuzz/harness/cli/main.py",

@@ -1,8 +1,8 @@
 // mlafuzz: the torch-free device half of the fp8_ds_mla gather (SPEC.md section 4): record layout
 // constants, the exact conversions, the row -> record search and the vector gather kernel.
-// Included by fp8_ds_mla.cu (the extension, with its host code and the writer) and by
+// Included by kernels.cu (the extension's kernels, with the writer) and by
 // .ci/gather_lab.cu (the standalone bandwidth lab, no torch), so the lab measures this very code.
-// Design and exactness notes: see the top of fp8_ds_mla.cu.
+// Design and exactness notes: see the top of kernels.cu.
 
 #pragma once
 
@@ -13,18 +13,11 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "params.h"  // record layout constants, GatherParams
+
 namespace mlafuzz_ds_mla {
 
-constexpr int kRecordBytes = 656;  // 41 x 16
-constexpr int kNopeDim = 512;
-constexpr int kRopeDim = 64;
-constexpr int kRowDim = kNopeDim + kRopeDim;  // 576 bf16 = 1152 bytes = 72 x 16
-constexpr int kScaleOffset = 512;             // 4 x f32, 16-byte aligned inside the record
-constexpr int kRopeOffset = 528;              // 64 x bf16, 16-byte aligned inside the record
-constexpr int kTile = 128;
-constexpr int kWarp = 32;
-constexpr int kGatherThreads = 128;  // 4 warps per block (vector gather)
-constexpr unsigned kFullMask = 0xffffffffu;
+// The record layout's constants and GatherParams are in params.h (shared with the host half).
 
 // ---------------------------------------------------------------------------------------------
 // Exact element conversions
@@ -69,28 +62,6 @@ __device__ __forceinline__ uint4 dequant8(uint2 codes, float scale) {
 // ---------------------------------------------------------------------------------------------
 // gather: row -> record
 // ---------------------------------------------------------------------------------------------
-
-struct GatherParams {
-  const uint8_t* cache;
-  const int32_t* block_table;
-  const int32_t* ws;
-  const int32_t* seq_starts;  // may be null (= all zeros)
-  int64_t total;
-  int32_t batch_size;
-  int32_t block_size;
-  int64_t bt_row_stride, bt_col_stride;          // elements
-  int64_t ws_stride, ss_stride;                  // elements
-  int64_t cache_block_stride, cache_entry_stride;  // bytes
-  // The host tier (SPEC 9.3, vLLM's HiSparse), all null without it: the source slot
-  // s = block_id * block_size + offset is then an index into the two maps; its record is the device
-  // cache's row device_rows[s] when that is >= 0 (any negative value means "on the host"), else
-  // host_cache row host_rows[s] (pinned host memory, read in place through unified addressing;
-  // rows are 656 contiguous bytes). Default-initialized so that every existing user of the struct
-  // (the mutants, the bandwidth lab) keeps the plain path.
-  const uint8_t* host_cache = nullptr;
-  const int32_t* host_rows = nullptr;
-  const int32_t* device_rows = nullptr;
-};
 
 // The record of source slot (block_id, off) under the host tier (see GatherParams). Warp-uniform.
 __device__ __forceinline__ const uint8_t* tier_record(const GatherParams& p, int64_t block_id,

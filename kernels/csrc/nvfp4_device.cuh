@@ -1,6 +1,6 @@
 // mlafuzz: the torch-free device half of the nvfp4_ds_mla upconvert gather (SPEC.md sections 4 and
 // 11): vLLM 0.34.0's cp_gather_and_upconvert_nvfp4_kv_cache, 352-byte records -> bf16 [total, 576].
-// Included by fp8_ds_mla.cu after gather_device.cuh, whose GatherParams and row -> record walk
+// Included by kernels.cu after gather_device.cuh, whose GatherParams and row -> record walk
 // (locate_run / locate_record) it reuses: the addressing is the fp8 gather's, only the record differs.
 //
 // Record (SPEC 11.1): bytes [0, 256) 512 e2m1 codes, two per byte, the even element in the low
@@ -24,11 +24,6 @@
 #include "gather_device.cuh"
 
 namespace mlafuzz_ds_mla {
-
-constexpr int kNvfp4RecordBytes = 352;  // 22 x 16
-constexpr int kNvfp4RopeOffset = 256;
-constexpr int kNvfp4ScaleOffset = 320;
-constexpr int kNvfp4Block = 16;  // NoPE values per scale
 
 // Byte of block s's scale inside the record (the 8x4 -> 4x8 transpose of SPEC 11.1).
 __device__ __forceinline__ int nvfp4_scale_byte(int s) { return kNvfp4ScaleOffset + 8 * (s & 3) + (s >> 2); }

@@ -1,8 +1,8 @@
 // mlafuzz: the torch-free device half of the fp8_ds_mla writer (SPEC.md section 2, "Writer"):
-// its parameters and kernel. Included by fp8_ds_mla.cu (the extension, with its host code) and by
+// its parameters and kernel. Included by kernels.cu (the extension's kernels) and by
 // kernels/mutants/csrc/mutants.cu (planted bugs whose change is on the host: the very same
 // kernel, given other strides or another grid). Design and exactness notes: see the top of
-// fp8_ds_mla.cu.
+// kernels.cu.
 
 #pragma once
 
@@ -17,8 +17,6 @@
 #include "gather_device.cuh"  // record layout constants, kWarp, kFullMask
 
 namespace mlafuzz_ds_mla {
-
-constexpr int kWriterThreads = 256;  // 8 warps per block
 
 // 16-bit input element -> f32 (exact for both bf16 and fp16, subnormals included).
 __device__ __forceinline__ float half_bits_to_float(uint16_t bits, bool is_fp16) {
@@ -40,23 +38,6 @@ __device__ __forceinline__ uint32_t rope_bits(uint16_t bits, bool convert) {
 // ---------------------------------------------------------------------------------------------
 // writer (concat_and_cache_mla, fp8_ds_mla)
 // ---------------------------------------------------------------------------------------------
-
-struct WriterParams {
-  const uint16_t* kv_c;
-  const uint16_t* k_pe;
-  uint8_t* cache;
-  const int64_t* slot_mapping;
-  int64_t num_tokens;
-  int64_t kv_c_row_stride, kv_c_col_stride;  // elements
-  int64_t k_pe_row_stride, k_pe_col_stride;  // elements
-  int64_t slot_stride;                       // elements
-  int64_t cache_block_stride, cache_entry_stride;  // bytes
-  int32_t block_size;
-  bool kv_c_fp16;
-  bool pow2_scale;    // contract revision 2026-09: power-of-two tile scales (see tile_scale)
-  bool convert_rope;  // fp16 k_pe rounded to bf16 instead of bit-copied (opt-in)
-  bool aligned8;  // records 8-byte aligned: word stores, else byte stores
-};
 
 // The stored scale of a tile with the given amax (never NaN: fmaxf dropped NaN elements).
 // Revision 2026-07 (SPEC section 2): max(amax / 448, FLT_MIN), as is. Revision 2026-09 (SPEC

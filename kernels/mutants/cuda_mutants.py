@@ -32,7 +32,7 @@ WRITER_BUGS = {"zero_grid": 1, "contiguous_kv_c": 2}
 @functools.cache
 def load_extension(*, verbose: bool = False) -> cuda_ext.BuildInfo:
     """Build (first time on this machine) and load the mutants' extension; cached per process."""
-    return cuda_ext.build_extension(name=EXTENSION_NAME, source=SOURCE, include_dirs=(cuda_ext.CSRC,), verbose=verbose)
+    return cuda_ext.build_extension(name=EXTENSION_NAME, sources=(SOURCE,), include_dirs=(cuda_ext.CSRC,), verbose=verbose)
 
 
 def _ops():
@@ -99,6 +99,7 @@ def writer(bug: str, *, revision: str | None = None) -> Callable[..., None]:
 
 def nvcc_compile_check(*, out_dir: Path, arch: str = "sm_90") -> Path:
     """Compile mutants.cu to an object with nvcc and no GPU (CI), as cuda_ext's own check does."""
-    return cuda_ext.nvcc_compile_check(
-        out_dir=out_dir, arch=arch, source=SOURCE, name=EXTENSION_NAME, include_dirs=(cuda_ext.CSRC,)
+    (obj,) = cuda_ext.nvcc_compile_check(
+        out_dir=out_dir, arch=arch, sources=(SOURCE,), name=EXTENSION_NAME, include_dirs=(cuda_ext.CSRC,)
     )
+    return obj

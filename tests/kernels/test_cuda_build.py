@@ -1,6 +1,6 @@
 """The CUDA fp8_ds_mla kernels' build and host-side behaviour, on any machine.
 
-The .cu (kernels + torch binding) compiles with nvcc for sm_90 without a GPU, and the wrappers
+The kernels and their torch binding compile with nvcc for sm_90 without a GPU, and the wrappers
 refuse bad calls before touching CUDA. The GPU tests are test_kernels_cuda_gather.py and
 test_kernels_cuda_writer.py.
 """
@@ -19,14 +19,15 @@ from mlafuzz.tests.support.cuda_cases import HAS_CUDA
 
 
 @pytest.mark.slow
-def test_nvcc_compile_check(tmp_path):
-    """The real kernel + binding translation unit compiles for sm_90 on a machine without GPU."""
+def test_kernels_and_their_torch_binding_compile_for_sm90_without_a_gpu(tmp_path):
+    """kernels.cu (no torch header) and ops.cpp (the torch ops) compile for sm_90 on a machine
+    without a GPU, and the binding calls the launchers the kernels define."""
     if cuda_ext._find_nvcc() is None:
         pytest.skip("nvcc not found: no CUDA toolkit on this machine (CI installs one)")
     t0 = time.perf_counter()
-    obj = cuda_ext.nvcc_compile_check(out_dir=tmp_path)
+    kernels_obj, ops_obj = cuda_ext.nvcc_compile_check(out_dir=tmp_path)
     seconds = time.perf_counter() - t0
-    data = obj.read_bytes()
+    kernels, ops = kernels_obj.read_bytes(), ops_obj.read_bytes()
     for kernel in (
         b"gather_vec_kernel",
         b"gather_scalar_kernel",
@@ -34,8 +35,12 @@ def test_nvcc_compile_check(tmp_path):
         b"nvfp4_gather_vec_kernel",
         b"nvfp4_gather_scalar_kernel",
     ):
-        assert kernel in data, f"{kernel!r} missing from {obj}"
-    print(f"nvcc compile check: {seconds:.1f} s -> {obj} ({len(data)} bytes)")
+        assert kernel in kernels, f"{kernel!r} missing from {kernels_obj}"
+    for launcher in (b"launch_gather", b"launch_writer", b"launch_nvfp4_gather"):
+        assert launcher in kernels and launcher in ops, launcher
+    assert cuda_ext.EXTENSION_NAME.encode() in ops  # TORCH_LIBRARY's namespace
+    assert b"c10" not in kernels  # the kernels' unit includes no torch header: that is its speed
+    print(f"compile check: {seconds:.1f} s -> {kernels_obj.name} ({len(kernels)} bytes), {ops_obj.name}")
 
 
 def test_writer_rejects_other_kv_cache_dtype():

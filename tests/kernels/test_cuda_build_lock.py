@@ -71,12 +71,12 @@ class FakeToolchain:
 
 
 def final_dir() -> Path:
-    return cuda_ext._build_dir(name=cuda_ext.EXTENSION_NAME, source=cuda_ext.SOURCE, include_dirs=(), arch=ARCH)
+    return cuda_ext._build_dir(name=cuda_ext.EXTENSION_NAME, sources=cuda_ext.SOURCES, include_dirs=(), arch=ARCH)
 
 
 def build() -> cuda_ext.BuildInfo:
     # build_extension, not load_extension: that one is cached for the process
-    return cuda_ext.build_extension(name=cuda_ext.EXTENSION_NAME, source=cuda_ext.SOURCE)
+    return cuda_ext.build_extension(name=cuda_ext.EXTENSION_NAME, sources=cuda_ext.SOURCES)
 
 
 def in_threads(n: int) -> list[cuda_ext.BuildInfo | BaseException]:
@@ -212,25 +212,30 @@ def test_a_run_waiting_on_another_process_build_says_which_process(cache, monkey
 CPU_OP = """
 #include <torch/library.h>
 #include <ATen/ATen.h>
-static at::Tensor twice(const at::Tensor& x) { return x * 2; }
+double factor();  // helper.cpp: the extension's second translation unit, as kernels.cu is
+static at::Tensor twice(const at::Tensor& x) { return x * factor(); }
 TORCH_LIBRARY(mlafuzz_build_lock_test, m) { m.def("twice(Tensor x) -> Tensor", &twice); }
 """
+HELPER = "double factor() { return 2.0; }\n"
 
 
 @pytest.mark.slow
 def test_a_real_torch_build_is_moved_into_place_and_loads_once(cache, tmp_path, monkeypatch):
-    """torch's real builder and loader on a CPU op (g++ and ninja, no nvcc): the build made in the
-    temp folder is renamed into place, and loading the final .so registers nothing twice."""
+    """torch's real builder and loader on a CPU op of two translation units (g++ and ninja, no
+    nvcc): the build made in the temp folder links both, is renamed into place, and loading the
+    final .so registers nothing twice."""
     if not cpp_extension.is_ninja_available() or shutil.which("c++") is None:
         pytest.skip("needs ninja and a C++ compiler")
     source = tmp_path / "src" / "op.cpp"
     source.parent.mkdir()
     source.write_text(CPU_OP)
+    (source.parent / "helper.cpp").write_text(HELPER)
+    sources = (source, source.parent / "helper.cpp")
     monkeypatch.setattr(cuda_ext, "_present_arch", lambda: ARCH)
     monkeypatch.setattr(cuda_ext, "_find_nvcc", lambda: "/fake/nvcc")
-    info = cuda_ext.build_extension(name="mlafuzz_build_lock_test", source=source)
+    info = cuda_ext.build_extension(name="mlafuzz_build_lock_test", sources=sources)
     assert info.cold and info.path.exists() and info.path.parent.name.startswith("mlafuzz_build_lock_test-")
     assert leftovers(cache) == [] and not (info.path.parent / "lock").exists()
-    again = cuda_ext.build_extension(name="mlafuzz_build_lock_test", source=source)
+    again = cuda_ext.build_extension(name="mlafuzz_build_lock_test", sources=sources)
     assert not again.cold and again.path == info.path
     assert torch.ops.mlafuzz_build_lock_test.twice(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]

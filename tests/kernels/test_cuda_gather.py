@@ -1,4 +1,4 @@
-"""The CUDA gather (kernels/csrc/fp8_ds_mla.cu) against the oracle, bit for bit (GPU).
+"""The CUDA gather (kernels/csrc/kernels.cu) against the oracle, bit for bit (GPU).
 
 Random and edge cases, every dst/cache layout that selects a different kernel path, guard zones
 (two sentinel fills), inputs unchanged, and every tuning variant the oracle's bit for bit at a

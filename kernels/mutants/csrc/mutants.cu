@@ -1,7 +1,7 @@
 // mlafuzz: planted bugs in GPU kernels (the catalog is kernels/mutants/catalog.py; the Python side
 // is kernels/mutants/cuda_mutants.py). Each is our kernel -- the gather's device half
 // (kernels/csrc/gather_device.cuh) or the writer's (writer_device.cuh) -- with ONE named change,
-// selected by the op's `bug` argument. The product extension (kernels/csrc/fp8_ds_mla.cu) holds
+// selected by the op's `bug` argument. The product extension (kernels/csrc/kernels.cu) holds
 // none of this code.
 //
 //   gather bugs                                                   what the harness should see

@@ -1,40 +1,15 @@
-// mlafuzz: CUDA kernels for the fp8_ds_mla KV-cache record (SPEC.md sections 2 and 4).
+// mlafuzz: the torch half of the CUDA extension (kernels/cuda_ext.py builds it with kernels.cu):
+// each op's host checks, its parameter block (params.h) and its launcher call, and the ops'
+// registration. Plain C++: no device code here, and kernels.cu includes no torch header (see
+// params.h for why the two are apart).
 //
-//   gather  - cp_gather_and_upconvert with seq_starts: paged 656-byte records -> bf16 [total, 576]
-//   writer  - concat_and_cache_mla for kv_cache_dtype "fp8_ds_mla" (both contract revisions, SPEC section 7)
-//   nvfp4_gather - cp_gather_and_upconvert_nvfp4_kv_cache: paged 352-byte nvfp4_ds_mla records ->
-//             bf16 [total, 576] (SPEC section 11; nvfp4_device.cuh, nvfp4_host.cuh)
-//
-// Design (gather, the bandwidth-bound one): one warp per output row, each warp one run of
-// `rows_per_warp` (1/2/4/8) consecutive rows, all of a run's loads in flight before its first
-// store; blocks of 4 warps, and a grid that covers every run (no persistent grid: on the H200 a
-// one-wave grid-striding grid measured 0.87x of a copy, this one 0.92x, .ci/gather_lab.cu). The owner of a run's first row is found by
-// a warp-cooperative 32-ary search over workspace_starts (one ballot round for B <= 32, two for
-// B <= 1024); the rest of the run walks forward from it, reloading the block id only when the
-// block changes. Each lane moves 8 codes per NoPE half with 8-byte loads and 16-byte stores
-// (warp accesses of 256 and 512 contiguous bytes), its tile's scale as a broadcast 4-byte load,
-// and lanes 0..7 the 128 RoPE bytes as 16-byte copies. A scalar kernel (byte loads, 2-byte stores, any strides)
-// takes over when the cache or dst is not 16-byte aligned.
-//
-// Exactness: built WITHOUT fast math (-ftz=false -prec-div=true -fmad=false). The arithmetic is
-// spelled with the IEEE intrinsics anyway (__fmul_rn, __fdiv_rn) so that no flag can contract or
-// approximate it: one f32 multiply + one RNE rounding into bf16 per NoPE element (gather), one
-// IEEE f32 division per scale and per code (writer). fp8 -> f32 goes through f16 (exact).
-//
-// Registered as torch ops (TORCH_LIBRARY, namespace mlafuzz_fp8_ds_mla) so that the .so needs no
-// pybind11 and the translation unit stays light; the Python side is kernels/cuda_ext.py.
-// Device-side preconditions are NOT checked (SPEC section 4: vLLM does not either); see the
-// comments on gather_op / writer_op for what the host checks and what violations do.
+// The Python wrappers check every argument before the op is called (an exception raised by
+// TORCH_CHECK with an integer in its message was seen to crash the process on the H200 image), so
+// these checks are a backstop.
 
 #include <algorithm>
-#include <cfloat>
 #include <cstdint>
 #include <optional>
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#include <cuda_runtime.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
@@ -42,75 +17,19 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "gather_device.cuh"  // constants, conversions, row -> record search, vector gather kernel
-#include "writer_device.cuh"  // the writer kernel and its parameters
-#include "nvfp4_device.cuh"  // the nvfp4_ds_mla upconvert gather's kernels (SPEC 11)
+#include "params.h"
 
 namespace mlafuzz_ds_mla {
 
-constexpr int kThreads = kWriterThreads;  // 8 warps per block (scalar gather, writer)
-constexpr int kWarpsPerBlock = kThreads / kWarp;
-
-// ---------------------------------------------------------------------------------------------
-// gather, scalar path (the vector path is gather_vec_kernel in gather_device.cuh)
-// ---------------------------------------------------------------------------------------------
-
-// Scalar path for any alignment / strides: one warp per row, byte loads, 2-byte stores.
-__global__ void __launch_bounds__(kThreads) gather_scalar_kernel(GatherParams p, uint16_t* __restrict__ dst,
-                                                                 int64_t dst_row_stride,
-                                                                 int64_t dst_col_stride) {
-  const int lane = threadIdx.x & (kWarp - 1);
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
-  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
-  for (int64_t row = warp; row < p.total; row += num_warps) {
-    const uint8_t* rec = locate_record(p, row, lane);
-    if (rec == nullptr) continue;
-    uint16_t* out = dst + row * dst_row_stride;
-    for (int e = lane; e < kRowDim; e += kWarp) {
-      uint16_t bits;
-      if (e < kNopeDim) {
-        const uint8_t* s = rec + kScaleOffset + 4 * (e / kTile);
-        const uint32_t sbits = static_cast<uint32_t>(s[0]) | (static_cast<uint32_t>(s[1]) << 8) |
-                               (static_cast<uint32_t>(s[2]) << 16) |
-                               (static_cast<uint32_t>(s[3]) << 24);
-        bits = static_cast<uint16_t>(dequant_bits(fp8_to_float(rec[e]), __uint_as_float(sbits)));
-      } else {
-        const uint8_t* r = rec + kRopeOffset + 2 * (e - kNopeDim);
-        bits = static_cast<uint16_t>(r[0] | (r[1] << 8));
-      }
-      out[e * dst_col_stride] = bits;
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Host side
-// ---------------------------------------------------------------------------------------------
-
-int sm_count(int device) {
-  int n = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-  return n > 0 ? n : 1;
-}
-
-// One warp per `rows_per_warp` items, capped at one wave of resident blocks: the kernels
-// grid-stride, so a persistent grid keeps every warp busy to the end without a partial last wave
-// (at 64 x 4096 rows a capped-at-a-few-waves grid would leave ~10% of the time in the tail).
-template <typename Kernel>
-unsigned grid_for(Kernel kernel, int64_t items, int rows_per_warp, int device) {
-  const int64_t warps = (items + rows_per_warp - 1) / rows_per_warp;
-  const int64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-  const int64_t cap = static_cast<int64_t>(sm_count(device)) * std::max(per_sm, 1);
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(blocks, cap)));
-}
+namespace {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device() == ref.device(), name, " must be on ", ref.device(), ", got ", t.device());
 }
+
+}  // namespace
 
 // Host checks (cheap, shape/dtype/device only): src_cache uint8 [num_blocks, bs >= 1, 656] with a
 // contiguous record dim; dst bf16 [total, 576]; block_table int32 2-D with >= batch_size rows;
@@ -217,37 +136,11 @@ void gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Ten
   const c10::cuda::CUDAGuard guard(src_cache.device());
   const int device = src_cache.get_device();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  uint8_t* dst_bytes = reinterpret_cast<uint8_t*>(dst.data_ptr());
+  const GatherDst out{reinterpret_cast<uint8_t*>(dst.data_ptr()), dst.stride(0), dst.stride(1)};
   const bool vec = !force_scalar && aligned16(p.cache) && p.cache_block_stride % 16 == 0 &&
-                   p.cache_entry_stride % 16 == 0 && aligned16(dst_bytes) && dst.stride(1) == 1 &&
+                   p.cache_entry_stride % 16 == 0 && aligned16(out.bytes) && dst.stride(1) == 1 &&
                    dst.stride(0) % 8 == 0 && (p.host_cache == nullptr || aligned16(p.host_cache));
-  if (vec) {
-    const int64_t row_bytes = dst.stride(0) * 2;
-    const int rpw = static_cast<int>(rows_per_warp);
-    // One instantiation per (rows per warp, hints); see the bench's --variants for the sweep.
-    // A grid covering every run (the kernel still grid-strides, should it ever be capped).
-    const auto launch = [&](auto kernel, int rows) {
-      const int64_t runs = (total + rows - 1) / rows;
-      const int64_t blocks = (runs + kGatherThreads / kWarp - 1) / (kGatherThreads / kWarp);
-      const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, INT32_MAX)));
-      kernel<<<grid, kGatherThreads, 0, stream>>>(p, dst_bytes, row_bytes);
-    };
-    switch (rpw * 2 + (stream_hints ? 1 : 0)) {
-      case 2: launch(gather_vec_kernel<1, false>, 1); break;
-      case 3: launch(gather_vec_kernel<1, true>, 1); break;
-      case 4: launch(gather_vec_kernel<2, false>, 2); break;
-      case 5: launch(gather_vec_kernel<2, true>, 2); break;
-      case 8: launch(gather_vec_kernel<4, false>, 4); break;
-      case 9: launch(gather_vec_kernel<4, true>, 4); break;
-      case 16: launch(gather_vec_kernel<8, false>, 8); break;
-      default: launch(gather_vec_kernel<8, true>, 8); break;
-    }
-  } else {
-    const unsigned grid = grid_for(gather_scalar_kernel, total, 1, device);
-    gather_scalar_kernel<<<grid, kThreads, 0, stream>>>(p, reinterpret_cast<uint16_t*>(dst_bytes),
-                                                        dst.stride(0), dst.stride(1));
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  C10_CUDA_CHECK(launch_gather(p, out, vec, static_cast<int>(rows_per_warp), stream_hints, device, stream));
 }
 
 // Host checks: kv_c [>= T, 512] and k_pe [>= T, 64], each bf16 or fp16 (any strides);
@@ -309,14 +202,73 @@ void writer_op(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor&
   const c10::cuda::CUDAGuard guard(kv_cache.device());
   const int device = kv_cache.get_device();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const unsigned grid = grid_for(writer_kernel, num_tokens, 1, device);
-  writer_kernel<<<grid, kThreads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  C10_CUDA_CHECK(launch_writer(p, device, stream));
 }
 
-}  // namespace mlafuzz_ds_mla
 
-#include "nvfp4_host.cuh"  // nvfp4_gather_op: its host checks and launch
+// Host checks (shape/dtype/device only), as the fp8 gather's: src_cache uint8 [num_blocks, bs >= 1,
+// 352] with a contiguous record dim; dst bf16 [total, 576]; block_table int32 2-D with >= batch_size
+// rows; workspace_starts (and seq_starts, when given) int32 1-D with >= batch_size entries; one CUDA
+// device. Not checked (device-side preconditions, SPEC section 4, as vLLM): the ws order, ws past
+// dst, positions inside the table, block ids inside the cache.
+void nvfp4_gather_op(const at::Tensor& src_cache, const at::Tensor& dst, const at::Tensor& block_table,
+                     const at::Tensor& workspace_starts, int64_t batch_size,
+                     const std::optional<at::Tensor>& seq_starts, bool force_scalar) {
+  TORCH_CHECK(src_cache.is_cuda() && src_cache.scalar_type() == at::kByte,
+              "nvfp4_gather: src_cache must be a CUDA uint8 tensor");
+  TORCH_CHECK(src_cache.dim() == 3 && src_cache.size(2) == kNvfp4RecordBytes && src_cache.stride(2) == 1 &&
+                  src_cache.size(1) >= 1,
+              "nvfp4_gather: src_cache must be [num_blocks, block_size >= 1, 352], record dim contiguous");
+  TORCH_CHECK(dst.scalar_type() == at::kBFloat16 && dst.dim() == 2 && dst.size(1) == kRowDim,
+              "nvfp4_gather: dst must be bfloat16 [total, 576]");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2,
+              "nvfp4_gather: block_table must be a 2-D int32 tensor");
+  TORCH_CHECK(workspace_starts.scalar_type() == at::kInt && workspace_starts.dim() == 1,
+              "nvfp4_gather: workspace_starts must be a 1-D int32 tensor");
+  TORCH_CHECK(batch_size >= 0 && batch_size <= INT32_MAX && workspace_starts.size(0) >= batch_size &&
+                  block_table.size(0) >= batch_size,
+              "nvfp4_gather: batch_size out of range or above workspace_starts / block_table's rows");
+  check_same_device(src_cache, dst, "nvfp4_gather: dst");
+  check_same_device(src_cache, block_table, "nvfp4_gather: block_table");
+  check_same_device(src_cache, workspace_starts, "nvfp4_gather: workspace_starts");
+  GatherParams p;
+  p.seq_starts = nullptr;
+  p.ss_stride = 0;
+  if (seq_starts.has_value()) {
+    const at::Tensor& ss = *seq_starts;
+    TORCH_CHECK(ss.scalar_type() == at::kInt && ss.dim() == 1 && ss.size(0) >= batch_size,
+                "nvfp4_gather: seq_starts must be a 1-D int32 tensor of >= batch_size entries, or None");
+    check_same_device(src_cache, ss, "nvfp4_gather: seq_starts");
+    p.seq_starts = ss.data_ptr<int32_t>();
+    p.ss_stride = ss.stride(0);
+  }
+  const int64_t total = dst.size(0);
+  if (total == 0 || batch_size == 0) return;  // nothing to write; no launch
+
+  p.cache = src_cache.data_ptr<uint8_t>();
+  p.block_table = block_table.data_ptr<int32_t>();
+  p.ws = workspace_starts.data_ptr<int32_t>();
+  p.total = total;
+  p.batch_size = static_cast<int32_t>(batch_size);
+  p.block_size = static_cast<int32_t>(src_cache.size(1));
+  p.bt_row_stride = block_table.stride(0);
+  p.bt_col_stride = block_table.stride(1);
+  p.ws_stride = workspace_starts.stride(0);
+  p.cache_block_stride = src_cache.stride(0);
+  p.cache_entry_stride = src_cache.stride(1);
+
+  const c10::cuda::CUDAGuard guard(src_cache.device());
+  const int device = src_cache.get_device();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const GatherDst out{reinterpret_cast<uint8_t*>(dst.data_ptr()), dst.stride(0), dst.stride(1)};
+  const bool vec = !force_scalar && (reinterpret_cast<uintptr_t>(p.cache) & 7u) == 0 &&
+                   p.cache_block_stride % 8 == 0 && p.cache_entry_stride % 8 == 0 && aligned16(out.bytes) &&
+                   dst.stride(1) == 1 && dst.stride(0) % 8 == 0;
+  C10_CUDA_CHECK(launch_nvfp4_gather(p, out, vec, stream));
+}
+
+
+}  // namespace mlafuzz_ds_mla
 
 TORCH_LIBRARY(mlafuzz_fp8_ds_mla, m) {
   m.def(
