@@ -42,20 +42,28 @@ PER_LAUNCH = 8
 
 
 @triton.jit
-def _fold(words_ptr, n, block, out_ptr, fill, mirror, sign, BLOCK: tl.constexpr):
-    """Adds sign x (this block's share of the fingerprint of the n words at words_ptr) to out[0]
-    (and to out[mirror] too where mirror != 0); with ``fill`` >= 0 (a guard zone) instead the count
-    of its words other than that byte repeated."""
+def _fold(addr, n, block, out_ptr, fill, is_bytes, mirror, sign, BLOCK: tl.constexpr):
+    """Adds sign x (this block's share of the fingerprint of the n words at address ``addr``) to
+    out[0] (and to out[mirror] too where mirror != 0); with ``fill`` >= 0 (a guard zone) instead
+    the count of its words other than that byte repeated. The words are 4 bytes, or 1 where
+    ``is_bytes``: a runtime branch, so that one compiled kernel serves both widths."""
     offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
-    raw = tl.load(words_ptr + offs, mask=inside, other=0)
+    # A byte is zero-extended and a 4-byte word sign-extended to 64 bits, as the typed loads of
+    # each width did; a zone's fill is the byte, or the byte repeated (truncated to 32 bits).
+    if is_bytes != 0:
+        raw = tl.load(addr.to(tl.pointer_type(tl.uint8)) + offs, mask=inside, other=0).to(tl.int32)
+        pattern = fill
+    else:
+        raw = tl.load(addr.to(tl.pointer_type(tl.int32)) + offs, mask=inside, other=0)
+        pattern = (fill.to(tl.int64) * 0x01010101).to(tl.int32)
     w = raw.to(tl.int64).to(tl.uint64, bitcast=True)
     idx = offs.to(tl.uint64, bitcast=True)
     x = (w ^ (idx * 0x9E3779B97F4A7C15)) * 0xBF58476D1CE4E5B9
     x = x ^ (x >> 32)
     # A zone is exact: 0 while every byte holds the fill (no fingerprint of the fill to compute
-    # per zone layout), the words' width (4 bytes or 1) by the truncating cast.
-    other = (raw != (fill.to(tl.int64) * 0x01010101).to(raw.dtype)).to(tl.uint64)
+    # per zone layout).
+    other = (raw != pattern).to(tl.uint64)
     x = tl.where(fill >= 0, other, x)
     x = tl.where(inside, x, 0)
     share = tl.sum(x, axis=0).to(tl.int64, bitcast=True) * sign
@@ -65,75 +73,88 @@ def _fold(words_ptr, n, block, out_ptr, fill, mirror, sign, BLOCK: tl.constexpr)
 
 
 # The launch's scalars (sizes, slots) change with every case: specializing on them (Triton's
-# default: == 1, divisible by 16) compiled a new variant for most new cases, seconds each; so did
-# the tensors' addresses (16-byte aligned or not). A variant per combination of word widths is left.
+# default: == 1, divisible by 16) compiled a new variant for most new cases, seconds each. The
+# tensors go in as addresses (ints), not pointers: Triton keys a pointer's variant by its dtype
+# and alignment, and each combination of word widths over the 8 tensors was a variant of its own
+# (~1.7 s each on an H100 for the 8 inlined bodies, in every worker of a cold run). One kernel
+# with one body now serves every launch: a program picks its tensor with scalar selects.
 # Each argument also costs host time at every launch (~1 us): the programs' split is computed here
-# from the sizes rather than passed. The sign (+1, or -1 for a snapshot) is an argument, not a
-# constexpr: as a constexpr it doubled the variants, each ~1.6 s to compile on an H100, in every
-# worker of a cold run.
-_SCALARS = ["mirror", "sign"] + [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ns"]
+# from the sizes rather than passed. The sign (+1, or -1 for a snapshot) is an argument too.
+_SCALARS = ["mirror", "sign"] + [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ans"]
+_BYTES_BIT = 1 << 25  # in a tensor's code: its words are bytes (above the fill byte + 1 of ``_code``)
+_BYTES = tl.constexpr(_BYTES_BIT)  # the same, as the kernel reads a global
 
 
 @triton.jit
-def _share(words_ptr, n, code, out_ptr, mirror, pid, start, sign, BLOCK: tl.constexpr):
-    """The programs [start, start + cdiv(n, BLOCK)) fold the n words at words_ptr into out's slot
-    ``code`` % 2**16 (a guard zone's fill byte + 1 above it: see ``_code``); returns where the
-    next tensor's programs start (n = 0: an unused slot, no programs)."""
-    stop = start + tl.cdiv(n, BLOCK)
-    if (pid >= start) & (pid < stop):
-        _fold(words_ptr, n, pid - start, out_ptr + (code & 0xFFFF), (code >> 16) - 1, mirror, sign, BLOCK)
-    return stop
+def _pick(pid, end, a, n, code, start, addr_j, n_j, code_j, BLOCK: tl.constexpr):
+    """The next tensor (a, n, code, start) if program ``pid`` lies at or past ``end``, where the
+    tensor before it ends; and where that one ends."""
+    later = pid >= end
+    return (
+        tl.where(later, addr_j, a),
+        tl.where(later, n_j, n),
+        tl.where(later, code_j, code),
+        tl.where(later, end, start),
+        end + tl.cdiv(n_j, BLOCK),
+    )
 
 
-@triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=[f"p{j}" for j in range(PER_LAUNCH)])
+# out_ptr takes scalar atomics only: its alignment (a board is a slice of the snapshot's store, 8
+# bytes per slot in) would make a variant of its own.
+@triton.jit(do_not_specialize=_SCALARS, do_not_specialize_on_alignment=["out_ptr"])
 def _fingerprints(
     out_ptr,
     mirror,
     sign,
-    p0,
+    a0,
     n0,
     s0,
-    p1,
+    a1,
     n1,
     s1,
-    p2,
+    a2,
     n2,
     s2,
-    p3,
+    a3,
     n3,
     s3,
-    p4,
+    a4,
     n4,
     s4,
-    p5,
+    a5,
     n5,
     s5,
-    p6,
+    a6,
     n6,
     s6,
-    p7,
+    a7,
     n7,
     s7,
     BLOCK: tl.constexpr,
 ):
-    """Tensor j (n_j words at p_j) owns the programs after tensor j - 1's and adds sign x its
-    fingerprint into out[s_j] (and out[s_j + mirror], mirror != 0). A program's branch is uniform
-    (one scalar compare per tensor)."""
+    """Tensor j (n_j words at address a_j) owns the programs after tensor j - 1's and adds sign x
+    its fingerprint into out[s_j % 2**16] (and out[that + mirror], mirror != 0). A program finds
+    its tensor with scalar compares, uniform over the program; an unused slot has no programs."""
     pid = tl.program_id(0)
-    end = _share(p0, n0, s0, out_ptr, mirror, pid, 0, sign, BLOCK)
-    end = _share(p1, n1, s1, out_ptr, mirror, pid, end, sign, BLOCK)
-    end = _share(p2, n2, s2, out_ptr, mirror, pid, end, sign, BLOCK)
-    end = _share(p3, n3, s3, out_ptr, mirror, pid, end, sign, BLOCK)
-    end = _share(p4, n4, s4, out_ptr, mirror, pid, end, sign, BLOCK)
-    end = _share(p5, n5, s5, out_ptr, mirror, pid, end, sign, BLOCK)
-    end = _share(p6, n6, s6, out_ptr, mirror, pid, end, sign, BLOCK)
-    _share(p7, n7, s7, out_ptr, mirror, pid, end, sign, BLOCK)
+    a, n, code, start, end = a0, n0, s0, pid * 0, tl.cdiv(n0, BLOCK)
+    a, n, code, start, end = _pick(pid, end, a, n, code, start, a1, n1, s1, BLOCK)
+    a, n, code, start, end = _pick(pid, end, a, n, code, start, a2, n2, s2, BLOCK)
+    a, n, code, start, end = _pick(pid, end, a, n, code, start, a3, n3, s3, BLOCK)
+    a, n, code, start, end = _pick(pid, end, a, n, code, start, a4, n4, s4, BLOCK)
+    a, n, code, start, end = _pick(pid, end, a, n, code, start, a5, n5, s5, BLOCK)
+    a, n, code, start, end = _pick(pid, end, a, n, code, start, a6, n6, s6, BLOCK)
+    a, n, code, start, end = _pick(pid, end, a, n, code, start, a7, n7, s7, BLOCK)
+    if pid < end:
+        fill = ((code >> 16) & 0x1FF) - 1
+        _fold(a, n, pid - start, out_ptr + (code & 0xFFFF), fill, code & _BYTES, mirror, sign, BLOCK)
 
 
-def _code(slot: int, fill: int | None) -> int:
-    """A tensor's slot argument: the slot, with a guard zone's fill byte + 1 above its 16 bits."""
+def _code(slot: int, fill: int | None, words: torch.Tensor) -> int:
+    """A tensor's code argument: the slot, a guard zone's fill byte + 1 above its 16 bits, and
+    ``_BYTES_BIT`` when its words are bytes."""
     assert 0 <= slot < 1 << 16, slot
-    return slot if fill is None else slot | (fill + 1) << 16
+    code = slot if fill is None else slot | (fill + 1) << 16
+    return code | _BYTES_BIT if words.element_size() == 1 else code
 
 
 def add_words(
@@ -150,18 +171,17 @@ def add_words(
     are not the byte ``fill`` repeated (0 while untouched, exactly), in the same launch.
     ``mirror``: each also added into out[slot + mirror] (a snapshot's board, made in one pass)."""
     launch = (launchers or Launchers())(_fingerprints)
-    work = [(item[0], _code(item[1], item[2] if len(item) > 2 else None)) for item in items if item[0].numel()]
+    work = [(item[0], _code(item[1], item[2] if len(item) > 2 else None, item[0])) for item in items if item[0].numel()]
     for at in range(0, len(work), PER_LAUNCH):
         chunk = work[at : at + PER_LAUNCH]
         args: list = [out, mirror, sign]
         programs = 0
         for w, code in chunk:
             programs += -(-w.numel() // BLOCK)  # not triton.cdiv: ~5 us a call from the host
-            args += [w, w.numel(), code]
-        # Unused slots (no program reaches them) repeat the last tensor: Triton keys the variant
-        # by each pointer's dtype, so 3 words and 5 words of int32 share one, where padding with
-        # out (int64) compiled one per count (a caller-owned convert has 1 to 14).
-        args += [chunk[-1][0], 0, 0] * (PER_LAUNCH - len(chunk))
+            args += [w.data_ptr(), w.numel(), code]
+        # Unused slots (no program reaches them: 0 words) repeat the last address: Triton keys an
+        # int by whether it fits in int32, and an address never does.
+        args += [args[-3], 0, 0] * (PER_LAUNCH - len(chunk))
         launch(programs, args, {"BLOCK": BLOCK})
 
 

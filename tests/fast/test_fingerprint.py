@@ -14,7 +14,10 @@ pytest.importorskip("triton")  # Triton kernels: without triton (an optional ext
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from triton.runtime.jit import JITFunction  # noqa: E402
+
 from mlafuzz.harness.fast.fingerprint import Snapshot, add_words, fingerprints  # noqa: E402
+from mlafuzz.harness.fast.launch import Launcher, Launchers  # noqa: E402
 from mlafuzz.harness.memory.bits import word_view  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -133,44 +136,57 @@ def test_a_guard_zone_counts_zero_while_it_holds_its_fill_and_any_written_byte_m
     assert out.tolist() == [fingerprints([other]).item(), 2]  # two words (or bytes) apart
 
 
-def _launch_variants(sign: str, words: list) -> set:
-    """The variants add_words launches for these words: per PER_LAUNCH of them, their dtypes, the
-    unused slots repeating the last (what Triton keys a variant by, with the sign)."""
-    from mlafuzz.harness.fast.fingerprint import PER_LAUNCH
+class _KeyRecorder(Launchers):
+    """Launchers whose launches record the variant Triton would compile (``Launcher.key``, from the
+    kernel's own do_not_specialize lists) and launch nothing."""
 
-    chunks = [[w.dtype for w in words[i : i + PER_LAUNCH]] for i in range(0, len(words), PER_LAUNCH)]
-    return {(sign, *c, *[c[-1]] * (PER_LAUNCH - len(c))) for c in chunks}
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: set = set()
+
+    def __call__(self, fn):
+        if not hasattr(fn, "params"):  # interpreted: the jit function it wraps keys the same
+            lists = ("do_not_specialize", "do_not_specialize_on_alignment")
+            fn = JITFunction(fn.fn, **{k: v for k, v in fn.kwargs.items() if k in lists})
+        launcher = Launcher(fn)
+        keys = self.keys
+
+        class _Record:
+            def __call__(self, grid, args, constexprs, **options):
+                keys.add((launcher.key(args), tuple(constexprs.items())))
+
+        return _Record()
 
 
-# gather: seq_starts or not x the host tier's three tensors or not (SPEC 9.3, judged by the fast
-# path too) x before / after; on the GPU the host cache is compared on the host, not fingerprinted.
-@pytest.mark.parametrize("op, most", [("gather", 8), ("convert", 2), ("writer", 4)])
-def test_fuzzed_cases_share_a_handful_of_fingerprint_launch_variants(op, most):
-    """Triton compiles a variant of the fingerprint launch per combination of its tensors' word
-    types and sign (before a call: minus; after it: plus, with any guard zones). With 8- or 4-byte
-    words chosen by size, 300 drawn gather cases needed 20 variants, convert 30; gather fuzzed at
-    half speed on the H200."""
+@pytest.mark.parametrize("op", ["gather", "convert", "writer", "nvfp4_gather", "nvfp4_writer"])
+def test_every_fingerprint_launch_of_fuzzed_cases_is_one_compiled_variant(op):
+    """Triton compiles a variant per specialization key. Keyed by pointer dtypes (each tensor's
+    word width) and the sign, a run compiled 2-8 variants of the fingerprint launch, ~1.7 s each
+    in every worker of a cold run; with 8- or 4-byte words chosen by size, 300 drawn gather cases
+    needed 20. Every launch of a snapshot (minus, mirrored), of the check after a call (plus, with
+    any guard zones) of every tensor layout drawn is now one variant."""
     from mlafuzz.harness.drive.fuzz import case_seed
     from mlafuzz.harness.fast.path import fast_op
     from mlafuzz.harness.ops.table import OPS
     from mlafuzz.tests.support.helpers import draw_spec, materialize
 
     opdef = OPS.get(op)
-    variants = set()
-    for i in range(120):
+    rec = _KeyRecorder()
+    launches = 0
+    for i in range(60):
         seed = case_seed(0, op, i)
         case = materialize(draw_spec(op, seed=seed), seed, "cpu")
         takes = fast_op(OPS.get(op)).takes
         if takes is not None and not takes(case):  # the full path's alone (gather's host tier)
             continue
-        words = [
-            word_view(t) for k, t in case.tensors.items() if t is not None and k not in opdef.inplace and t.numel()
-        ]
-        variants |= _launch_variants("before", words)
+        inputs = {k: t for k, t in case.tensors.items() if t is not None and k not in opdef.inplace and t.numel()}
+        snap = Snapshot(inputs, device="cpu", launchers=rec, room=2)
+        items: list = snap.items()
         for g in (opdef.guarded(case, 0xA5) if opdef.guarded else {}).values():
-            words += [word_view(z) for z in g.zones()] * 2  # the zones of both calls when re-run
-        variants |= _launch_variants("after", words)
-    assert len(variants) <= most, sorted(map(str, variants))
+            items += [(word_view(z), len(items), 0xA5) for z in g.zones()]
+        add_words(torch.zeros(len(items), dtype=torch.int64), items, launchers=rec)
+        launches += 2
+    assert launches and len(rec.keys) == 1, sorted(map(str, rec.keys))
 
 
 def test_empty_inputs_at_any_storage_offset_are_fingerprinted_without_error():
@@ -198,19 +214,19 @@ def test_equal_bytes_at_addresses_of_different_alignment_are_the_same_bits():
 
 _PTX_SCRIPT = """
 from mlafuzz.harness.fast.fingerprint import _fingerprints
-for words in ("*i32", "*u8"):
-    sig = {p.name: "*i64" if p.name == "out_ptr" else words if p.name[0] == "p" else "constexpr"
-           if p.is_constexpr else "i32" for p in _fingerprints.params}
-    src = ASTSource(fn=_fingerprints, signature=sig, constexprs={"BLOCK": 4096})
-    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+sig = {p.name: "*i64" if p.name == "out_ptr" else "i64" if p.name[0] == "a" else "constexpr"
+       if p.is_constexpr else "i32" for p in _fingerprints.params}
+src = ASTSource(fn=_fingerprints, signature=sig, constexprs={"BLOCK": 4096})
+triton.compile(src, target=GPUTarget("cuda", 90, 32))
 print("OK")
 """
 
 
 @pytest.mark.slow
 def test_the_gpu_build_of_the_fingerprint_launch_compiles_offline_for_sm90():
-    """The guard zones' exact count (a truncating cast to the words' own width) and the snapshot's
-    second slot (``mirror``) are runtime branches the interpreter runs as Python: compiled here."""
+    """The guard zones' exact count, the words' width, the tensor each program picks and the
+    snapshot's second slot (``mirror``) are runtime branches the interpreter runs as Python: the
+    one variant every launch uses compiles here."""
     from mlafuzz.tests.support.offline import compile_offline
 
     compile_offline(_PTX_SCRIPT)
