@@ -162,22 +162,21 @@ def _unlike_pairs(expected):
 
 
 @triton.jit
-def _part(
-    dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected, width: tl.constexpr, MODE: tl.constexpr
-):
+def _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, col0, expected, width: tl.constexpr, mode):
     """``width`` element pairs from pair column col0 of ROWS rows, expected pairs ``expected``:
-    MODE 0 writes _unlike_pairs there (and returns no mismatches); 1 returns where dst is no
-    match; 2 also where dst2 is not, or differs from dst by a bit."""
+    mode 0 writes _unlike_pairs there (and returns no mismatches); 1 returns where dst is no
+    match; 2 also where dst2 is not, or differs from dst by a bit. ``mode`` is a runtime value,
+    uniform over the launch: one compiled kernel fills and checks (see _ROWS_LOOSE)."""
     cols = col0 + tl.arange(0, width)
     m = live[:, None]
     ptrs = dst_ptr + rows[:, None] * dst_stride + cols[None, :]
-    if MODE == 0:
+    if mode == 0:
         tl.store(ptrs, _unlike_pairs(expected), mask=m)
         bad = expected != expected
     else:
         actual = tl.load(ptrs, mask=m, other=0)
         bad = _bad_pairs(expected, actual)
-        if MODE == 2:
+        if mode == 2:
             actual2 = tl.load(dst2_ptr + rows[:, None] * dst2_stride + cols[None, :], mask=m, other=0)
             bad = bad | _bad_pairs(expected, actual2) | (actual != actual2)
     return bad & m
@@ -187,20 +186,20 @@ def _part(
 # key that follows the case (a row count == 1 or % 16, the board slot the flag lands in being 16-byte
 # aligned or not) was a compile in the middle of a run that ``mlafuzz warmup`` had not met. What the
 # code's speed depends on stays specialized and is the same in every case: the cache and rows are
-# 16-byte aligned (contiguous_records, guards) and a row's stride is 288 pairs. The variants left are
-# the constexprs below: MODE (3), the device's USE_ASM / USE_CVT (tests/fast/test_variants.py).
-_ROWS_LOOSE = ["total"]
+# 16-byte aligned (contiguous_records, guards) and a row's stride is 288 pairs. The mode (fill, check
+# one run, check two) and the host tier are runtime values too: as constexprs they made six variants,
+# ~0.65 s each on an H100, in every worker of a cold run. Left: the device's USE_ASM / USE_CVT
+# (tests/fast/test_variants.py).
+_ROWS_LOOSE = ["total", "mode"]
 
 
 @triton.jit
-def _words(dev_ptr, host_ptr, offs, on_dev, on_host, HAS_HOST: tl.constexpr):
+def _words(dev_ptr, host_ptr, offs, on_dev, on_host):
     """The words at ``offs`` of each row's record: from the device cache (dev_ptr) where on_dev,
-    the host tier's records (host_ptr) where on_host (HAS_HOST only), 0 where neither. A row is in
-    one tier: the other load is masked off whole and reads nothing."""
+    the host tier's records (host_ptr) where on_host, 0 where neither. A row is in one tier: the
+    other load is masked off whole and reads nothing (without a host tier, on_host is all False)."""
     words = tl.load(dev_ptr + offs, mask=on_dev, other=0)
-    if HAS_HOST:
-        words = words | tl.load(host_ptr + offs, mask=on_host, other=0)
-    return words
+    return words | tl.load(host_ptr + offs, mask=on_host, other=0)
 
 
 @triton.jit(do_not_specialize=_ROWS_LOOSE, do_not_specialize_on_alignment=["bad_ptr"])
@@ -214,18 +213,17 @@ def _rows(
     total,
     dst_stride,
     dst2_stride,
-    MODE: tl.constexpr,
+    mode,
     ROWS: tl.constexpr,
     USE_ASM: tl.constexpr,
     USE_CVT: tl.constexpr,
-    HAS_HOST: tl.constexpr,
     SCALE_AT: tl.constexpr,
     ROPE_AT: tl.constexpr,
 ):
     """ROWS dst rows per program, each rebuilt from its record (rec: byte offsets into the device
-    cache; with HAS_HOST, -1 - the offset into the host tier's records for a row read from there)
+    cache; under the host tier, -1 - the offset into its records for a row read from there)
     two elements at a time: one 128-code scale tile at a time (the tile's scale loaded once per
-    row), then the 64 RoPE patterns as they are; each slice filled or checked by _part (MODE 0 /
+    row), then the 64 RoPE patterns as they are; each slice filled or checked by _part (mode 0 /
     1 / 2). dst_stride, dst2_stride: in element pairs. A mismatch sets bad[0] = 1 with a masked
     store: nothing counted, nothing synchronized across warps."""
     # The records' bytes read as 16- and 32-bit words, the rows as element pairs: pointer casts
@@ -239,11 +237,9 @@ def _rows(
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < total
     raw = tl.load(rec_ptr + rows, mask=live, other=0)
-    on_dev = live
-    on_host = live & (raw < 0)
-    if HAS_HOST:
-        on_dev = live & (raw >= 0)
-        raw = tl.where(raw < 0, -1 - raw, raw)
+    on_dev = live & (raw >= 0)
+    on_host = live & (raw < 0)  # only under the host tier
+    raw = tl.where(raw < 0, -1 - raw, raw)
     # Byte offset of each row's record: multiples of 16 (the format's align), said so loads vectorize.
     rec = tl.multiple_of(raw, 16)
     pairs = tl.arange(0, 64)
@@ -255,16 +251,15 @@ def _rows(
             rec[:, None] // 2 + t * 64 + pairs[None, :],
             on_dev[:, None],
             on_host[:, None],
-            HAS_HOST,
         )
-        scale = _words(cache32_ptr, host32_ptr, rec // 4 + SCALE_AT // 4 + t, on_dev, on_host, HAS_HOST)
+        scale = _words(cache32_ptr, host32_ptr, rec // 4 + SCALE_AT // 4 + t, on_dev, on_host)
         scale = scale.to(tl.float32, bitcast=True)
         expected = _expected_pairs(codes, tl.broadcast_to(scale[:, None], (ROWS, 64)), USE_ASM, USE_CVT)
-        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 64, expected, 64, MODE)
+        nope_bad = nope_bad | _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * 64, expected, 64, mode)
     rope_at = rec[:, None] // 4 + ROPE_AT // 4 + tl.arange(0, 32)[None, :]
-    rope = _words(cache32_ptr, host32_ptr, rope_at, on_dev[:, None], on_host[:, None], HAS_HOST)
-    rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 256, rope, 32, MODE)
-    if MODE != 0:
+    rope = _words(cache32_ptr, host32_ptr, rope_at, on_dev[:, None], on_host[:, None])
+    rope_bad = _part(dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, 256, rope, 32, mode)
+    if mode != 0:
         # Reduced within each row (a row lies in one warp: shuffles, no barrier), so the flag's
         # masked store is one value per row, in the row's own layout.
         row_bad = tl.max(nope_bad.to(tl.int32), axis=1) | tl.max(rope_bad.to(tl.int32), axis=1)
@@ -279,8 +274,9 @@ NUM_WARPS = 2
 
 # The map's launch takes the case's shapes (row and request counts, a table's strides, the block
 # size) and views (seq_starts and the table as slices): specialized, they made a new variant in one
-# case of six. A search over a few int32 per row gains nothing from them: none is specialized.
-_MAP_INTS = ["total", "batch_size", "ws_stride", "ss_stride", "table_s0", "table_s1", "block_size"]
+# case of six. A search over a few int32 per row gains nothing from them: none is specialized. Nor
+# are seq_starts and the host tier, runtime flags (as constexprs: four variants in every worker).
+_MAP_INTS = ["total", "batch_size", "ws_stride", "ss_stride", "table_s0", "table_s1", "block_size", "has_ss", "has_host"]
 
 
 _MAP_PTRS = ["ws_ptr", "ss_ptr", "table_ptr", "dmap_ptr", "hmap_ptr", "out_ptr"]
@@ -301,15 +297,15 @@ def _record_map(
     table_s0,
     table_s1,
     block_size,
-    HAS_SS: tl.constexpr,
-    HAS_HOST: tl.constexpr,
+    has_ss,
+    has_host,
     BLOCK: tl.constexpr,
     RECORD_BYTES: tl.constexpr,
 ):
     """out[row] = byte offset of the record dst row ``row`` reads: row_records, per row. The owner
     is the last request b < batch_size with ws[b] <= row (a right-sided binary search over the
     non-decreasing ws[:B]: past empty requests), its position seq_starts[b] + row - ws[b], then
-    the block table. HAS_HOST (SPEC 9.3): the table's slot s picks the tier, the device cache's
+    the block table. With has_host (SPEC 9.3) the table's slot s picks the tier, the device cache's
     row dmap[s] when that is >= 0, else host row hmap[s], whose offset is stored as -1 - offset
     (read by _rows)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -327,17 +323,17 @@ def _record_map(
         span = span // 2
     owner = tl.maximum(lo - 1, 0)  # valid cases (ws[0] == 0) give every row an owner
     pos = rows - tl.load(ws_ptr + owner * ws_stride, mask=live, other=0).to(tl.int64)
-    if HAS_SS:
-        pos += tl.load(ss_ptr + owner * ss_stride, mask=live, other=0).to(tl.int64)
+    # A runtime flag as a mask: broadcast first (the CPU interpreter passes it as a Python int).
+    zeros = tl.zeros((BLOCK,), dtype=tl.int32)
+    pos += tl.load(ss_ptr + owner * ss_stride, mask=live & ((zeros + has_ss) != 0), other=0).to(tl.int64)
     blk = pos // block_size
     block = tl.load(table_ptr + owner * table_s0 + blk * table_s1, mask=live, other=0).to(tl.int64)
     slot = block * block_size + pos - blk * block_size
-    if HAS_HOST:
-        d = tl.load(dmap_ptr + slot, mask=live, other=0).to(tl.int64)
-        h = tl.load(hmap_ptr + slot, mask=live, other=0).to(tl.int64)
-        tl.store(out_ptr + rows, tl.where(d >= 0, d * RECORD_BYTES, -1 - h * RECORD_BYTES), mask=live)
-    else:
-        tl.store(out_ptr + rows, slot * RECORD_BYTES, mask=live)
+    # Without the tier, slot is the device row (d = slot; no map is read).
+    tiered = live & ((zeros + has_host) != 0)
+    d = tl.where(tiered, tl.load(dmap_ptr + slot, mask=tiered, other=0).to(tl.int64), slot)
+    h = tl.load(hmap_ptr + slot, mask=tiered & (d < 0), other=0).to(tl.int64)
+    tl.store(out_ptr + rows, tl.where(d >= 0, d * RECORD_BYTES, -1 - h * RECORD_BYTES), mask=live)
 
 
 def record_offsets(
@@ -384,11 +380,13 @@ def record_offsets(
         block_table.stride(0),
         block_table.stride(1),
         src_cache.shape[1],
+        int(seq_starts is not None),
+        int(tiered),
     )
     (launchers or Launchers())(_record_map)(
         -(-total // block),
         args,  # not triton.cdiv: ~5 us a call
-        {"HAS_SS": seq_starts is not None, "HAS_HOST": tiered, "BLOCK": block, "RECORD_BYTES": src_cache.shape[-1]},
+        {"BLOCK": block, "RECORD_BYTES": src_cache.shape[-1]},
     )
     return out
 
@@ -410,11 +408,11 @@ def _launch(
     dev = dst.device
     with quiet():
         args = (cache, host if host is not None and host.numel() else cache, rec, dst, other, bad, total)
-        constexprs = {"MODE": mode, "ROWS": ROWS_PER_PROGRAM, "USE_ASM": use_asm(dev), "USE_CVT": use_cvt(dev)}
+        constexprs = {"ROWS": ROWS_PER_PROGRAM, "USE_ASM": use_asm(dev), "USE_CVT": use_cvt(dev)}
         (launchers or Launchers())(_rows)(
             -(-total // ROWS_PER_PROGRAM),
-            (*args, dst.stride(0) // 2, other.stride(0) // 2),
-            {**constexprs, "HAS_HOST": host is not None, "SCALE_AT": _SCALE_AT, "ROPE_AT": _ROPE_AT},
+            (*args, dst.stride(0) // 2, other.stride(0) // 2, mode),
+            {**constexprs, "SCALE_AT": _SCALE_AT, "ROPE_AT": _ROPE_AT},
             num_warps=NUM_WARPS,
         )
 

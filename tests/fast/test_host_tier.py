@@ -168,31 +168,29 @@ from mlafuzz.oracles.formats.table import get
 FP8 = get("fp8_ds_mla")
 i32 = "i32"
 rows = {"cache8_ptr": "*u8", "host8_ptr": "*u8", "rec_ptr": "*i64", "dst_bf16_ptr": "*bf16",
-        "dst2_bf16_ptr": "*bf16", "bad_ptr": "*i64", "total": i32, "dst_stride": i32, "dst2_stride": i32}
-for mode in (0, 1, 2):
-    for has_host in (False, True):
-        for use_cvt in (False, True):
-            flags = {"MODE": mode, "ROWS": 4, "USE_ASM": True, "USE_CVT": use_cvt, "HAS_HOST": has_host,
-                     "SCALE_AT": FP8.plane("scale").offset, "ROPE_AT": FP8.plane("rope").offset}
-            sig = {**rows, **dict.fromkeys(flags, "constexpr")}
-            try:
-                triton.compile(ASTSource(fn=_rows, signature=sig, constexprs=flags), target=GPUTarget("cuda", 90, 32))
-            except ImportError as exc:
-                print("SKIP", exc)
-                sys.exit(0)
+        "dst2_bf16_ptr": "*bf16", "bad_ptr": "*i64", "total": i32, "dst_stride": i32, "dst2_stride": i32,
+        "mode": i32}
+for use_cvt in (False, True):
+    flags = {"ROWS": 4, "USE_ASM": True, "USE_CVT": use_cvt,
+             "SCALE_AT": FP8.plane("scale").offset, "ROPE_AT": FP8.plane("rope").offset}
+    sig = {**rows, **dict.fromkeys(flags, "constexpr")}
+    try:
+        triton.compile(ASTSource(fn=_rows, signature=sig, constexprs=flags), target=GPUTarget("cuda", 90, 32))
+    except ImportError as exc:
+        print("SKIP", exc)
+        sys.exit(0)
 ptrs = dict.fromkeys(("ws_ptr", "ss_ptr", "table_ptr", "dmap_ptr", "hmap_ptr"), "*i32")
-ints = dict.fromkeys(("total", "batch_size", "ws_stride", "ss_stride", "table_s0", "table_s1", "block_size"), i32)
-for has_ss in (False, True):
-    for has_host in (False, True):
-        flags = {"HAS_SS": has_ss, "HAS_HOST": has_host, "BLOCK": 1024, "RECORD_BYTES": FP8.record_bytes}
-        sig = {**ptrs, "out_ptr": "*i64", **ints, **dict.fromkeys(flags, "constexpr")}
-        triton.compile(ASTSource(fn=_record_map, signature=sig, constexprs=flags), target=GPUTarget("cuda", 90, 32))
+ints = dict.fromkeys(("total", "batch_size", "ws_stride", "ss_stride", "table_s0", "table_s1", "block_size",
+                      "has_ss", "has_host"), i32)
+flags = {"BLOCK": 1024, "RECORD_BYTES": FP8.record_bytes}
+sig = {**ptrs, "out_ptr": "*i64", **ints, **dict.fromkeys(flags, "constexpr")}
+triton.compile(ASTSource(fn=_record_map, signature=sig, constexprs=flags), target=GPUTarget("cuda", 90, 32))
 print("OK")
 """
 
 
 @pytest.mark.slow
-def test_the_gpu_build_of_the_check_and_its_map_compiles_offline_with_and_without_the_host_tier():
+def test_the_gpu_build_of_the_check_and_its_map_with_the_host_tier_as_a_runtime_branch_compiles_offline():
     from mlafuzz.tests.support.offline import compile_offline
 
     compile_offline(_PTX_SCRIPT)

@@ -100,9 +100,10 @@ def test_a_default_runs_gather_cases_compile_nothing_warmup_did_not():
     warmed = _variants("gather", range(warm))
     run = _variants("gather", range(warm, warm + 200 * n_ops))
     counts = _by_kernel(warmed | run)
-    # The check's variants: MODE (prefill, one run, two runs) x host tier or not; the map's:
-    # seq_starts or not x host tier or not. Nothing that follows the case's shapes or views.
-    assert counts["_rows"] <= 6 and counts["_record_map"] <= 4, counts
+    # One variant each: the check's mode (prefill, one run, two runs), seq_starts and the host tier
+    # are runtime values (as constexprs: six variants of the check, four of the map, ~0.65 s each
+    # in every worker of a cold run), and nothing follows the case's shapes or views.
+    assert counts["_rows"] == 1 and counts["_record_map"] == 1, counts
     # Every fingerprint launch, before (sign -1) and after the call (+1), of any word widths:
     # one variant (the sign as a constexpr, and each width a pointer dtype, made more, ~1.6 s each).
     assert counts["_fingerprints"] == 1, counts

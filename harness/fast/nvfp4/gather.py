@@ -141,9 +141,9 @@ def _rope_pairs(words, USE_ASM: tl.constexpr):
     return _bf16_bits(lo) | (_bf16_bits(hi) << 16)
 
 
-# As the fp8 check's kernel: only the row count follows the case (no compile per case); the flag's
-# board slot may be any int64 of the board.
-@triton.jit(do_not_specialize=["total"], do_not_specialize_on_alignment=["bad_ptr"])
+# As the fp8 check's kernel: only the row count and the mode (fill, check one run, check two) vary,
+# as runtime values (one compiled kernel); the flag's board slot may be any int64 of the board.
+@triton.jit(do_not_specialize=["total", "mode"], do_not_specialize_on_alignment=["bad_ptr"])
 def _rows(
     cache8_ptr,
     rec_ptr,
@@ -153,7 +153,7 @@ def _rows(
     total,
     dst_stride,
     dst2_stride,
-    MODE: tl.constexpr,
+    mode,
     ROWS: tl.constexpr,
     USE_ASM: tl.constexpr,
     NOPE_AT: tl.constexpr,
@@ -169,7 +169,7 @@ def _rows(
     """ROWS dst rows per program, each rebuilt from its record (rec: its byte offset in the cache)
     one pair of elements (one code byte) at a time: NOPE_TILES tiles of TILE code bytes, each with
     its block's scale byte read beside it (a byte of the same 32-byte plane: one cache line), then
-    the RoPE bytes two at a time; each slice filled or checked by ``_part`` (MODE 0 / 1 / 2).
+    the RoPE bytes two at a time; each slice filled or checked by ``_part`` (mode 0 / 1 / 2).
     dst_stride, dst2_stride: in element pairs. A mismatch sets bad[0] = 1 with a masked store."""
     cache16_ptr = cache8_ptr.to(tl.pointer_type(tl.int16))
     dst_ptr = dst_bf16_ptr.to(tl.pointer_type(tl.uint32))
@@ -188,15 +188,15 @@ def _rows(
         raw = tl.load(cache8_ptr + rec[:, None] + SCALE_AT + slot[None, :], mask=on, other=0).to(tl.int32)
         expected = _nope_pairs(codes, _fp8_value(raw, USE_ASM), USE_ASM)
         nope_bad = nope_bad | _part(
-            dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * TILE, expected, TILE, MODE
+            dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, t * TILE, expected, TILE, mode
         )
     rope_at = (rec[:, None] + ROPE_AT) // 2 + tl.arange(0, ROPE_PAIRS)[None, :]
     words = tl.load(cache16_ptr + rope_at, mask=on, other=0).to(tl.int32) & 0xFFFF
     expected = _rope_pairs(words, USE_ASM)
     rope_bad = _part(
-        dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, NOPE_TILES * TILE, expected, ROPE_PAIRS, MODE
+        dst_ptr, dst2_ptr, rows, live, dst_stride, dst2_stride, NOPE_TILES * TILE, expected, ROPE_PAIRS, mode
     )
-    if MODE != 0:
+    if mode != 0:
         row_bad = tl.max(nope_bad.to(tl.int32), axis=1) | tl.max(rope_bad.to(tl.int32), axis=1)
         tl.store(bad_ptr + tl.zeros_like(row_bad), 1, mask=row_bad != 0)
 
@@ -219,10 +219,10 @@ def _launch(
     other = dst2 if dst2 is not None else dst
     total = dst.shape[0]
     with quiet():
-        constexprs = {"MODE": mode, "ROWS": ROWS_PER_PROGRAM, "USE_ASM": use_asm(dst.device), **LAYOUT}
+        constexprs = {"ROWS": ROWS_PER_PROGRAM, "USE_ASM": use_asm(dst.device), **LAYOUT}
         (launchers or Launchers())(_rows)(
             -(-total // ROWS_PER_PROGRAM),  # not triton.cdiv: ~5 us a call
-            (cache, rec, dst, other, bad, total, dst.stride(0) // 2, other.stride(0) // 2),
+            (cache, rec, dst, other, bad, total, dst.stride(0) // 2, other.stride(0) // 2, mode),
             constexprs,
             num_warps=NUM_WARPS,
         )
