@@ -298,7 +298,12 @@ def build_extension(
         with _THREAD_LOCKS.setdefault(build_dir, threading.Lock()), _build_lock(build_dir):
             if not so.exists():  # else another thread or process built it while this one waited
                 _build_into_place(
-                    name=name, sources=sources, include_dirs=include_dirs, arch=arch, build_dir=build_dir, verbose=verbose
+                    name=name,
+                    sources=sources,
+                    include_dirs=include_dirs,
+                    arch=arch,
+                    build_dir=build_dir,
+                    verbose=verbose,
                 )
                 cold = True
     # After a build its .so is loaded already (cpp_extension.load loaded it from the temp folder);

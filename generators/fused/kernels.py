@@ -37,7 +37,7 @@ __all__ = [
     "writer_rows",
 ]
 
-# The top-k modes (generators.spec.TopkMode values); a mode's index is the kernel's MODE constexpr.
+# The top-k modes (generators.spec.TopkMode values); a mode's index is the kernels' ``mode``.
 TOPK_MODES = ("valid", "padded", "negative", "past_table", "past_seq_len", "mixed")
 _TILE = 1024  # columns per program of a row-wise kernel
 # The block table's columns per program, and slots per program: a permutation's walk steps until
@@ -156,6 +156,10 @@ def _permute(i, p_n, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, 
 
 
 _TABLE_SCALARS = ["rows_s0", "cold_offset", "width", "pool", "base", "shared", "word_mask", *_PERM_SCALARS]
+# _FLAGS: a kernel's flags (the pool permuted or not, cold columns, padding slots, the top-k mode,
+# prefill rows, activations' scales) are runtime ints, not constexprs: as constexprs every
+# combination a worker met was a compile of its own (~0.45 s each on an H100; 5 of the batch kernel
+# per worker of a cold run), for branches uniform over a launch. Each kernel is one variant.
 
 
 @triton.jit
@@ -183,24 +187,25 @@ def _table_tile(
     p_k5,
     p_k6,
     p_k7,
-    SHUFFLED: tl.constexpr,
-    LIVE: tl.constexpr,
+    shuffled,
+    live,
 ):
     """Columns ``col`` of table row r; ``row`` points at the request's plan ints (need, shift, live
-    lo, hi)."""
+    lo, hi). ``shuffled`` (the pool permuted) and ``live`` (random cold columns) are runtime
+    flags or constants: one compiled kernel serves every table (see _FLAGS)."""
     cm = col < width
     need = tl.load(row)
     shift = tl.load(row + 1)
     index = col + shift  # an owned column's pool index
     index = tl.where(col < shared, col, index)
-    if LIVE:  # the columns a call does not read: random blocks of the pool
+    if live != 0:  # the columns a call does not read: random blocks of the pool
         off = tl.load(table_ptr + cold_offset + r) & word_mask
         cold = tl.load(table_ptr + off + col, mask=cm, other=0) % pool
         keep = ((col >= tl.load(row + 2)) & (col <= tl.load(row + 3))) | (col < shared)
         index = tl.where(keep, index, cold)
     index = tl.where(col < need, index, pool)
     inside = index < pool
-    if SHUFFLED:
+    if shuffled != 0:
         ids = _permute(
             tl.where(inside & cm, index, 0), p_n, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7
         )
@@ -209,7 +214,7 @@ def _table_tile(
     tl.store(out_ptr + r.to(tl.int64) * width + col, tl.where(inside, ids + base, 0).to(tl.int32), mask=cm)
 
 
-@triton.jit(do_not_specialize=_TABLE_SCALARS, do_not_specialize_on_alignment=["rows_ptr"])
+@triton.jit(do_not_specialize=[*_TABLE_SCALARS, "shuffled", "live"], do_not_specialize_on_alignment=["rows_ptr"])
 def _table_kernel(
     out_ptr,
     rows_ptr,
@@ -233,8 +238,8 @@ def _table_kernel(
     p_k5,
     p_k6,
     p_k7,
-    SHUFFLED: tl.constexpr,
-    LIVE: tl.constexpr,
+    shuffled,
+    live,
     TILE: tl.constexpr,
 ):
     r = tl.program_id(0)
@@ -262,8 +267,8 @@ def _table_kernel(
         p_k5,
         p_k6,
         p_k7,
-        SHUFFLED,
-        LIVE,
+        shuffled,
+        live,
     )
 
 
@@ -295,15 +300,14 @@ def block_table(
     _TABLE(
         (num_req, triton.cdiv(width, _TABLE_TILE)),
         (out, rows, table),
-        (rows.stride(0), cold_offset if live else 0, width, pool, base, shared, word_mask, *_perm_args(perm)),
-        SHUFFLED=perm is not None,
-        LIVE=live,
+        (rows.stride(0), cold_offset if live else 0, width, pool, base, shared, word_mask, *_perm_args(perm))
+        + (int(perm is not None), int(live)),
         TILE=_TABLE_TILE,
     )
     return out
 
 
-@triton.jit(do_not_specialize=["n", "offset", "pad_offset", "quarter", *_PERM_SCALARS])
+@triton.jit(do_not_specialize=["n", "offset", "pad_offset", "quarter", *_PERM_SCALARS, "padding"])
 def _slots_kernel(
     out_ptr,
     table_ptr,
@@ -323,13 +327,13 @@ def _slots_kernel(
     p_k5,
     p_k6,
     p_k7,
-    PADDING: tl.constexpr,
+    padding,
     RB: tl.constexpr,
 ):
     i = tl.program_id(0) * RB + tl.arange(0, RB)
     m = i < n
     slot = _permute(tl.where(m, i, 0), p_n, p_c, p_lo, p_hi, p_k0, p_k1, p_k2, p_k3, p_k4, p_k5, p_k6, p_k7) + offset
-    if PADDING:
+    if padding != 0:  # a runtime flag (see _FLAGS)
         slot = tl.where(tl.load(table_ptr + pad_offset + i, mask=m, other=quarter) < quarter, -1, slot)
     tl.store(out_ptr + i, slot, mask=m)
 
@@ -345,8 +349,7 @@ def distinct_slots(
     _SLOTS(
         (triton.cdiv(n, _SLOTS_PER_PROGRAM),),
         (out, table),
-        (n, offset, pad_offset if pad_offset is not None else 0, quarter, *perm),
-        PADDING=pad_offset is not None,
+        (n, offset, pad_offset if pad_offset is not None else 0, quarter, *perm, int(pad_offset is not None)),
         RB=_SLOTS_PER_PROGRAM,
     )
     return out
@@ -373,12 +376,13 @@ def _topk_tile(
     word_mask,
     quarter,
     third,
-    MODE: tl.constexpr,
+    mode,
     DERIVE: tl.constexpr,
 ):
     """Columns ``c`` of top-k row r, from its four words at row_offset + 4r of the table and its
     request's ints at ``pr``: rng.topk.topk_rows's eight, or with DERIVE the request's seq_len alone,
-    the eight computed from it here as topk_rows computes them."""
+    the eight computed from it here as topk_rows computes them. ``mode``: the top-k mode's index
+    in TOPK_MODES, a runtime value (see _FLAGS)."""
     cm = c < k
     words = table_ptr + row_offset + r * 4  # the row's four words
     rw0 = tl.load(words)
@@ -406,7 +410,7 @@ def _topk_tile(
         i7 = tl.load(pr + 7)
     w = tl.load(table_ptr + (rw0 & word_mask) + c, mask=cm, other=0)
     pos = w % i0
-    if MODE == 0:  # valid (the modes by their index in TOPK_MODES)
+    if mode == 0:  # valid (the modes by their index in TOPK_MODES)
         out = pos + i1
     else:
         n_valid = tl.minimum(tl.maximum(tl.load(words + 1) % i2 - i3, 0), i4)
@@ -414,17 +418,17 @@ def _topk_tile(
         start = tl.where(ranks_pow2 != 0, rw2 & ((span - 1) & ~k), (rw2 % (span // (2 * k))) * (2 * k) + (rw2 >> 8) % k)
         rank = tl.load(ranks_ptr + start + c, mask=cm, other=0)
         out = tl.where(rank >= n_valid, -1, pos)
-        if MODE != 1:  # the modes past padded replace columns by their row's value of a class
+        if mode != 1:  # the modes past padded replace columns by their row's value of a class
             r3 = tl.load(words + 3)
             negative = tl.load(negatives_ptr + r3 % 5)
             past_table = tl.where((r3 >> 3) % 5 == 0, 2147483647, past_end + (r3 >> 6) % (2 * bs + 1))
             room = i7  # 2**29, or 0: no room past seq_len
             past_seq = i5 + (r3 >> 16) % i6
-            if MODE == 2:
+            if mode == 2:
                 out = tl.where(w < quarter, negative, out)
-            elif MODE == 3:
+            elif mode == 3:
                 out = tl.where(w < quarter, past_table, out)
-            elif MODE == 4:
+            elif mode == 4:
                 out = tl.where(w < room, past_seq, out)
             else:
                 out = tl.where(w < tl.maximum(room, 2 * third), past_seq, out)
@@ -434,7 +438,7 @@ def _topk_tile(
 
 
 @triton.jit(
-    do_not_specialize=["per_row_s0", *_TOPK_SCALARS],
+    do_not_specialize=["per_row_s0", *_TOPK_SCALARS, "mode"],
     do_not_specialize_on_alignment=["per_row_ptr", "negatives_ptr", "ranks_ptr"],
 )
 def _topk_kernel(
@@ -453,7 +457,7 @@ def _topk_kernel(
     word_mask,
     quarter,
     third,
-    MODE: tl.constexpr,
+    mode,
     TILE: tl.constexpr,
 ):
     r = tl.program_id(0)
@@ -474,7 +478,7 @@ def _topk_kernel(
         word_mask,
         quarter,
         third,
-        MODE,
+        mode,
         False,
     )
 
@@ -507,8 +511,7 @@ def topk_indices(
             (n, triton.cdiv(k, _TILE)),
             (out, table, ranks, per_row, negatives),
             (per_row.stride(0), row_offset, k, *_ranks_args(ranks, k), block_size, past_end, word_mask, quarter)
-            + (quarter // 3,),
-            MODE=TOPK_MODES.index(mode),
+            + (quarter // 3, TOPK_MODES.index(mode)),
             TILE=_TILE,
         )
     return out
@@ -536,6 +539,9 @@ _SEQ, _START, _LOCAL, _WORKSPACE = (tl.constexpr(c) for c in (4, 5, 6, 7))  # gl
         "table_programs",
         "table_tiles",
         "k_tiles",
+        "shuffled",
+        "mode",
+        "has_local",
     ],
     do_not_specialize_on_alignment=["req_ptr", "negatives_ptr", "ranks_ptr"],
 )
@@ -582,9 +588,9 @@ def _batch_kernel(
     table_programs,
     table_tiles,
     k_tiles,
-    SHUFFLED: tl.constexpr,
-    MODE: tl.constexpr,
-    HAS_LOCAL: tl.constexpr,
+    shuffled,
+    mode,
+    has_local,
     TABLE_TILE: tl.constexpr,
     TILE: tl.constexpr,
 ):
@@ -592,7 +598,7 @@ def _batch_kernel(
     if pid < table_programs:  # a tile of the block table
         r = pid // table_tiles
         row = req_ptr + r.to(tl.int64) * req_s0
-        if HAS_LOCAL:  # a prefill request's first table program writes its workspace start
+        if has_local != 0:  # a prefill request's first table program writes its workspace start
             local = tl.load(row + _LOCAL)
             if (pid % table_tiles == 0) & (local >= 0):
                 tl.store(workspace_out_ptr + local, tl.load(row + _WORKSPACE))
@@ -620,7 +626,7 @@ def _batch_kernel(
             p_k5,
             p_k6,
             p_k7,
-            SHUFFLED,
+            shuffled,
             False,
         )
     else:  # a tile of a top-k row: first its request (rng.topk.request_rows), the last whose start <= j
@@ -640,7 +646,7 @@ def _batch_kernel(
         pr = req_ptr + owner.to(tl.int64) * req_s0
         if tile == 0:
             tl.store(owners_ptr + r, owner)
-            if HAS_LOCAL:
+            if has_local != 0:
                 tl.store(local_out_ptr + r, tl.load(pr + _LOCAL))
         _topk_tile(
             out_ptr,
@@ -659,7 +665,7 @@ def _batch_kernel(
             word_mask,
             quarter,
             third,
-            MODE,
+            mode,
             True,
         )
 
@@ -713,17 +719,15 @@ def convert_batch(
             + (workspace if workspace is not None else out, table, ranks, negatives, requests),
             (requests.stride(0), width, pool, base, shared, *_perm_args(perm), row_offset, k)
             + (*_ranks_args(ranks, k), block_size, past_end, word_mask, quarter, quarter // 3)
-            + (num_req, 1 << (num_req.bit_length() - 1), before, rows, table_programs, table_tiles, k_tiles),
-            SHUFFLED=perm is not None,
-            MODE=TOPK_MODES.index(mode),
-            HAS_LOCAL=has_local,
+            + (num_req, 1 << (num_req.bit_length() - 1), before, rows, table_programs, table_tiles, k_tiles)
+            + (int(perm is not None), TOPK_MODES.index(mode), int(has_local)),
             TABLE_TILE=_TABLE_TILE,
             TILE=_TILE,
         )
     return table_out, owners, out, local_out, workspace
 
 
-@triton.jit(do_not_specialize=["first", "n", "block_offset", "bs", "word_mask", "scale_mask"])
+@triton.jit(do_not_specialize=["first", "n", "block_offset", "bs", "word_mask", "scale_mask", "activations"])
 def _records_kernel(
     out_ptr,
     table_ptr,
@@ -735,7 +739,7 @@ def _records_kernel(
     bs,
     word_mask,
     scale_mask,
-    ACTIVATIONS: tl.constexpr,
+    activations,
     RB: tl.constexpr,
 ):
     out32 = out_ptr.to(tl.pointer_type(tl.int32))  # the bytes as int32 words: no view op on the host
@@ -747,7 +751,7 @@ def _records_kernel(
     w0 = tl.load(table_ptr + at + j, mask=sm, other=0)
     w1 = tl.load(table_ptr + at + j + 1, mask=sm, other=0)
     sel = w0 >> 21  # the codes' pool row
-    if ACTIVATIONS:  # one of its 64 scale rows
+    if activations != 0:  # one of its 64 scale rows (a runtime flag: see _FLAGS)
         row = sel * 64 + (w1 & 63)
     else:
         row = w1 & scale_mask
@@ -784,8 +788,7 @@ def fill_records(
     _RECORDS(
         (triton.cdiv(n, _RECORDS_PER_PROGRAM),),
         (cache, table, pool, scales),
-        (first, n, block_offset, block_size, word_mask, scale_mask),
-        ACTIVATIONS=activations,
+        (first, n, block_offset, block_size, word_mask, scale_mask, int(activations)),
         RB=_RECORDS_PER_PROGRAM,
     )
 

@@ -276,7 +276,17 @@ NUM_WARPS = 2
 # size) and views (seq_starts and the table as slices): specialized, they made a new variant in one
 # case of six. A search over a few int32 per row gains nothing from them: none is specialized. Nor
 # are seq_starts and the host tier, runtime flags (as constexprs: four variants in every worker).
-_MAP_INTS = ["total", "batch_size", "ws_stride", "ss_stride", "table_s0", "table_s1", "block_size", "has_ss", "has_host"]
+_MAP_INTS = [
+    "total",
+    "batch_size",
+    "ws_stride",
+    "ss_stride",
+    "table_s0",
+    "table_s1",
+    "block_size",
+    "has_ss",
+    "has_host",
+]
 
 
 _MAP_PTRS = ["ws_ptr", "ss_ptr", "table_ptr", "dmap_ptr", "hmap_ptr", "out_ptr"]

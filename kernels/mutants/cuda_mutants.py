@@ -32,7 +32,9 @@ WRITER_BUGS = {"zero_grid": 1, "contiguous_kv_c": 2}
 @functools.cache
 def load_extension(*, verbose: bool = False) -> cuda_ext.BuildInfo:
     """Build (first time on this machine) and load the mutants' extension; cached per process."""
-    return cuda_ext.build_extension(name=EXTENSION_NAME, sources=(SOURCE,), include_dirs=(cuda_ext.CSRC,), verbose=verbose)
+    return cuda_ext.build_extension(
+        name=EXTENSION_NAME, sources=(SOURCE,), include_dirs=(cuda_ext.CSRC,), verbose=verbose
+    )
 
 
 def _ops():

@@ -13,7 +13,6 @@ pytest.importorskip("triton")  # Triton kernels: without triton (an optional ext
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from mlafuzz.harness.fast.fingerprint import Snapshot, add_words, fingerprints  # noqa: E402
