@@ -32,6 +32,10 @@ import triton.language as tl
 from mlafuzz.harness.fast.launch import Launchers
 
 _KEYS = (0x2545F491, 0x6C8E9CF5)  # the two mixes' keys: any two distinct 32-bit values
+# A row's columns per loop step: two tiles, so a short row is not mostly masked lanes, and no
+# variant per K (a fuzz run draws many: each was a compile, ~0.25 s, in every worker).
+_SMALL_TILE = 128
+_TILE = 1024
 
 
 @triton.jit
@@ -49,8 +53,9 @@ def _mix(v, key):
 # One compile serves every case of a run (as in the kernel under test, kernels/triton_convert.py):
 # the per-case scalars and flags are runtime values, not specialized on, and the pointers read a
 # scalar per row (or gathered) are not specialized on alignment; the column strides and the rows
-# of token_indices and out are (their == 1 and alignment vectorize the loads). K stays a
-# constexpr, as in the kernel.
+# of token_indices and out are (their == 1 and alignment vectorize the loads). K, the compaction,
+# the prefill mode and DCP are runtime values too (as constexprs, with a tile per K, a run met a
+# dozen variants per worker, and new ones long after its start); the tile is one of two.
 @triton.jit(
     do_not_specialize=[
         "num_reqs",
@@ -69,6 +74,10 @@ def _mix(v, key):
         "dcp_rank",
         "interleave",
         "rank_stride",
+        "k",
+        "compact",
+        "prefill",
+        "dcp",
     ],
     do_not_specialize_on_alignment=[
         "req_ptr",
@@ -114,13 +123,13 @@ def _check_convert(
     dcp_rank,
     interleave,
     rank_stride,
-    K: tl.constexpr,
+    k,  # K: the row's columns, a loop bound (any K: a last tile is masked)
+    compact,  # 0 / 1: the rows are compacted (a multiset and -1 after it)
+    prefill,  # 0 / 1: write the prefill instead of checking (``convert_prefill``)
+    dcp,  # 0 / 1: dcp_size > 1, de-interleave each token (else no int64 division for it)
     TILE: tl.constexpr,
-    COMPACT: tl.constexpr,
     KEY1: tl.constexpr,
     KEY2: tl.constexpr,
-    PREFILL: tl.constexpr,  # write the prefill instead of checking (``convert_prefill``)
-    DCP: tl.constexpr,  # dcp_size > 1: de-interleave each token (else no int64 division for it)
 ):
     row = tl.program_id(0).to(tl.int64)
     req = tl.load(req_ptr + row).to(tl.int64)
@@ -143,15 +152,15 @@ def _check_convert(
     two = ((cols >= 0) & (has_second != 0)) != False  # noqa: E712
     lo = row * 0 - 1  # prefill: the least and the greatest of -1 and the row's expected values
     hi = row * 0 - 1
-    for c0 in tl.range(0, K, TILE):
+    for c0 in tl.range(0, k, TILE):
         c = c0 + cols
-        inside = c < K  # K need not be a multiple of the tile (vLLM 0.31.0 pads such a row to one)
+        inside = c < k  # K need not be a multiple of the tile (vLLM 0.31.0 pads such a row to one)
         tok = tl.load(ti_ptr + row * ti_s0 + c * ti_s1, mask=inside, other=-1).to(tl.int64)
         nonneg = tok >= 0
         t0 = tl.where(nonneg, tok, 0)
         owner = t0 * 0  # DCP: the owner and the index in its share (rank 0 and t0 itself with D = 1)
         local = t0
-        if DCP:
+        if dcp != 0:
             group = t0 // interleave
             owner = group % dcp_size
             local = (group // dcp_size) * interleave + t0 % interleave
@@ -169,10 +178,10 @@ def _check_convert(
         ).to(tl.int64)  # noqa: E712 (a bool mask: see above)
         value = tl.where(is_pf, owner * rank_stride + start + local, base * block_stride + off)
         expected = tl.where(valid, value.to(tl.int32), -1)
-        if PREFILL:
+        if prefill != 0:
             lo = tl.minimum(lo, tl.min(expected.to(tl.int64), axis=0))
             hi = tl.maximum(hi, tl.max(expected.to(tl.int64), axis=0))
-        elif COMPACT:
+        elif compact != 0:
             sig1 += tl.sum(tl.where(valid, _mix(expected, KEY1), 0), axis=0)
             sig2 += tl.sum(tl.where(valid, _mix(expected, KEY2), 0), axis=0)
         else:
@@ -181,24 +190,24 @@ def _check_convert(
             bad += tl.sum((expected != actual).to(tl.int32), axis=0)
             bad += tl.sum((two & (expected != actual2)).to(tl.int32), axis=0)
         valid_n += tl.sum(valid.to(tl.int32), axis=0)
-    if PREFILL:
+    if prefill != 0:
         # One value for the whole row that is neither -1 nor any of its expected values: below the
         # least of them when that fits in int32, else above the greatest. Neither fits only when
         # the row expects both int32 extremes: then "cannot tell" (2) instead of a weaker prefill.
         fill = tl.where(lo > -2147483648, lo - 1, hi + 1).to(tl.int32)
-        for c0 in tl.range(0, K, TILE):
-            tl.store(out_ptr + row * out_s0 + c0 + cols, tl.zeros([TILE], dtype=tl.int32) + fill, mask=c0 + cols < K)
+        for c0 in tl.range(0, k, TILE):
+            tl.store(out_ptr + row * out_s0 + c0 + cols, tl.zeros([TILE], dtype=tl.int32) + fill, mask=c0 + cols < k)
         # -1 - n: not the count, nor what adding the count into it leaves (the zeroing forgotten)
         tl.store(counts_ptr + row, -1 - valid_n, mask=has_counts != 0)
         tl.store(bad_ptr, 2, mask=(lo == -2147483648) & (hi == 2147483647))
     else:
-        if COMPACT:  # the row's first valid_n values against the signatures, -1 after them
+        if compact != 0:  # the row's first valid_n values against the signatures, -1 after them
             sig1b = sig1  # the re-run's row against the same signatures
             sig2b = sig2
-            for c0 in tl.range(0, K, TILE):
+            for c0 in tl.range(0, k, TILE):
                 c = c0 + cols
-                actual = tl.load(out_ptr + row * out_s0 + c, mask=c < K, other=-1)
-                actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two & (c < K), other=-1)
+                actual = tl.load(out_ptr + row * out_s0 + c, mask=c < k, other=-1)
+                actual2 = tl.load(out2_ptr + row * out2_s0 + c, mask=two & (c < k), other=-1)
                 front = c < valid_n
                 sig1 -= tl.sum(tl.where(front, _mix(actual, KEY1), 0), axis=0)
                 sig2 -= tl.sum(tl.where(front, _mix(actual, KEY2), 0), axis=0)
@@ -236,7 +245,7 @@ def _launch(
     prefill_workspace_request_ids = inputs["prefill_workspace_request_ids"]
     prefill_workspace_starts = inputs["prefill_workspace_starts"]
     n, k = token_indices.shape
-    tile = min(triton.next_power_of_2(k), 1024)
+    tile = _SMALL_TILE if k <= _SMALL_TILE else _TILE
     pw = prefill_workspace_request_ids if has_prefill_workspace else req_id
     ps = prefill_workspace_starts if has_prefill_workspace and prefill_workspace_starts.numel() else req_id
     num_starts = prefill_workspace_starts.numel() if has_prefill_workspace else 0
@@ -276,16 +285,12 @@ def _launch(
         inputs.get("dcp_rank", 0),
         inputs.get("dcp_interleave", 1),
         inputs.get("prefill_rank_stride", 0),
+        k,
+        int(compact),
+        int(prefill),
+        int(inputs.get("dcp_size", 1) > 1),
     )
-    consts = {
-        "K": k,
-        "TILE": tile,
-        "COMPACT": bool(compact),
-        "KEY1": _KEYS[0],
-        "KEY2": _KEYS[1],
-        "PREFILL": prefill,
-        "DCP": inputs.get("dcp_size", 1) > 1,
-    }
+    consts = {"TILE": tile, "KEY1": _KEYS[0], "KEY2": _KEYS[1]}
     (launchers or Launchers())(_check_convert)(n, args, consts)
 
 

@@ -139,11 +139,11 @@ def test_a_stride_is_judged_and_a_compacted_row_is_a_multiset_with_a_minus_one_t
 
 
 _PTX_SCRIPT = """
-from mlafuzz.harness.fast.convert_rows import _KEYS, _check_convert
+from mlafuzz.harness.fast.convert_rows import _KEYS, _SMALL_TILE, _TILE, _check_convert
 sig = {p.name: "*i32" if p.name.endswith("_ptr") else "constexpr" if p.is_constexpr else "i32"
        for p in _check_convert.params}
-for compact, prefill in ((False, False), (True, False), (False, True)):
-    consts = dict(K=2048, TILE=1024, COMPACT=compact, KEY1=_KEYS[0], KEY2=_KEYS[1], PREFILL=prefill)
+for tile in (_SMALL_TILE, _TILE):
+    consts = dict(TILE=tile, KEY1=_KEYS[0], KEY2=_KEYS[1])
     try:
         triton.compile(ASTSource(fn=_check_convert, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
     except ImportError as exc:
@@ -154,7 +154,7 @@ print("OK")
 
 
 @pytest.mark.slow
-def test_the_gpu_build_of_the_fused_check_compiles_offline_for_sm90():
-    # Prefill rows and counts are runtime flags: one build serves every case of a K.
-
+def test_the_gpu_build_of_the_fused_check_compiles_offline_for_sm90_in_both_tiles():
+    # K, compaction, prefill rows, the prefill mode, DCP and counts are runtime: two builds serve
+    # every case of a run.
     compile_offline(_PTX_SCRIPT)

@@ -108,3 +108,13 @@ def test_a_default_runs_gather_cases_compile_nothing_warmup_did_not():
     # one variant (the sign as a constexpr, and each width a pointer dtype, made more, ~1.6 s each).
     assert counts["_fingerprints"] == 1, counts
     assert run - warmed == set(), sorted(run - warmed)
+
+
+@pytest.mark.parametrize("op_name", [o for o in OPS.names if o != "gather"])
+def test_a_default_runs_cases_of_every_op_meet_at_most_two_variants_of_each_check_kernel(op_name):
+    """Each fast-path kernel compiles in every worker of a cold run (~0.2-0.7 s a variant on an
+    H100), so whatever a case draws (K, compaction, prefill rows, DCP, modes, views) is a runtime
+    value of one variant. Two are left at most: the convert check's two tiles, the writer checks'
+    input dtypes (fp16 and bf16 pointers)."""
+    counts = _by_kernel(_variants(op_name, range(60 * len(OPS.names))))
+    assert all(n <= 2 for n in counts.values()), counts
