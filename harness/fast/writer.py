@@ -112,36 +112,36 @@ def _e4m3fn_code(y, USE_CVT: tl.constexpr):
 
 
 @triton.jit
-def _f32_bits_of_16(h, IS_BF16: tl.constexpr):
+def _f32_bits_of_16(h, is_bf16):
     """f32 bit pattern (int32) of the bf16 / fp16 value with 16-bit pattern h (int32 0..0xFFFF); exact.
+    ``is_bf16``: a runtime flag (the inputs' dtype), so one compiled check serves both dtypes.
 
     Integer decode rather than a conversion instruction: Triton's CPU interpreter
     turns bf16 subnormals into wrong f32 values."""
-    if IS_BF16:
-        return h << 16
-    else:
-        sign = (h >> 15) << 31
-        exp = (h >> 10) & 0x1F
-        man = h & 0x3FF
-        normal = ((exp + 112) << 23) | (man << 13)  # rebias 15 -> 127
-        special = (255 << 23) | (man << 13)  # inf, NaN
-        # Subnormal: man * 2**-24, from man's exact f32 (>= 1.0) by lowering its exponent field by 24.
-        sub = tl.where(man == 0, 0, man.to(tl.float32).to(tl.int32, bitcast=True) - (24 << 23))
-        mag = tl.where(exp == 0x1F, special, tl.where(exp == 0, sub, normal))
-        return sign | mag
+    sign = (h >> 15) << 31
+    exp = (h >> 10) & 0x1F
+    man = h & 0x3FF
+    normal = ((exp + 112) << 23) | (man << 13)  # rebias 15 -> 127
+    special = (255 << 23) | (man << 13)  # inf, NaN
+    # Subnormal: man * 2**-24, from man's exact f32 (>= 1.0) by lowering its exponent field by 24.
+    sub = tl.where(man == 0, 0, man.to(tl.float32).to(tl.int32, bitcast=True) - (24 << 23))
+    mag = tl.where(exp == 0x1F, special, tl.where(exp == 0, sub, normal))
+    return tl.where(is_bf16 != 0, h << 16, sign | mag)
 
 
-@triton.jit
+# kv and pe come as int16 views of the bf16 / fp16 inputs and the dtype as a runtime flag: each
+# dtype was a variant of its own (~0.5 s to compile in every worker of a cold run).
+@triton.jit(do_not_specialize=["is_bf16"])
 def _check_records(
     after8_ptr,
     before8_ptr,
-    kv_ptr,
-    pe_ptr,
+    kv16_ptr,
+    pe16_ptr,
     inv_ptr,
     bad_ptr,
     kv_stride,
     pe_stride,
-    IS_BF16: tl.constexpr,
+    is_bf16,
     USE_ASM: tl.constexpr,
     USE_CVT: tl.constexpr,
     POW2_SCALE: tl.constexpr,
@@ -155,8 +155,6 @@ def _check_records(
     after32_ptr = after8_ptr.to(tl.pointer_type(tl.int32))
     before16_ptr = before8_ptr.to(tl.pointer_type(tl.int16))
     before32_ptr = before8_ptr.to(tl.pointer_type(tl.int32))
-    kv16_ptr = kv_ptr.to(tl.pointer_type(tl.int16))
-    pe16_ptr = pe_ptr.to(tl.pointer_type(tl.int16))
     r = tl.program_id(0).to(tl.int64)
     # inv[r]: the token writing record r, -1 for none (slot_owners). Slots this check does not
     # handle (repeated, past the cache; inv's entry past the last record): program 0 says so in
@@ -186,7 +184,7 @@ def _check_records(
         ).to(tl.int32)
         & 0xFFFF
     )
-    fbits = _f32_bits_of_16(h, IS_BF16)
+    fbits = _f32_bits_of_16(h, is_bf16)
     x = fbits.to(tl.float32, bitcast=True)
     xbits = fbits & 0x7FFFFFFF
     amax_bits = tl.max(tl.where(xbits > 0x7F800000, 0, xbits), axis=1)  # [4]: NaN ignored, identity +0
@@ -307,12 +305,12 @@ def writer_records_flag(
     # One warp per record: the amax of each 128-code tile reduces within the warp (no barriers);
     # on sm_90 that issues ~40% fewer instructions per record than 4 warps (1176 vs 2016).
     with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
-        args = (after, before, kv, pe, inv, bad, kv.stride(0), pe.stride(0))
+        is_bf16 = int(kv.dtype == torch.bfloat16)
+        args = (after, before, kv.view(torch.int16), pe.view(torch.int16), inv, bad, kv.stride(0), pe.stride(0), is_bf16)
         launchers(_check_records)(
             num_slots,
             args,
             {
-                "IS_BF16": kv.dtype == torch.bfloat16,
                 "USE_ASM": use_asm(dev),
                 "USE_CVT": use_cvt(dev),
                 "POW2_SCALE": _SCALE_RULES[rule],

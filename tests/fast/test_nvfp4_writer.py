@@ -371,12 +371,11 @@ layout = {"RECORD_BYTES": FORMAT.record_bytes, "NOPE_AT": FORMAT.plane("nope").o
           "SCALE_AT": FORMAT.plane("scale").offset, "ROPE_AT": FORMAT.plane("rope").offset,
           "TILES": FORMAT.scales, "PAIRS": FORMAT.scale_block // 2, "ROPE_DIM": FORMAT.rope_dim, "RECS": 1,
           "DIFFER_AT": 0, "DIFFER": 1}
-for is_bf16, use_cvt, bump, mul_recip in ((True, True, True, True), (True, False, False, False), (False, True, True, False)):
-    half = "*bf16" if is_bf16 else "*fp16"
-    sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv_ptr": half, "pe_ptr": half, "inv_ptr": "*i64",
-           "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32", "num_records": "i32",
-           **dict.fromkeys(["IS_BF16", "USE_ASM", "USE_CVT", "BUMP", "MUL_RECIP", *layout], "constexpr")}
-    consts = {"IS_BF16": is_bf16, "USE_ASM": True, "USE_CVT": use_cvt, "BUMP": bump, "MUL_RECIP": mul_recip, **layout}
+for use_cvt, bump, mul_recip in ((True, True, True), (False, False, False), (True, True, False)):
+    sig = {"after8_ptr": "*u8", "before8_ptr": "*u8", "kv16_ptr": "*i16", "pe16_ptr": "*i16", "inv_ptr": "*i64",
+           "bad_ptr": "*i64", "kv_stride": "i32", "pe_stride": "i32", "num_records": "i32", "is_bf16": "i32",
+           **dict.fromkeys(["USE_ASM", "USE_CVT", "BUMP", "MUL_RECIP", *layout], "constexpr")}
+    consts = {"USE_ASM": True, "USE_CVT": use_cvt, "BUMP": bump, "MUL_RECIP": mul_recip, **layout}
     try:
         k = triton.compile(ASTSource(fn=_check_records, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
     except ImportError as exc:

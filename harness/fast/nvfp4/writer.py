@@ -94,18 +94,19 @@ def _e2m1_code(q):
 
 
 # Counts vary per case: specialized (== 1, % 16), each new combination would be a compile.
-@triton.jit(do_not_specialize=["num_records"])
+# kv and pe come as int16 views and their dtype as a runtime flag (as the fp8 writer's check).
+@triton.jit(do_not_specialize=["num_records", "is_bf16"])
 def _check_records(
     after8_ptr,
     before8_ptr,
-    kv_ptr,
-    pe_ptr,
+    kv16_ptr,
+    pe16_ptr,
     inv_ptr,
     bad_ptr,
     kv_stride,
     pe_stride,
     num_records,
-    IS_BF16: tl.constexpr,
+    is_bf16,
     USE_ASM: tl.constexpr,
     USE_CVT: tl.constexpr,
     BUMP: tl.constexpr,
@@ -121,8 +122,6 @@ def _check_records(
     DIFFER_AT: tl.constexpr,
     DIFFER: tl.constexpr,
 ):
-    kv16_ptr = kv_ptr.to(tl.pointer_type(tl.int16))
-    pe16_ptr = pe_ptr.to(tl.pointer_type(tl.int16))
     r = tl.program_id(0).to(tl.int64) * RECS + tl.arange(0, RECS)  # [RECS] records
     live = r < num_records
     # inv[r]: the token writing record r, -1 for none (slot_owners). A repeated slot or one past
@@ -151,8 +150,8 @@ def _check_records(
     old_rope = tl.load(before8_ptr + rope_at, mask=live_r & ~new_r, other=0).to(tl.int32)
     # What it must hold if token t0 writes it: the token's encoding. Byte i packs elements 2i, 2i + 1.
     row = kv16_ptr + t0[:, None, None] * kv_stride + 2 * byte
-    fe = _f32_bits_of_16(tl.load(row, mask=new_b, other=0).to(tl.int32) & 0xFFFF, IS_BF16)
-    fo = _f32_bits_of_16(tl.load(row + 1, mask=new_b, other=0).to(tl.int32) & 0xFFFF, IS_BF16)
+    fe = _f32_bits_of_16(tl.load(row, mask=new_b, other=0).to(tl.int32) & 0xFFFF, is_bf16)
+    fo = _f32_bits_of_16(tl.load(row + 1, mask=new_b, other=0).to(tl.int32) & 0xFFFF, is_bf16)
     # amax on the bits (NaN left out: 0, fmaxf's identity), then max(amax / 6, 2^-9) on the bits.
     ae = fe & 0x7FFFFFFF
     ao = fo & 0x7FFFFFFF
@@ -179,7 +178,7 @@ def _check_records(
         qo = div_rn(xo, s3, USE_ASM)
     new_nope = _e2m1_code(qe) | (_e2m1_code(qo) << 4)
     hp = tl.load(pe16_ptr + t0[:, None] * pe_stride + rcols, mask=new_r, other=0).to(tl.int32) & 0xFFFF
-    new_rope = _e4m3fn_code(_f32_bits_of_16(hp, IS_BF16).to(tl.float32, bitcast=True), USE_CVT)
+    new_rope = _e4m3fn_code(_f32_bits_of_16(hp, is_bf16).to(tl.float32, bitcast=True), USE_CVT)
     exp_nope = tl.where(new_b, new_nope, old_nope)
     exp_scale = tl.where(new_s, sf, old_scale)
     exp_rope = tl.where(new_r, new_rope, old_rope)
@@ -265,9 +264,9 @@ def nvfp4_records_flag(
     with quiet():  # under the interpreter inf / 6 and the like are meant, not warnings
         launchers(_check_records)(
             -(-num_slots // recs),
-            (after[head:], before[head:], kv, pe, inv, flag, kv.stride(0), pe.stride(0), num_slots),
+            (after[head:], before[head:], kv.view(torch.int16), pe.view(torch.int16), inv, flag)
+            + (kv.stride(0), pe.stride(0), num_slots, int(kv.dtype == torch.bfloat16)),
             {
-                "IS_BF16": kv.dtype == torch.bfloat16,
                 "USE_ASM": use_asm(dev),
                 "USE_CVT": use_cvt(dev),
                 "BUMP": _BUMP[rules["scale_rounding"]],
