@@ -306,7 +306,8 @@ def writer_records_flag(
     # on sm_90 that issues ~40% fewer instructions per record than 4 warps (1176 vs 2016).
     with quiet():  # under the interpreter inf / inf is meant (NaN), not a warning
         is_bf16 = int(kv.dtype == torch.bfloat16)
-        args = (after, before, kv.view(torch.int16), pe.view(torch.int16), inv, bad, kv.stride(0), pe.stride(0), is_bf16)
+        halves = (kv.view(torch.int16), pe.view(torch.int16))
+        args = (after, before, *halves, inv, bad, kv.stride(0), pe.stride(0), is_bf16)
         launchers(_check_records)(
             num_slots,
             args,
