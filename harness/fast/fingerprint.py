@@ -81,8 +81,7 @@ def _fold(addr, n, block, out_ptr, fill, is_bytes, mirror, sign, BLOCK: tl.const
 # Each argument also costs host time at every launch (~1 us): the programs' split is computed here
 # from the sizes rather than passed. The sign (+1, or -1 for a snapshot) is an argument too.
 _SCALARS = ["mirror", "sign"] + [f"{c}{j}" for j in range(PER_LAUNCH) for c in "ans"]
-_BYTES_BIT = 1 << 25  # in a tensor's code: its words are bytes (above the fill byte + 1 of ``_code``)
-_BYTES = tl.constexpr(_BYTES_BIT)  # the same, as the kernel reads a global
+_BYTES = tl.constexpr(1 << 25)  # in a tensor's code: its words are bytes (above ``_code``'s fill + 1)
 
 
 @triton.jit
@@ -151,10 +150,10 @@ def _fingerprints(
 
 def _code(slot: int, fill: int | None, words: torch.Tensor) -> int:
     """A tensor's code argument: the slot, a guard zone's fill byte + 1 above its 16 bits, and
-    ``_BYTES_BIT`` when its words are bytes."""
+    ``_BYTES`` when its words are bytes."""
     assert 0 <= slot < 1 << 16, slot
     code = slot if fill is None else slot | (fill + 1) << 16
-    return code | _BYTES_BIT if words.element_size() == 1 else code
+    return code | _BYTES.value if words.element_size() == 1 else code
 
 
 def add_words(
