@@ -446,7 +446,9 @@ class Reporter:
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
-    started = time.monotonic()  # for the cold-start line: the command's start, imports included
+    # The command's start (main's, before torch is imported), else now: a budget and the cold-start
+    # line count from it, imports and the CUDA check included.
+    started = getattr(args, "started", None) or time.monotonic()
     from mlafuzz.harness.check.session import Session
     from mlafuzz.harness.drive.campaign import CampaignError, run_campaign
     from mlafuzz.harness.drive.workers import DEFAULT_TABLE, table_from_ref
