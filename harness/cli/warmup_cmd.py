@@ -1,9 +1,10 @@
 """``mlafuzz warmup``: build everything a run needs ahead of it, and name the folders to keep.
 
-A fresh GPU runner (what a nightly CI job gets) spends its first minute building: the CUDA
-extension (one nvcc translation unit, kernels/csrc, about 20-40 s) and the Triton kernels a case
-meets (the fused generation kernels, the fast path's checks, Triton implementations under test:
-about a second each, per variant of their constexprs and int specializations). Both land in
+A fresh GPU runner (what a nightly CI job gets) spends a run's first 20 s or so building: the
+CUDA extension (two translation units built side by side, kernels/csrc: 7-16 s on the H100s of
+sessions 19-20) and the Triton kernels a case meets (the fused generation kernels, the fast path's
+checks, Triton implementations under test: 0.2-1.4 s each, per variant of their constexprs and
+int specializations, in every worker that meets it). Both land in
 on-disk caches, so a job that keeps those folders between runs starts warm. ``warmup``:
 
 - starts the CUDA extension's build in a background thread (nvcc runs beside everything else);
