@@ -177,6 +177,12 @@ class FuzzConfig:
             "ledger": self.ledger,
         }
 
+    @functools.cached_property
+    def _run_knobs(self) -> Knobs:
+        """``knobs.for_run(seed)``, made once: every task carries it (a copy per task was a
+        measurable share of the parent's time per case)."""
+        return self.knobs.for_run(self.seed)
+
     def task(self, i: int, *, held: frozenset[tuple[str, str, str]] = frozenset()) -> Task:
         """Case i: its op, seed, error-input class and re-run are pure functions of (seed, i), the
         last two counted in the op's own cases (r: how many of its op come before it), so every op
@@ -198,7 +204,7 @@ class FuzzConfig:
             op=op,
             seed=seed,
             spec=spec,
-            knobs=self.knobs.for_run(self.seed),  # compile-relevant options from the run's deployments
+            knobs=self._run_knobs,  # compile-relevant options from the run's deployments
             impl_ref=self.impls[op],
             device=self.device,
             ulp=self.policy.ulp,

@@ -17,10 +17,12 @@ import collections
 import contextlib
 import multiprocessing as mp
 import os
+import select
+import selectors
 import tempfile
 import time
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,10 @@ class WorkerPool:
         self._held: frozenset[tuple[str, str, str]] = frozenset()
         self._orphans: collections.deque[Task] = collections.deque()  # queued on a worker that died
         self._restarts = 0
+        # What wait() watches (each worker's pipe and process sentinel), kept between calls and
+        # rebuilt only when a worker is replaced: building it per call, and a poll per message,
+        # were most of the parent's own time per case.
+        self._watching: selectors.BaseSelector | None = None
         if redzone and any(d.startswith("cuda") for d in devices):
             # Built here, once, before any worker starts: N workers starting on a cold cache each
             # compiled it at once, into one shared temporary file (memory/redzone.py), and the
@@ -204,6 +210,7 @@ class WorkerPool:
         worker.forget_log()
         self._orphans.extend(t for t in worker.queue if t is not lost)
         self._workers[self._workers.index(worker)] = self._start(worker.device)
+        self._unwatch()
         self._restarts += 1
 
     def restarts(self) -> int:
@@ -218,11 +225,25 @@ class WorkerPool:
         self._replace(worker, lost=task)
         return task, TaskResult(findings=(finding,), seconds=time.monotonic() - since)
 
+    def _watch(self) -> selectors.BaseSelector:
+        """The selector over every worker's pipe and sentinel (data: (worker, is the sentinel))."""
+        if self._watching is None:
+            self._watching = selectors.DefaultSelector()
+            for w in self._workers:
+                self._watching.register(w.conn, selectors.EVENT_READ, (w, False))
+                self._watching.register(w.process.sentinel, selectors.EVENT_READ, (w, True))
+        return self._watching
+
+    def _unwatch(self) -> None:
+        if self._watching is not None:
+            self._watching.close()
+            self._watching = None
+
     def _drain(self, worker: _Worker, out: list[tuple[Task, TaskResult]]) -> bool:
         """Read the worker's messages; True when it asked to retire."""
         retire = False
         try:
-            while worker.conn.poll():
+            while _readable(worker.conn):
                 tag, payload = worker.conn.recv()
                 if tag == "ready":
                     worker.ready = True
@@ -243,19 +264,15 @@ class WorkerPool:
         out: list[tuple[Task, TaskResult]] = []
         while self._orphans and any(w.ready and len(w.queue) < self._depth for w in self._workers):
             self.submit(self._orphans.popleft())
-        watch = {w.conn: w for w in self._workers}
-        watch.update({w.process.sentinel: w for w in self._workers})
-        ready = wait(list(watch), timeout=timeout)
-        seen: set[int] = set()
-        for handle in ready:
-            worker = watch[handle]
-            if id(worker) in seen:
-                continue
-            seen.add(id(worker))
+        ready: dict[int, tuple[_Worker, bool]] = {}  # worker -> (it, its sentinel fired: it exited)
+        for key, _ in self._watch().select(timeout):
+            worker, exited = key.data
+            ready[id(worker)] = (worker, exited or ready.get(id(worker), (worker, False))[1])
+        for worker, exited in ready.values():
             if self._drain(worker, out):  # its CUDA context broke: it is exiting; start its successor now
                 self._replace(worker)
                 continue
-            if worker.process.is_alive():
+            if not exited:
                 continue
             worker.process.join(timeout=1)
             self._drain(worker, out)  # results it sent before it died count
@@ -313,6 +330,13 @@ class WorkerPool:
             w.conn.close()
             w.forget_log()
         self._workers = []
+        self._unwatch()
+
+
+def _readable(conn: Connection) -> bool:
+    """A message (or the pipe's end) waits on ``conn``: one select call, where ``conn.poll()``
+    builds and tears down a selector each time."""
+    return bool(select.select([conn], [], [], 0)[0])
 
 
 def _on_device(task: Task, device: str) -> Task:
