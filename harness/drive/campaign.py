@@ -332,7 +332,7 @@ def build_executor(
         return InProcess(redzone=True) if campaign.redzone else InProcess(session=session)
     slots = list(campaign.slots)
     if not slots:
-        plan = slot_plan(device=campaign.device, workers=campaign.workers)
+        plan = slot_plan(device=campaign.device, workers=campaign.workers, knobs=campaign.knobs)
         slots = device_slots(device=campaign.device, workers=campaign.workers, plan=plan)
         if on_workers is not None:
             on_workers(plan.line(slots))

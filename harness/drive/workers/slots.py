@@ -4,13 +4,44 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 # The default worker count per GPU (``slot_plan``): the host's cores shared among the GPUs (one
-# kept for the parent's loop), the GPU's memory over what a worker may hold, and a cap: a
-# fuzz case is host-bound (~1 ms of Python per case), so workers scale with cores until the GPU's
-# queue or the parent's loop saturates. WORKER_CAP is the knee measured on the H200 (README).
-WORKER_CAP = 8
-WORKER_BYTES = 9 << 30  # a worker's CUDA context and cached memory: it trims to share.TRIM_BYTES (8 GiB)
+# kept for the parent's loop), the GPU's memory over what one worker may hold, and a cap, the
+# last two by the run's case sizes (``WorkerBudget``).
+#
+# Without MPS a GPU runs one process's context at a time, and a fuzz case is short work between
+# host syncs, so switching contexts is what limits a run at the default size: more workers keep
+# more work queued per switch. Session 21, one 16-core H100, the default mix, 30 s warm: 4 workers
+# 43,896 cases, 8 71,534, 12 82,878, 15 83,312; cold (60 s) at 15 workers 171,761. A worker held
+# at most 672 MiB of GPU memory there.
+#
+# ``--size large`` puts 1 case in 20 on a 2.1 or 4.3 GB cache head: a worker then held up to
+# 9.95 GB (median 7.5 GB), and 15 workers on that 80 GB H100 ran out of memory, so those runs keep
+# the budget measured safe on the H200 before (9 GiB a worker, at most 8).
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerBudget:
+    """What one worker may hold on its GPU, and the most workers a GPU gets, for a run's sizes."""
+
+    name: str
+    worker_bytes: int  # a worker's CUDA context and cached memory
+    cap: int
+
+
+DEFAULT_BUDGET = WorkerBudget(name="default", worker_bytes=2 << 30, cap=16)
+HUGE_BUDGET = WorkerBudget(name="huge cache heads", worker_bytes=9 << 30, cap=8)  # trims to share.TRIM_BYTES
+WORKER_CAP = DEFAULT_BUDGET.cap
+WORKER_BYTES = DEFAULT_BUDGET.worker_bytes
+
+
+def budget_for(knobs: Any) -> WorkerBudget:
+    """The budget of a run drawn with ``knobs``: HUGE_BUDGET when its cases can sit on a huge cache
+    head (a ``base_offsets`` past share.HUGE_BYTES: ``--size large``), else DEFAULT_BUDGET."""
+    from mlafuzz.harness.memory.share import HUGE_BYTES
+
+    return HUGE_BUDGET if max(getattr(knobs, "base_offsets", ()) or (0,)) >= HUGE_BYTES else DEFAULT_BUDGET
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,9 +53,10 @@ class SlotPlan:
     cores: int
     memory_bytes: int  # the smallest memory of the devices (0: not a GPU)
     chosen: bool  # the user gave --workers
+    budget: WorkerBudget = DEFAULT_BUDGET
 
     def line(self, slots: list[str]) -> str:
-        """The header's worker line: '8 workers on cuda:0 (16 cores, 139 GiB free: ...)'."""
+        """The header's worker line: '15 workers on cuda:0 (16 cores, 139 GiB: ...)'."""
         n = len(slots)
         head = f"{n} worker{'s' if n != 1 else ''} on {','.join(dict.fromkeys(slots))}"
         if self.chosen:
@@ -33,16 +65,17 @@ class SlotPlan:
             return head + " (--workers N for more)"
         return (
             f"{head} ({self.cores} cores, {self.memory_bytes / (1 << 30):.0f} GiB: per GPU min(cores - 1 over"
-            f" GPUs, memory / {WORKER_BYTES >> 30} GiB, {WORKER_CAP}); --workers N to change)"
+            f" GPUs, memory / {self.budget.worker_bytes >> 30} GiB, {self.budget.cap}); --workers N to change)"
         )
 
 
-def plan_slots(*, gpus: int, cores: int, memory_bytes: int, cap: int = WORKER_CAP) -> int:
+def plan_slots(*, gpus: int, cores: int, memory_bytes: int, budget: WorkerBudget = DEFAULT_BUDGET) -> int:
     """Workers per GPU for a run without --workers: min(the cores each GPU gets, one kept for the
-    parent; the memory of the smallest GPU over WORKER_BYTES; ``cap``), at least 1."""
+    parent; the memory of the smallest GPU over the budget's bytes per worker; the budget's cap),
+    at least 1."""
     per_gpu_cores = (max(cores - 1, 1)) // max(gpus, 1)
-    by_memory = memory_bytes // WORKER_BYTES
-    return max(1, min(per_gpu_cores, by_memory, cap))
+    by_memory = memory_bytes // budget.worker_bytes
+    return max(1, min(per_gpu_cores, by_memory, budget.cap))
 
 
 def host_cores() -> int:
@@ -53,8 +86,9 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def slot_plan(*, device: str, workers: int | None) -> SlotPlan:
-    """The worker count ``device_slots`` uses, with its reasons."""
+def slot_plan(*, device: str, workers: int | None, knobs: Any = None) -> SlotPlan:
+    """The worker count ``device_slots`` uses, with its reasons (``knobs``: the run's case sizes,
+    which pick its ``WorkerBudget``; None: the default size's)."""
     cores = host_cores()
     if device != "cuda":
         return SlotPlan(per_device=workers or 1, devices=1, cores=cores, memory_bytes=0, chosen=workers is not None)
@@ -66,8 +100,9 @@ def slot_plan(*, device: str, workers: int | None) -> SlotPlan:
     # The GPUs' sizes, not their free memory: asking that would open a CUDA context on every GPU in
     # this process for the whole run (workers share a GPU's memory through memory/share.py).
     memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
-    per = plan_slots(gpus=count, cores=cores, memory_bytes=memory)
-    return SlotPlan(per_device=per, devices=count, cores=cores, memory_bytes=memory, chosen=False)
+    budget = budget_for(knobs)
+    per = plan_slots(gpus=count, cores=cores, memory_bytes=memory, budget=budget)
+    return SlotPlan(per_device=per, devices=count, cores=cores, memory_bytes=memory, chosen=False, budget=budget)
 
 
 def device_slots(*, device: str, workers: int | None, plan: SlotPlan | None = None) -> list[str]:
