@@ -172,7 +172,8 @@ def _add_run_options(f: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=None,
         help="worker processes (default on cuda: per GPU, min(host cores - 1 over GPUs, GPU memory /"
-        " 9 GiB, 8); 1 on cpu); the run's header says how many and why. On Linux they are forked from a"
+        " 2 GiB, 16), with --size large min(..., memory / 9 GiB, 8); 1 on cpu); the run's header says"
+        " how many and why. On Linux they are forked from a"
         " server that imported torch once; MLAFUZZ_WORKER_START=spawn spawns each instead",
     )
     f.add_argument(
