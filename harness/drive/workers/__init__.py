@@ -32,8 +32,6 @@ _HOME = {
     "HUGE_BUDGET": "slots",
     "WorkerBudget": "slots",
     "budget_for": "slots",
-    "WORKER_BYTES": "slots",
-    "WORKER_CAP": "slots",
     "SlotPlan": "slots",
     "device_slots": "slots",
     "plan_slots": "slots",

@@ -264,15 +264,13 @@ class WorkerPool:
         out: list[tuple[Task, TaskResult]] = []
         while self._orphans and any(w.ready and len(w.queue) < self._depth for w in self._workers):
             self.submit(self._orphans.popleft())
-        ready: dict[int, tuple[_Worker, bool]] = {}  # worker -> (it, its sentinel fired: it exited)
-        for key, _ in self._watch().select(timeout):
-            worker, exited = key.data
-            ready[id(worker)] = (worker, exited or ready.get(id(worker), (worker, False))[1])
-        for worker, exited in ready.values():
+        events = [key.data for key, _ in self._watch().select(timeout)]  # (worker, its sentinel fired)
+        exited = {id(w) for w, sentinel in events if sentinel}
+        for worker in {id(w): w for w, _ in events}.values():
             if self._drain(worker, out):  # its CUDA context broke: it is exiting; start its successor now
                 self._replace(worker)
                 continue
-            if not exited:
+            if id(worker) not in exited:
                 continue
             worker.process.join(timeout=1)
             self._drain(worker, out)  # results it sent before it died count
@@ -334,9 +332,12 @@ class WorkerPool:
 
 
 def _readable(conn: Connection) -> bool:
-    """A message (or the pipe's end) waits on ``conn``: one select call, where ``conn.poll()``
-    builds and tears down a selector each time."""
-    return bool(select.select([conn], [], [], 0)[0])
+    """A message (or the pipe's end) waits on ``conn``: one poll of its descriptor, where
+    ``conn.poll()`` builds and tears down a selector each time (poll, not select: no descriptor
+    limit of 1024)."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _on_device(task: Task, device: str) -> Task:

@@ -25,15 +25,12 @@ from typing import Any
 class WorkerBudget:
     """What one worker may hold on its GPU, and the most workers a GPU gets, for a run's sizes."""
 
-    name: str
     worker_bytes: int  # a worker's CUDA context and cached memory
     cap: int
 
 
-DEFAULT_BUDGET = WorkerBudget(name="default", worker_bytes=2 << 30, cap=16)
-HUGE_BUDGET = WorkerBudget(name="huge cache heads", worker_bytes=9 << 30, cap=8)  # trims to share.TRIM_BYTES
-WORKER_CAP = DEFAULT_BUDGET.cap
-WORKER_BYTES = DEFAULT_BUDGET.worker_bytes
+DEFAULT_BUDGET = WorkerBudget(worker_bytes=2 << 30, cap=16)
+HUGE_BUDGET = WorkerBudget(worker_bytes=9 << 30, cap=8)  # a worker trims to share.TRIM_BYTES (8 GiB)
 
 
 def budget_for(knobs: Any) -> WorkerBudget:
@@ -41,7 +38,8 @@ def budget_for(knobs: Any) -> WorkerBudget:
     head (a ``base_offsets`` past share.HUGE_BYTES: ``--size large``), else DEFAULT_BUDGET."""
     from mlafuzz.harness.memory.share import HUGE_BYTES
 
-    return HUGE_BUDGET if max(getattr(knobs, "base_offsets", ()) or (0,)) >= HUGE_BYTES else DEFAULT_BUDGET
+    huge = knobs is not None and max(knobs.base_offsets, default=0) >= HUGE_BYTES
+    return HUGE_BUDGET if huge else DEFAULT_BUDGET
 
 
 @dataclass(frozen=True, kw_only=True)

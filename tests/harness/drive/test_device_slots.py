@@ -6,8 +6,6 @@ from mlafuzz.generators.draw import KNOB_PRESETS
 from mlafuzz.harness.drive.workers import (
     DEFAULT_BUDGET,
     HUGE_BUDGET,
-    WORKER_BYTES,
-    WORKER_CAP,
     SlotPlan,
     budget_for,
     device_slots,
@@ -19,7 +17,7 @@ GIB = 1 << 30
 
 def test_a_16_core_gpu_host_gets_a_worker_per_core_but_the_parents_at_the_default_size():
     # Session 21 (one 16-core H100, default mix): 8 workers 71,534 cases in 30 s, 15 workers 83,312.
-    assert WORKER_CAP == 16
+    assert DEFAULT_BUDGET.cap == 16
     assert plan_slots(gpus=1, cores=16, memory_bytes=139 * GIB) == 15  # an H200
     assert plan_slots(gpus=1, cores=16, memory_bytes=79 * GIB) == 15  # an H100
 
@@ -41,7 +39,7 @@ def test_few_cores_limit_the_workers_and_one_core_stays_with_the_parent():
 
 
 def test_a_small_gpu_limits_the_workers_to_its_memory():
-    assert plan_slots(gpus=1, cores=64, memory_bytes=3 * WORKER_BYTES + GIB) == 3
+    assert plan_slots(gpus=1, cores=64, memory_bytes=3 * DEFAULT_BUDGET.worker_bytes + GIB) == 3
     assert plan_slots(gpus=1, cores=64, memory_bytes=GIB) == 1  # never none
 
 
